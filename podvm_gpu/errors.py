@@ -1,0 +1,67 @@
+"""The package's exception types.
+
+One base class, :class:`PodvmGpuError`; everything the program raises on purpose derives from it,
+so the CLI can turn any of them into a clean message and an exit code instead of a traceback.
+"""
+
+from __future__ import annotations
+
+
+class PodvmGpuError(Exception):
+    """Base of every error podvm-gpu raises on purpose."""
+
+
+class ConfigError(PodvmGpuError):
+    """The config file cannot be read or does not validate; the message names the file and key."""
+
+
+class CommandError(PodvmGpuError):
+    """An external command failed, could not be started, or ran out of time.
+
+    Attributes:
+        argv: the argument vector as run (list of str; argv[0] as resolved).
+        returncode: the exit status, ``None`` when it never ran or was killed on timeout.
+        stdout, stderr: what it printed (text, possibly partial when it timed out).
+        timed_out: True when the command was stopped at its timeout.
+        timeout_s: the timeout that applied, in seconds.
+    """
+
+    def __init__(self, argv, returncode, stdout="", stderr="", *, timed_out=False,
+                 timeout_s=None, message=None):
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stdout = stdout or ""
+        self.stderr = stderr or ""
+        self.timed_out = timed_out
+        self.timeout_s = timeout_s
+        super().__init__(message or self._describe())
+
+    @property
+    def tool(self) -> str:
+        """The program's basename, e.g. ``nvidia-ctk``."""
+        return self.argv[0].rsplit("/", 1)[-1] if self.argv else "?"
+
+    def last_line(self) -> str:
+        """The last non-empty line of stderr (else stdout), the usual place of a tool's error."""
+        for text in (self.stderr, self.stdout):
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            if lines:
+                return lines[-1]
+        return ""
+
+    def _describe(self) -> str:
+        cmd = " ".join(self.argv[:4]) if self.argv else "?"
+        if self.timed_out:
+            return f"{cmd}: timed out after {self.timeout_s:g} s"
+        if self.returncode is None:
+            return f"{cmd}: could not be run"
+        tail = self.last_line()
+        return f"{cmd}: exit {self.returncode}" + (f": {tail}" if tail else "")
+
+
+class StepFailed(PodvmGpuError):
+    """A boot step failed; ``str(err)`` is the cause, without the step name (the runner adds it)."""
+
+
+class CdiSpecError(PodvmGpuError):
+    """A CDI spec does not parse or breaks a rule of contract section 8; the message names the rule."""
