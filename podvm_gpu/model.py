@@ -1,0 +1,145 @@
+"""Value types shared by boot, status and check: PCI devices, steps, the status document.
+
+Plain classes rather than dataclasses: ``import dataclasses`` pulls in ``inspect`` and costs
+more than the rest of the CPU fast path, which builds a Status too.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+
+NVIDIA_VENDOR_ID = "10de"
+
+# Contract section 3, step 1: compare the top 16 bits of the 24-bit PCI class code exactly.
+GPU_CLASSES = frozenset({"0300", "0302"})  # VGA compatible controller, 3D controller
+NVSWITCH_CLASS = "0680"  # bridge, other (how NVSwitches enumerate)
+
+
+class State(enum.StrEnum):
+    """Readiness states of status.json (contract section 4)."""
+
+    RUNNING = "running"
+    READY = "ready"
+    NO_GPU = "no-gpu"
+    FAILED = "failed"
+
+    @property
+    def final(self) -> bool:
+        return self is not State.RUNNING
+
+
+class StepResult(enum.StrEnum):
+    """Result of one boot step (contract section 4, ``steps[].result``)."""
+
+    RUNNING = "running"
+    OK = "ok"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+def now_iso() -> str:
+    """The current time as ISO 8601 with microseconds and UTC offset, as status.json uses."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
+
+
+def classify(vendor_id: str, class_code: str) -> str | None:
+    """Classify a PCI function as ``"gpu"``, ``"nvswitch"`` or None (ignored).
+
+    Args:
+        vendor_id: 4 hex digits, with or without ``0x`` (``"10de"``).
+        class_code: the 24-bit class code as 6 hex digits, with or without ``0x`` (``"030200"``).
+
+    Rule: contract section 3 step 1 (vendor 0x10de; class 0x0300xx/0x0302xx GPU, 0x0680xx
+    NVSwitch; everything else, such as the emulated VGA or an NVIDIA audio function, ignored).
+    """
+    vendor = vendor_id.lower().removeprefix("0x").zfill(4)
+    if vendor != NVIDIA_VENDOR_ID:
+        return None
+    top = class_code.lower().removeprefix("0x").zfill(6)[:4]
+    if top in GPU_CLASSES:
+        return "gpu"
+    if top == NVSWITCH_CLASS:
+        return "nvswitch"
+    return None
+
+
+class PciDevice:
+    """One NVIDIA PCI function as status.json lists it (contract section 4).
+
+    Attributes:
+        pci_address: domain:bus:device.function, e.g. ``0000:00:04.0``.
+        vendor_id, device_id: 4 lowercase hex digits without ``0x``.
+        class_code: 6 lowercase hex digits without ``0x``.
+        driver: the bound kernel driver's name, or None when unbound.
+        name: a human name (``H100 PCIe``), the udev hardware database name, or the ids.
+    """
+
+    __slots__ = ("pci_address", "vendor_id", "device_id", "class_code", "driver", "name")
+
+    def __init__(self, pci_address: str, vendor_id: str, device_id: str, class_code: str,
+                 driver: str | None, name: str):
+        self.pci_address = pci_address
+        self.vendor_id = vendor_id
+        self.device_id = device_id
+        self.class_code = class_code
+        self.driver = driver
+        self.name = name
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PciDevice) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(self.pci_address)
+
+    def __repr__(self) -> str:
+        return f"PciDevice({self.pci_address}, {self.vendor_id}:{self.device_id}, {self.driver})"
+
+
+class Step:
+    """One boot step's record in status.json."""
+
+    def __init__(self, name: str, result: StepResult = StepResult.RUNNING, message: str = ""):
+        self.name = name
+        self.result = result
+        self.started_at = now_iso()
+        self.duration_s = 0.0
+        self.message = message
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "result": str(self.result), "started_at": self.started_at,
+                "duration_s": round(self.duration_s, 6), "message": self.message}
+
+
+class Status:
+    """The status document, version 1 (contract section 4)."""
+
+    def __init__(self) -> None:
+        self.state = State.RUNNING
+        self.reason: str | None = None
+        self.warnings: list[str] = []
+        self.started_at = now_iso()
+        self.finished_at: str | None = None
+        self.gpus: list[PciDevice] = []
+        self.nvswitches: list[PciDevice] = []
+        self.driver_version: str | None = None
+        self.cdi: dict | None = None
+        self.steps: list[Step] = []
+
+    def to_dict(self) -> dict:
+        return {
+            "version": 1,
+            "state": str(self.state),
+            "reason": self.reason,
+            "warnings": list(self.warnings),
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "gpus": [g.to_dict() for g in self.gpus],
+            "nvswitches": [s.to_dict() for s in self.nvswitches],
+            "driver_version": self.driver_version,
+            "cdi": self.cdi,
+            "steps": [s.to_dict() for s in self.steps],
+        }

@@ -1,0 +1,55 @@
+"""The unavailable CDI spec (contract section 2).
+
+On a VM with no GPU, or when GPU setup failed, kind ``nvidia.com/gpu`` must still exist in
+``/var/run/cdi`` so that kata-agent fails a GPU request at once (it polls ``cdi_timeout``, 100 s,
+only while the kind is absent). The spec holds one device, ``unavailable``, whose edits carry the
+state and reason, so the pod's error names both.
+
+Rendered without PyYAML (the CPU fast path must not import it): every scalar is written as a
+JSON string, which is also a valid YAML double-quoted scalar.
+"""
+
+from __future__ import annotations
+
+import json
+
+from podvm_gpu.host.fs import Root, atomic_write, ensure_dir
+from podvm_gpu.status import CDI_KIND, CDI_SPEC_PATH
+
+# 0.5.0: what nvidia-ctk 1.20 writes and kata-agent parses; spec annotations would need 0.6.0.
+UNAVAILABLE_CDI_VERSION = "0.5.0"
+UNAVAILABLE_DEVICE = "unavailable"
+
+
+def render_unavailable_spec(state: str, reason: str) -> str:
+    """The unavailable spec as YAML text.
+
+    Args:
+        state: ``no-gpu`` or ``failed``.
+        reason: the status reason; folded to one line.
+    """
+    one_line = " ".join(str(reason).split())
+    q = json.dumps
+    return (
+        "# Written by podvm-gpu: this VM has no usable NVIDIA GPU; see /run/podvm-gpu/status.json\n"
+        f"cdiVersion: {q(UNAVAILABLE_CDI_VERSION)}\n"
+        f"kind: {q(CDI_KIND)}\n"
+        "devices:\n"
+        f"- name: {q(UNAVAILABLE_DEVICE)}\n"
+        "  containerEdits:\n"
+        "    env:\n"
+        f"    - {q('PODVM_GPU_STATE=' + state)}\n"
+        f"    - {q('PODVM_GPU_REASON=' + one_line)}\n"
+    )
+
+
+def write_unavailable_spec(root: Root, state: str, reason: str) -> str:
+    """Install the unavailable spec atomically at ``/var/run/cdi/nvidia.yaml``; return its real path.
+
+    Raises:
+        OSError: the spec directory cannot be created or written.
+    """
+    path = root.resolve(CDI_SPEC_PATH, follow_last=False)
+    ensure_dir(root.resolve("/var/run/cdi"))
+    atomic_write(path, render_unavailable_spec(state, reason))
+    return path
