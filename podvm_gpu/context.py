@@ -1,0 +1,63 @@
+"""What the boot steps share: the root, config, runner, findings so far, and the budget."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from podvm_gpu.config import Config
+from podvm_gpu.errors import StepFailed
+from podvm_gpu.host.fs import Root
+from podvm_gpu.host.proc import Runner
+from podvm_gpu.model import PciDevice, Status
+
+
+@dataclasses.dataclass
+class BootContext:
+    """Facts and handles for one boot run.
+
+    Attributes:
+        root: the root every host path is taken under.
+        config: the validated config.
+        runner: runs tools with timeouts cut to the budget.
+        status: the status document being built (steps append warnings here).
+        deadline: ``time.monotonic()`` value at which the budget is spent.
+        gpus, nvswitches: what detect found, sorted by PCI address.
+        driver_version: the kernel module's version once the versions step has read it.
+        minors: PCI address -> device minor of ``/dev/nvidia<minor>``, from the driver.
+    """
+
+    root: Root
+    config: Config
+    runner: Runner
+    status: Status
+    deadline: float
+    gpus: list[PciDevice] = dataclasses.field(default_factory=list)
+    nvswitches: list[PciDevice] = dataclasses.field(default_factory=list)
+    driver_version: str | None = None
+    minors: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def remaining(self) -> float:
+        """Seconds left in the boot budget (may be negative)."""
+        return self.deadline - time.monotonic()
+
+    def wait_limit(self, wanted_s: float) -> float:
+        """A wait of ``wanted_s`` seconds cut to the budget.
+
+        Raises:
+            StepFailed: the budget is already spent (``timed out``).
+        """
+        left = self.remaining()
+        if left <= 0:
+            raise StepFailed(f"timed out: the boot budget of {self.config.budget_s:g} s is spent")
+        return min(wanted_s, left)
+
+    def warn(self, text: str) -> None:
+        """Add a one-line warning to the status."""
+        line = " ".join(text.split())
+        if line not in self.status.warnings:
+            self.status.warnings.append(line)
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)

@@ -1,0 +1,165 @@
+"""The kernel log: ``<root>/dev/kmsg`` in the kernel's record format, and what it says about GPUs.
+
+Contract section 9. A record is ``<prio>,<seq>,<usec>,<flags>;<message>``; lines that start with a
+space continue the previous record as ``KEY=value`` pairs (Documentation/ABI/testing/dev-kmsg) and
+are dropped. ``/dev/kmsg`` is read without blocking: each ``read()`` returns one record and
+``EAGAIN`` ends the log; a plain file (tests, ``--root``) is read to its end. The NVIDIA driver
+splits long messages over several ``NVRM:`` records; they are joined into one before they are read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import re
+
+from podvm_gpu.host.fs import Root
+
+KMSG_PATH = "/dev/kmsg"
+_MAX_BYTES = 4 * 1024 * 1024  # the kernel ring buffer is at most a few MiB
+_MAX_JOIN = 8  # NVRM messages seen in the field span at most 4-5 records
+
+
+def read_kernel_log(root: Root) -> list[str]:
+    """Every message in the kernel log since boot, oldest first, without the record prefix.
+
+    Returns an empty list when the log cannot be read (no such file, no permission).
+    """
+    path = root.resolve(KMSG_PATH)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return []
+    chunks: list[bytes] = []
+    total = 0
+    try:
+        while total < _MAX_BYTES:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError as err:
+                if err.errno == errno.EPIPE:  # records overwritten while we read: go on
+                    continue
+                break  # EAGAIN: the end of the live log
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    text = b"".join(chunks).decode("utf-8", errors="replace")
+    return [parse_record(line) for line in text.splitlines() if line and not line.startswith(" ")]
+
+
+def parse_record(line: str) -> str:
+    """The message of one kmsg record; a line without the record prefix is taken as it is."""
+    head, sep, message = line.partition(";")
+    if sep and re.fullmatch(r"\d+,\d+,\d+,[^;]*", head):
+        return message
+    return line
+
+
+def join_nvrm(messages: list[str]) -> list[str]:
+    """Join the driver's multi-record ``NVRM:`` messages into one message each.
+
+    A message continues on the next ``NVRM:`` record until a record ends a sentence
+    (``.``, ``!`` or ``?``), up to 8 records. Other messages pass through unchanged.
+    """
+    out: list[str] = []
+    pending: list[str] = []
+
+    def flush() -> None:
+        if pending:
+            out.append("NVRM: " + " ".join(pending))
+            pending.clear()
+
+    for msg in messages:
+        if not msg.startswith("NVRM:"):
+            flush()
+            out.append(msg)
+            continue
+        body = msg[len("NVRM:"):].strip()
+        if pending and body.startswith("Xid"):
+            flush()
+        pending.append(body)
+        if body.endswith((".", "!", "?")) or len(pending) >= _MAX_JOIN:
+            flush()
+    flush()
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One thing the kernel log says about the GPUs.
+
+    Attributes:
+        kind: ``xid``, ``fell-off-bus``, ``gsp-firmware``, ``bar``, ``needs-reset``,
+            ``open-module-unsupported``, ``unsupported-pci-id``, ``bound-elsewhere``,
+            ``api-mismatch``, ``lockdown``.
+        summary: one line naming the facts (Xid code and PCI address, versions, ...).
+        message: the joined kernel message, quoted as it was.
+    """
+
+    kind: str
+    summary: str
+    message: str
+
+    def describe(self) -> str:
+        return f'{self.summary} (kernel: "{self.message}")'
+
+
+_PATTERNS: list[tuple[str, re.Pattern, str]] = [
+    ("xid", re.compile(r"Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]+)\): (?P<code>\d+)"),
+     "Xid {code} on GPU {pci}"),
+    ("fell-off-bus", re.compile(r"(?:GPU at PCI:(?P<pci>[0-9A-Fa-f:.]+).*)?fallen off the bus", re.I),
+     "GPU {pci} has fallen off the bus"),
+    ("gsp-firmware", re.compile(
+        r"(?P<path>\S*gsp\S*\.bin)?[^\n]*(?:firmware)[^\n]*(?:not found|failed|missing|no firmware)"
+        r"|No firmware image found[^\n]*", re.I),
+     "GSP firmware missing ({path})"),
+    ("bar", re.compile(r"BAR\s*\d+[^\n]*(?:not assigned|invalid|is 0M)|I/O region assigned to your "
+                       r"NVIDIA device is invalid", re.I),
+     "a PCI BAR of the GPU was not assigned by the VM"),
+    ("needs-reset", re.compile(r"(?:needs|requires?) (?:a )?(?:GPU )?reset|reset required", re.I),
+     "a GPU needs a reset before the driver can take it"),
+    ("open-module-unsupported", re.compile(
+        r"(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])?[^\n]*(?:open kernel module|"
+        r"open nvidia\.ko)[^\n]*(?:not supported|proprietary|unsupported)", re.I),
+     "the open kernel module does not support GPU {pci}"),
+    ("unsupported-pci-id", re.compile(
+        r"GPU (?P<pci>\S+) \(PCI ID: (?P<id>[0-9A-Fa-f:]+)\).*not supported by the\s+NVIDIA "
+        r"(?P<version>\S+) driver release", re.I),
+     "the installed driver {version} does not support GPU {pci} (PCI ID {id})"),
+    ("bound-elsewhere", re.compile(r"GPU (?P<pci>\S+) is already bound to (?P<driver>[\w-]+)", re.I),
+     "GPU {pci} is already bound to {driver}"),
+    ("api-mismatch", re.compile(
+        r"API mismatch: the client has the version (?P<client>\S+?),? but\s+this kernel module has "
+        r"the version (?P<kernel>[0-9.]+?)\.?\s", re.I),
+     "user-space driver {client} does not match kernel module {kernel}"),
+    ("lockdown", re.compile(r"Lockdown: .*(?:unsigned module|module loading)", re.I),
+     "kernel lockdown restricts unsigned module loading"),
+]
+
+
+def findings(messages: list[str]) -> list[Finding]:
+    """The GPU-related problems in the (joined) kernel log, oldest first, without duplicates.
+
+    Normal lines (taint notices, "module verification failed" on an unsigned but accepted module)
+    yield nothing: the log explains a failure, it does not create one (contract section 9).
+    """
+    found: list[Finding] = []
+    seen: set[str] = set()
+    for msg in join_nvrm(messages):
+        if "module verification failed" in msg or "taints kernel" in msg:
+            continue
+        for kind, pattern, template in _PATTERNS:
+            m = pattern.search(msg)
+            if not m:
+                continue
+            fields = {k: (v or "?").rstrip(".") for k, v in m.groupdict().items()}
+            summary = template.format(**fields)
+            if summary not in seen:
+                seen.add(summary)
+                found.append(Finding(kind, summary, msg.strip()))
+            break
+    return found

@@ -1,0 +1,160 @@
+"""Running external tools: argv lists only, a timeout on every call, a record of every call.
+
+The one seam through which boot and check reach the OS's programs (modprobe, nvidia-ctk,
+nvidia-smi, ...). A killed or failed command raises :class:`CommandError` with the argv, exit
+status and whatever it printed, so a failure can name the step and the cause.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+from podvm_gpu.errors import CommandError
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclasses.dataclass
+class Completed:
+    """A finished command: argv as run, exit status, text output, wall time in seconds."""
+
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    @property
+    def output(self) -> str:
+        """stdout and stderr together (some NVIDIA tools print errors on stdout)."""
+        return self.stdout + ("\n" if self.stdout and self.stderr else "") + self.stderr
+
+
+class Runner:
+    """Finds and runs external tools with timeouts.
+
+    Args:
+        tool_paths: tool basename -> absolute path from the config; others are looked up on PATH.
+        timeouts: tool basename -> timeout in seconds for one call.
+        deadline: a ``time.monotonic()`` value no call may run past (the boot budget), or None.
+        env: the environment for the tools (default: ours, plus ``LC_ALL=C`` for parsable output).
+        read_only: when True (``check``), :meth:`spawn` is refused: only queries may run.
+    """
+
+    def __init__(self, tool_paths: dict[str, str] | None = None,
+                 timeouts: dict[str, float] | None = None, deadline: float | None = None,
+                 env: dict[str, str] | None = None, read_only: bool = False):
+        self.tool_paths = dict(tool_paths or {})
+        self.timeouts = dict(timeouts or {})
+        self.deadline = deadline
+        self.env = dict(os.environ if env is None else env)
+        self.env["LC_ALL"] = "C"
+        self.read_only = read_only
+        self.calls: list[list[str]] = []
+
+    def which(self, tool: str) -> str | None:
+        """The path of ``tool``: the configured absolute path if it exists, else a PATH lookup."""
+        configured = self.tool_paths.get(tool)
+        if configured:
+            return configured if os.access(configured, os.X_OK) else None
+        return shutil.which(tool, path=self.env.get("PATH", os.defpath))
+
+    def timeout_for(self, tool: str, requested: float | None = None) -> float:
+        """The timeout of one call: the request or the tool's configured value, cut to the budget."""
+        timeout = requested if requested is not None else self.timeouts.get(tool, DEFAULT_TIMEOUT_S)
+        if self.deadline is not None:
+            timeout = min(timeout, self.deadline - time.monotonic())
+        return timeout
+
+    def run(self, argv: list[str], *, timeout: float | None = None, check: bool = True) -> Completed:
+        """Run ``argv`` (``argv[0]`` a tool basename) and wait for it, at most the timeout.
+
+        Args:
+            argv: program basename and arguments; never a shell string.
+            timeout: seconds; default the tool's configured timeout; always cut to the budget.
+            check: raise on a non-zero exit status.
+
+        Returns:
+            The :class:`Completed` call.
+
+        Raises:
+            CommandError: the tool is missing, cannot start, ran out of time (the whole process
+                group is killed; ``timed_out`` is set and partial output kept), or exited non-zero
+                with ``check``.
+        """
+        tool = argv[0]
+        limit = self.timeout_for(tool, timeout)
+        self.calls.append(list(argv))
+        path = self.which(tool)
+        if path is None:
+            raise CommandError(argv, None, message=f"{tool}: not found on PATH")
+        if limit <= 0:
+            raise CommandError(argv, None, timed_out=True, timeout_s=0.0,
+                               message=f"{tool}: not run, the boot budget is spent (timed out)")
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen([path, *argv[1:]], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    errors="replace", env=self.env, start_new_session=True)
+        except OSError as err:
+            raise CommandError(argv, None, message=f"{tool}: cannot run: {err.strerror}") from err
+        try:
+            out, err = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            out, err = _drain(proc)
+            raise CommandError(argv, None, out, err, timed_out=True, timeout_s=limit) from None
+        done = Completed(list(argv), proc.returncode, out, err, time.monotonic() - started)
+        if check and proc.returncode != 0:
+            raise CommandError(argv, proc.returncode, out, err)
+        return done
+
+    def spawn(self, argv: list[str], log_path: str) -> subprocess.Popen:
+        """Start a daemon (``nvidia-persistenced``, ``nv-fabricmanager``) and return at once.
+
+        The process gets its own session and is never killed by us: a process that is
+        initialising GPUs must not be interrupted (contract section 3). Its output goes to
+        ``log_path`` (created 0644) so its last message can be quoted if it exits.
+
+        Raises:
+            CommandError: the tool is missing or cannot start, or this runner is read-only.
+        """
+        tool = argv[0]
+        self.calls.append(list(argv))
+        if self.read_only:
+            raise CommandError(argv, None, message=f"{tool}: not started (read-only run)")
+        path = self.which(tool)
+        if path is None:
+            raise CommandError(argv, None, message=f"{tool}: not found on PATH")
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            return subprocess.Popen([path, *argv[1:]], stdin=subprocess.DEVNULL, stdout=fd,
+                                    stderr=fd, env=self.env, start_new_session=True)
+        except OSError as err:
+            raise CommandError(argv, None, message=f"{tool}: cannot run: {err.strerror}") from err
+        finally:
+            os.close(fd)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def _drain(proc: subprocess.Popen) -> tuple[str, str]:
+    """Collect what a killed process printed, without hanging on a grandchild holding the pipe."""
+    try:
+        return proc.communicate(timeout=1)
+    except subprocess.TimeoutExpired:
+        for stream in (proc.stdout, proc.stderr):
+            if stream:
+                stream.close()
+        proc.wait()
+        return "", ""

@@ -1,0 +1,305 @@
+"""Read-only facts about the driver and daemons, shared by boot and check.
+
+Every function reads files under the root (contract section 1) or parses a tool's text output;
+none changes anything. Formats follow the kernel and the NVIDIA driver: ``/proc/modules``,
+``/proc/devices``, ``/proc/driver/nvidia/gpus/<pci>/information`` (``Device Minor:``),
+``/sys/module/<name>/version``, nvidia-smi's ``-q`` and ``conf-compute`` texts (parsed by their
+labels, never by column positions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+
+from podvm_gpu.host.fs import Root
+
+NVIDIA_MAJOR_NAME = "nvidia"  # /proc/devices name of the driver's character major (195)
+UVM_MAJOR_NAME = "nvidia-uvm"
+CTL_MINOR = 255
+PERSISTENCED_PID = "/var/run/nvidia-persistenced/nvidia-persistenced.pid"
+PERSISTENCED_SOCKET = "/var/run/nvidia-persistenced/socket"
+FABRICMANAGER_PID = "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"
+# /proc/<pid>/comm holds at most 15 characters (TASK_COMM_LEN - 1).
+PERSISTENCED_COMM = "nvidia-persiste"
+FABRICMANAGER_COMM = "nv-fabricmanage"
+_VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?)\b")
+
+
+def kernel_release(root: Root) -> str:
+    """The running kernel's release from ``/proc/sys/kernel/osrelease`` (``""`` if unknown)."""
+    return (root.read_text("/proc/sys/kernel/osrelease") or "").strip()
+
+
+def loaded_modules(root: Root) -> set[str]:
+    """Names of the modules listed in ``/proc/modules``."""
+    text = root.read_text("/proc/modules") or ""
+    return {line.split()[0] for line in text.splitlines() if line.strip()}
+
+
+def module_loaded(root: Root, name: str) -> bool:
+    """True when ``name`` is in ``/proc/modules`` or ``/sys/module/<name>/initstate`` says live."""
+    if name in loaded_modules(root):
+        return True
+    return (root.read_text(f"/sys/module/{name}/initstate") or "").strip() == "live"
+
+
+def char_majors(root: Root) -> dict[str, int]:
+    """The character-device part of ``/proc/devices``: name -> major."""
+    majors: dict[str, int] = {}
+    in_char = False
+    for line in (root.read_text("/proc/devices") or "").splitlines():
+        head = line.strip()
+        if head.endswith(":"):
+            in_char = head.lower().startswith("character")
+            continue
+        parts = head.split(None, 1)
+        if in_char and len(parts) == 2 and parts[0].isdigit():
+            majors.setdefault(parts[1], int(parts[0]))
+    return majors
+
+
+def gpu_minor(root: Root, pci_address: str) -> int | None:
+    """``Device Minor`` of a GPU from ``/proc/driver/nvidia/gpus/<pci>/information``, or None."""
+    text = root.read_text(f"/proc/driver/nvidia/gpus/{pci_address.lower()}/information") or ""
+    m = re.search(r"^\s*Device Minor:\s*(\d+)", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def kernel_module_version(root: Root) -> str | None:
+    """The nvidia kernel module's version: ``/sys/module/nvidia/version``, else the NVRM banner."""
+    text = (root.read_text("/sys/module/nvidia/version") or "").strip()
+    if text:
+        return text
+    banner = root.read_text("/proc/driver/nvidia/version") or ""
+    m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", banner)
+    return m.group(1) if m else None
+
+
+def modprobe_overrides(root: Root, module: str) -> list[str]:
+    """``install``/``blacklist`` lines for ``module`` in modprobe.d, as ``file: line`` strings.
+
+    An ``install nvidia /bin/true`` line makes ``modprobe nvidia`` exit 0 without loading it.
+    """
+    hits = []
+    names = {module, module.replace("_", "-")}
+    for folder in ("/etc/modprobe.d", "/run/modprobe.d", "/usr/lib/modprobe.d", "/lib/modprobe.d"):
+        for path in sorted(glob.glob(os.path.join(root.resolve(folder), "*.conf"))):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                words = line.split("#", 1)[0].split()
+                if len(words) >= 2 and words[0] in ("install", "blacklist") and words[1] in names:
+                    hits.append(f"{folder}/{os.path.basename(path)}: {' '.join(words)}")
+    return hits
+
+
+def module_kernels(root: Root, module: str = "nvidia") -> list[str]:
+    """Kernel releases under ``/lib/modules`` that have ``<module>.ko`` (any compression)."""
+    base = root.resolve("/lib/modules")
+    found = []
+    try:
+        releases = sorted(os.listdir(base))
+    except OSError:
+        return []
+    for release in releases:
+        for dirpath, _dirs, files in os.walk(os.path.join(base, release)):
+            if any(f.split(".ko")[0] == module and ".ko" in f for f in files):
+                found.append(release)
+                break
+    return found
+
+
+# --- the user-space driver: where the loader finds libnvidia-ml.so.1 ----------------------
+
+_TRUSTED_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64")
+_MULTIARCH = ("x86_64-linux-gnu", "aarch64-linux-gnu")
+NVML_SONAME = "libnvidia-ml.so.1"
+
+
+def loader_dirs(root: Root) -> list[str]:
+    """The dynamic loader's search directories: ``/etc/ld.so.conf`` (with ``include`` globs),
+    then the multiarch and trusted default directories (ld.so(8), ldconfig(8))."""
+    dirs: list[str] = []
+    seen_files: set[str] = set()
+
+    def read_conf(host_path: str) -> None:
+        real = root.resolve(host_path)
+        if real in seen_files:
+            return
+        seen_files.add(real)
+        for line in (root.read_text(host_path) or "").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            if line.startswith("include"):
+                pattern = line.split(None, 1)[1] if len(line.split(None, 1)) > 1 else ""
+                if not pattern.startswith("/"):
+                    pattern = "/etc/" + pattern
+                for match in sorted(glob.glob(root.resolve(os.path.dirname(pattern)) + "/"
+                                              + os.path.basename(pattern))):
+                    read_conf(root.host_path(match))
+            elif line.startswith("/"):
+                dirs.append(line.split("=", 1)[0].rstrip("/") or "/")
+
+    read_conf("/etc/ld.so.conf")
+    for base in ("/lib", "/usr/lib"):
+        dirs.extend(f"{base}/{arch}" for arch in _MULTIARCH)
+    dirs.extend(_TRUSTED_DIRS)
+    return list(dict.fromkeys(dirs))
+
+
+@dataclasses.dataclass(frozen=True)
+class Library:
+    """Where ``libnvidia-ml.so.1`` is (host path of the link), its target and the version in it."""
+
+    path: str
+    target: str
+    version: str | None
+
+
+def _library_at(root: Root, host_path: str) -> Library | None:
+    real = root.resolve(host_path, follow_last=False)
+    if not os.path.lexists(real):
+        return None
+    target = os.path.basename(root.resolve(host_path))
+    m = re.search(r"\.so\.(\d+\.\d+(?:\.\d+)?)$", target)
+    return Library(host_path, target, m.group(1) if m else None)
+
+
+def find_nvml(root: Root) -> Library | None:
+    """``libnvidia-ml.so.1`` in the loader's directories, or None."""
+    for folder in loader_dirs(root):
+        lib = _library_at(root, f"{folder}/{NVML_SONAME}")
+        if lib:
+            return lib
+    return None
+
+
+def find_nvml_elsewhere(root: Root, max_depth: int = 4) -> Library | None:
+    """``libnvidia-ml.so.1`` anywhere under the usual install prefixes, for a better reason when
+    the loader cannot see it (e.g. ``/usr/lib64/nvidia``, a folder not in ld.so.conf)."""
+    for top in ("/usr/lib64", "/usr/lib", "/usr/local", "/opt", "/lib64", "/lib"):
+        base = root.resolve(top)
+        depth0 = base.rstrip("/").count("/")
+        for dirpath, dirnames, files in os.walk(base):
+            if dirpath.count("/") - depth0 >= max_depth:
+                dirnames[:] = []
+            if NVML_SONAME in files or any(f.startswith("libnvidia-ml.so.") for f in files):
+                name = NVML_SONAME if NVML_SONAME in files else sorted(
+                    f for f in files if f.startswith("libnvidia-ml.so."))[0]
+                lib = _library_at(root, root.host_path(os.path.join(dirpath, name)))
+                if lib:
+                    return lib
+    return None
+
+
+def version_in(text: str) -> str | None:
+    """The first ``NNN.NN[.NN]`` version number in ``text``."""
+    m = _VERSION.search(text or "")
+    return m.group(1) if m else None
+
+
+# --- daemons -----------------------------------------------------------------------------
+
+def daemon_pid(root: Root, pid_file: str, comm: str) -> int | None:
+    """The pid of a running daemon: its pid file names a pid whose ``/proc/<pid>/comm`` is ``comm``.
+
+    Under ``--root`` the ``/proc`` read is the root's (contract section 1).
+    """
+    text = (root.read_text(pid_file) or "").strip()
+    if not text.isdigit():
+        return None
+    pid = int(text)
+    name = (root.read_text(f"/proc/{pid}/comm") or "").strip()
+    return pid if name and comm.startswith(name[:15]) else None
+
+
+# --- nvidia-smi texts ----------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class FabricState:
+    """One GPU's NVLink fabric state from ``nvidia-smi -q`` (``Fabric`` section)."""
+
+    gpu: str
+    state: str
+    status: str
+
+    @property
+    def supported(self) -> bool:
+        return self.state.strip().lower() not in ("n/a", "not supported", "", "unknown")
+
+    @property
+    def completed(self) -> bool:
+        return self.state.strip().lower() == "completed"
+
+    @property
+    def success(self) -> bool:
+        return self.completed and self.status.strip().lower() == "success"
+
+
+def parse_fabric(text: str) -> list[FabricState]:
+    """The ``Fabric`` block of each GPU in ``nvidia-smi -q`` output, by labels.
+
+    A GPU block starts at ``GPU <pci>``; inside it, the ``State`` and ``Status`` lines after a
+    ``Fabric`` heading (indented deeper than it) are read. GPUs without a Fabric block are left out.
+    """
+    result: list[FabricState] = []
+    gpu = None
+    fabric_indent = None
+    state = status = None
+
+    def flush():
+        nonlocal state, status
+        if gpu is not None and state is not None:
+            result.append(FabricState(gpu, state, status or "N/A"))
+        state = status = None
+
+    for line in text.splitlines():
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        m = re.match(r"^GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", stripped)
+        if m and indent == 0:
+            flush()
+            gpu, fabric_indent = m.group(1), None
+            continue
+        if stripped == "Fabric":
+            fabric_indent = indent
+            continue
+        if fabric_indent is not None:
+            if indent <= fabric_indent and stripped:
+                fabric_indent = None
+                continue
+            key, sep, value = stripped.partition(":")
+            if sep and key.strip() == "State" and state is None:
+                state = value.strip()
+            elif sep and key.strip() == "Status" and status is None:
+                status = value.strip()
+    flush()
+    return result
+
+
+def parse_cc_mode(text: str) -> str | None:
+    """``on``/``off`` from ``nvidia-smi conf-compute -f`` (``CC status: ON``); another value is
+    returned lowercased as it is (never read as off); None when the label is missing."""
+    m = re.search(r"CC status\s*:\s*(\S+)", text, re.I)
+    return m.group(1).lower() if m else None
+
+
+def parse_ready_state(text: str) -> str | None:
+    """``ready``/``not-ready`` from ``nvidia-smi conf-compute -grs``; the negative is matched
+    first, since "not-ready" contains "ready"; another value is returned as it is."""
+    m = re.search(r"Ready state\s*:\s*(.+)$", text, re.I | re.M)
+    if not m:
+        return None
+    value = m.group(1).strip().lower()
+    if re.fullmatch(r"not[\s_-]?ready", value):
+        return "not-ready"
+    if value == "ready":
+        return "ready"
+    return value

@@ -1,0 +1,81 @@
+"""Step 8, ``confidential-computing``: check the GPUs' CC mode and ready state.
+
+``nvidia-smi conf-compute -f`` gives the mode, ``-grs`` the ready state, ``-srs 1`` sets it. A GPU
+without CC support (exit 6, "No CC capable devices found") makes the step ``skipped``. Not ready
+with ``set_ready_state: true``: set it and check again; with ``false``: ``ok`` with a warning that
+the attestation flow is left to set it. A value the agent does not know is never read as off.
+"""
+
+from __future__ import annotations
+
+from podvm_gpu.context import BootContext
+from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.host import kmsg
+from podvm_gpu.readers import parse_cc_mode, parse_ready_state
+from podvm_gpu.steps import Skipped
+
+_CONFIDENTIAL_VM_SIGNS = ("Memory Encryption Features active", "SEV-SNP", "Intel TDX", "tdx: Guest")
+
+
+def confidential_vm(ctx: BootContext) -> bool:
+    """True when the kernel log says this is a TDX or SEV-SNP guest."""
+    return any(any(sign in m for sign in _CONFIDENTIAL_VM_SIGNS)
+               for m in kmsg.read_kernel_log(ctx.root))
+
+
+def _smi(ctx: BootContext, *args: str):
+    try:
+        return ctx.runner.run(["nvidia-smi", "conf-compute", *args], check=False)
+    except CommandError as err:
+        raise StepFailed(f"nvidia-smi conf-compute {' '.join(args)}: {err}") from err
+
+
+def ready_state(ctx: BootContext) -> str:
+    """The GPUs' ready state, ``ready`` or ``not-ready``.
+
+    Raises:
+        StepFailed: nvidia-smi failed or printed a value the agent does not know.
+    """
+    done = _smi(ctx, "-grs")
+    state = parse_ready_state(done.output)
+    if done.returncode != 0 or state not in ("ready", "not-ready"):
+        raise StepFailed(f"cannot read the CC ready state (nvidia-smi conf-compute -grs exit "
+                         f"{done.returncode}: {' '.join(done.output.split()) or 'no output'})")
+    return state
+
+
+def run(ctx: BootContext) -> str:
+    """Check (and where allowed set) the ready state."""
+    done = _smi(ctx, "-f")
+    text = done.output
+    if "no cc capable" in text.lower():
+        raise Skipped("the GPUs do not support confidential computing (No CC capable devices found)")
+    mode = parse_cc_mode(text)
+    if done.returncode != 0 and mode is None:
+        said = " ".join(text.split()) or "no output"
+        if confidential_vm(ctx):
+            raise StepFailed(f"cannot read the CC mode on a confidential VM (nvidia-smi "
+                             f"conf-compute -f exit {done.returncode}: {said})")
+        ctx.warn(f"confidential-computing: CC mode unknown (nvidia-smi conf-compute -f exit "
+                 f"{done.returncode}: {said}); not a confidential VM, so not required")
+        raise Skipped(f"CC mode unknown on a regular VM (exit {done.returncode})")
+    if mode == "off":
+        raise Skipped("CC mode is off")
+    if mode != "on":
+        raise StepFailed(f"unknown CC status {mode!r} from nvidia-smi conf-compute -f "
+                         "(not read as off)")
+    state = ready_state(ctx)
+    if state == "ready":
+        return "CC on, ready state ready"
+    if not ctx.config.confidential_computing.set_ready_state:
+        ctx.warn("confidential-computing: GPU ready state is not-ready; left for the attestation "
+                 "flow to set (set_ready_state: false)")
+        return "CC on, ready state not-ready (left for the attestation flow)"
+    done = _smi(ctx, "-srs", "1")
+    if done.returncode != 0:
+        raise StepFailed(f"nvidia-smi conf-compute -srs 1 failed (exit {done.returncode}: "
+                         f"{' '.join(done.output.split()) or 'no output'})")
+    state = ready_state(ctx)
+    if state != "ready":
+        raise StepFailed(f"CC ready state still {state} after nvidia-smi conf-compute -srs 1")
+    return "CC on, ready state set to ready"

@@ -1,0 +1,141 @@
+"""Step 9, ``cdi``: generate the CDI spec, validate it, install it atomically.
+
+``nvidia-ctk cdi generate --output=`` writes the spec on stdout (an output name without an
+extension would get ``.yaml`` appended, making a temporary name in ``/var/run/cdi`` a file CDI
+readers scan). The spec's content decides (contract section 8), not nvidia-ctk's exit code or its
+warnings: it prints many harmless ones, and exits 0 when it leaves out the uvm nodes or names a
+missing hook. Boot owns kind ``nvidia.com/gpu`` in ``/var/run/cdi``: another file there that
+defines it would make kata-agent drop every device both define, so it is renamed aside.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import yaml
+
+from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
+from podvm_gpu.context import BootContext
+from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.host.fs import atomic_write, ensure_dir
+from podvm_gpu.status import CDI_KIND, CDI_SPEC_PATH
+
+CDI_DIRS = ("/var/run/cdi", "/etc/cdi")
+DISABLED_SUFFIX = ".disabled-by-podvm-gpu"
+_LOGRUS_ERROR = re.compile(r'level=(?:error|fatal) msg="((?:[^"\\]|\\.)*)"')
+
+
+def generate_argv(ctx: BootContext) -> list[str]:
+    """``nvidia-ctk cdi generate --output=`` (spec on stdout), with the roots when not ``/``."""
+    argv = ["nvidia-ctk", "cdi", "generate", "--output="]
+    if not ctx.root.is_host:
+        argv += [f"--driver-root={ctx.root.path}", f"--dev-root={ctx.root.path}"]
+    return argv
+
+
+def tool_error(err: CommandError) -> str:
+    """nvidia-ctk's last error: the ``msg`` of its last ``level=error`` line, else its last line."""
+    found = _LOGRUS_ERROR.findall(err.stderr)
+    if found:
+        return found[-1].replace('\\"', '"').replace("\\n", " ")
+    return err.last_line() or f"exit {err.returncode}"
+
+
+def mig_problem(ctx: BootContext) -> str | None:
+    """Why generation may fail on MIG: MIG mode enabled on a GPU with no GPU instances."""
+    try:
+        done = ctx.runner.run(["nvidia-smi", "--query-gpu=index,mig.mode.current",
+                               "--format=csv,noheader"])
+    except CommandError:
+        return None
+    enabled = [ln.split(",")[0].strip() for ln in done.stdout.splitlines()
+               if "," in ln and ln.split(",", 1)[1].strip().lower() == "enabled"]
+    if not enabled:
+        return None
+    try:
+        listing = ctx.runner.run(["nvidia-smi", "mig", "-lgi"], check=False)
+    except CommandError:
+        return f"MIG mode is enabled on GPU {', '.join(enabled)}"
+    text = " ".join(listing.output.split())
+    if listing.returncode != 0 or "no gpu instances" in text.lower():
+        return (f"MIG mode is enabled on GPU {', '.join(enabled)} but no GPU instances exist "
+                f"(nvidia-smi mig -lgi: {text or 'exit ' + str(listing.returncode)}); create GPU "
+                "instances or disable MIG mode")
+    return None
+
+
+def defines_our_kind(path: str) -> bool:
+    """True when the spec file at ``path`` (not followed if a symlink) has kind nvidia.com/gpu."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+            doc = yaml.safe_load(f.read(1 << 20))
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(doc, dict) and doc.get("kind") == CDI_KIND
+
+
+def other_specs(ctx: BootContext, host_dir: str) -> list[str]:
+    """Files in a CDI directory, other than our spec, that define kind nvidia.com/gpu."""
+    folder = ctx.root.resolve(host_dir)
+    ours = os.path.basename(CDI_SPEC_PATH)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    return [os.path.join(folder, n) for n in names
+            if n.endswith((".yaml", ".json")) and not (host_dir == "/var/run/cdi" and n == ours)
+            and defines_our_kind(os.path.join(folder, n))]
+
+
+def disable_duplicates(ctx: BootContext) -> None:
+    """Rename other nvidia.com/gpu specs in /var/run/cdi aside; warn about /etc/cdi ones."""
+    for path in other_specs(ctx, "/var/run/cdi"):
+        os.rename(path, path + DISABLED_SUFFIX)
+        host = ctx.root.host_path(path)
+        ctx.warn(f"cdi: {host} also defined {CDI_KIND}; renamed to {host}{DISABLED_SUFFIX}")
+    for path in other_specs(ctx, "/etc/cdi"):
+        ctx.warn(f"cdi: {ctx.root.host_path(path)} also defines {CDI_KIND}; remove it from the "
+                 "image (boot never writes to /etc/cdi)")
+
+
+def run(ctx: BootContext) -> str:
+    """Generate, validate and install the spec; record it in the status.
+
+    Raises:
+        StepFailed: nvidia-ctk failed or timed out (its last error, the driver version, and the
+            MIG state when that is the cause), or the spec breaks a rule of contract section 8.
+    """
+    driver = ctx.driver_version or "unknown"
+    try:
+        done = ctx.runner.run(generate_argv(ctx))
+    except CommandError as err:
+        if err.timed_out:
+            raise StepFailed(f"nvidia-ctk cdi generate timed out after {err.timeout_s:g} s "
+                             f"(driver {driver})") from err
+        cause = f"nvidia-ctk cdi generate failed (exit {err.returncode}): {tool_error(err)} " \
+                f"(driver {driver})"
+        if err.returncode == 127 and "undefined symbol" in err.stderr:
+            cause += "; this nvidia-ctk needs a newer driver than the image has"
+        mig = mig_problem(ctx)
+        raise StepFailed(f"{mig}; {cause}" if mig else cause) from err
+    text = done.stdout
+    try:
+        spec = parse_spec(text, source="nvidia-ctk cdi generate")
+    except CdiSpecError as err:
+        raise StepFailed(f"the generated spec is invalid: {err}") from err
+    problems = check_ready_spec(spec, ctx.root, ctx.minors)
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise StepFailed("the generated spec is not usable: " + "; ".join(problems[:3]) + more)
+    disable_duplicates(ctx)
+    target = ctx.root.resolve(CDI_SPEC_PATH, follow_last=False)
+    ensure_dir(os.path.dirname(target))
+    atomic_write(target, text)
+    names = spec.device_names()
+    ctx.status.cdi = {"path": CDI_SPEC_PATH, "kind": spec.kind, "devices": names}
+    return f"{CDI_SPEC_PATH}: {len(names)} devices (cdiVersion {spec.cdi_version})"

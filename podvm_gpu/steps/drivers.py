@@ -1,0 +1,32 @@
+"""Step 2, ``drivers``: no GPU may be bound to another driver (nouveau, nova_core, vfio-pci...).
+
+With another driver bound, ``modprobe nvidia`` can only say "No such device", so the boot stops
+here, before any modprobe, naming the driver and the PCI address.
+"""
+
+from __future__ import annotations
+
+from podvm_gpu.context import BootContext
+from podvm_gpu.errors import StepFailed
+
+NVIDIA_DRIVER = "nvidia"
+
+_HINTS = {
+    "nouveau": "blacklist nouveau in the image (modprobe.d: blacklist nouveau, options nouveau modeset=0)",
+    "nova_core": "blacklist nova_core in the image",
+    "nova-core": "blacklist nova_core in the image",
+    "vfio-pci": "the GPU is reserved for passthrough (vfio-pci.ids= on the kernel command line?)",
+}
+
+
+def run(ctx: BootContext) -> str:
+    """Fail when a GPU is bound to a driver other than ``nvidia``; else say how many are free."""
+    others = [g for g in ctx.gpus if g.driver and g.driver != NVIDIA_DRIVER]
+    if others:
+        first = others[0]
+        more = f" (and {len(others) - 1} more GPU(s))" if len(others) > 1 else ""
+        hint = _HINTS.get(first.driver, "unbind it or keep that driver out of the image")
+        raise StepFailed(f"GPU {first.pci_address} ({first.name}) is bound to driver "
+                         f"{first.driver}, not nvidia{more}; {hint}")
+    bound = sum(1 for g in ctx.gpus if g.driver == NVIDIA_DRIVER)
+    return f"{len(ctx.gpus)} GPU(s): {bound} bound to nvidia, {len(ctx.gpus) - bound} unbound"

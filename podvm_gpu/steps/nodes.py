@@ -1,0 +1,116 @@
+"""Step 5, ``device-nodes``: ``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools``
+and ``/dev/nvidia<minor>`` for every GPU, as character devices with the driver's numbers.
+
+The control nodes come from ``nvidia-ctk system create-device-nodes --control-devices``; each
+GPU's node from ``nvidia-modprobe -c <minor>`` where present, else ``mknod`` with the major from
+``/proc/devices`` and the minor from ``/proc/driver/nvidia/gpus/<pci>/information``. Nodes are
+mode 0666, as the driver's own nodes are. When every node is already right nothing is run, so a
+second boot changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+
+from podvm_gpu.context import BootContext
+from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.host.fs import Root, ensure_dir, is_char_device
+from podvm_gpu.readers import CTL_MINOR, NVIDIA_MAJOR_NAME, UVM_MAJOR_NAME, char_majors, gpu_minor
+
+NODE_MODE = 0o666
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """A device node the GPUs need: host path and expected numbers (None: unknown major)."""
+
+    path: str
+    major: int | None
+    minor: int
+
+
+def gpu_minors(root: Root, gpus) -> dict[str, int]:
+    """PCI address -> minor from the driver; GPUs it does not list get the next free index."""
+    minors = {g.pci_address: gpu_minor(root, g.pci_address) for g in gpus}
+    used = {m for m in minors.values() if m is not None}
+    free = (i for i in range(256) if i not in used)
+    return {pci: (m if m is not None else next(free)) for pci, m in minors.items()}
+
+
+def required_nodes(root: Root, minors: dict[str, int]) -> list[Node]:
+    """Every node contract section 3 step 5 requires, with majors from ``/proc/devices``."""
+    majors = char_majors(root)
+    nv, uvm = majors.get(NVIDIA_MAJOR_NAME), majors.get(UVM_MAJOR_NAME)
+    nodes = [Node("/dev/nvidiactl", nv, CTL_MINOR), Node("/dev/nvidia-uvm", uvm, 0),
+             Node("/dev/nvidia-uvm-tools", uvm, 1)]
+    nodes += [Node(f"/dev/nvidia{m}", nv, m) for m in sorted(minors.values())]
+    return nodes
+
+
+def node_problem(root: Root, node: Node) -> str | None:
+    """Why ``node`` is not right under the root (missing, not a char device, wrong numbers)."""
+    numbers = is_char_device(root.resolve(node.path))
+    if numbers is None:
+        return f"{node.path} is missing or not a character device"
+    if node.major is not None and numbers != (node.major, node.minor):
+        return f"{node.path} is {numbers[0]}:{numbers[1]}, expected {node.major}:{node.minor}"
+    return None
+
+
+def make_node(root: Root, node: Node) -> None:
+    """``mknod`` a character device (mode 0666) under the root; replaces nothing that exists."""
+    path = root.resolve(node.path, follow_last=False)
+    ensure_dir(os.path.dirname(path))
+    os.mknod(path, stat.S_IFCHR | NODE_MODE, os.makedev(node.major, node.minor))
+    os.chmod(path, NODE_MODE)  # mknod's mode is cut by the umask
+
+
+def run(ctx: BootContext) -> str:
+    """Create and verify the nodes.
+
+    Raises:
+        StepFailed: a major is missing from /proc/devices, a tool failed, or a node is still
+            missing or has other numbers afterwards.
+    """
+    root = ctx.root
+    ctx.minors = gpu_minors(root, ctx.gpus)
+    nodes = required_nodes(root, ctx.minors)
+    if not any(node_problem(root, n) for n in nodes):
+        return f"all {len(nodes)} nodes present"
+    majors = char_majors(root)
+    control = nodes[:3]
+    if any(node_problem(root, n) for n in control):
+        argv = ["nvidia-ctk", "system", "create-device-nodes", "--control-devices"]
+        if not root.is_host:
+            argv.append(f"--dev-root={root.path}")
+        try:
+            ctx.runner.run(argv)
+        except CommandError as err:
+            said = err.last_line() or ("timed out" if err.timed_out else f"exit {err.returncode}")
+            if NVIDIA_MAJOR_NAME not in majors:
+                raise StepFailed("cannot create /dev/nvidiactl: no 'nvidia' major in /proc/devices "
+                                 "(the nvidia module did not register its control device); "
+                                 f"nvidia-ctk: {said}") from err
+            raise StepFailed(f"nvidia-ctk system create-device-nodes failed: {said}") from err
+    for pci, minor in sorted(ctx.minors.items(), key=lambda kv: kv[1]):
+        node = Node(f"/dev/nvidia{minor}", majors.get(NVIDIA_MAJOR_NAME), minor)
+        if node_problem(root, node) is None:
+            continue
+        if ctx.runner.which("nvidia-modprobe"):
+            try:
+                ctx.runner.run(["nvidia-modprobe", "-c", str(minor)])
+            except CommandError:
+                pass  # fall back to mknod below; the verification names what stays wrong
+        if is_char_device(root.resolve(node.path)) is None and node.major is not None:
+            make_node(root, node)
+    nodes = required_nodes(root, ctx.minors)
+    for node in nodes:
+        if node.major is None:
+            name = UVM_MAJOR_NAME if "uvm" in node.path else NVIDIA_MAJOR_NAME
+            raise StepFailed(f"{node.path}: no '{name}' major in /proc/devices")
+        problem = node_problem(root, node)
+        if problem:
+            raise StepFailed(problem)
+    return f"{len(nodes)} nodes ready ({len(ctx.minors)} GPU node(s))"

@@ -1,0 +1,66 @@
+"""Step 4, ``versions``: the kernel module's version must equal the user-space driver's, and on
+NVSwitch machines the fabric manager's.
+
+The user-space version is the one in the name of the file ``libnvidia-ml.so.1`` resolves to
+(``libnvidia-ml.so.550.54.15``), found where the dynamic loader looks. A mismatch makes every
+NVML client fail with "Driver/library version mismatch", so it is caught here, before any.
+The fabric manager refuses to run with another driver version; ``nv-fabricmanager --version``
+touches no GPU, so that comparison is made here too, before persistenced starts initialising
+GPUs for a boot that cannot succeed (field case C23).
+"""
+
+from __future__ import annotations
+
+from podvm_gpu.context import BootContext
+from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, NVML_SONAME, daemon_pid,
+                               find_nvml, find_nvml_elsewhere, kernel_module_version, version_in)
+
+
+def fabricmanager_version(ctx: BootContext) -> str | None:
+    """The version ``nv-fabricmanager --version`` prints, or None when it cannot tell."""
+    try:
+        done = ctx.runner.run(["nv-fabricmanager", "--version"])
+    except CommandError:
+        return None
+    return version_in(done.output)
+
+
+def run(ctx: BootContext) -> str:
+    """Compare the versions and record the driver version in the status.
+
+    Raises:
+        StepFailed: the module version is unknown, libnvidia-ml.so.1 is not where the loader
+            looks (naming where it was found instead), or the versions differ (naming both).
+    """
+    kernel = kernel_module_version(ctx.root)
+    if not kernel:
+        raise StepFailed("cannot read the nvidia kernel module version "
+                         "(/sys/module/nvidia/version, /proc/driver/nvidia/version)")
+    ctx.driver_version = ctx.status.driver_version = kernel
+    lib = find_nvml(ctx.root)
+    if lib is None:
+        elsewhere = find_nvml_elsewhere(ctx.root)
+        if elsewhere:
+            folder = elsewhere.path.rsplit("/", 1)[0]
+            raise StepFailed(f"{NVML_SONAME} is not in the loader's directories (ld.so.conf and "
+                             f"the default ones) but was found in {folder} ({elsewhere.target}); "
+                             f"add {folder} to /etc/ld.so.conf.d/ and run ldconfig in the image")
+        raise StepFailed(f"{NVML_SONAME} not found: the user-space driver {kernel} is not "
+                         "installed in the image")
+    if lib.version is None:
+        raise StepFailed(f"cannot tell the user-space driver version: {lib.path} resolves to "
+                         f"{lib.target}")
+    if lib.version != kernel:
+        raise StepFailed(f"kernel module {kernel} does not match user-space driver {lib.version} "
+                         f"({lib.path} -> {lib.target}); rebuild the image with matching driver "
+                         "packages")
+    fm = ""
+    if ctx.nvswitches and daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
+        fm_version = fabricmanager_version(ctx)
+        if fm_version and fm_version != kernel:
+            raise StepFailed(f"fabric manager (nv-fabricmanager) {fm_version} does not match "
+                             f"driver {kernel}; install the fabric manager package of driver "
+                             f"{kernel}")
+        fm = f", nv-fabricmanager {fm_version}" if fm_version else ""
+    return f"driver {kernel} (kernel module and {lib.path}{fm})"
