@@ -1,0 +1,519 @@
+"""``podvm-gpu check``: the read-only diagnosis engineers run on a GPU VM (contract section 5), and
+``check --image`` for image builds (contract section 6).
+
+Every check reports ``pass``, ``warn``, ``fail`` or ``skip`` with a detail line stating the fact
+found and, on ``warn``/``fail``, a hint saying what to do next. It reuses boot's readers and
+validators and never loads a module, starts a daemon or writes a file: the runner is read-only
+(it refuses to spawn) and the only commands run are queries with timeouts (``nvidia-smi``
+queries, ``nv-fabricmanager --version``, ``modinfo -F version``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import tomllib
+
+from podvm_gpu import readers, units
+from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
+from podvm_gpu.config import Config, load_config, timeouts_for
+from podvm_gpu.errors import CommandError, ConfigError
+from podvm_gpu.host import kmsg
+from podvm_gpu.host.fs import Root
+from podvm_gpu.host.proc import Runner
+from podvm_gpu.host.sysfs import scan_nvidia
+from podvm_gpu.model import State
+from podvm_gpu.status import CDI_SPEC_PATH, read_status
+from podvm_gpu.steps import cdi_step, modules as modules_step, nodes as nodes_step
+from podvm_gpu.unavailable import UNAVAILABLE_DEVICE
+
+PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
+VM_CHECKS = ("pci", "drivers", "modules", "versions", "device-nodes", "persistenced",
+             "fabricmanager", "confidential-computing", "cdi-spec", "cdi-duplicates", "status",
+             "cdi-refresh-units", "kata-agent-ordering")
+IMAGE_CHECKS = ("unit", "kata-agent-ordering", "tools", "modules", "versions", "cdi-refresh-units")
+NO_GPU = "no NVIDIA GPU found on PCI"
+
+
+@dataclasses.dataclass
+class Check:
+    """One check's outcome: ``result`` is pass/warn/fail/skip; ``hint`` says what to do."""
+
+    name: str
+    result: str
+    detail: str
+    hint: str = ""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class VmChecks:
+    """The checks of a running VM (contract section 5), one method each."""
+
+    def __init__(self, root: Root, config: Config, runner: Runner):
+        from podvm_gpu.host.udev import discover
+
+        self.root, self.config, self.runner = root, config, runner
+        self.scanned = scan_nvidia()[0]
+        self.gpus, self.nvswitches = discover()
+        self.loaded = readers.module_loaded(root, "nvidia")
+        self.messages = kmsg.read_kernel_log(root)
+        self.minors = nodes_step.gpu_minors(root, self.gpus)
+
+    def run(self) -> list[Check]:
+        out = []
+        for name in VM_CHECKS:
+            method = getattr(self, "check_" + name.replace("-", "_"))
+            try:
+                out.append(method())
+            except CommandError as err:
+                out.append(Check(name, FAIL, f"query failed: {err}",
+                                 "run the command by hand to see why it fails or hangs"))
+        return out
+
+    def _needs_driver(self, name: str) -> Check | None:
+        if not self.gpus:
+            return Check(name, SKIP, NO_GPU)
+        if not self.loaded:
+            return Check(name, SKIP, "nvidia module not loaded (see modules)")
+        return None
+
+    def check_pci(self) -> Check:
+        if not self.gpus:
+            extra = f"; {len(self.nvswitches)} NVSwitch(es)" if self.nvswitches else ""
+            return Check("pci", SKIP, f"{NO_GPU} ({self.scanned} devices scanned{extra}): "
+                         "a CPU VM, GPU requests get the unavailable spec")
+        names = ", ".join(sorted({g.name for g in self.gpus}))
+        return Check("pci", PASS, f"{len(self.gpus)} GPU(s) ({names}) at "
+                     f"{', '.join(g.pci_address for g in self.gpus)}; "
+                     f"{len(self.nvswitches)} NVSwitch(es)")
+
+    def check_drivers(self) -> Check:
+        if not self.gpus:
+            return Check("drivers", SKIP, NO_GPU)
+        other = [g for g in self.gpus if g.driver and g.driver != "nvidia"]
+        if other:
+            g = other[0]
+            mod = g.driver.replace("-", "_")
+            return Check("drivers", FAIL, f"GPU {g.pci_address} is bound to {g.driver}, not nvidia",
+                         f"blacklist {mod} in the image (modprobe.d: 'blacklist {mod}') and "
+                         "rebuild it" if g.driver != "vfio-pci" else
+                         "remove the vfio-pci binding (vfio-pci.ids= on the kernel command line)")
+        unbound = [g.pci_address for g in self.gpus if not g.driver]
+        if unbound:
+            return Check("drivers", WARN if self.loaded else SKIP,
+                         f"GPU(s) {', '.join(unbound)} bound to no driver",
+                         "the nvidia module did not take them: see modules and the kernel log"
+                         if self.loaded else "")
+        return Check("drivers", PASS, f"all {len(self.gpus)} GPU(s) bound to nvidia")
+
+    def check_modules(self) -> Check:
+        if not self.gpus:
+            return Check("modules", SKIP, NO_GPU)
+        root = self.root
+        missing = [m for m in modules_step.REQUIRED if not readers.module_loaded(root, m)]
+        if not missing:
+            version = readers.kernel_module_version(root) or "unknown version"
+            return Check("modules", PASS, f"nvidia {version} and nvidia_uvm loaded")
+        release = readers.kernel_release(root)
+        have = readers.module_kernels(root, "nvidia")
+        detail = f"{', '.join(missing)} not loaded"
+        if release and release not in have:
+            return Check("modules", FAIL, f"{detail}: no nvidia module for the running kernel "
+                         f"{release}" + (f" (modules exist for {', '.join(have)})" if have else ""),
+                         f"install the nvidia modules for kernel {release} (DKMS or a prebuilt "
+                         "package), or boot the kernel the image has modules for")
+        overrides = [o for m in missing for o in readers.modprobe_overrides(root, m)]
+        if overrides:
+            return Check("modules", FAIL, f"{detail}: modprobe.d overrides it: {'; '.join(overrides)}",
+                         "remove that line from the image, then reboot")
+        lockdown = modules_step.lockdown_mode(root.read_text("/sys/kernel/security/lockdown") or "")
+        found = kmsg.findings(self.messages)
+        if lockdown and lockdown != "none" or any(f.kind == "lockdown" for f in found):
+            return Check("modules", FAIL, f"{detail}: kernel lockdown={lockdown or '?'} rejects "
+                         "the unsigned module",
+                         "sign the nvidia modules with a key the kernel trusts (MOK), or boot "
+                         "without lockdown/module.sig_enforce")
+        for f in found:
+            if f.kind in ("unsupported-pci-id", "open-module-unsupported", "gsp-firmware", "bar",
+                          "needs-reset", "fell-off-bus", "bound-elsewhere"):
+                hint = ("install a driver branch that supports this GPU" if f.kind ==
+                        "unsupported-pci-id" else "see the kernel message; fix the VM or image")
+                return Check("modules", FAIL, f"{detail}: {f.describe()}", hint)
+        return Check("modules", FAIL, detail, "run 'modprobe nvidia' and read the kernel log")
+
+    def check_versions(self) -> Check:
+        skip = self._needs_driver("versions")
+        if skip:
+            return skip
+        kernel = readers.kernel_module_version(self.root)
+        lib = readers.find_nvml(self.root)
+        if lib is None:
+            other = readers.find_nvml_elsewhere(self.root)
+            where = f"; found in {other.path.rsplit('/', 1)[0]}" if other else ""
+            return Check("versions", FAIL, f"{readers.NVML_SONAME} not in the loader's "
+                         f"directories{where}", "add its folder to /etc/ld.so.conf.d/ and run "
+                         "ldconfig in the image" if other else "install the user-space driver")
+        if lib.version != kernel:
+            return Check("versions", FAIL, f"kernel module {kernel}, user space {lib.version} "
+                         f"({lib.path} -> {lib.target})",
+                         f"rebuild the image with matching driver {kernel} user space")
+        return Check("versions", PASS, f"kernel module and user space both {kernel}")
+
+    def check_device_nodes(self) -> Check:
+        skip = self._needs_driver("device-nodes")
+        if skip:
+            return skip
+        majors = readers.char_majors(self.root)
+        for name in (readers.NVIDIA_MAJOR_NAME, readers.UVM_MAJOR_NAME):
+            if name not in majors:
+                return Check("device-nodes", FAIL, f"no '{name}' major in /proc/devices",
+                             "the module did not register its devices: reload it and read "
+                             "the kernel log")
+        nodes = nodes_step.required_nodes(self.root, self.minors)
+        problems = [p for p in (nodes_step.node_problem(self.root, n) for n in nodes) if p]
+        if problems:
+            return Check("device-nodes", FAIL, "; ".join(problems[:3]),
+                         "run podvm-gpu boot (it creates them) or nvidia-ctk system "
+                         "create-device-nodes --control-devices")
+        return Check("device-nodes", PASS, f"{len(nodes)} character devices with majors "
+                     f"{majors[readers.NVIDIA_MAJOR_NAME]}/{majors[readers.UVM_MAJOR_NAME]} "
+                     "as in /proc/devices")
+
+    def check_persistenced(self) -> Check:
+        skip = self._needs_driver("persistenced")
+        if skip:
+            return skip
+        pid = readers.daemon_pid(self.root, readers.PERSISTENCED_PID, readers.PERSISTENCED_COMM)
+        if pid is None:
+            return Check("persistenced", FAIL, "nvidia-persistenced is not running",
+                         "boot starts it; see the persistenced step in podvm-gpu status")
+        if not self.root.exists(readers.PERSISTENCED_SOCKET):
+            return Check("persistenced", WARN, f"running (pid {pid}) but its socket "
+                         f"{readers.PERSISTENCED_SOCKET} is missing: still initialising?",
+                         "wait, then check again; see the kernel log if it stays so")
+        return Check("persistenced", PASS, f"running (pid {pid}), socket present")
+
+    def check_fabricmanager(self) -> Check:
+        skip = self._needs_driver("fabricmanager")
+        if skip:
+            return skip
+        driver = readers.kernel_module_version(self.root)
+        if not self.nvswitches:
+            note = ""
+            if units.enabled_by(self.root, "nvidia-fabricmanager.service"):
+                note = ("; the image's nvidia-fabricmanager.service is enabled and fails with "
+                        "NV_WARN_NOTHING_TO_DO here, which is harmless")
+            return Check("fabricmanager", SKIP, f"no NVSwitch on PCI{note}")
+        done = self.runner.run(["nv-fabricmanager", "--version"], check=False)
+        fm = readers.version_in(done.output)
+        if fm and driver and fm != driver:
+            return Check("fabricmanager", FAIL, f"fabric manager {fm}, driver {driver}",
+                         f"install the fabric manager package of driver {driver}")
+        pid = readers.daemon_pid(self.root, readers.FABRICMANAGER_PID, readers.FABRICMANAGER_COMM)
+        if pid is None:
+            return Check("fabricmanager", FAIL, f"{len(self.nvswitches)} NVSwitch(es) but "
+                         "nv-fabricmanager is not running", "see the fabricmanager step in "
+                         "podvm-gpu status and /var/log/fabricmanager.log")
+        states = readers.parse_fabric(self.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"]).stdout)
+        bad = [s for s in states if not s.success]
+        if bad or not states:
+            what = ", ".join(f"{s.gpu}: State {s.state}, Status {s.status}" for s in bad[:3])
+            return Check("fabricmanager", FAIL, f"fabric not ready: {what or 'no state'}",
+                         "read /var/log/fabricmanager.log")
+        return Check("fabricmanager", PASS, f"running (pid {pid}); fabric Completed/Success on "
+                     f"{len(states)} GPU(s)")
+
+    def check_confidential_computing(self) -> Check:
+        skip = self._needs_driver("confidential-computing")
+        if skip:
+            return skip
+        done = self.runner.run(["nvidia-smi", "conf-compute", "-f"], check=False)
+        if "no cc capable" in done.output.lower():
+            return Check("confidential-computing", SKIP, "the GPUs do not support CC")
+        mode = readers.parse_cc_mode(done.output)
+        if mode == "off":
+            return Check("confidential-computing", SKIP, "CC mode is off")
+        if mode != "on":
+            return Check("confidential-computing", FAIL, f"CC mode unknown ({mode or 'no answer'}, "
+                         f"exit {done.returncode})", "run nvidia-smi conf-compute -f by hand")
+        grs = self.runner.run(["nvidia-smi", "conf-compute", "-grs"], check=False)
+        state = readers.parse_ready_state(grs.output)
+        if state == "ready":
+            return Check("confidential-computing", PASS, "CC on, ready state ready")
+        if state == "not-ready":
+            return Check("confidential-computing", WARN, "CC on, ready state not-ready",
+                         "the attestation flow sets it, or set confidential_computing."
+                         "set_ready_state: true in the config")
+        return Check("confidential-computing", FAIL, f"CC on, ready state unknown ({state})",
+                     "run nvidia-smi conf-compute -grs by hand")
+
+    def check_cdi_spec(self) -> Check:
+        path = self.root.resolve(CDI_SPEC_PATH)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            if not self.gpus:
+                return Check("cdi-spec", SKIP, f"{NO_GPU}; no {CDI_SPEC_PATH}",
+                             "" if not self.config.unavailable_spec else
+                             "boot writes the unavailable spec: has it run?")
+            return Check("cdi-spec", FAIL, f"{CDI_SPEC_PATH} is missing",
+                         "run podvm-gpu boot, or see podvm-gpu status")
+        try:
+            spec = parse_spec(text, source=CDI_SPEC_PATH)
+        except CdiSpecError as err:
+            return Check("cdi-spec", FAIL, str(err), "run podvm-gpu boot to regenerate it")
+        names = spec.device_names()
+        if names == [UNAVAILABLE_DEVICE]:
+            if not self.gpus:
+                return Check("cdi-spec", SKIP, f"{NO_GPU}; {CDI_SPEC_PATH} is the unavailable "
+                             "spec, so GPU requests fail at once")
+            return Check("cdi-spec", FAIL, f"{CDI_SPEC_PATH} is the unavailable spec: GPU setup "
+                         "failed", "see the status check and podvm-gpu status")
+        problems = check_ready_spec(spec, self.root, self.minors)
+        if problems:
+            return Check("cdi-spec", FAIL, "; ".join(problems[:3]),
+                         "run podvm-gpu boot to regenerate it")
+        return Check("cdi-spec", PASS, f"{CDI_SPEC_PATH}: cdiVersion {spec.cdi_version}, "
+                     f"{len(names)} devices, nodes and hooks present")
+
+    def check_cdi_duplicates(self) -> Check:
+        found = []
+        for folder in cdi_step.CDI_DIRS:
+            fake = _ReadOnlyCtx(self.root)
+            found += [self.root.host_path(p) for p in cdi_step.other_specs(fake, folder)]
+        if found:
+            return Check("cdi-duplicates", FAIL, f"also defining nvidia.com/gpu: {', '.join(found)}",
+                         f"remove {found[0]}: it defines the same devices, and kata-agent drops "
+                         "every device two specs define")
+        return Check("cdi-duplicates", PASS, "no other spec defines nvidia.com/gpu")
+
+    def check_status(self) -> Check:
+        doc = read_status(self.root)
+        if doc is None:
+            return Check("status", FAIL, "no /run/podvm-gpu/status.json: boot has not run",
+                         "systemctl status podvm-gpu.service")
+        state, reason = doc.get("state"), doc.get("reason")
+        if state == State.FAILED:
+            return Check("status", FAIL, f"boot failed: {reason}", "fix the cause, then rerun "
+                         "podvm-gpu boot (or reboot)")
+        if state == State.RUNNING:
+            return Check("status", WARN, "boot is still running", "podvm-gpu status --wait")
+        warnings = doc.get("warnings") or []
+        if warnings:
+            return Check("status", WARN, f"{state} with {len(warnings)} warning(s): {warnings[0]}",
+                         "podvm-gpu status lists them")
+        return Check("status", PASS, f"{state}" + (f": {reason}" if reason else ""))
+
+    def check_cdi_refresh_units(self) -> Check:
+        return refresh_units_check(self.root)
+
+    def check_kata_agent_ordering(self) -> Check:
+        return kata_ordering_check(self.root, self.config)
+
+
+class _ReadOnlyCtx:
+    """The little of a boot context that :func:`cdi_step.other_specs` reads."""
+
+    def __init__(self, root: Root):
+        self.root = root
+
+
+def refresh_units_check(root: Root) -> Check:
+    """The toolkit's nvidia-cdi-refresh units must not be enabled beside the agent: they rewrite
+    /var/run/cdi/nvidia.yaml with nvidia-ctk's output, unvalidated, whenever the driver changes."""
+    enabled = [u for u in units.REFRESH_UNITS
+               if units.enabled_by(root, u) and not units.masked(root, u)]
+    if enabled:
+        return Check("cdi-refresh-units", FAIL, f"enabled: {', '.join(enabled)}",
+                     "mask them in the image: systemctl mask " + " ".join(units.REFRESH_UNITS))
+    masked = [u for u in units.REFRESH_UNITS if units.masked(root, u)]
+    return Check("cdi-refresh-units", PASS,
+                 f"masked: {', '.join(masked)}" if masked else "not enabled")
+
+
+def kata_ordering_check(root: Root, config: Config) -> Check:
+    """kata-agent.service must start after podvm-gpu.service (ordering, not just a target)."""
+    if units.unit_file(root, units.KATA_UNIT) is None:
+        return Check("kata-agent-ordering", SKIP, f"no {units.KATA_UNIT} installed")
+    ok, how = units.ordered_before_kata(root)
+    if not ok:
+        return Check("kata-agent-ordering", FAIL, how, f"install the drop-in {units.KATA_UNIT}.d/"
+                     f"10-podvm-gpu.conf (After= and Wants={units.AGENT_UNIT})")
+    timeout = kata_cdi_timeout(root)
+    if timeout is not None and timeout < config.budget_s:
+        return Check("kata-agent-ordering", WARN, f"{how}; but kata-agent cdi_timeout {timeout:g} s "
+                     f"is shorter than the boot budget {config.budget_s:g} s",
+                     "raise cdi_timeout or lower budget_s")
+    return Check("kata-agent-ordering", PASS, how)
+
+
+def kata_cdi_timeout(root: Root) -> float | None:
+    """kata-agent's ``cdi_timeout`` in seconds: ``agent.cdi_timeout=`` on the kernel command line
+    wins over ``cdi_timeout`` in /etc/agent-config.toml; None when neither sets it."""
+    m = re.search(r"\bagent\.cdi_timeout=(\d+)", root.read_text("/proc/cmdline") or "")
+    if m:
+        return float(m.group(1))
+    try:
+        doc = tomllib.loads(root.read_text("/etc/agent-config.toml") or "")
+    except tomllib.TOMLDecodeError:
+        return None
+    value = doc.get("cdi_timeout")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+# --- check --image ----------------------------------------------------------------------------
+
+_BIN_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/local/sbin")
+IMAGE_TOOLS = ("nvidia-ctk", "nvidia-persistenced", "modprobe")
+
+
+def image_kernels(root: Root) -> list[str]:
+    """The image's kernels: releases of ``/boot/vmlinuz-*``, else the folders of /lib/modules."""
+    boot = root.resolve("/boot")
+    try:
+        found = sorted(n[len("vmlinuz-"):] for n in os.listdir(boot) if n.startswith("vmlinuz-"))
+    except OSError:
+        found = []
+    if found:
+        return found
+    try:
+        return sorted(os.listdir(root.resolve("/lib/modules")))
+    except OSError:
+        return []
+
+
+def module_file(root: Root, release: str, module: str = "nvidia") -> str | None:
+    """The real path of ``<module>.ko[.xz|.zst|.gz]`` for a kernel release, or None."""
+    base = root.resolve(f"/lib/modules/{release}")
+    for dirpath, _dirs, files in os.walk(base):
+        for f in files:
+            if f.split(".ko")[0] == module and ".ko" in f:
+                return os.path.join(dirpath, f)
+    return None
+
+
+def module_file_version(runner: Runner, path: str) -> str | None:
+    """A module file's version: ``modinfo -F version FILE``, else the ``version=`` string of its
+    ``.modinfo`` section read from the file itself (uncompressed modules only)."""
+    try:
+        done = runner.run(["modinfo", "-F", "version", path], check=False)
+        if done.returncode == 0 and readers.version_in(done.stdout):
+            return readers.version_in(done.stdout)
+    except CommandError:
+        pass
+    try:
+        with open(path, "rb") as f:
+            data = f.read(64 << 20)
+    except OSError:
+        return None
+    m = re.search(rb"(?:^|\0)version=(\d+\.\d+(?:\.\d+)?)\0", data)
+    return m.group(1).decode() if m else None
+
+
+def image_checks(root: Root, config: Config, runner: Runner) -> list[Check]:
+    """Contract section 6: what an image needs before it ships."""
+    out: list[Check] = []
+    unit = units.unit_file(root, units.AGENT_UNIT)
+    wants = units.enabled_by(root, units.AGENT_UNIT)
+    if unit is None:
+        out.append(Check("unit", FAIL, f"{units.AGENT_UNIT} is not installed",
+                         "install systemd/podvm-gpu.service into the image"))
+    elif not wants:
+        out.append(Check("unit", FAIL, f"{unit} installed but not enabled",
+                         f"systemctl enable {units.AGENT_UNIT} in the image"))
+    else:
+        out.append(Check("unit", PASS, f"{unit}, enabled by {', '.join(wants)}"))
+    if units.unit_file(root, units.KATA_UNIT) is None:
+        ok, how = units.ordered_before_kata(root)
+        out.append(Check("kata-agent-ordering", PASS if ok else FAIL,
+                         f"{units.KATA_UNIT} not in the image yet; {how}",
+                         "" if ok else f"add Before={units.KATA_UNIT} or the kata-agent drop-in"))
+    else:
+        out.append(kata_ordering_check(root, config))
+    missing = [t for t in IMAGE_TOOLS if not any(
+        os.access(root.resolve(f"{d}/{t}"), os.X_OK) for d in _BIN_DIRS)]
+    out.append(Check("tools", FAIL, f"missing: {', '.join(missing)}",
+                     "install nvidia-container-toolkit, the driver's persistenced and kmod")
+               if missing else Check("tools", PASS, f"{', '.join(IMAGE_TOOLS)} present"))
+    kernels = image_kernels(root)
+    files = {k: module_file(root, k) for k in kernels}
+    lacking = [k for k, f in files.items() if f is None]
+    if not kernels:
+        out.append(Check("modules", FAIL, "no kernel in the image (/boot/vmlinuz-*, /lib/modules)",
+                         "install a kernel"))
+    elif lacking:
+        out.append(Check("modules", FAIL, "no nvidia module for kernel(s) "
+                         f"{', '.join(lacking)} (/lib/modules/{lacking[0]})",
+                         "build the nvidia modules (DKMS) for every kernel in the image"))
+    else:
+        out.append(Check("modules", PASS, "nvidia module present for " + ", ".join(
+            f"{k} ({root.host_path(f)})" for k, f in files.items())))
+    lib = readers.find_nvml(root)
+    module_versions = {k: module_file_version(runner, f) for k, f in files.items() if f}
+    if lib is None:
+        out.append(Check("versions", FAIL, f"{readers.NVML_SONAME} not in the loader's directories",
+                         "install the user-space driver (libnvidia-ml) in the image"))
+    else:
+        wrong = {k: v for k, v in module_versions.items() if v != lib.version}
+        if wrong:
+            k, v = next(iter(wrong.items()))
+            shown = v or "of unknown version"
+            out.append(Check("versions", FAIL, f"module {root.host_path(files[k])} is {shown}, "
+                             f"user space {lib.path} is {lib.version}",
+                             f"rebuild the image with matching driver {lib.version} modules"))
+        else:
+            out.append(Check("versions", PASS, f"modules and user space all {lib.version}"))
+    out.append(refresh_units_check(root))
+    return out
+
+
+# --- entry point -----------------------------------------------------------------------------
+
+def run_check(root_dir: str, config_path: str | None, json_out: bool, image: bool) -> int:
+    """Run the checks, print them, return 0 when none failed, else 1 (contract section 1)."""
+    root = Root(root_dir)
+    path = config_path or root.resolve("/etc/podvm-gpu/config.yaml")
+    config_note = None
+    try:
+        config = load_config(path)
+    except ConfigError as err:
+        config, config_note = Config(), Check("config", FAIL, str(err), "fix the config file")
+    runner = Runner(config.tools, timeouts_for(config), read_only=True)
+    checks = image_checks(root, config, runner) if image else VmChecks(root, config, runner).run()
+    if config_note:
+        checks.insert(0, config_note)
+    code = 1 if any(c.result == FAIL for c in checks) else 0
+    summary = {r: sum(1 for c in checks if c.result == r) for r in (PASS, WARN, FAIL, SKIP)}
+    if json_out:
+        print(json.dumps({"checks": [c.to_dict() for c in checks],
+                          "summary": {**summary, "mode": "image" if image else "vm",
+                                      "exit": code}}, indent=2))
+    else:
+        print_table(checks, summary)
+    return code
+
+
+def print_table(checks: list[Check], summary: dict[str, int]) -> None:
+    """An aligned table (result, name, detail, hint) and a summary line, through rich."""
+    import shutil
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(shutil.get_terminal_size((160, 24)).columns, 100),
+                      highlight=False)
+    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+    for column in ("result", "check", "detail", "hint"):
+        table.add_column(column, overflow="fold")
+    colours = {PASS: "green", WARN: "yellow", FAIL: "red", SKIP: "dim"}
+    for c in checks:
+        table.add_row(f"[{colours[c.result]}]{c.result}[/]", c.name, c.detail, c.hint)
+    console.print(table)
+    verdict = "FAILED" if summary[FAIL] else "OK"
+    console.print(f"{verdict}: {summary[PASS]} pass, {summary[WARN]} warn, {summary[FAIL]} fail, "
+                  f"{summary[SKIP]} skip")

@@ -1,0 +1,103 @@
+"""systemd unit files under a root, read without systemctl (contract section 1: under ``--root``
+enablement is read from the ``.wants``/``.requires`` links under ``<root>/etc/systemd/system``).
+
+Only what check needs: where a unit is installed, whether it is enabled or masked, and the
+ordering dependencies of a unit with its drop-ins (systemd.unit(5): later directories in the
+search path lose to earlier ones; drop-ins ``<unit>.d/*.conf`` add to list settings).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from podvm_gpu.host.fs import Root
+
+AGENT_UNIT = "podvm-gpu.service"
+KATA_UNIT = "kata-agent.service"
+REFRESH_UNITS = ("nvidia-cdi-refresh.path", "nvidia-cdi-refresh.service")
+# systemd's system unit search path, highest priority first (systemd.unit(5)).
+UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system",
+             "/usr/lib/systemd/system", "/lib/systemd/system")
+
+
+def unit_file(root: Root, unit: str) -> str | None:
+    """Host path of the unit's file that systemd would load, or None when it is not installed."""
+    for folder in UNIT_DIRS:
+        path = f"{folder}/{unit}"
+        if os.path.lexists(root.resolve(path, follow_last=False)):
+            return path
+    return None
+
+
+def masked(root: Root, unit: str) -> bool:
+    """True when the unit is linked to /dev/null in /etc or /run (``systemctl mask``)."""
+    for folder in ("/etc/systemd/system", "/run/systemd/system"):
+        link = root.resolve(f"{folder}/{unit}", follow_last=False)
+        if os.path.islink(link) and os.readlink(link) == "/dev/null":
+            return True
+    return False
+
+
+def enabled_by(root: Root, unit: str) -> list[str]:
+    """The ``.wants``/``.requires`` folders that link the unit (``multi-user.target.wants``)."""
+    found = []
+    for folder in UNIT_DIRS:
+        base = root.resolve(folder)
+        for path in sorted(glob.glob(os.path.join(base, "*.wants", unit))
+                           + glob.glob(os.path.join(base, "*.requires", unit))):
+            found.append(os.path.basename(os.path.dirname(path)))
+    return found
+
+
+def _settings(text: str, section: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    current = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+            continue
+        if current == section and "=" in line:
+            key, value = (p.strip() for p in line.split("=", 1))
+            if value == "":
+                out[key] = []  # an empty assignment resets a list setting
+            else:
+                out.setdefault(key, []).extend(value.split())
+    return out
+
+
+def unit_settings(root: Root, unit: str, section: str = "Unit") -> dict[str, list[str]]:
+    """A section's settings of the unit plus its drop-ins, list values split on spaces."""
+    merged: dict[str, list[str]] = {}
+    main = unit_file(root, unit)
+    texts = []
+    if main and not masked(root, unit):
+        texts.append(root.read_text(main) or "")
+    dropins = {}
+    for folder in reversed(UNIT_DIRS):  # lower priority first: higher ones override by name
+        for path in glob.glob(os.path.join(root.resolve(f"{folder}/{unit}.d"), "*.conf")):
+            dropins[os.path.basename(path)] = path
+    for name in sorted(dropins):
+        try:
+            with open(dropins[name], encoding="utf-8", errors="replace") as f:
+                texts.append(f.read())
+        except OSError:
+            continue
+    for text in texts:
+        for key, values in _settings(text, section).items():
+            merged[key] = [] if values == [] else merged.get(key, []) + values
+    return merged
+
+
+def ordered_before_kata(root: Root) -> tuple[bool, str]:
+    """Whether podvm-gpu.service runs before kata-agent.service, and the setting that says so."""
+    agent = unit_settings(root, AGENT_UNIT)
+    if KATA_UNIT in agent.get("Before", []):
+        return True, f"{AGENT_UNIT} has Before={KATA_UNIT}"
+    kata = unit_settings(root, KATA_UNIT)
+    if AGENT_UNIT in kata.get("After", []):
+        return True, f"{KATA_UNIT} has After={AGENT_UNIT}"
+    return False, f"neither {AGENT_UNIT} Before={KATA_UNIT} nor {KATA_UNIT} After={AGENT_UNIT}"
