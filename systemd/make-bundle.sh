@@ -1,0 +1,38 @@
+#!/bin/sh
+# Build the podvm-gpu install bundle on the build host: the agent's wheel plus every dependency
+# as a wheel, the systemd files and the installer. Image builds (packer/, mkosi/) copy the bundle
+# into the image and run its install-podvm-gpu.sh there, which installs with pip --no-index, so
+# the image build itself needs no access to PyPI.
+#
+# usage: make-bundle.sh OUTDIR [SOURCE_DIR]
+#   SOURCE_DIR  the podvm-gpu source tree (default: the tree this script is in)
+# environment:
+#   PYTHON                   interpreter that runs pip here (default python3)
+#   PODVM_GPU_PYTHON_VERSION the image's Python version, e.g. 3.12, when it differs from the
+#                            build host's: dependencies are then downloaded as binary wheels for
+#   PODVM_GPU_PLATFORM       that version and this platform (default manylinux2014_x86_64)
+set -eu
+
+out=${1:?usage: make-bundle.sh OUTDIR [SOURCE_DIR]}
+here=$(cd "$(dirname "$0")" && pwd)
+src=${2:-$here/..}
+python=${PYTHON:-python3}
+pip="$python -m pip --disable-pip-version-check"
+
+rm -rf "$out"
+mkdir -p "$out/wheels"
+# The agent itself is pure Python: one wheel fits every image.
+$pip wheel --quiet --no-deps --wheel-dir "$out/wheels" "$src"
+agent_wheel=$(ls "$out"/wheels/podvm_gpu-*.whl)
+if [ -n "${PODVM_GPU_PYTHON_VERSION:-}" ]; then
+    $pip download --quiet --only-binary=:all: --dest "$out/wheels" \
+        --python-version "$PODVM_GPU_PYTHON_VERSION" --implementation cp \
+        --platform "${PODVM_GPU_PLATFORM:-manylinux2014_x86_64}" "$agent_wheel"
+else
+    $pip wheel --quiet --wheel-dir "$out/wheels" "$agent_wheel"
+fi
+
+cp "$here/install-podvm-gpu.sh" "$here/podvm-gpu.service" "$here/podvm-gpu.preset" "$out/"
+cp "$here/kata-agent.service.d/10-podvm-gpu.conf" "$out/"
+chmod 0755 "$out/install-podvm-gpu.sh"
+echo "podvm-gpu bundle: $out ($(ls "$out/wheels" | wc -l) wheels)"
