@@ -1,0 +1,193 @@
+"""Test images for the slow tests: a cached Debian rootfs, the install bundle, booting with nspawn.
+
+The rootfs is what a pod VM image is before podvm-gpu goes in: Debian bookworm minbase with
+systemd, udev, kmod, python3 (with venv) and umockdev (for the GPU path). mmdebstrap builds it
+once and it is cached under ``/var/cache/podvm-gpu-test/rootfs-<key>`` (env
+``PODVM_GPU_TEST_CACHE``), keyed by everything that goes into it, so CI builds it once per
+machine and every test starts from a copy. The agent is installed into a copy the way image
+builds install it: ``systemd/make-bundle.sh`` on the host, ``systemd/install-into-root.sh`` (the
+bundle's installer run inside the tree) for the copy.
+
+A tool these tests need that is missing fails the test in CI (env ``CI=true``) and skips it
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+SUITE = "bookworm"
+MIRROR = os.environ.get("PODVM_GPU_TEST_MIRROR", "http://deb.debian.org/debian")
+PACKAGES = ["systemd-sysv", "udev", "kmod", "python3", "python3-venv", "umockdev"]
+# Documentation is of no use in a test image and makes every copy slower.
+DPKG_OPTS = ["path-exclude=/usr/share/doc/*", "path-exclude=/usr/share/man/*",
+             "path-exclude=/usr/share/locale/*"]
+CACHE = Path(os.environ.get("PODVM_GPU_TEST_CACHE", "/var/cache/podvm-gpu-test"))
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("true", "1", "yes")
+
+
+def unavailable(why: str) -> None:
+    """Fail in CI, skip elsewhere: CI must run every slow test, a laptop need not."""
+    if in_ci():
+        pytest.fail(f"{why} (CI=true: the slow tests must run in CI)", pytrace=False)
+    pytest.skip(why)
+
+
+def require_tools(*tools: str) -> None:
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        unavailable(f"missing tools: {', '.join(missing)} (see .ci/apt-packages.txt)")
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        unavailable("needs root (mmdebstrap, systemd-nspawn)")
+
+
+def rootfs_key() -> str:
+    recipe = json.dumps([SUITE, MIRROR, sorted(PACKAGES), DPKG_OPTS, "minbase"])
+    return hashlib.sha256(recipe.encode()).hexdigest()[:16]
+
+
+def base_rootfs() -> Path:
+    """The cached minbase rootfs; built with mmdebstrap when the cache lacks it (about 30 s)."""
+    require_root()
+    require_tools("mmdebstrap")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    target = CACHE / f"rootfs-{rootfs_key()}"
+    with open(CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "usr/bin/python3").exists():
+            partial = CACHE / f".partial-{rootfs_key()}"
+            shutil.rmtree(partial, ignore_errors=True)
+            argv = ["mmdebstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES),
+                    *[f"--dpkgopt={o}" for o in DPKG_OPTS], SUITE, str(partial), MIRROR]
+            started = time.monotonic()
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=900)
+            if done.returncode != 0:
+                pytest.fail(f"mmdebstrap failed ({done.returncode}):\n{done.stderr[-3000:]}")
+            (partial / ".podvm-gpu-test-build.json").write_text(json.dumps(
+                {"mmdebstrap_s": round(time.monotonic() - started, 1), "argv": argv}))
+            shutil.rmtree(target, ignore_errors=True)
+            partial.rename(target)
+    return target
+
+
+_bundle: Path | None = None
+
+
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The install bundle of this checkout, built once per test session."""
+    global _bundle
+    if _bundle is None:
+        out = tmp_path_factory.mktemp("bundle") / "podvm-gpu-bundle"
+        done = subprocess.run(["sh", str(REPO / "systemd/make-bundle.sh"), str(out), str(REPO)],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"make-bundle.sh failed:\n{done.stdout}\n{done.stderr}"
+        _bundle = out
+    return _bundle
+
+
+def copy_rootfs(dest: Path) -> Path:
+    subprocess.run(["cp", "-a", "--reflink=auto", str(base_rootfs()), str(dest)], check=True, timeout=300)
+    return dest
+
+
+def install_agent(rootfs: Path, bundle_dir: Path) -> None:
+    require_tools("systemd-nspawn")
+    done = subprocess.run(["sh", str(REPO / "systemd/install-into-root.sh"), str(rootfs), str(bundle_dir)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"install-into-root.sh failed:\n{done.stdout}\n{done.stderr}"
+
+
+def install_file(src: Path, rootfs: Path, path: str, mode: int = 0o644) -> None:
+    dest = rootfs / path.lstrip("/")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
+    dest.chmod(mode)
+
+
+def install_kata_agent_standin(rootfs: Path) -> None:
+    """The stand-in kata-agent.service, enabled as cloud-api-adaptor enables the real one."""
+    install_file(HERE / "units/kata-agent.service", rootfs, "/etc/systemd/system/kata-agent.service")
+    install_file(HERE / "kata-agent-standin.py", rootfs, "/usr/local/libexec/kata-agent-standin", 0o755)
+    wants = rootfs / "etc/systemd/system/multi-user.target.wants/kata-agent.service"
+    wants.parent.mkdir(parents=True, exist_ok=True)
+    wants.symlink_to("/etc/systemd/system/kata-agent.service")
+
+
+@dataclass
+class Boot:
+    """What one nspawn boot left behind."""
+
+    returncode: int
+    wall_s: float
+    console: str
+    record: dict | None
+    journal: str
+    agent_journal: list[dict] = field(default_factory=list)
+
+    def agent_messages(self) -> list[str]:
+        return [e.get("MESSAGE", "") for e in self.agent_journal if isinstance(e.get("MESSAGE"), str)]
+
+    def agent_time_s(self) -> float:
+        """From the journal: systemd's "Starting" to its "Finished" line for podvm-gpu.service."""
+        marks = {}
+        for entry in self.agent_journal:
+            message = entry.get("MESSAGE", "")
+            if entry.get("UNIT") == "podvm-gpu.service" and isinstance(message, str):
+                for word in ("Starting", "Finished"):
+                    if message.startswith(word) and word not in marks:
+                        marks[word] = int(entry["__MONOTONIC_TIMESTAMP"])
+        assert set(marks) == {"Starting", "Finished"}, f"no start/finish lines for the agent: {self.journal}"
+        return (marks["Finished"] - marks["Starting"]) / 1e6
+
+
+def boot(rootfs: Path, artifacts: Path, timeout_s: float = 120) -> Boot:
+    """Boot rootfs with systemd-nspawn until the kata-agent stand-in powers it off.
+
+    ``--register=no --keep-unit``: no machined or system bus is needed on the host.
+    ``--link-journal=no``: the journal stays in the rootfs. The console output, the stand-in's
+    record and the journal excerpts are copied to artifacts (kept by pytest for a failed run).
+    """
+    require_tools("systemd-nspawn")
+    argv = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit", "--link-journal=no",
+            f"--directory={rootfs}"]
+    started = time.monotonic()
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout_s, env={**os.environ, "SYSTEMD_COLORS": "0"})
+        returncode, console = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as err:
+        returncode = -1
+        console = f"(timed out after {timeout_s} s)\n{err.stdout or ''}{err.stderr or ''}"
+    wall_s = time.monotonic() - started
+    artifacts.mkdir(parents=True, exist_ok=True)
+    (artifacts / "console.txt").write_text(console if isinstance(console, str) else console.decode())
+    out = rootfs / "var/lib/kata-agent-standin"
+    for name in ("record.json", "journal.txt", "agent-journal.json"):
+        if (out / name).exists():
+            shutil.copyfile(out / name, artifacts / name)
+    record = json.loads((out / "record.json").read_text()) if (out / "record.json").exists() else None
+    journal = (out / "journal.txt").read_text() if (out / "journal.txt").exists() else ""
+    agent_journal = []
+    if (out / "agent-journal.json").exists():
+        agent_journal = [json.loads(line) for line in (out / "agent-journal.json").read_text().splitlines()
+                         if line.strip()]
+    return Boot(returncode, wall_s, console, record, journal, agent_journal)
