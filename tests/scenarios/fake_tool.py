@@ -1,0 +1,305 @@
+"""The program behind every fake tool in a scenario world's ``bin/``.
+
+Each fake is a tiny script (``world.py`` writes it) that calls :func:`main` with the world's
+``world.json``. A call:
+
+1. logs its start (argv with argv[0] as the basename, pid, run) to the world's call log;
+2. finds the first rule of the case whose ``argv`` is a prefix of the call's argv (``"*"`` matches
+   any one argument), skipping a rule whose ``only_before`` effect was already applied;
+3. sleeps the rule's ``delay_s`` (a SIGTERM or SIGINT meanwhile is logged, then kills the fake
+   the normal way, so the product sees what a real tool would do and no effect is applied);
+4. on rc 0 applies the rule's effects (``effects.py``), prints stdout and stderr, logs its end
+   and exits with the rule's rc.
+
+Harness-owned output: the world, not the case, knows the NVLink fabric state and, once a
+``cc_ready_state`` effect ran, the CC ready state. For those queries (``nvidia-smi -q`` with no
+``-d`` or with ``-d`` naming FABRIC, ``--query-gpu=`` lists naming ``fabric.*``, and
+``conf-compute -grs`` after a ``cc_ready_state`` effect) the matching rule still decides delay,
+rc, stderr and effects (a stalled or failing nvidia-smi stays stalled or failing), but when it
+answers rc 0 the harness writes stdout: a full ``-q`` keeps the rule's text and gets a ``Fabric``
+block in every GPU section that lacks one; the other queries are answered whole. With no
+matching rule the harness answers alone: rc 0, or rc 9 when the nvidia module is not loaded.
+
+A call no rule matches (and the harness does not own) exits 127 with a stderr line naming the
+case and the argv; the test output lists such calls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+from . import effects as fx
+
+UNMATCHED_RC = 127
+NO_DRIVER_RC = 9
+NO_DEVICE_RC = 6
+NVSMI_NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                   "Make sure that the latest NVIDIA driver is installed and running.\n")
+SMI_LABEL_WIDTH = 42  # nvidia-smi -q pads every label so the colons line up in this column
+_GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
+_QUERY_FIELDS = {"fabric.state": 0, "fabric.status": 1, "fabric.clique_id": 2,
+                 "fabric.cluster_uuid": 3}
+
+
+def argv_matches(pattern: list[str], argv: list[str]) -> bool:
+    """A rule's argv matches when it is a prefix of the call's argv; ``"*"`` matches any one arg."""
+    return len(argv) >= len(pattern) and all(
+        want == "*" or want == got for want, got in zip(pattern, argv))
+
+
+def find_rule(rules: list[dict], argv: list[str], applied: list[str]) -> int | None:
+    """Index of the first rule that answers argv; None when none does.
+
+    Args:
+        rules: the case's ``tools`` list (argv items as strings).
+        argv: the call, argv[0] the tool's basename.
+        applied: effect marks already applied in this world (``effects.effect_mark``).
+    """
+    for index, rule in enumerate(rules):
+        if not argv_matches(rule["argv"], argv):
+            continue
+        before = rule.get("only_before") or {}
+        if any(f"{name}={value}" in applied for name, value in before.items()):
+            continue
+        return index
+    return None
+
+
+def owned_query(argv: list[str], state: dict) -> str | None:
+    """Which harness-owned nvidia-smi query argv is: ``full``, ``fabric``, ``csv``, ``cc`` or None."""
+    if argv[0] != "nvidia-smi":
+        return None
+    fields = fx.option_value(argv, "--query-gpu")
+    if fields and any(field.strip() in _QUERY_FIELDS for field in fields.split(",")):
+        return "csv"
+    if "-q" in argv or "--query" in argv:
+        display = fx.option_value(argv, "-d") or fx.option_value(argv, "--display")
+        if display is None:
+            return "full"
+        if "FABRIC" in [item.strip().upper() for item in display.split(",")]:
+            return "fabric"
+    if argv[1:3] == ["conf-compute", "-grs"] and state["cc_ready_state"]:
+        return "cc"
+    return None
+
+
+def smi_bus_id(address: str) -> str:
+    """nvidia-smi's form of a PCI address: ``0000:18:00.0`` -> ``00000000:18:00.0``."""
+    domain, rest = address.split(":", 1)
+    return f"{int(domain, 16):08X}:{rest.upper()}"
+
+
+def fabric_labels(world: dict, state: dict) -> tuple[str, str, str, str]:
+    """(State, Status, CliqueId, ClusterUUID) every GPU reports now.
+
+    Before any ``fabric`` effect: Not Started on a VM with NVSwitches, N/A (not supported) without.
+    """
+    if state["fabric"]:
+        return fx.FABRIC_STATES[state["fabric"]]
+    if any(fx.is_nvswitch(dev) for dev in world["pci"]):
+        return fx.FABRIC_STATES["not-started"]
+    return fx.FABRIC_NOT_SUPPORTED
+
+
+def smi_line(indent: int, label: str, value: str) -> str:
+    """One ``label : value`` line of ``nvidia-smi -q``."""
+    return f"{' ' * indent}{label:<{SMI_LABEL_WIDTH - indent}}: {value}"
+
+
+def fabric_block(labels: tuple[str, str, str, str]) -> list[str]:
+    """The ``Fabric`` section of one GPU in ``nvidia-smi -q``."""
+    names = ("State", "Status", "CliqueId", "ClusterUUID")
+    return ["    Fabric"] + [smi_line(8, name, value) for name, value in zip(names, labels)]
+
+
+def merge_fabric(text: str, block: list[str]) -> str:
+    """Add ``block`` at the end of every ``GPU <bus id>`` section of ``text`` that has no Fabric."""
+    lines = text.split("\n")
+    starts = [i for i, line in enumerate(lines) if _GPU_HEADER.match(line)]
+    for start, end in reversed(list(zip(starts, starts[1:] + [len(lines)]))):
+        if any(line.strip() == "Fabric" for line in lines[start:end]):
+            continue
+        at = end
+        while at > start + 1 and not lines[at - 1].strip():
+            at -= 1
+        lines[at:at] = block
+    return "\n".join(lines)
+
+
+class World:
+    """What a fake reads about its world: configuration, state, root."""
+
+    def __init__(self, config_path: str):
+        self.layout = fx.Layout(os.path.dirname(config_path))
+        with open(config_path) as f:
+            self.config = json.load(f)
+
+    def state(self) -> dict:
+        with fx.locked_state(self.layout) as state:
+            return state
+
+    def driver_version(self) -> str | None:
+        """The loaded nvidia module's version; None when the module is not loaded."""
+        module = fx.chroot_resolve(self.layout.root, "/sys/module/nvidia")
+        if not os.path.isdir(module):
+            return None
+        try:
+            with open(os.path.join(module, "version")) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            return "N/A"
+
+    def nvidia_gpus(self, state: dict) -> list[str]:
+        """Addresses of the GPUs bound to nvidia, in index (PCI-address) order."""
+        return sorted(dev["address"] for dev in self.config["pci"]
+                      if fx.is_nvidia_gpu(dev) and state["bindings"].get(dev["address"]) == "nvidia")
+
+
+def smi_answer(kind: str, argv: list[str], rule_stdout: str | None, world: World) -> tuple[int, str]:
+    """rc and stdout of a harness-owned nvidia-smi query (see the module docstring).
+
+    Args:
+        kind: what :func:`owned_query` returned.
+        rule_stdout: the stdout of the rule that answered rc 0, or None when no rule matched.
+    """
+    state = world.state()
+    if kind == "cc":
+        return 0, f"Confidential Compute GPUs Ready state: {state['cc_ready_state']}\n"
+    labels = fabric_labels(world.config, state)
+    if kind == "full" and rule_stdout is not None:
+        return 0, merge_fabric(rule_stdout, fabric_block(labels))
+    driver = world.driver_version()
+    if driver is None and rule_stdout is None:
+        return NO_DRIVER_RC, NVSMI_NO_DRIVER
+    gpus = world.nvidia_gpus(state)
+    selected = _select_gpus(gpus, fx.option_value(argv, "-i") or fx.option_value(argv, "--id"))
+    if not selected and rule_stdout is None:
+        return NO_DEVICE_RC, "No devices were found\n"
+    if kind == "csv":
+        return 0, _query_csv(argv, gpus, selected, labels)
+    lines = ["", "==============NVSMI LOG==============", "",
+             smi_line(0, "Timestamp", "Mon Nov 30 06:00:00 2026"),
+             smi_line(0, "Driver Version", driver or "N/A"),
+             smi_line(0, "CUDA Version", "N/A"), "",
+             smi_line(0, "Attached GPUs", str(len(gpus)))]
+    for address in selected:
+        lines.append(f"GPU {smi_bus_id(address)}")
+        if kind == "full":
+            lines += [smi_line(4, "Product Name", "NVIDIA Graphics Device"),
+                      smi_line(4, "Minor Number", str(gpus.index(address))),
+                      smi_line(4, "Bus Id", smi_bus_id(address))]
+        lines += fabric_block(labels) + [""]
+    return 0, "\n".join(lines) + "\n"
+
+
+def _select_gpus(gpus: list[str], ids: str | None) -> list[str]:
+    """The GPUs ``-i`` names (indexes or PCI bus ids, comma-separated); all without ``-i``."""
+    if not ids:
+        return gpus
+    wanted = [item.strip().lower() for item in ids.split(",")]
+    return [address for index, address in enumerate(gpus)
+            if str(index) in wanted or address.lower() in wanted
+            or smi_bus_id(address).lower() in wanted]
+
+
+def _query_csv(argv: list[str], gpus: list[str], selected: list[str],
+               labels: tuple[str, str, str, str]) -> str:
+    """``--query-gpu=<fields> --format=csv[,noheader]``; fields the harness does not model: [N/A]."""
+    fields = [field.strip() for field in (fx.option_value(argv, "--query-gpu") or "").split(",")]
+    formats = (fx.option_value(argv, "--format") or "csv").split(",")
+    rows = [] if "noheader" in formats else [", ".join(fields)]
+    for address in selected:
+        values = []
+        for field in fields:
+            if field in _QUERY_FIELDS:
+                value = labels[_QUERY_FIELDS[field]]
+                values.append("[N/A]" if value == "N/A" else value)
+            elif field == "index":
+                values.append(str(gpus.index(address)))
+            elif field in ("pci.bus_id", "gpu_bus_id"):
+                values.append(smi_bus_id(address))
+            else:
+                values.append("[N/A]")
+        rows.append(", ".join(values))
+    return "".join(row + "\n" for row in rows)
+
+
+class CallLog:
+    """Appends this call's events to the world's JSON-lines call log.
+
+    One ``os.write`` per line on an ``O_APPEND`` descriptor: lines of concurrent fakes do not mix,
+    and a signal handler may log without taking a lock.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.call = f"{os.getpid()}-{os.urandom(3).hex()}"
+
+    def write(self, event: str, **fields) -> None:
+        record = {"event": event, "call": self.call, "t": time.time(), **fields}
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(record) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def _log_signals(log: CallLog) -> None:
+    """Log SIGTERM/SIGINT, then die of the signal as a tool without handlers would."""
+
+    def handler(signum, frame):
+        log.write("signal", signal=signal.Signals(signum).name)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, handler)
+
+
+def main(config_path: str) -> int:
+    """Run one fake tool call (``sys.argv``) in the world of ``config_path``; return its rc."""
+    world = World(config_path)
+    raw_argv = list(sys.argv)
+    argv = [os.path.basename(raw_argv[0])] + raw_argv[1:]
+    log = CallLog(world.layout.calls)
+    start_state = world.state()
+    log.write("start", pid=os.getpid(), run=start_state["run"], argv=argv)
+    _log_signals(log)
+
+    rules = world.config["rules"]
+    index = find_rule(rules, argv, start_state["applied"])
+    rule = rules[index] if index is not None else None
+    owned = owned_query(argv, start_state)
+    if rule is None and owned is None:
+        sys.stderr.write(f"scenario {world.config['case_id']}: no rule answers {argv!r}\n")
+        log.write("end", rc=UNMATCHED_RC, answer="unmatched")
+        return UNMATCHED_RC
+
+    time.sleep(float(rule["delay_s"]) if rule else 0)
+    rc = int(rule["rc"]) if rule else 0
+    stdout = rule["stdout"] if rule else ""
+    stderr = rule["stderr"] if rule else ""
+    applied: list[str] = []
+    if rc == 0 and rule and rule["effects"]:
+        try:
+            with fx.locked_state(world.layout) as state:
+                effects = fx.Effects(world.layout, world.config, state, raw_argv)
+                applied = [effects.apply(effect) for effect in rule["effects"]]
+                stdout = effects.stdout + stdout
+        except (fx.EffectError, OSError) as err:
+            rc, stderr = 1, stderr + f"scenario harness: {err}\n"
+            log.write("harness-error", message=str(err))
+    if owned and rc == 0:
+        rc, stdout = smi_answer(owned, argv, stdout if rule else None, world)
+    answer = (f"rule {index + 1}" if rule else "harness") + (", harness stdout" if owned and rule else "")
+    sys.stdout.write(stdout)
+    sys.stderr.write(stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log.write("end", rc=rc, answer=answer, applied=applied)
+    return rc

@@ -1,0 +1,454 @@
+"""Scenario worlds: a case file turned into a fake root, fake tools and PCI devices, and product runs in it.
+
+A world lives in one short temporary directory (``effects.Layout``): the root the product gets as
+``--root``, ``bin/`` with one fake tool per tool name (``fake_tool.py``), the call log, the state
+that effects change, the umockdev PCI tree. The product runs as
+``umockdev-run -d <tree> -- <python> -m podvm_gpu boot --root <root> --json`` with ``PATH=<bin>``
+only (no real modprobe on the test machine is ever run) and the world directory as its cwd.
+``PODVM_GPU_CMD`` replaces ``<python> -m podvm_gpu`` (e.g. an installed ``podvm-gpu``).
+
+Case files come from ``tests/data/cases`` (the project's copy), ``../shared/cases`` (wins for the
+same file name), every folder in ``PODVM_GPU_CASES`` (``:``-separated) and
+``tests/scenarios/cases`` (the project's own scenarios).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from . import effects as fx
+
+REPO = Path(__file__).resolve().parents[2]
+TESTS = REPO / "tests"
+DATA = TESTS / "data"
+SHARED = REPO.parent / "shared"
+OWN_CASES = Path(__file__).resolve().parent / "cases"
+FIXTURES = Path("fixtures") / "nvidia-ctk"
+DEFAULT_TOOLS = ("modprobe", "nvidia-ctk", "nvidia-persistenced", "nvidia-smi", "nv-fabricmanager",
+                 "nvidia-modprobe", "systemctl", "ldconfig", "modinfo")
+STATUS_PATH = "/run/podvm-gpu/status.json"
+CDI_PATH = "/var/run/cdi/nvidia.yaml"
+CHECK_TIMEOUT_S = 60  # check has no max_wall_s; a hung check is still ended
+GRACE_S = 10  # how long past max_wall_s a run may go before the harness ends it
+
+CASE_KEYS = {"id", "title", "source", "bug", "note", "pci", "files", "symlinks", "kernel_log",
+             "tools", "expect"}
+PCI_KEYS = {"address", "vendor", "device", "class", "driver", "subsystem_vendor", "subsystem_device"}
+RULE_KEYS = {"argv", "rc", "stdout", "stderr", "delay_s", "effects", "only_before"}
+BOOT_EXPECT_KEYS = {"state", "exit", "reason_contains", "max_wall_s", "not_called", "cdi", "gpus",
+                    "nvswitches", "cdi_devices", "not_killed"}
+CHECK_EXPECT_KEYS = {"exit", "fails", "warns"}
+EXPECT_KEYS = {"boot": BOOT_EXPECT_KEYS, "rerun": BOOT_EXPECT_KEYS, "check": CHECK_EXPECT_KEYS}
+CDI_EXPECTATIONS = ("ready-spec", "unavailable", "absent")
+_ERROR_WORDS = re.compile(r"\b(errors?|fail(s|ed|ure)?|cannot|unable|timeout|timed out)\b", re.I)
+
+FAKE_SCRIPT = '''#!{python} -I
+"""Fake {tool} of scenario {case_id}: answers from {config} (tests/scenarios/fake_tool.py)."""
+import sys
+sys.path.insert(0, {tests!r})
+from scenarios.fake_tool import main
+sys.exit(main({config!r}))
+'''
+
+
+class CaseError(Exception):
+    """A case file that does not follow shared/cases/README.md and EFFECTS.md."""
+
+
+class UnmatchedCallWarning(UserWarning):
+    """The product made calls no rule of the case answers (they got exit 127)."""
+
+
+@dataclasses.dataclass
+class Case:
+    """A loaded, checked case file (field meanings: shared/cases/README.md, EFFECTS.md)."""
+
+    path: Path
+    id: str
+    pci: list[dict]
+    files: dict
+    symlinks: dict
+    kernel_log: list[str]
+    tools: list[dict]
+    expect: dict
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(fx.is_nvidia_gpu(dev) for dev in self.pci)
+
+    @property
+    def phases(self) -> list[str]:
+        """The product runs the case asks for, in order: boot always, rerun and check if expected."""
+        return ["boot"] + [phase for phase in ("rerun", "check") if phase in self.expect]
+
+    @property
+    def fixture_dirs(self) -> list[str]:
+        """Where ``write_spec`` looks: next to the case's folder, then shared, then the project copy."""
+        dirs = [self.path.parent.parent / FIXTURES, SHARED / FIXTURES, DATA / FIXTURES]
+        return list(dict.fromkeys(str(d) for d in dirs if d.is_dir()))
+
+
+def case_files() -> list[Path]:
+    """Every case file to run; a later folder wins for the same file name (see module docstring)."""
+    folders = [DATA / "cases", SHARED / "cases"]
+    folders += [Path(p) for p in os.environ.get("PODVM_GPU_CASES", "").split(":") if p]
+    folders.append(OWN_CASES)
+    files: dict[str, Path] = {}
+    for folder in folders:
+        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+            files[path.name] = path
+    return sorted(files.values(), key=lambda path: path.name)
+
+
+def case_id(path: Path) -> str:
+    """The case's ``id`` for the test name; the file name when the file does not give one."""
+    try:
+        return str(yaml.safe_load(path.read_text())["id"])
+    except (yaml.YAMLError, OSError, TypeError, KeyError):
+        return path.stem
+
+
+def load_case(path: Path) -> Case:
+    """Read and check a case file.
+
+    Raises:
+        CaseError: unknown keys, malformed rules or effects, unknown expect keys.
+    """
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise CaseError(f"{path}: not YAML: {err}") from err
+    if not isinstance(data, dict) or "id" not in data:
+        raise CaseError(f"{path}: not a case (a mapping with an id)")
+    problems = [f"unknown key {key!r}" for key in set(data) - CASE_KEYS]
+    pci = data.get("pci") or []
+    for dev in pci:
+        if not {"address", "vendor", "device", "class"} <= set(dev) or set(dev) - PCI_KEYS:
+            problems.append(f"pci entry {dev!r} needs address, vendor, device, class only "
+                            f"plus {sorted(PCI_KEYS - {'address', 'vendor', 'device', 'class'})}")
+    tools = [_rule(rule, problems) for rule in data.get("tools") or []]
+    expect = data.get("expect") or {}
+    for phase, block in expect.items():
+        if phase not in EXPECT_KEYS:
+            problems.append(f"unknown expect block {phase!r}")
+            continue
+        problems += [f"expect.{phase}: unknown key {key!r}" for key in set(block) - EXPECT_KEYS[phase]]
+        if block.get("cdi", "ready-spec") not in CDI_EXPECTATIONS:
+            problems.append(f"expect.{phase}.cdi must be one of {CDI_EXPECTATIONS}")
+    if problems:
+        raise CaseError(f"{path}: " + "; ".join(problems))
+    return Case(path=path, id=str(data["id"]), pci=pci, files=data.get("files") or {},
+                symlinks=data.get("symlinks") or {}, kernel_log=data.get("kernel_log") or [],
+                tools=tools, expect=expect)
+
+
+def _rule(rule: dict, problems: list[str]) -> dict:
+    """A tool rule with argv items as strings and every key present."""
+    if not isinstance(rule, dict) or not rule.get("argv"):
+        problems.append(f"tool rule {rule!r} has no argv")
+        return {}
+    problems += [f"rule {rule['argv']}: unknown key {key!r}" for key in set(rule) - RULE_KEYS]
+    for effect in rule.get("effects") or []:
+        try:
+            fx.validate_effect(effect)
+        except fx.EffectError as err:
+            problems.append(f"rule {rule['argv']}: {err}")
+    for name in rule.get("only_before") or {}:
+        if name not in fx.EFFECTS:
+            problems.append(f"rule {rule['argv']}: only_before names unknown effect {name!r}")
+    return {"argv": [str(arg) for arg in rule["argv"]], "rc": int(rule.get("rc", 0)),
+            "stdout": rule.get("stdout") or "", "stderr": rule.get("stderr") or "",
+            "delay_s": float(rule.get("delay_s", 0)), "effects": rule.get("effects") or [],
+            "only_before": rule.get("only_before") or {}}
+
+
+def kmsg_priority(message: str) -> int:
+    """Syslog level of a kernel-log line: 3 (err) for Xid and error words, 4 (warning) for taint
+    notices, 6 (info) otherwise. Taint comes first: 'module verification failed ... tainting
+    kernel' is a notice in the kernel, not an error."""
+    if "NVRM: Xid" in message:
+        return 3
+    if "taint" in message.lower():
+        return 4
+    return 3 if _ERROR_WORDS.search(message) else 6
+
+
+def kmsg_records(messages: list[str]) -> str:
+    """The text of ``/dev/kmsg``: one ``<prio>,<seq>,<usec>,-;<message>`` record a line."""
+    return "".join(f"{kmsg_priority(message)},{seq},{1_000_000 + 1000 * seq},-;{message}\n"
+                   for seq, message in enumerate(messages))
+
+
+def umockdev_tree(pci: list[dict], bindings: dict) -> str:
+    """The PCI devices as a umockdev-record text file, each bound to its driver in ``bindings``."""
+    blocks = []
+    for dev in pci:
+        address = dev["address"]
+        vendor, device, cls = (int(str(dev[key]), 16) for key in ("vendor", "device", "class"))
+        driver = bindings.get(address)
+        lines = [f"P: {fx.SYS_PCI_PARENT}/{address}", "E: SUBSYSTEM=pci"]
+        if driver:
+            lines.append(f"E: DRIVER={driver}")
+        lines += [f"E: PCI_CLASS={cls:X}", f"E: PCI_ID={vendor:04X}:{device:04X}"]
+        subsystem = [dev.get("subsystem_vendor"), dev.get("subsystem_device")]
+        if all(subsystem):
+            sub_vendor, sub_device = (int(str(value), 16) for value in subsystem)
+            lines.append(f"E: PCI_SUBSYS_ID={sub_vendor:04X}:{sub_device:04X}")
+        lines += [f"E: PCI_SLOT_NAME={address}",
+                  f"A: vendor=0x{vendor:04x}\\n", f"A: device=0x{device:04x}\\n",
+                  f"A: class=0x{cls:06x}\\n"]
+        if all(subsystem):
+            lines += [f"A: subsystem_vendor=0x{sub_vendor:04x}\\n",
+                      f"A: subsystem_device=0x{sub_device:04x}\\n"]
+        if driver:
+            lines.append(f"L: driver=../../../bus/pci/drivers/{driver}")
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join(blocks)
+
+
+def product_command() -> list[str]:
+    """The product's argv prefix: ``PODVM_GPU_CMD`` (split like a shell would) or ``<python> -m podvm_gpu``."""
+    override = os.environ.get("PODVM_GPU_CMD")
+    if not override:
+        return [sys.executable, "-m", "podvm_gpu"]
+    argv = shlex.split(override)
+    argv[0] = shutil.which(argv[0]) or argv[0]
+    return argv
+
+
+@dataclasses.dataclass
+class Call:
+    """One call of a fake tool, from the call log."""
+
+    id: str
+    pid: int
+    run: str
+    argv: list[str]
+    started: float
+    ended: float | None = None
+    rc: int | None = None  # None: no exit recorded (still running, or killed)
+    answer: str = ""  # "rule N", "harness", "unmatched", ...
+    applied: list[str] = dataclasses.field(default_factory=list)
+    signals: list[str] = dataclasses.field(default_factory=list)
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Run:
+    """One product run in a world and what the harness saw of it."""
+
+    phase: str  # boot, rerun or check
+    argv: list[str]
+    rc: int | None  # None: the harness ended it after limit_s
+    wall_s: float
+    limit_s: float
+    stdout: str
+    stderr: str
+    status: dict | None
+    status_error: str | None
+    calls: list[Call]  # the calls made during this run
+    alive_at_exit: set[int]  # pids of the world's processes alive when the product exited
+    daemons: list[dict]  # stand-ins started so far: {"tool", "pid"}
+    root_changes: list[str]  # check only: files under the root it created, changed or removed
+
+
+class World:
+    """A case's world; a context manager that ends every process the world started and removes it.
+
+    Set ``PODVM_GPU_KEEP_WORLD=1`` to keep the directory for a look after the test.
+    """
+
+    def __init__(self, case: Case):
+        self.case = case
+        self.layout = fx.Layout(tempfile.mkdtemp(prefix="pg", dir="/tmp"))
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> World:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def path(self, host_path: str) -> str:
+        """A path inside the world's root, resolved chroot-style."""
+        return fx.chroot_resolve(self.layout.root, host_path)
+
+    def _build(self) -> None:
+        layout, case = self.layout, self.case
+        for directory in (layout.root, layout.bin, layout.out):
+            os.makedirs(directory)
+        # Links first, so a file below a linked folder (var/run -> /run) lands where the link says.
+        for link, target in case.symlinks.items():
+            path = self._parent_resolved(link)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.symlink(target, path)
+        for name, value in case.files.items():
+            content, mode = (value.get("content", ""), int(str(value.get("mode", "0644")), 8)) \
+                if isinstance(value, dict) else (value, 0o644)
+            path = self._parent_resolved(name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            Path(path).write_text(content or "")
+            os.chmod(path, mode)
+        kmsg = self.path("/dev/kmsg")
+        os.makedirs(os.path.dirname(kmsg), exist_ok=True)
+        Path(kmsg).write_text(kmsg_records(case.kernel_log))
+        config = {"case_id": case.id, "rules": case.tools, "pci": case.pci,
+                  "fixture_dirs": case.fixture_dirs, "python": sys.executable}
+        Path(layout.config).write_text(json.dumps(config, indent=1))
+        Path(layout.state).write_text(json.dumps(fx.initial_state(case.pci), indent=1))
+        Path(layout.calls).touch()
+        tools = dict.fromkeys(DEFAULT_TOOLS)
+        tools.update(dict.fromkeys(rule["argv"][0] for rule in case.tools))
+        for tool in tools:
+            script = os.path.join(layout.bin, tool)
+            Path(script).write_text(FAKE_SCRIPT.format(
+                python=sys.executable, tool=tool, case_id=case.id, config=layout.config,
+                tests=str(TESTS)))
+            os.chmod(script, 0o755)
+
+    def _parent_resolved(self, name: str) -> str:
+        """Path of a case's file or link: its folder resolved chroot-style, the name itself not."""
+        parent, base = os.path.split(name.strip("/"))
+        return os.path.join(self.path("/" + parent), base)
+
+    def run(self, phase: str) -> Run:
+        """Run the product once (``boot`` for boot and rerun, ``check`` for check) and collect the result.
+
+        Raises:
+            RuntimeError: umockdev-run is not installed.
+        """
+        umockdev_run = shutil.which("umockdev-run")
+        if umockdev_run is None:
+            raise RuntimeError("umockdev-run not found: install the Debian package umockdev")
+        with fx.locked_state(self.layout) as state:
+            state["run"] = phase
+            bindings = dict(state["bindings"])
+        # umockdev-run builds a fresh testbed from the file on every run: write today's bindings.
+        Path(self.layout.tree).write_text(umockdev_tree(self.case.pci, bindings))
+        command = "check" if phase == "check" else "boot"
+        argv = [umockdev_run, "-d", self.layout.tree, "--", *product_command(), command,
+                "--root", self.layout.root, "--json"]
+        max_wall = self.case.expect.get(phase, {}).get("max_wall_s")
+        limit = max_wall + GRACE_S if max_wall else CHECK_TIMEOUT_S
+        before = self._root_snapshot() if phase == "check" else {}
+        out = Path(self.layout.out, f"{phase}.stdout")
+        err = Path(self.layout.out, f"{phase}.stderr")
+        # Output goes to files, not pipes: a hung tool that inherited them must not hold the run.
+        with out.open("wb") as stdout, err.open("wb") as stderr:
+            started = time.monotonic()
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                                       env=self._env(), cwd=self.layout.dir, start_new_session=True)
+            try:
+                rc = process.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                rc = None
+            wall = time.monotonic() - started
+        alive = self._world_pids()
+        status, status_error = self._status()
+        with fx.locked_state(self.layout) as state:
+            daemons = list(state["daemons"])
+        after = self._root_snapshot() if phase == "check" else {}
+        return Run(phase=phase, argv=argv, rc=rc, wall_s=wall, limit_s=limit,
+                   stdout=out.read_text(errors="replace"), stderr=err.read_text(errors="replace"),
+                   status=status, status_error=status_error,
+                   calls=[call for call in self.calls() if call.run == phase],
+                   alive_at_exit=alive, daemons=daemons,
+                   root_changes=sorted(path for path in before.keys() | after.keys()
+                                       if before.get(path) != after.get(path)))
+
+    def _env(self) -> dict[str, str]:
+        """The harness's environment with ``PATH`` = the fakes only and the working tree importable."""
+        env = {key: value for key, value in os.environ.items()
+               if key not in ("PODVM_GPU_ROOT", "PODVM_GPU_CONFIG")}
+        env["PATH"] = self.layout.bin
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        return env
+
+    def _status(self) -> tuple[dict | None, str | None]:
+        try:
+            return json.loads(Path(self.path(STATUS_PATH)).read_text()), None
+        except FileNotFoundError:
+            return None, f"no status file at {STATUS_PATH}"
+        except (OSError, ValueError) as err:
+            return None, f"{STATUS_PATH} unreadable: {err}"
+
+    def _root_snapshot(self) -> dict[str, tuple]:
+        """Every entry under the root: relative path -> (mode, size, mtime)."""
+        snapshot = {}
+        for directory, _, names in os.walk(self.layout.root):
+            for name in names:
+                path = os.path.join(directory, name)
+                info = os.lstat(path)
+                snapshot[os.path.relpath(path, self.layout.root)] = (
+                    info.st_mode, info.st_size, info.st_mtime_ns)
+        return snapshot
+
+    def calls(self) -> list[Call]:
+        """Every fake tool call of this world so far, in start order."""
+        calls: dict[str, Call] = {}
+        for line in Path(self.layout.calls).read_text().splitlines():
+            event = json.loads(line)
+            if event["event"] == "start":
+                calls[event["call"]] = Call(id=event["call"], pid=event["pid"], run=event["run"],
+                                            argv=event["argv"], started=event["t"])
+                continue
+            call = calls[event["call"]]
+            if event["event"] == "end":
+                call.ended, call.rc, call.answer = event["t"], event["rc"], event["answer"]
+                call.applied = event.get("applied", [])
+            elif event["event"] == "signal":
+                call.signals.append(event["signal"])
+            elif event["event"] == "harness-error":
+                call.errors.append(event["message"])
+        return list(calls.values())
+
+    def _world_pids(self) -> set[int]:
+        """Live (non-zombie) processes whose argv names the world directory: fakes, stand-ins, the
+        product itself while it runs."""
+        marker = self.layout.dir.encode()
+        pids = set()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                cmdline = Path("/proc", entry, "cmdline").read_bytes()
+                state = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state != "Z" and any(marker + end in cmdline for end in (b"/", b"\0")):
+                pids.add(int(entry))
+        return pids
+
+    def close(self) -> None:
+        """End every process of the world (SIGKILL, until none is left), then remove the directory."""
+        for _ in range(100):
+            pids = self._world_pids()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.02)
+        if os.environ.get("PODVM_GPU_KEEP_WORLD") != "1":
+            shutil.rmtree(self.layout.dir, ignore_errors=True)
