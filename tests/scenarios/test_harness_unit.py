@@ -1,0 +1,157 @@
+"""The scenario harness's own tricky parts: rule matching, spec output paths, kmsg records, the
+nvidia-smi Fabric merge, effects on a real temporary root, and the umockdev tree under umockdev-run."""
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scenarios import effects as fx
+from scenarios.fake_tool import argv_matches, find_rule, merge_fabric, owned_query
+from scenarios.world import DATA, SHARED, kmsg_priority, kmsg_records, umockdev_tree
+
+GPU = {"address": "0000:00:05.0", "vendor": "0x10de", "device": "0x2331", "class": "0x030200",
+       "driver": None, "subsystem_vendor": "0x10de", "subsystem_device": "0x1626"}
+VGA = {"address": "0000:00:02.0", "vendor": "0x1234", "device": "0x1111", "class": "0x030000",
+       "driver": "bochs-drm", "subsystem_vendor": "0x1af4", "subsystem_device": "0x1100"}
+
+
+def rule(argv, **extra):
+    return {"argv": argv, "rc": 0, "stdout": "", "stderr": "", "delay_s": 0, "effects": [], **extra}
+
+
+def test_rule_argv_is_a_prefix_and_star_matches_any_one_argument():
+    assert argv_matches(["nvidia-ctk", "cdi"], ["nvidia-ctk", "cdi", "generate", "--output="])
+    assert argv_matches(["modprobe", "*"], ["modprobe", "nvidia_uvm"])
+    assert not argv_matches(["modprobe", "*"], ["modprobe"])
+    assert not argv_matches(["modprobe", "nvidia"], ["modprobe", "nvidia_uvm"])
+
+
+def test_first_matching_rule_wins_and_only_before_skips_once_the_effect_applied():
+    rules = [rule(["nvidia-smi"], delay_s=12, only_before={"daemon_ready": "persistenced"}),
+             rule(["nvidia-smi", "-L"]), rule(["nvidia-smi"])]
+    assert find_rule(rules, ["nvidia-smi", "-L"], []) == 0
+    assert find_rule(rules, ["nvidia-smi", "-L"], ["daemon_ready=persistenced"]) == 1
+    assert find_rule(rules, ["nvidia-smi", "-q"], ["daemon_ready=persistenced"]) == 2
+    assert find_rule(rules, ["modprobe", "nvidia"], []) is None
+
+
+@pytest.mark.parametrize("argv, path", [
+    (["--output=/w/spec/nvidia.yaml"], "/w/spec/nvidia.yaml"),
+    (["--output", "/w/spec/nvidia.json"], "/w/spec/nvidia.json"),
+    (["--output=/w/run/cdi/.nvidia.tmp"], "/w/run/cdi/.nvidia.tmp.yaml"),
+    (["--output="], None),
+    (["--format=yaml"], None),
+])
+def test_spec_goes_where_nvidia_ctk_would_write_it(argv, path):
+    assert fx.spec_output_path(["nvidia-ctk", "cdi", "generate", *argv]) == path
+
+
+def test_host_paths_get_the_dev_root_or_driver_root_nvidia_ctk_got():
+    yaml_text = "    - path: /dev/nvidia0\n      hostPath: /dev/nvidia0\n  - hostPath: /usr/lib/libcuda.so\n"
+    assert fx.prefix_host_paths(yaml_text, "/d", "/r") == (
+        "    - path: /dev/nvidia0\n      hostPath: /d/dev/nvidia0\n  - hostPath: /r/usr/lib/libcuda.so\n")
+    json_text = '{"hostPath":"/dev/nvidiactl","path":"/dev/nvidiactl"}'
+    assert fx.prefix_host_paths(json_text, None, "/r/") == '{"hostPath":"/r/dev/nvidiactl","path":"/dev/nvidiactl"}'
+    assert fx.prefix_host_paths(yaml_text, None, "/") == yaml_text
+
+
+def test_kernel_log_is_written_as_kmsg_records():
+    text = kmsg_records(["nvidia: loading out-of-tree module taints kernel.",
+                         "NVRM: Xid (PCI:0000:01:00): 119, pid=812, name=nvidia-smi, Timeout",
+                         "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  550.54.15"])
+    records = [re.fullmatch(r"(\d+),(\d+),(\d+),-;(.*)", line) for line in text.splitlines()]
+    assert all(records)
+    assert [int(r.group(1)) for r in records] == [4, 3, 6]
+    assert [int(r.group(2)) for r in records] == [0, 1, 2]
+    assert int(records[0].group(3)) < int(records[1].group(3)) < int(records[2].group(3))
+    assert kmsg_priority("nvidia: module verification failed: signature and/or required key missing"
+                         " - tainting kernel") == 4
+    assert kmsg_priority("NVRM: failed to allocate memory") == 3
+
+
+def test_fabric_block_is_merged_into_gpu_sections_that_lack_one():
+    text = ("\n==============NVSMI LOG==============\n\nAttached GPUs : 2\n"
+            "GPU 00000000:00:05.0\n    Product Name : A\n\n"
+            "GPU 00000000:00:06.0\n    Product Name : B\n    Fabric\n        State : Completed\n")
+    merged = merge_fabric(text, ["    Fabric", "        State : X"]).splitlines()
+    assert merged[merged.index("    Product Name : A") + 1:][:2] == ["    Fabric", "        State : X"]
+    assert merged.count("    Fabric") == 2
+
+
+def test_which_nvidia_smi_calls_the_harness_answers():
+    state = {"cc_ready_state": None}
+    assert owned_query(["nvidia-smi", "-q"], state) == "full"
+    assert owned_query(["nvidia-smi", "-q", "-d", "FABRIC", "-i", "0"], state) == "fabric"
+    assert owned_query(["nvidia-smi", "-q", "-d", "MEMORY"], state) is None
+    assert owned_query(["nvidia-smi", "--query-gpu=index,fabric.state", "--format=csv"], state) == "csv"
+    assert owned_query(["nvidia-smi", "--query-gpu=mig.mode.current", "--format=csv"], state) is None
+    assert owned_query(["nvidia-smi", "conf-compute", "-grs"], state) is None
+    assert owned_query(["nvidia-smi", "conf-compute", "-grs"], {"cc_ready_state": "ready"}) == "cc"
+
+
+def test_chroot_resolve_keeps_absolute_links_inside_the_root(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "run").symlink_to("/run")
+    assert fx.chroot_resolve(str(tmp_path), "/var/run/cdi/x") == str(tmp_path / "run" / "cdi" / "x")
+    assert fx.chroot_resolve(str(tmp_path), "/../../etc") == str(tmp_path / "etc")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of character devices needs root")
+def test_load_module_then_create_nodes_registers_majors_binds_gpus_and_makes_nodes(tmp_path):
+    layout = fx.Layout(str(tmp_path))
+    os.makedirs(layout.root)
+    Path(layout.root, "proc").mkdir()
+    Path(layout.root, "proc", "devices").write_text("Character devices:\n  1 mem\n254 rtc\n\nBlock devices:\n  7 loop\n")
+    Path(layout.state).write_text(json.dumps(fx.initial_state([VGA, GPU])))
+    world = {"pci": [VGA, GPU], "fixture_dirs": [], "python": sys.executable}
+    with fx.locked_state(layout) as state:
+        effects = fx.Effects(layout, world, state, ["/w/bin/modprobe", "nvidia"])
+        effects.apply({"load_module": "nvidia", "version": "550.54.15"})
+        effects.apply({"load_module": "nvidia_uvm", "major": 508})
+        effects.apply({"create_nodes": "control"})
+        effects.apply({"create_nodes": "gpus"})
+    state = json.loads(Path(layout.state).read_text())
+    assert state["bindings"] == {VGA["address"]: "bochs-drm", GPU["address"]: "nvidia"}
+    assert state["applied"] == ["load_module=nvidia", "load_module=nvidia_uvm",
+                                "create_nodes=control", "create_nodes=gpus"]
+    devices = Path(layout.root, "proc", "devices").read_text()
+    assert devices.startswith("Character devices:\n  1 mem\n195 nvidia\n254 rtc\n508 nvidia-uvm\n\n")
+    assert Path(layout.root, "sys/module/nvidia/version").read_text() == "550.54.15\n"
+    assert "Device Minor: \t 0" in Path(
+        layout.root, "proc/driver/nvidia/gpus", GPU["address"], "information").read_text()
+    for node, numbers in {"nvidiactl": (195, 255), "nvidia-uvm-tools": (508, 1), "nvidia0": (195, 0)}.items():
+        info = os.stat(Path(layout.root, "dev", node))
+        assert stat.S_ISCHR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o666
+        assert (os.major(info.st_rdev), os.minor(info.st_rdev)) == numbers
+
+
+def test_umockdev_tree_is_seen_by_pyudev_and_by_plain_sysfs_reads(tmp_path):
+    tree = tmp_path / "tree"
+    tree.write_text(umockdev_tree([VGA, GPU], {VGA["address"]: "bochs-drm", GPU["address"]: "nvidia"}))
+    probe = ("import json, os, pyudev\n"
+             "sysfs = {a: [open(f'/sys/bus/pci/devices/{a}/{k}').read() for k in ('vendor', 'class')]\n"
+             "         for a in os.listdir('/sys/bus/pci/devices')}\n"
+             "udev = {d.sys_name: [d.driver, d.attributes.asstring('class')]\n"
+             "        for d in pyudev.Context().list_devices(subsystem='pci')}\n"
+             "print(json.dumps([sysfs, udev]))\n")
+    result = subprocess.run(["umockdev-run", "-d", str(tree), "--", sys.executable, "-c", probe],
+                            capture_output=True, text=True, timeout=30, check=True)
+    sysfs, udev = json.loads(result.stdout)
+    assert sysfs == {VGA["address"]: ["0x1234\n", "0x030000\n"], GPU["address"]: ["0x10de\n", "0x030200\n"]}
+    assert udev == {VGA["address"]: ["bochs-drm", "0x030000"], GPU["address"]: ["nvidia", "0x030200"]}
+
+
+@pytest.mark.skipif(not (SHARED / "cases").is_dir(), reason="no ../shared checkout next to the repository")
+def test_project_copy_of_shared_cases_and_fixtures_is_unchanged():
+    for folder in ("cases", "fixtures/nvidia-ctk", "cdi-schema"):
+        for copy in (DATA / folder).iterdir():
+            original = SHARED / folder / copy.name
+            if original.exists():
+                assert copy.read_bytes() == original.read_bytes(), f"{copy} differs from {original}"
