@@ -35,6 +35,9 @@ VM_CHECKS = ("pci", "drivers", "modules", "versions", "device-nodes", "persisten
              "cdi-refresh-units", "kata-agent-ordering")
 IMAGE_CHECKS = ("unit", "kata-agent-ordering", "tools", "modules", "versions", "cdi-refresh-units")
 NO_GPU = "no NVIDIA GPU found on PCI"
+# Boot's steps in order (contract section 3), for checks of steps a failed boot never reached.
+_STEP_ORDER = ("drivers", "modules", "versions", "device-nodes", "persistenced", "fabricmanager",
+               "confidential-computing")
 
 
 @dataclasses.dataclass
@@ -66,13 +69,30 @@ class VmChecks:
     def run(self) -> list[Check]:
         out = []
         for name in VM_CHECKS:
+            not_reached = self._not_reached(name)
             method = getattr(self, "check_" + name.replace("-", "_"))
             try:
-                out.append(method())
+                out.append(not_reached or method())
             except CommandError as err:
                 out.append(Check(name, FAIL, f"query failed: {err}",
                                  "run the command by hand to see why it fails or hangs"))
         return out
+
+    def _not_reached(self, name: str) -> Check | None:
+        """A skip for a check of a step that the last boot never reached, because an earlier step
+        failed: its state then follows from that failure, which the status check reports, and
+        failing it too would bury the cause. The fabric manager's version is an exception (a
+        property of the image, checked in any case)."""
+        if name not in _STEP_ORDER or name == "fabricmanager" and self.nvswitches:
+            return None
+        doc = read_status(self.root) or {}
+        failed = [s.get("name") for s in doc.get("steps") or [] if s.get("result") == "failed"]
+        if doc.get("state") != State.FAILED or not failed or failed[0] not in _STEP_ORDER:
+            return None
+        if _STEP_ORDER.index(failed[0]) < _STEP_ORDER.index(name):
+            return Check(name, SKIP, f"not reached: the last boot failed at {failed[0]} "
+                         "(see status)")
+        return None
 
     def _needs_driver(self, name: str) -> Check | None:
         if not self.gpus:
@@ -213,6 +233,11 @@ class VmChecks:
         if fm and driver and fm != driver:
             return Check("fabricmanager", FAIL, f"fabric manager {fm}, driver {driver}",
                          f"install the fabric manager package of driver {driver}")
+        doc = read_status(self.root) or {}
+        failed = [s.get("name") for s in doc.get("steps") or [] if s.get("result") == "failed"]
+        if failed and failed[0] in _STEP_ORDER[:5]:
+            return Check("fabricmanager", SKIP, f"fabric manager {fm or '(version unknown)'}; not "
+                         f"started: the last boot failed at {failed[0]} (see status)")
         pid = readers.daemon_pid(self.root, readers.FABRICMANAGER_PID, readers.FABRICMANAGER_COMM)
         if pid is None:
             return Check("fabricmanager", FAIL, f"{len(self.nvswitches)} NVSwitch(es) but "

@@ -6,6 +6,11 @@ so the CLI can turn any of them into a clean message and an exit code instead of
 
 from __future__ import annotations
 
+import re
+
+# NVIDIA's Go tools log with logrus: level=error msg="..." with \" and \n escaped inside msg.
+_LOGRUS_ERROR = re.compile(r'level=(?:error|fatal) msg="((?:[^"\\]|\\.)*)"')
+
 
 class PodvmGpuError(Exception):
     """Base of every error podvm-gpu raises on purpose."""
@@ -48,6 +53,15 @@ class CommandError(PodvmGpuError):
             if lines:
                 return lines[-1]
         return ""
+
+    def tool_message(self) -> str:
+        """The tool's own error: the ``msg`` of its last logrus ``level=error`` line (nvidia-ctk),
+        unescaped, else :meth:`last_line`, else ``exit N``."""
+        found = _LOGRUS_ERROR.findall(self.stderr)
+        if found:
+            return found[-1].replace('\\"', '"').replace("\\n", " ")
+        return self.last_line() or (f"exit {self.returncode}" if self.returncode is not None
+                                    else "no output")
 
     def _describe(self) -> str:
         cmd = " ".join(self.argv[:4]) if self.argv else "?"

@@ -11,7 +11,6 @@ defines it would make kata-agent drop every device both define, so it is renamed
 from __future__ import annotations
 
 import os
-import re
 
 import yaml
 
@@ -23,7 +22,6 @@ from podvm_gpu.status import CDI_KIND, CDI_SPEC_PATH
 
 CDI_DIRS = ("/var/run/cdi", "/etc/cdi")
 DISABLED_SUFFIX = ".disabled-by-podvm-gpu"
-_LOGRUS_ERROR = re.compile(r'level=(?:error|fatal) msg="((?:[^"\\]|\\.)*)"')
 
 
 def generate_argv(ctx: BootContext) -> list[str]:
@@ -32,14 +30,6 @@ def generate_argv(ctx: BootContext) -> list[str]:
     if not ctx.root.is_host:
         argv += [f"--driver-root={ctx.root.path}", f"--dev-root={ctx.root.path}"]
     return argv
-
-
-def tool_error(err: CommandError) -> str:
-    """nvidia-ctk's last error: the ``msg`` of its last ``level=error`` line, else its last line."""
-    found = _LOGRUS_ERROR.findall(err.stderr)
-    if found:
-        return found[-1].replace('\\"', '"').replace("\\n", " ")
-    return err.last_line() or f"exit {err.returncode}"
 
 
 def mig_problem(ctx: BootContext) -> str | None:
@@ -117,7 +107,7 @@ def run(ctx: BootContext) -> str:
         if err.timed_out:
             raise StepFailed(f"nvidia-ctk cdi generate timed out after {err.timeout_s:g} s "
                              f"(driver {driver})") from err
-        cause = f"nvidia-ctk cdi generate failed (exit {err.returncode}): {tool_error(err)} " \
+        cause = f"nvidia-ctk cdi generate failed (exit {err.returncode}): {err.tool_message()} " \
                 f"(driver {driver})"
         if err.returncode == 127 and "undefined symbol" in err.stderr:
             cause += "; this nvidia-ctk needs a newer driver than the image has"

@@ -40,6 +40,7 @@ def explain_failure(ctx: BootContext, module: str, err: CommandError) -> str:
     if err.timed_out:
         return f"modprobe {module} timed out after {err.timeout_s:g} s"
     said = err.last_line() or f"exit {err.returncode}"
+    said = said if said.startswith("modprobe:") else f"modprobe: {said}"
     text = f"{err.stderr}\n{err.stdout}"
     lower = text.lower()
     root = ctx.root
@@ -54,20 +55,20 @@ def explain_failure(ctx: BootContext, module: str, err: CommandError) -> str:
         else:
             policy = "the kernel (permission denied)"
         return (f"{module} rejected by {policy}: the module is unsigned or signed with a key the "
-                f"kernel does not trust; sign it (MOK/DKMS) or boot without lockdown; modprobe: {said}")
+                f"kernel does not trust; sign it (MOK/DKMS) or boot without lockdown; {said}")
     release = kernel_release(root)
     if "not found in directory" in lower or "module " + module + " not found" in lower:
         have = [k for k in module_kernels(root, "nvidia") if k != release]
         elsewhere = f"; the image has nvidia modules for {', '.join(have)}" if have else ""
         return (f"no {module} module for the running kernel {release or '(unknown)'}{elsewhere}; "
-                f"modprobe: {said}")
+                f"{said}")
     findings = kmsg.findings(kmsg.read_kernel_log(root))
     for kind in ("unsupported-pci-id", "bound-elsewhere", "open-module-unsupported",
                  "gsp-firmware", "bar", "needs-reset", "fell-off-bus", "lockdown"):
         for f in findings:
             if f.kind == kind:
-                return f"{module}: {f.describe()}; modprobe: {said}"
-    return f"modprobe {module} failed: {said}"
+                return f"{module}: {f.describe()}; {said}"
+    return f"{module} failed to load: {said}"
 
 
 def run(ctx: BootContext) -> str:

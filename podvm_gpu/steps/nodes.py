@@ -88,7 +88,7 @@ def run(ctx: BootContext) -> str:
         try:
             ctx.runner.run(argv)
         except CommandError as err:
-            said = err.last_line() or ("timed out" if err.timed_out else f"exit {err.returncode}")
+            said = "timed out" if err.timed_out else err.tool_message()
             if NVIDIA_MAJOR_NAME not in majors:
                 raise StepFailed("cannot create /dev/nvidiactl: no 'nvidia' major in /proc/devices "
                                  "(the nvidia module did not register its control device); "
