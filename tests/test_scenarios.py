@@ -10,14 +10,17 @@ import warnings
 import pytest
 
 from scenarios.expect import describe_call, judge_boot, judge_check, report
-from scenarios.world import UnmatchedCallWarning, World, case_files, case_id, load_case
+from scenarios.world import CaseError, UnmatchedCallWarning, World, case_files, case_id, load_case
 
 CASES = case_files()
 
 
 @pytest.mark.parametrize("case_file", CASES, ids=[case_id(path) for path in CASES])
 def test_scenario(case_file):
-    case = load_case(case_file)
+    try:
+        case = load_case(case_file)
+    except CaseError as err:
+        pytest.fail(str(err), pytrace=False)
     with World(case) as world:
         for phase in case.phases:
             run = world.run(phase)

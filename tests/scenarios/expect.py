@@ -44,6 +44,8 @@ def cdi_schema() -> Draft7Validator:
 def judge_boot(world: World, run: Run, expect: dict) -> list[str]:
     """Problems of a boot (or rerun) against ``expect.boot`` (``expect.rerun``); empty when it passes."""
     problems = _common(run, expect)
+    if run.rc is not None and not _is_json(run.stdout):
+        problems.append("boot --json did not print one JSON document on stdout")
     status = run.status or {}
     if run.status is None:
         problems.append(run.status_error)
@@ -282,6 +284,14 @@ def describe_call(call: Call) -> str:
     if call.rc is None:
         return "no exit recorded (still running when the run ended, or killed)"
     return f"rc {call.rc} ({call.answer}), {call.ended - call.started:.2f} s"
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _tail(text: str, count: int) -> str:

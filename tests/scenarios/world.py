@@ -41,7 +41,7 @@ DEFAULT_TOOLS = ("modprobe", "nvidia-ctk", "nvidia-persistenced", "nvidia-smi", 
                  "nvidia-modprobe", "systemctl", "ldconfig", "modinfo")
 STATUS_PATH = "/run/podvm-gpu/status.json"
 CDI_PATH = "/var/run/cdi/nvidia.yaml"
-CHECK_TIMEOUT_S = 60  # check has no max_wall_s; a hung check is still ended
+DEFAULT_LIMIT_S = 60  # for a run without max_wall_s (check): a hung run is still ended
 GRACE_S = 10  # how long past max_wall_s a run may go before the harness ends it
 
 CASE_KEYS = {"id", "title", "source", "bug", "note", "pci", "files", "symlinks", "kernel_log",
@@ -346,7 +346,7 @@ class World:
         argv = [umockdev_run, "-d", self.layout.tree, "--", *product_command(), command,
                 "--root", self.layout.root, "--json"]
         max_wall = self.case.expect.get(phase, {}).get("max_wall_s")
-        limit = max_wall + GRACE_S if max_wall else CHECK_TIMEOUT_S
+        limit = max_wall + GRACE_S if max_wall else DEFAULT_LIMIT_S
         before = self._root_snapshot() if phase == "check" else {}
         out = Path(self.layout.out, f"{phase}.stdout")
         err = Path(self.layout.out, f"{phase}.stderr")
@@ -392,10 +392,10 @@ class World:
             return None, f"{STATUS_PATH} unreadable: {err}"
 
     def _root_snapshot(self) -> dict[str, tuple]:
-        """Every entry under the root: relative path -> (mode, size, mtime)."""
+        """Every entry under the root, folders included: relative path -> (mode, size, mtime)."""
         snapshot = {}
-        for directory, _, names in os.walk(self.layout.root):
-            for name in names:
+        for directory, folders, names in os.walk(self.layout.root):
+            for name in folders + names:
                 path = os.path.join(directory, name)
                 info = os.lstat(path)
                 snapshot[os.path.relpath(path, self.layout.root)] = (
