@@ -436,7 +436,7 @@ class Effects:
         import subprocess
 
         process = subprocess.Popen(
-            [self.world["python"], "-I", "-c", STAND_IN_CODE, self.layout.dir, tool],
+            [self.world["python"], "-IS", "-c", STAND_IN_CODE, self.layout.dir, tool],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             pass_fds=keep_fds, start_new_session=True, cwd="/", env={})
         self.state["daemons"].append({"tool": tool, "pid": process.pid})

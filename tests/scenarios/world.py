@@ -55,7 +55,7 @@ EXPECT_KEYS = {"boot": BOOT_EXPECT_KEYS, "rerun": BOOT_EXPECT_KEYS, "check": CHE
 CDI_EXPECTATIONS = ("ready-spec", "unavailable", "absent")
 _ERROR_WORDS = re.compile(r"\b(errors?|fail(s|ed|ure)?|cannot|unable|timeout|timed out)\b", re.I)
 
-FAKE_SCRIPT = '''#!{python} -I
+FAKE_SCRIPT = '''#!{python} -IS
 """Fake {tool} of scenario {case_id}: answers from {config} (tests/scenarios/fake_tool.py)."""
 import sys
 sys.path.insert(0, {tests!r})
