@@ -94,15 +94,20 @@ def run(ctx: BootContext) -> str:
                                  "(the nvidia module did not register its control device); "
                                  f"nvidia-ctk: {said}") from err
             raise StepFailed(f"nvidia-ctk system create-device-nodes failed: {said}") from err
+    use_modprobe = ctx.runner.which("nvidia-modprobe") is not None
     for pci, minor in sorted(ctx.minors.items(), key=lambda kv: kv[1]):
         node = Node(f"/dev/nvidia{minor}", majors.get(NVIDIA_MAJOR_NAME), minor)
         if node_problem(root, node) is None:
             continue
-        if ctx.runner.which("nvidia-modprobe"):
+        if use_modprobe:
             try:
                 ctx.runner.run(["nvidia-modprobe", "-c", str(minor)])
-            except CommandError:
-                pass  # fall back to mknod below; the verification names what stays wrong
+            except CommandError as err:
+                # mknod does the same job; one failure is enough to stop asking (a hung
+                # nvidia-modprobe would otherwise cost its timeout once per GPU)
+                use_modprobe = False
+                ctx.warn(f"device-nodes: nvidia-modprobe -c {minor} failed ({err}); "
+                         "made the GPU nodes with mknod")
         if is_char_device(root.resolve(node.path)) is None and node.major is not None:
             make_node(root, node)
     nodes = required_nodes(root, ctx.minors)
