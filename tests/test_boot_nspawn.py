@@ -11,6 +11,7 @@ drop-in that runs the agent under umockdev with fake NVIDIA tools (tests/boot/gp
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def installed(tmp_path_factory):
     image.require_root()
     bundle = image.bundle(tmp_path_factory)
     with image.writable_view(image.base_rootfs(), tmp_path_factory.mktemp("installed")) as root:
+        image.install_nvidia_package_units(root)
         image.install_agent(root, bundle)
         image.install_kata_agent_standin(root)
         yield root
@@ -59,7 +61,25 @@ def assert_kata_agent_started_after_the_agent_finished(boot: image.Boot) -> None
     standin_started = int(record["standin_unit"]["InactiveExitTimestampMonotonic"])
     assert 0 < agent_exited <= standin_started, (agent, record["standin_unit"])
     assert record["status"]["finished_at"] is not None
+    systemd_says = [e["MESSAGE"] for e in boot.agent_journal if e.get("UNIT") == "podvm-gpu.service"]
+    assert [m.split()[0] for m in systemd_says] == ["Starting", "Finished"], (
+        f"systemd has more to say about the unit than start and finish: {systemd_says}")
     assert record["cdi_dir"] == ["nvidia.yaml"], "no temporary or second spec file beside the final one"
+    assert "nvidia-cdi-refresh" not in boot.journal
+    assert not record["nvidia_units_ran"], "the installer leaves no distro or toolkit unit to race the agent"
+
+
+def test_installer_enables_the_agent_masks_cdi_refresh_and_disables_the_distro_daemon(installed):
+    etc = installed / "etc/systemd/system"
+    wants = etc / "multi-user.target.wants"
+    assert (wants / "podvm-gpu.service").is_symlink()
+    for unit in ("nvidia-cdi-refresh.path", "nvidia-cdi-refresh.service"):
+        assert os.readlink(etc / unit) == "/dev/null", unit
+        assert not (wants / unit).exists(), unit
+    assert not (wants / "nvidia-persistenced.service").is_symlink()
+    assert os.readlink(installed / "usr/local/bin/podvm-gpu") == "/opt/podvm-gpu/bin/podvm-gpu"
+    assert (installed / "usr/lib/systemd/system/kata-agent.service.d/10-podvm-gpu.conf").is_file()
+    assert (installed / "usr/lib/systemd/system-preset/40-podvm-gpu.preset").is_file()
 
 
 def test_cpu_vm_kata_agent_starts_after_the_agent_and_sees_the_unavailable_spec(rootfs, tmp_path):

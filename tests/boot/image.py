@@ -155,6 +155,19 @@ def install_kata_agent_standin(rootfs: Path) -> None:
     wants.symlink_to("/etc/systemd/system/kata-agent.service")
 
 
+NVIDIA_PACKAGE_UNITS = ["nvidia-persistenced.service", "nvidia-cdi-refresh.service", "nvidia-cdi-refresh.path"]
+
+
+def install_nvidia_package_units(rootfs: Path) -> None:
+    """Stand-ins for the units the NVIDIA driver and toolkit packages install, enabled, as a GPU
+    image has them before podvm-gpu goes in. Each leaves /var/lib/nvidia-unit-ran-<name> if it runs."""
+    for unit in NVIDIA_PACKAGE_UNITS:
+        install_file(HERE / "units" / unit, rootfs, f"/usr/lib/systemd/system/{unit}")
+        wants = rootfs / f"etc/systemd/system/multi-user.target.wants/{unit}"
+        wants.parent.mkdir(parents=True, exist_ok=True)
+        wants.symlink_to(f"/usr/lib/systemd/system/{unit}")
+
+
 @dataclass
 class Boot:
     """What one nspawn boot left behind."""

@@ -59,6 +59,7 @@ def main() -> None:
         "agent_unit": unit_properties("podvm-gpu.service"),
         "standin_unit": unit_properties("kata-agent.service"),
         "persistenced": daemon(root),
+        "nvidia_units_ran": sorted(n for n in os.listdir("/var/lib") if n.startswith("nvidia-unit-ran-")),
     }
     journal = subprocess.run(["journalctl", "-b", "--no-pager", "-o", "short-monotonic"],
                              capture_output=True, text=True, timeout=30).stdout

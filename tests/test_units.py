@@ -1,0 +1,219 @@
+"""The systemd units: systemd-analyze verify with an empty stderr, the properties the boot
+ordering and the daemons depend on, and the hardening score.
+
+Units are checked where the installer puts them, in a throw-away root (``--root``) that holds
+the host's targets (so dependencies resolve) and stubs for every ExecStart= binary (verify
+checks that they exist). systemd-analyze only *warns* about bad keys, bad values and ordering
+cycles and still exits 0, so every test asserts on stderr (TESTING-NOTES.md).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SYSTEMD = REPO / "systemd"
+BOOT = REPO / "tests/boot"
+UNIT_DIR = "/usr/lib/systemd/system"
+BUDGET_S = 240  # the agent's default budget (contract section 3)
+
+# Unit files and drop-ins -> where the installer (or the boot tests) put them.
+INSTALLED = {
+    SYSTEMD / "podvm-gpu.service": f"{UNIT_DIR}/podvm-gpu.service",
+    SYSTEMD / "kata-agent.service.d/10-podvm-gpu.conf": f"{UNIT_DIR}/kata-agent.service.d/10-podvm-gpu.conf",
+    BOOT / "units/kata-agent.service": "/etc/systemd/system/kata-agent.service",
+    BOOT / "gpu/podvm-gpu.service.d/50-fake-gpu.conf": "/etc/systemd/system/podvm-gpu.service.d/50-fake-gpu.conf",
+    BOOT / "gpu/kata-agent.service.d/50-fake-gpu.conf": "/etc/systemd/system/kata-agent.service.d/50-fake-gpu.conf",
+    **{BOOT / "units" / u: f"{UNIT_DIR}/{u}"
+       for u in ("nvidia-persistenced.service", "nvidia-cdi-refresh.service", "nvidia-cdi-refresh.path")},
+}
+EXEC_STUBS = ["/opt/podvm-gpu/bin/podvm-gpu", "/usr/bin/python3", "/usr/bin/umockdev-run", "/usr/bin/touch"]
+
+
+def systemd_analyze(*args: str) -> subprocess.CompletedProcess:
+    if shutil.which("systemd-analyze") is None:
+        from boot.image import unavailable
+
+        unavailable("systemd-analyze is missing (Debian package systemd)")
+    return subprocess.run(["systemd-analyze", *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """A root with the units installed as install-podvm-gpu.sh installs them."""
+    root = tmp_path_factory.mktemp("unit-root")
+    unit_dir = root / UNIT_DIR.lstrip("/")
+    unit_dir.mkdir(parents=True)
+    for host_dir in (Path("/usr/lib/systemd/system"), Path("/lib/systemd/system")):
+        for target in host_dir.glob("*.target"):
+            if not (unit_dir / target.name).exists():
+                shutil.copyfile(target, unit_dir / target.name)
+    for source, dest in INSTALLED.items():
+        path = root / dest.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, path)
+    for stub in EXEC_STUBS:
+        path = root / stub.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+    etc = root / "etc/systemd/system"
+    (etc / "multi-user.target.wants").mkdir(parents=True, exist_ok=True)
+    (etc / "multi-user.target.wants/podvm-gpu.service").symlink_to(f"{UNIT_DIR}/podvm-gpu.service")
+    return root
+
+
+def parse_unit(*paths: Path) -> dict[str, dict[str, list[str]]]:
+    """Sections -> key -> values of a unit file plus drop-ins, in order; an empty value resets
+    the list, as systemd does for list settings (``ExecStart=`` in a drop-in)."""
+    unit: dict[str, dict[str, list[str]]] = {}
+    for path in paths:
+        section = None
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if not line or line[0] in "#;":
+                continue
+            if line.startswith("["):
+                section = unit.setdefault(line.strip("[]"), {})
+                continue
+            key, _, value = line.partition("=")
+            values = section.setdefault(key.strip(), [])
+            if value.strip():
+                values.extend(value.split() if key in LIST_KEYS else [value.strip()])
+            else:
+                values.clear()
+    return unit
+
+
+LIST_KEYS = {"After", "Before", "Wants", "Requires", "WantedBy", "CapabilityBoundingSet",
+             "ReadWritePaths", "RestrictAddressFamilies", "BindsTo", "Requisite", "PartOf"}
+
+
+@pytest.fixture(scope="module")
+def agent() -> dict[str, dict[str, list[str]]]:
+    return parse_unit(SYSTEMD / "podvm-gpu.service")
+
+
+def seconds(timespan: str) -> float:
+    out = systemd_analyze("timespan", timespan).stdout
+    return int(re.search(r"μs:\s*(\d+)", out).group(1)) / 1e6
+
+
+@pytest.mark.parametrize("unit", ["podvm-gpu.service", "kata-agent.service", "nvidia-persistenced.service",
+                                  "nvidia-cdi-refresh.service", "nvidia-cdi-refresh.path"])
+def test_unit_verifies_without_any_warning(root, unit):
+    """Every unit with its drop-ins: the product's, and the boot tests' stand-ins and drop-ins."""
+    done = systemd_analyze("verify", "--man=no", f"--root={root}", unit)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+
+
+def test_verify_check_catches_a_bad_key(root, tmp_path):
+    """The empty-stderr rule is what catches mistakes: systemd-analyze exits 0 on them."""
+    broken = root / "etc/systemd/system/broken.service"
+    broken.write_text((SYSTEMD / "podvm-gpu.service").read_text().replace("RemainAfterExit=", "RemainAfterExits="))
+    try:
+        done = systemd_analyze("verify", "--man=no", f"--root={root}", "broken.service")
+    finally:
+        broken.unlink()
+    assert done.returncode == 0
+    assert "Unknown key 'RemainAfterExits'" in done.stderr
+
+
+def test_a_mask_as_the_installer_makes_it_is_seen_by_systemd(root):
+    mask = root / "etc/systemd/system/nvidia-cdi-refresh.path"
+    mask.symlink_to("/dev/null")
+    try:
+        done = systemd_analyze("verify", "--man=no", f"--root={root}", "nvidia-cdi-refresh.path")
+    finally:
+        mask.unlink()
+    assert "Unit nvidia-cdi-refresh.path is masked" in done.stderr
+
+
+def test_agent_is_a_oneshot_that_stays_active_and_runs_the_venv_command(agent):
+    service = agent["Service"]
+    assert service["Type"] == ["oneshot"]
+    assert service["RemainAfterExit"] == ["yes"]
+    assert service["ExecStart"] == ["/opt/podvm-gpu/bin/podvm-gpu boot"]
+    assert agent["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+def test_agent_runs_before_kata_agent_and_after_what_it_needs(agent):
+    unit = agent["Unit"]
+    assert "kata-agent.service" in unit["Before"]
+    assert {"systemd-udev-trigger.service", "systemd-modules-load.service", "local-fs.target"} <= set(unit["After"])
+    assert unit.get("DefaultDependencies", ["yes"]) == ["yes"], "keeps Conflicts/Before=shutdown.target"
+
+
+def test_start_timeout_is_above_the_agents_budget(agent):
+    timeout = seconds(agent["Service"]["TimeoutStartSec"][0])
+    assert BUDGET_S + 10 <= timeout < 300, "above the budget, below cloud-api-adaptor's 5 minute wait"
+
+
+def test_daemons_started_by_the_agent_survive_its_exit(agent):
+    service = agent["Service"]
+    # RemainAfterExit keeps the unit active, so systemd does not stop it and kill its cgroup;
+    # KillMode=control-group gives them SIGTERM (not mixed's SIGKILL) on a real stop.
+    assert service["RemainAfterExit"] == ["yes"]
+    assert service.get("KillMode", ["control-group"]) == ["control-group"]
+
+
+def test_output_goes_to_the_journal_unbuffered(agent):
+    service = agent["Service"]
+    assert service["StandardOutput"] == ["journal"]
+    assert service["StandardError"] == ["journal"]
+    assert "PYTHONUNBUFFERED=1" in service["Environment"]
+
+
+def test_hardening_leaves_what_gpu_setup_needs(agent):
+    service = agent["Service"]
+    caps = set(service["CapabilityBoundingSet"])
+    assert {"CAP_SYS_MODULE", "CAP_MKNOD", "CAP_SYS_ADMIN"} <= caps
+    assert "/run" in service["ReadWritePaths"], "/run/podvm-gpu and /var/run/cdi (/var/run -> /run)"
+    # Optional paths only: a missing ReadWritePaths= entry fails the unit with 226/NAMESPACE.
+    assert all(p == "/run" or p.startswith("-") for p in service["ReadWritePaths"])
+    # Device nodes: no device allow-list, nothing that implies one (ProtectClock=, PrivateDevices=).
+    assert "DeviceAllow" not in service
+    assert service.get("DevicePolicy", ["auto"]) == ["auto"]
+    for key in ("PrivateDevices", "ProtectKernelModules", "ProtectKernelLogs", "ProtectClock", "PrivateNetwork"):
+        assert service.get(key, ["no"]) == ["no"], key
+
+
+def test_exposure_score(root):
+    done = systemd_analyze("security", "--offline=true", f"--root={root}", f"{UNIT_DIR}/podvm-gpu.service")
+    score = float(re.search(r"Overall exposure level for podvm-gpu.service: ([\d.]+)", done.stdout).group(1))
+    print(f"systemd-analyze security: podvm-gpu.service exposure {score}")
+    assert score <= 4.5, done.stdout
+
+
+def test_kata_agent_drop_in_wants_and_orders_after_the_agent_without_requiring_it():
+    unit = parse_unit(SYSTEMD / "kata-agent.service.d/10-podvm-gpu.conf")["Unit"]
+    assert unit["Wants"] == ["podvm-gpu.service"]
+    assert unit["After"] == ["podvm-gpu.service"]
+    for hard in ("Requires", "BindsTo", "Requisite", "PartOf"):
+        assert hard not in unit, f"{hard}= would keep kata-agent from reporting a failed GPU setup"
+
+
+def test_preset_enables_the_agent_and_disables_the_units_it_replaces():
+    lines = [line for line in (SYSTEMD / "podvm-gpu.preset").read_text().splitlines()
+             if line and not line.startswith("#")]
+    assert lines == ["enable podvm-gpu.service", "disable nvidia-persistenced.service",
+                     "disable nvidia-fabricmanager.service", "disable nvidia-cdi-refresh.path",
+                     "disable nvidia-cdi-refresh.service"]
+
+
+def test_gpu_test_drop_in_only_swaps_the_command_and_environment():
+    unit = parse_unit(SYSTEMD / "podvm-gpu.service", BOOT / "gpu/podvm-gpu.service.d/50-fake-gpu.conf")
+    assert unit["Service"]["ExecStart"] == [
+        "/usr/bin/umockdev-run --device=/srv/gpu/h100.umockdev -- /opt/podvm-gpu/bin/podvm-gpu boot"]
+    assert unit["Service"]["Type"] == ["oneshot"]
+
+
+@pytest.mark.parametrize("script", ["make-bundle.sh", "install-podvm-gpu.sh", "install-into-root.sh"])
+def test_scripts_parse_as_posix_sh(script):
+    done = subprocess.run(["sh", "-n", str(SYSTEMD / script)], capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stderr) == (0, "")
