@@ -1,0 +1,81 @@
+"""Shared pytest fixtures.
+
+Each block below belongs to the test files named in its heading; append new blocks rather than
+rewriting this file (several people add to it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# --- running the real podvm-gpu command, optionally under umockdev ------------------------------
+# Used by test_udev.py, test_cli.py and test_config.py.
+
+TESTS = Path(__file__).resolve().parent
+UMOCKDEV_TREES = TESTS / "umockdev"
+# Variables of the developer's shell that would change what the command does.
+_PRODUCT_ENV = ("PODVM_GPU_ROOT", "PODVM_GPU_CONFIG", "JOURNAL_STREAM")
+
+
+def _missing_tool(what: str) -> None:
+    """Skip outside CI; fail under CI (env ``CI`` set), where every tool must be installed."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} is missing; CI must install it (see .ci)")
+    pytest.skip(f"{what} is not installed")
+
+
+@pytest.fixture(scope="session")
+def umockdev_run() -> str:
+    """The path of ``umockdev-run`` (Debian package ``umockdev``)."""
+    path = shutil.which("umockdev-run")
+    if path is None:
+        _missing_tool("umockdev-run")
+    return path
+
+
+def umockdev_tree(name: str) -> Path:
+    """A device tree of tests/umockdev (``h100-pcie`` -> ``tests/umockdev/h100-pcie.umockdev``)."""
+    path = UMOCKDEV_TREES / f"{name}.umockdev"
+    assert path.is_file(), path
+    return path
+
+
+def product_env(**extra: str) -> dict[str, str]:
+    """Our environment without the product's own variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in _PRODUCT_ENV}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def podvm(umockdev_run):
+    """Run ``python -m podvm_gpu ARGS`` in a subprocess under a umockdev device tree.
+
+    Call as ``podvm(args, tree="h100-pcie", env={...}, python_args=[...], timeout=60)``;
+    returns the ``subprocess.CompletedProcess`` (text). The device tree decides which PCI
+    devices both pyudev and the sysfs pre-scan see, so the tests do not depend on this machine.
+    """
+
+    def run(args: list[str], *, tree: str = "cpu-vm", env: dict[str, str] | None = None,
+            python_args: list[str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+        argv = [umockdev_run, "-d", str(umockdev_tree(tree)), "--",
+                sys.executable, *(python_args or []), "-m", "podvm_gpu", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env=product_env(**(env or {})))
+
+    return run
+
+
+@pytest.fixture
+def empty_path(tmp_path) -> str:
+    """A folder with no programs, for ``PATH``: the product finds none of its tools, so no real
+    ``modprobe`` of this machine can ever run."""
+    folder = tmp_path / "empty-bin"
+    folder.mkdir()
+    return str(folder)

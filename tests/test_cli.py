@@ -1,0 +1,329 @@
+"""The command line (podvm_gpu.cli, podvm_gpu.app, podvm_gpu.boot's output; contract section 1).
+
+Argument parsing runs in-process; exit codes, the import cost of the CPU fast path and the
+journal prefix run the real command in a subprocess under a umockdev device tree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from podvm_gpu import __version__
+from podvm_gpu.app import run_app
+from podvm_gpu.cli import fast_boot_args, main
+from podvm_gpu.host.fs import atomic_write
+
+HEAVY = ("typer", "pydantic", "pyudev", "yaml")
+
+
+@pytest.fixture(autouse=True)
+def no_product_env(monkeypatch):
+    for name in ("PODVM_GPU_ROOT", "PODVM_GPU_CONFIG", "JOURNAL_STREAM"):
+        monkeypatch.delenv(name, raising=False)
+
+
+# --- fast_boot_args: the hand parser of the boot fast path ------------------------------------------
+
+def test_plain_boot_gets_the_defaults():
+    assert fast_boot_args(["boot"]) == {"root_dir": "/", "config": None, "json_out": False,
+                                        "dry_run": False}
+
+
+def test_options_with_equals_signs():
+    assert fast_boot_args(["boot", "--root=/vm", "--config=/vm/c.yaml", "--json",
+                           "--dry-run"]) == {"root_dir": "/vm", "config": "/vm/c.yaml",
+                                             "json_out": True, "dry_run": True}
+
+
+def test_options_with_separate_values():
+    assert fast_boot_args(["boot", "--json", "--root", "/vm", "--config", "/c.yaml"]) == \
+        {"root_dir": "/vm", "config": "/c.yaml", "json_out": True, "dry_run": False}
+
+
+def test_environment_gives_the_defaults(monkeypatch):
+    monkeypatch.setenv("PODVM_GPU_ROOT", "/image")
+    monkeypatch.setenv("PODVM_GPU_CONFIG", "/image/podvm.yaml")
+
+    parsed = fast_boot_args(["boot"])
+
+    assert parsed["root_dir"] == "/image" and parsed["config"] == "/image/podvm.yaml"
+
+
+def test_flags_win_over_the_environment(monkeypatch):
+    monkeypatch.setenv("PODVM_GPU_ROOT", "/image")
+
+    assert fast_boot_args(["boot", "--root", "/other"])["root_dir"] == "/other"
+
+
+def test_empty_environment_values_mean_the_defaults(monkeypatch):
+    monkeypatch.setenv("PODVM_GPU_ROOT", "")
+    monkeypatch.setenv("PODVM_GPU_CONFIG", "")
+
+    assert fast_boot_args(["boot"])["root_dir"] == "/"
+    assert fast_boot_args(["boot"])["config"] is None
+
+
+@pytest.mark.parametrize("args", [
+    [],
+    ["status"],
+    ["check", "--root", "/vm"],
+    ["boot", "--verbose"],
+    ["boot", "--help"],
+    ["boot", "--root"],
+    ["boot", "--root", "--json"],
+    ["boot", "--root="],
+    ["boot", "--json=yes"],
+    ["boot", "extra"],
+    ["--version"],
+])
+def test_anything_else_goes_to_the_full_parser(args):
+    assert fast_boot_args(args) is None
+
+
+# --- the typer app: version, help, usage errors -------------------------------------------------------
+
+def test_version_exits_0(capsys):
+    assert run_app(["--version"]) == 0
+    assert __version__ in capsys.readouterr().out
+
+
+def test_console_script_version_exits_0():
+    script = Path(sys.executable).with_name("podvm-gpu")
+    argv = [str(script)] if script.exists() else [sys.executable, "-m", "podvm_gpu"]
+
+    done = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60)
+
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"podvm-gpu {__version__}"
+
+
+@pytest.mark.parametrize("args", [
+    ["boot", "--verbose"],
+    ["frobnicate"],
+    ["status", "--timeout", "-1"],
+    ["status", "--timeout", "soon"],
+    ["boot", "--root"],
+])
+def test_usage_errors_exit_2(args, capsys):
+    assert main(args) == 2
+    assert "Error" in capsys.readouterr().err
+
+
+def test_boot_help_works(capsys):
+    assert main(["boot", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--root" in out and "--config" in out and "--dry-run" in out and "--json" in out
+
+
+def test_usage_error_exit_code_reaches_the_shell():
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu", "boot", "--verbose"],
+                          capture_output=True, text=True, timeout=60)
+
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+def write_status(root: Path, state: str, reason: str | None = None, warnings=()) -> None:
+    path = root / "run" / "podvm-gpu" / "status.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(str(path), json.dumps({"version": 1, "state": state, "reason": reason,
+                                        "warnings": list(warnings), "steps": []}))
+
+
+@pytest.mark.parametrize("state, code", [("ready", 0), ("no-gpu", 0), ("failed", 1),
+                                         ("running", 3)])
+def test_status_exit_code_follows_the_state(tmp_path, state, code, capsys):
+    write_status(tmp_path, state, reason="modules: boom" if state == "failed" else None)
+
+    assert main(["status", "--root", str(tmp_path)]) == code
+    assert capsys.readouterr().out.startswith(state)
+
+
+def test_status_without_a_status_file_exits_3(tmp_path, capsys):
+    assert main(["status", "--root", str(tmp_path)]) == 3
+    assert "no status yet" in capsys.readouterr().out
+
+
+def test_status_with_a_garbled_status_file_exits_3(tmp_path):
+    (tmp_path / "run" / "podvm-gpu").mkdir(parents=True)
+    (tmp_path / "run" / "podvm-gpu" / "status.json").write_text('{"state": "rea')
+
+    assert main(["status", "--root", str(tmp_path)]) == 3
+
+
+def test_status_reads_the_root_from_the_environment(tmp_path, monkeypatch):
+    write_status(tmp_path, "failed", "drivers: nouveau")
+    monkeypatch.setenv("PODVM_GPU_ROOT", str(tmp_path))
+
+    assert main(["status"]) == 1
+
+
+def test_status_prints_reason_and_warnings(tmp_path, capsys):
+    write_status(tmp_path, "ready", warnings=["confidential-computing: ready state left unset"])
+
+    main(["status", "--root", str(tmp_path)])
+
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["ready", "warning: confidential-computing: ready state left unset"]
+
+
+def test_status_json_prints_the_document(tmp_path, capsys):
+    write_status(tmp_path, "failed", "modules: nvidia rejected")
+
+    assert main(["status", "--root", str(tmp_path), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["state"] == "failed" and doc["reason"] == "modules: nvidia rejected"
+
+
+def test_status_exit_code_of_the_real_process(tmp_path):
+    write_status(tmp_path, "failed", "modules: boom")
+
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu", "status", "--root", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+
+    assert done.returncode == 1
+    assert done.stdout.strip() == "failed: modules: boom"
+
+
+def test_status_wait_times_out_with_3_while_running(tmp_path):
+    write_status(tmp_path, "running")
+    started = time.monotonic()
+
+    code = main(["status", "--root", str(tmp_path), "--wait", "--timeout", "0.5"])
+
+    elapsed = time.monotonic() - started
+    assert code == 3
+    assert 0.5 <= elapsed < 3
+
+
+def test_status_wait_returns_0_as_soon_as_ready_is_written(tmp_path):
+    write_status(tmp_path, "running")
+    timer = threading.Timer(0.4, write_status, args=(tmp_path, "ready"))
+    started = time.monotonic()
+    timer.start()
+    try:
+        code = main(["status", "--root", str(tmp_path), "--wait", "--timeout", "20"])
+    finally:
+        timer.cancel()
+        timer.join()
+
+    elapsed = time.monotonic() - started
+    assert code == 0
+    assert 0.4 <= elapsed < 2
+
+
+def test_status_wait_returns_1_when_boot_fails_meanwhile(tmp_path):
+    timer = threading.Timer(0.2, write_status, args=(tmp_path, "failed", "cdi: boom"))
+    timer.start()
+    try:
+        code = main(["status", "--root", str(tmp_path), "--wait", "--timeout", "20"])
+    finally:
+        timer.join()
+
+    assert code == 1
+
+
+# --- boot's CPU fast path: what it imports, prints and writes -------------------------------------
+
+def imported_modules(importtime_log: str) -> set[str]:
+    """Top-level package names from ``python -X importtime`` lines on stderr."""
+    names = set()
+    for line in importtime_log.splitlines():
+        m = re.match(r"import time:\s+\d+ \|\s+\d+ \|\s*(\S+)", line)
+        if m:
+            names.add(m.group(1).split(".")[0])
+    return names
+
+
+def test_cpu_fast_path_imports_no_typer_pydantic_pyudev_or_yaml(tmp_path, podvm, empty_path):
+    done = podvm(["boot", "--root", str(tmp_path)], tree="cpu-vm", python_args=["-X", "importtime"],
+                 env={"PATH": empty_path})
+
+    assert done.returncode == 0, done.stderr
+    names = imported_modules(done.stderr)
+    assert "podvm_gpu" in names  # the log was read
+    assert not names & set(HEAVY), sorted(names & set(HEAVY))
+
+
+def test_with_a_config_file_boot_validates_it_with_pydantic_and_yaml(tmp_path, podvm, empty_path):
+    (tmp_path / "etc" / "podvm-gpu").mkdir(parents=True)
+    (tmp_path / "etc" / "podvm-gpu" / "config.yaml").write_text("budget_s: 100\n")
+
+    done = podvm(["boot", "--root", str(tmp_path)], tree="cpu-vm", python_args=["-X", "importtime"],
+                 env={"PATH": empty_path})
+
+    assert done.returncode == 0, done.stderr
+    names = imported_modules(done.stderr)
+    assert {"pydantic", "yaml", "pyudev"} <= names
+    assert "typer" not in names
+
+
+def test_a_gpu_vm_takes_the_pyudev_path(tmp_path, podvm, empty_path):
+    done = podvm(["boot", "--root", str(tmp_path)], tree="h100-pcie",
+                 python_args=["-X", "importtime"], env={"PATH": empty_path})
+
+    assert "pyudev" in imported_modules(done.stderr)
+    assert "typer" not in imported_modules(done.stderr)
+
+
+def test_cpu_boot_json_prints_the_status_document(tmp_path, podvm, empty_path):
+    done = podvm(["boot", "--root", str(tmp_path), "--json"], tree="cpu-vm",
+                 env={"PATH": empty_path})
+
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["version"] == 1 and doc["state"] == "no-gpu"
+    assert doc["reason"] == "detect: no NVIDIA GPU on PCI (3 devices scanned)"
+    assert doc["gpus"] == [] and doc["nvswitches"] == []
+    assert [(s["name"], s["result"]) for s in doc["steps"]] == [("detect", "ok")]
+    assert doc["finished_at"]
+    on_disk = json.loads((tmp_path / "run/podvm-gpu/status.json").read_text())
+    assert on_disk == doc
+
+
+def test_cpu_boot_dry_run_changes_nothing(tmp_path, podvm, empty_path):
+    root = tmp_path / "root"
+    root.mkdir()
+
+    done = podvm(["boot", "--root", str(root), "--dry-run"], tree="cpu-vm",
+                 env={"PATH": empty_path})
+
+    assert done.returncode == 0, done.stderr
+    assert "dry run" in done.stdout
+    assert list(root.iterdir()) == []
+
+
+def test_log_lines_carry_a_syslog_priority_under_systemd(tmp_path, podvm, empty_path):
+    done = podvm(["boot", "--root", str(tmp_path)], tree="cpu-vm",
+                 env={"PATH": empty_path, "JOURNAL_STREAM": "8:12345"})
+
+    lines = done.stderr.splitlines()
+    assert lines and all(line.startswith("<6>podvm-gpu: ") for line in lines), lines
+
+
+def test_log_lines_have_no_priority_in_a_terminal(tmp_path, podvm, empty_path):
+    done = podvm(["boot", "--root", str(tmp_path)], tree="cpu-vm", env={"PATH": empty_path})
+
+    lines = done.stderr.splitlines()
+    assert lines and all(line.startswith("podvm-gpu: ") for line in lines), lines
+
+
+def test_boot_that_cannot_write_its_status_exits_1(tmp_path, podvm, empty_path):
+    (tmp_path / "run").write_text("not a folder")
+
+    done = podvm(["boot", "--root", str(tmp_path)], tree="cpu-vm", env={"PATH": empty_path})
+
+    assert done.returncode == 1
+    assert "status" in done.stderr and "Traceback" not in done.stderr
+    assert os.path.isfile(tmp_path / "run")

@@ -1,0 +1,218 @@
+"""The optional config file (podvm_gpu.config; contract section 7).
+
+Loading is pure file logic and runs on pyfakefs; the boot with a bad config is the real command
+in a subprocess, under the CPU-VM umockdev tree so that it does not depend on this machine's PCI
+devices (with a config file present, boot always takes the validated path).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pydantic
+import pytest
+import yaml
+
+from podvm_gpu.config import DEFAULT_TIMEOUTS, Config, load_config, timeouts_for
+from podvm_gpu.errors import ConfigError, PodvmGpuError
+
+PATH = "/etc/podvm-gpu/config.yaml"
+
+
+@pytest.fixture
+def config_file(fs):
+    """Write a config file on the fake file system; returns the writer."""
+    def write(text: str) -> str:
+        fs.create_file(PATH, contents=text)
+        return PATH
+
+    return write
+
+
+def load_error(text: str, config_file) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_config(config_file(text))
+    return str(err.value)
+
+
+# --- defaults --------------------------------------------------------------------------------
+
+def test_defaults_when_there_is_no_file(fs):
+    config = load_config(PATH)
+
+    assert config == Config()
+    assert config.budget_s == 240
+    assert config.unavailable_spec is True
+    assert config.confidential_computing.set_ready_state is False
+    assert (config.persistenced.ready_timeout_s, config.persistenced.per_gpu_s) == (30, 15)
+    assert config.timeouts == {} and config.tools == {}
+
+
+def test_an_empty_file_means_the_defaults(config_file):
+    assert load_config(config_file("")) == Config()
+
+
+def test_a_file_of_comments_means_the_defaults(config_file):
+    assert load_config(config_file("# nothing set here\n")) == Config()
+
+
+def test_the_fixed_keys_are_read(config_file):
+    config = load_config(config_file(
+        "budget_s: 30\n"
+        "timeouts:\n  nvidia-smi: 5\n  nvidia-ctk: 10\n"
+        "persistenced:\n  ready_timeout_s: 5\n  per_gpu_s: 1\n"
+        "confidential_computing:\n  set_ready_state: true\n"
+        "unavailable_spec: false\n"))
+
+    assert config.budget_s == 30
+    assert config.persistenced.ready_timeout_s == 5 and config.persistenced.per_gpu_s == 1
+    assert config.confidential_computing.set_ready_state is True
+    assert config.unavailable_spec is False
+    assert timeouts_for(config)["nvidia-smi"] == 5
+    assert timeouts_for(config)["modprobe"] == DEFAULT_TIMEOUTS["modprobe"]
+
+
+def test_the_config_is_frozen():
+    with pytest.raises(pydantic.ValidationError):
+        Config().budget_s = 1  # type: ignore[misc]
+
+
+# --- errors name the file and the key ---------------------------------------------------------------
+
+def test_unknown_top_level_key_names_file_and_key(config_file):
+    message = load_error("budget_s: 30\nbudget: 10\n", config_file)
+
+    assert PATH in message
+    assert "budget" in message and "unknown key" in message
+    assert isinstance(ConfigError(message), PodvmGpuError)
+
+
+def test_unknown_nested_key_names_the_dotted_key(config_file):
+    message = load_error("persistenced:\n  bogus: 1\n", config_file)
+
+    assert PATH in message
+    assert "persistenced.bogus" in message
+    assert "unknown key" in message
+
+
+def test_bad_value_names_the_key(config_file):
+    message = load_error("persistenced:\n  per_gpu_s: -3\n", config_file)
+
+    assert PATH in message and "persistenced.per_gpu_s" in message
+
+
+def test_non_positive_budget_is_rejected(config_file):
+    assert "budget_s" in load_error("budget_s: 0\n", config_file)
+
+
+def test_a_bool_that_is_not_a_bool_is_rejected(config_file):
+    assert "confidential_computing.set_ready_state" in load_error(
+        "confidential_computing:\n  set_ready_state: maybe\n", config_file)
+
+
+def test_a_tool_timeout_must_be_positive(config_file):
+    assert "timeouts.nvidia-smi" in load_error("timeouts:\n  nvidia-smi: 0\n", config_file)
+
+
+def test_a_tool_path_must_be_absolute(config_file):
+    message = load_error("tools:\n  modprobe: sbin/modprobe\n", config_file)
+
+    assert "tools" in message and "sbin/modprobe" in message
+
+
+def test_more_errors_are_counted(config_file):
+    message = load_error("budget_s: -1\nbogus: 1\nother: 2\n", config_file)
+
+    assert "(and 2 more)" in message
+
+
+@pytest.mark.parametrize("text, kind", [("- budget_s\n- 30\n", "list"), ("just text\n", "str"),
+                                        ("42\n", "int")])
+def test_a_file_that_is_not_a_mapping_is_rejected(config_file, text, kind):
+    message = load_error(text, config_file)
+
+    assert PATH in message and "mapping" in message and kind in message
+
+
+def test_a_file_that_is_not_yaml_is_rejected_on_one_line(config_file):
+    message = load_error("budget_s: [30\n", config_file)
+
+    assert PATH in message and "YAML" in message
+    assert "\n" not in message
+
+
+def test_an_unreadable_config_is_an_error_not_the_defaults(fs):
+    fs.create_dir(PATH)  # a folder where the file should be
+
+    with pytest.raises(ConfigError) as err:
+        load_config(PATH)
+    assert PATH in str(err.value)
+
+
+# --- boot with a bad config (the real command) --------------------------------------------------
+
+def write_config(root, text: str):
+    path = root / "etc" / "podvm-gpu" / "config.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    return path
+
+
+def test_boot_with_an_unknown_key_fails_naming_file_and_key_and_writes_the_unavailable_spec(
+        tmp_path, podvm, empty_path):
+    root = tmp_path / "root"
+    config = write_config(root, "budget_s: 60\npersistenced:\n  bogus: 1\n")
+
+    done = podvm(["boot", "--root", str(root)], tree="cpu-vm", env={"PATH": empty_path})
+
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    status = json.loads((root / "run/podvm-gpu/status.json").read_text())
+    assert status["state"] == "failed"
+    assert str(config) in status["reason"] and "persistenced.bogus" in status["reason"]
+    assert "\n" not in status["reason"]
+    spec = yaml.safe_load((root / "var/run/cdi/nvidia.yaml").read_text())
+    assert [d["name"] for d in spec["devices"]] == ["unavailable"]
+    env = spec["devices"][0]["containerEdits"]["env"]
+    assert "PODVM_GPU_STATE=failed" in env
+    assert any("persistenced.bogus" in e for e in env if e.startswith("PODVM_GPU_REASON="))
+
+
+def test_boot_with_a_bad_value_in_a_config_given_by_env_names_that_file(tmp_path, podvm,
+                                                                        empty_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    config = tmp_path / "elsewhere.yaml"
+    config.write_text("budget_s: -5\n")
+
+    done = podvm(["boot", "--root", str(root)], tree="cpu-vm",
+                 env={"PATH": empty_path, "PODVM_GPU_CONFIG": str(config)})
+
+    assert done.returncode == 1
+    status = json.loads((root / "run/podvm-gpu/status.json").read_text())
+    assert status["state"] == "failed"
+    assert str(config) in status["reason"] and "budget_s" in status["reason"]
+    assert (root / "var/run/cdi/nvidia.yaml").exists()
+
+
+def test_boot_with_a_valid_config_on_a_cpu_vm_ends_no_gpu(tmp_path, podvm, empty_path):
+    root = tmp_path / "root"
+    write_config(root, "budget_s: 60\n")
+
+    done = podvm(["boot", "--root", str(root)], tree="cpu-vm", env={"PATH": empty_path})
+
+    assert done.returncode == 0, done.stderr
+    status = json.loads((root / "run/podvm-gpu/status.json").read_text())
+    assert status["state"] == "no-gpu"
+    assert (root / "var/run/cdi/nvidia.yaml").exists()
+
+
+def test_unavailable_spec_false_writes_no_spec(tmp_path, podvm, empty_path):
+    root = tmp_path / "root"
+    write_config(root, "unavailable_spec: false\n")
+
+    done = podvm(["boot", "--root", str(root)], tree="cpu-vm", env={"PATH": empty_path})
+
+    assert done.returncode == 0, done.stderr
+    assert json.loads((root / "run/podvm-gpu/status.json").read_text())["state"] == "no-gpu"
+    assert not (root / "var/run/cdi/nvidia.yaml").exists()

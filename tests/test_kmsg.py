@@ -1,0 +1,330 @@
+"""The kernel log (podvm_gpu.host.kmsg; contract section 9).
+
+The multi-record NVRM messages are the field cases' own (tests/data/cases C03, C05, C25, C26) or
+the driver's printf formats from NVIDIA/open-gpu-kernel-modules (nv.c, nv-pci.c, osapi.c).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from podvm_gpu.host.fs import Root
+from podvm_gpu.host.kmsg import findings, join_nvrm, parse_record, read_kernel_log
+
+CASES = Path(__file__).resolve().parent / "data" / "cases"
+
+
+def case_log(case_id: str) -> list[str]:
+    """The ``kernel_log`` lines of a field case."""
+    (path,) = CASES.glob(f"{case_id}-*.yaml")
+    return yaml.safe_load(path.read_text())["kernel_log"]
+
+
+def as_kmsg(messages: list[str], first_seq: int = 1000) -> str:
+    """Messages in /dev/kmsg's record format, as the kernel hands them out."""
+    return "".join(f"{3 if m.startswith('NVRM') else 6},{first_seq + i},{1000000 + i * 17},-;{m}\n"
+                   for i, m in enumerate(messages))
+
+
+@contextlib.contextmanager
+def must_finish_within(seconds: float):
+    """Fail (instead of hanging the suite) when the block blocks longer than ``seconds``."""
+    def expired(signum, frame):
+        raise TimeoutError(f"blocked for more than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def kinds(messages: list[str]) -> list[str]:
+    return [f.kind for f in findings(messages)]
+
+
+# --- the record format -----------------------------------------------------------------------
+
+def test_record_prefix_is_removed():
+    assert parse_record("6,123,456,-;nvidia: loading out-of-tree module taints kernel.") == \
+        "nvidia: loading out-of-tree module taints kernel."
+
+
+def test_record_with_extra_fields_after_the_flags_is_parsed():
+    # Kernels built with CONFIG_PRINTK_CALLER add ",caller=T123" after the flags.
+    assert parse_record("4,77,12345,-,caller=T812;NVRM: Xid (PCI:0000:01:00): 79") == \
+        "NVRM: Xid (PCI:0000:01:00): 79"
+
+
+def test_semicolon_inside_the_message_is_kept():
+    assert parse_record("6,1,2,c;NVRM: a; b") == "NVRM: a; b"
+
+
+def test_line_without_a_record_prefix_is_taken_as_it_is():
+    assert parse_record("NVRM: GPU 0000:01:00.0: x; y") == "NVRM: GPU 0000:01:00.0: x; y"
+
+
+def test_continuation_lines_are_dropped(tmp_path):
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "kmsg").write_text(
+        "6,1,100,-;nvidia 0000:01:00.0: enabling device (0000 -> 0003)\n"
+        " SUBSYSTEM=pci\n"
+        " DEVICE=+pci:0000:01:00.0\n"
+        "4,2,200,-;NVRM: GPU 0000:01:00.0 is already bound to NovaCore.\n")
+
+    assert read_kernel_log(Root(tmp_path)) == [
+        "nvidia 0000:01:00.0: enabling device (0000 -> 0003)",
+        "NVRM: GPU 0000:01:00.0 is already bound to NovaCore.",
+    ]
+
+
+# --- reading without blocking ----------------------------------------------------------------
+
+def test_regular_file_is_read_to_its_end(tmp_path):
+    (tmp_path / "dev").mkdir()
+    messages = [f"line {i}" for i in range(5000)]  # more than one 64 KiB read
+    (tmp_path / "dev" / "kmsg").write_text(as_kmsg(messages))
+
+    assert read_kernel_log(Root(tmp_path)) == messages
+
+
+def test_missing_log_reads_as_empty(tmp_path):
+    assert read_kernel_log(Root(tmp_path)) == []
+
+
+def test_fifo_with_a_live_writer_is_read_without_blocking(tmp_path):
+    """/dev/kmsg never signals end of file: the reader must stop at EAGAIN. A FIFO whose writer
+    stays open behaves the same way."""
+    (tmp_path / "dev").mkdir()
+    fifo = tmp_path / "dev" / "kmsg"
+    os.mkfifo(fifo)
+    keep = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # lets the writer open at once
+    writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(writer, as_kmsg(case_log("C26")).encode())
+        with must_finish_within(5):
+            messages = read_kernel_log(Root(tmp_path))
+    finally:
+        os.close(writer)
+        os.close(keep)
+
+    assert messages == case_log("C26")
+
+
+def test_fifo_without_a_writer_reads_as_empty_without_blocking(tmp_path):
+    (tmp_path / "dev").mkdir()
+    os.mkfifo(tmp_path / "dev" / "kmsg")
+
+    with must_finish_within(5):
+        assert read_kernel_log(Root(tmp_path)) == []
+
+
+def test_the_real_dev_kmsg_is_read_without_blocking():
+    if not os.access("/dev/kmsg", os.R_OK):
+        pytest.skip("/dev/kmsg is not readable here")
+    started = time.monotonic()
+    with must_finish_within(5):
+        messages = read_kernel_log(Root("/"))
+
+    assert time.monotonic() - started < 5
+    assert not any(re.match(r"\d+,\d+,\d+,", m) for m in messages)
+
+
+# --- joining the driver's multi-record messages --------------------------------------------------
+
+def test_unsupported_pci_id_message_of_three_records_is_joined_c05():
+    joined = join_nvrm(case_log("C05"))
+
+    assert joined[0] == ("NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:2330) installed in this "
+                         "system is not supported by the NVIDIA 550.90.07 driver release.")
+    assert joined[1] == "nvidia: probe of 0000:01:00.0 failed with error -1"
+    assert len(joined) == 4
+
+
+def test_api_mismatch_message_of_four_records_is_joined_c25():
+    joined = join_nvrm(case_log("C25"))
+
+    assert len(joined) == 1
+    assert joined[0].startswith("NVRM: API mismatch: the client has the version 525.85.12, but "
+                                "this kernel module has the version 520.56.06.")
+    assert joined[0].endswith("components have the same version.")
+
+
+def test_a_non_nvrm_line_ends_a_pending_nvrm_message():
+    joined = join_nvrm(["NVRM: This PCI I/O region assigned to your NVIDIA device is invalid:",
+                        "nvidia: probe of 0000:01:00.0 failed with error -1"])
+
+    assert joined == ["NVRM: This PCI I/O region assigned to your NVIDIA device is invalid:",
+                      "nvidia: probe of 0000:01:00.0 failed with error -1"]
+
+
+def test_an_xid_record_starts_a_new_message():
+    joined = join_nvrm(["NVRM: GPU at PCI:0000:01:00: GPU-3f6c1a2e-7b4d-4e8a-9c1f-0d2e4b6a8c00",
+                        "NVRM: Xid (PCI:0000:01:00): 79, pid=0, GPU has fallen off the bus."])
+
+    assert len(joined) == 2
+    assert joined[1].startswith("NVRM: Xid (PCI:0000:01:00): 79")
+
+
+# --- findings ----------------------------------------------------------------------------------
+
+def test_xid_names_code_and_gpu_c26():
+    (finding,) = findings(case_log("C26"))
+
+    assert finding.kind == "xid"
+    assert "119" in finding.summary and "0000:01:00" in finding.summary
+    assert finding.message.startswith("NVRM: Xid (PCI:0000:01:00): 119")
+    assert "Xid 119" in finding.describe() and "kernel:" in finding.describe()
+
+
+def test_unsupported_pci_id_names_driver_version_and_id_c05():
+    (finding,) = findings(case_log("C05"))
+
+    assert finding.kind == "unsupported-pci-id"
+    assert "550.90.07" in finding.summary
+    assert "10de:2330" in finding.summary
+    assert "0000:01:00.0" in finding.summary
+
+
+def test_api_mismatch_names_both_versions_c25():
+    (finding,) = findings(case_log("C25"))
+
+    assert finding.kind == "api-mismatch"
+    assert "525.85.12" in finding.summary and "520.56.06" in finding.summary
+
+
+def test_already_bound_names_the_gpu_and_the_driver_c03():
+    (finding,) = findings(case_log("C03"))
+
+    assert finding.kind == "bound-elsewhere"
+    assert finding.summary == "GPU 0000:01:00.0 is already bound to NovaCore"
+
+
+def test_fallen_off_the_bus_is_found():
+    log = ["NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."]
+
+    assert kinds(log) == ["fell-off-bus"]
+
+
+def test_fallen_off_the_bus_names_the_gpu():
+    """The driver prints it through NV_DEV_PRINTF, which starts with "GPU <domain:bus:dev.fn>: "
+    (open-gpu-kernel-modules, osapi.c); the summary must carry that address, not "?"."""
+    (finding,) = findings(["NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."])
+
+    assert "0000:3b:00.0" in finding.summary
+    assert "?" not in finding.summary
+
+
+def test_xid_79_is_reported_once_as_an_xid():
+    log = ["NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+           "the bus."]
+
+    (finding,) = findings(log)
+    assert finding.kind == "xid" and "79" in finding.summary
+
+
+def test_gsp_firmware_missing_is_found():
+    log = ["nvidia 0000:01:00.0: Direct firmware load for nvidia/550.54.15/gsp_ga10x.bin failed "
+           "with error -2"]
+
+    assert kinds(log) == ["gsp-firmware"]
+
+
+def test_gsp_firmware_missing_names_the_firmware_path():
+    """Contract section 9: "GSP firmware missing (the path)"."""
+    (finding,) = findings(["nvidia 0000:01:00.0: Direct firmware load for "
+                           "nvidia/550.54.15/gsp_ga10x.bin failed with error -2"])
+
+    assert "nvidia/550.54.15/gsp_ga10x.bin" in finding.summary
+
+
+def test_gsp_no_firmware_image_is_found():
+    assert kinds(["NVRM: RmFetchGspRmImages: No firmware image found"]) == ["gsp-firmware"]
+
+
+def test_bar_not_assigned_is_found_in_the_joined_message():
+    # nv-pci.c: two records, the first ends with ':' and the second names the BAR.
+    log = ["NVRM: This PCI I/O region assigned to your NVIDIA device is invalid:",
+           "NVRM: BAR1 is 0M @ 0x0 (PCI:0000:01:00.0)",
+           "NVRM: The system BIOS may have misconfigured your GPU."]
+
+    (finding,) = findings(log)
+    assert finding.kind == "bar"
+    assert "BAR1 is 0M" in finding.message
+
+
+def test_gpu_that_needs_a_reset_is_found():
+    # The wording differs between driver branches; this is the form the product's rule targets.
+    log = ["NVRM: GPU 0000:01:00.0: GPU requires a reset before it can be used again."]
+
+    assert kinds(log) == ["needs-reset"]
+
+
+def test_open_module_on_an_unsupported_gpu_is_found():
+    """nv.c prints this when the open nvidia.ko meets a GPU without GSP (8 records, the first
+    sentence ends at "(GSP).")."""
+    log = ["NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:1db1)",
+           "NVRM: installed in this system is not supported by open",
+           "NVRM: nvidia.ko because it does not include the required GPU",
+           "NVRM: System Processor (GSP).",
+           "NVRM: Please see the 'Open Linux Kernel Modules' and 'GSP",
+           "NVRM: Firmware' sections in the driver README, available on",
+           "NVRM: the Linux graphics driver download page at",
+           "NVRM: www.nvidia.com."]
+
+    found = findings(log)
+
+    assert [f.kind for f in found] == ["open-module-unsupported"]
+    assert "0000:01:00.0" in found[0].summary
+
+
+def test_lockdown_message_is_found():
+    log = ["Lockdown: modprobe: unsigned module loading is restricted; see man kernel_lockdown.7"]
+
+    assert kinds(log) == ["lockdown"]
+
+
+def test_normal_lines_yield_nothing():
+    log = [
+        "nvidia: loading out-of-tree module taints kernel.",
+        "nvidia: module license 'NVIDIA' taints kernel.",
+        "nvidia: module verification failed: signature and/or required key missing - tainting "
+        "kernel",
+        "nvidia_uvm: module uses symbols nvUvmInterfaceDisableAccessCntr from proprietary module "
+        "nvidia, inheriting taint.",
+        "nvidia-nvlink: Nvlink Core is being initialized, major device number 511",
+        "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build  "
+        "(dvs-builder@U16-I3-B03-4-3)  Tue Mar  5 22:15:33 UTC 2024",
+        "nvidia-modeset: Loading NVIDIA UNIX Open Kernel Mode Setting Driver for x86_64  550.54.15",
+        "pci 0000:00:02.0: BAR 6: assigned [mem 0xfebe0000-0xfebeffff pref]",
+        "[drm] [nvidia-drm] [GPU ID 0x00000400] Loading driver",
+    ]
+
+    assert findings(log) == []
+
+
+def test_a_repeated_message_is_reported_once():
+    line = "NVRM: Xid (PCI:0000:01:00): 13, Graphics Exception on (GPC 0, TPC 0, SM 0)."
+
+    assert len(findings([line, "other", line])) == 1
+
+
+def test_findings_read_from_the_log_file_end_to_end(tmp_path):
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "kmsg").write_text(
+        as_kmsg(["nvidia: module verification failed: signature and/or required key missing - "
+                 "tainting kernel", *case_log("C05")]))
+
+    found = findings(read_kernel_log(Root(tmp_path)))
+
+    assert [f.kind for f in found] == ["unsupported-pci-id"]

@@ -1,0 +1,228 @@
+"""The status file and the unavailable CDI spec (podvm_gpu.status, podvm_gpu.unavailable,
+podvm_gpu.model; contract sections 2 and 4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+import time
+
+import pytest
+import yaml
+
+from podvm_gpu.cdi import parse_spec
+from podvm_gpu.host.fs import Root
+from podvm_gpu.model import PciDevice, State, Status, Step, StepResult
+from podvm_gpu.status import (CDI_SPEC_PATH, STATUS_PATH, StatusFile, exit_code_for, read_status,
+                              wait_for_final)
+from podvm_gpu.unavailable import render_unavailable_spec, write_unavailable_spec
+
+CONTRACT_KEYS = {"version", "state", "reason", "warnings", "started_at", "finished_at", "gpus",
+                 "nvswitches", "driver_version", "cdi", "steps"}
+
+
+@pytest.fixture
+def vm_root(tmp_path) -> Root:
+    """An empty VM root with the usual ``/var/run -> /run`` link."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "var").mkdir()
+    os.symlink("/run", tmp_path / "var" / "run")
+    return Root(tmp_path)
+
+
+def status_path(root: Root) -> str:
+    return os.path.join(root.path, STATUS_PATH.lstrip("/"))
+
+
+# --- the document -------------------------------------------------------------------------------
+
+def test_a_new_status_has_every_contract_key_and_state_running():
+    doc = Status().to_dict()
+
+    assert set(doc) == CONTRACT_KEYS
+    assert doc["version"] == 1 and doc["state"] == "running"
+    assert doc["reason"] is None and doc["finished_at"] is None and doc["warnings"] == []
+
+
+def test_gpus_and_steps_serialise_as_the_contract_shows():
+    status = Status()
+    status.gpus.append(PciDevice("0000:00:04.0", "10de", "2331", "030200", "nvidia", "H100 PCIe"))
+    step = Step("detect", StepResult.OK, "1 GPU(s)")
+    step.duration_s = 0.0041234567
+    status.steps.append(step)
+
+    doc = json.loads(json.dumps(status.to_dict()))
+
+    assert doc["gpus"] == [{"pci_address": "0000:00:04.0", "vendor_id": "10de",
+                            "device_id": "2331", "class_code": "030200", "driver": "nvidia",
+                            "name": "H100 PCIe"}]
+    assert doc["steps"][0]["name"] == "detect" and doc["steps"][0]["result"] == "ok"
+    assert doc["steps"][0]["duration_s"] == pytest.approx(0.004123, abs=1e-6)
+    assert doc["steps"][0]["started_at"].endswith("+00:00")
+
+
+def test_only_running_is_not_final():
+    assert [s.value for s in State if not s.final] == ["running"]
+
+
+# --- StatusFile -----------------------------------------------------------------------------------
+
+def test_status_is_written_under_run_with_mode_0644(vm_root):
+    old = os.umask(0o077)
+    try:
+        StatusFile(vm_root).write(Status())
+    finally:
+        os.umask(old)
+
+    path = status_path(vm_root)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    assert json.load(open(path))["state"] == "running"
+
+
+def test_status_goes_through_the_var_run_link_into_run(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "var").mkdir()
+    os.symlink("/run", tmp_path / "var" / "run")
+
+    StatusFile(Root(tmp_path)).write(Status())
+
+    assert (tmp_path / "run" / "podvm-gpu" / "status.json").is_file()
+
+
+def test_finish_sets_state_reason_and_time(vm_root):
+    status = Status()
+    StatusFile(vm_root).finish(status, State.FAILED, "modules: nvidia rejected")
+
+    doc = read_status(vm_root)
+    assert doc["state"] == "failed" and doc["reason"] == "modules: nvidia rejected"
+    assert doc["finished_at"] is not None
+
+
+def test_disabled_status_file_writes_nothing(vm_root):
+    StatusFile(vm_root, enabled=False).write(Status())
+
+    assert not os.path.exists(status_path(vm_root))
+
+
+def test_a_symlink_planted_at_the_status_path_is_replaced_not_followed(vm_root):
+    """Contract section 2: the status file is written atomically, which replaces whatever is at
+    the path; a link planted there must not redirect the write to its target."""
+    victim = os.path.join(vm_root.path, "etc", "victim.json")
+    os.makedirs(os.path.dirname(victim))
+    with open(victim, "w") as f:
+        f.write("precious")
+    os.makedirs(os.path.dirname(status_path(vm_root)))
+    os.symlink("/etc/victim.json", status_path(vm_root))
+
+    StatusFile(vm_root).write(Status())
+
+    assert open(victim).read() == "precious"
+    assert not os.path.islink(status_path(vm_root))
+    assert json.load(open(status_path(vm_root)))["state"] == "running"
+
+
+# --- reading it back --------------------------------------------------------------------------------
+
+def test_read_status_is_none_without_a_file(vm_root):
+    assert read_status(vm_root) is None
+
+
+@pytest.mark.parametrize("text", ['{"state": "rea', "[1, 2]", "", "null"])
+def test_read_status_is_none_for_a_garbled_file(vm_root, text):
+    os.makedirs(os.path.dirname(status_path(vm_root)))
+    with open(status_path(vm_root), "w") as f:
+        f.write(text)
+
+    assert read_status(vm_root) is None
+
+
+@pytest.mark.parametrize("doc, code", [
+    ({"state": "ready"}, 0), ({"state": "no-gpu"}, 0), ({"state": "failed"}, 1),
+    ({"state": "running"}, 3), ({"state": "exploded"}, 3), ({}, 3), (None, 3)])
+def test_exit_code_for_each_state(doc, code):
+    assert exit_code_for(doc) == code
+
+
+def test_wait_for_final_returns_the_last_document_when_time_runs_out(vm_root):
+    StatusFile(vm_root).write(Status())
+    started = time.monotonic()
+
+    doc = wait_for_final(vm_root, 0.3, poll_s=0.05)
+
+    assert doc["state"] == "running"
+    assert 0.3 <= time.monotonic() - started < 2
+
+
+def test_wait_for_final_returns_once_another_writer_finishes(vm_root):
+    writer = StatusFile(vm_root)
+    status = Status()
+    writer.write(status)
+    timer = threading.Timer(0.2, writer.finish, args=(status, State.NO_GPU, "detect: none"))
+    started = time.monotonic()
+    timer.start()
+    try:
+        doc = wait_for_final(vm_root, 10, poll_s=0.05)
+    finally:
+        timer.join()
+
+    assert doc["state"] == "no-gpu"
+    assert time.monotonic() - started < 2
+
+
+def test_wait_for_final_with_no_file_at_all_returns_none(vm_root):
+    assert wait_for_final(vm_root, 0.1, poll_s=0.05) is None
+
+
+# --- the unavailable spec -------------------------------------------------------------------------
+
+def test_unavailable_spec_has_the_contract_shape():
+    spec = yaml.safe_load(render_unavailable_spec("no-gpu", "detect: no NVIDIA GPU on PCI "
+                                                  "(3 devices scanned)"))
+
+    assert spec["cdiVersion"] == "0.5.0"
+    assert spec["kind"] == "nvidia.com/gpu"
+    assert [d["name"] for d in spec["devices"]] == ["unavailable"]
+    assert spec["devices"][0]["containerEdits"] == {"env": [
+        "PODVM_GPU_STATE=no-gpu",
+        "PODVM_GPU_REASON=detect: no NVIDIA GPU on PCI (3 devices scanned)"]}
+    assert "annotations" not in spec  # would need cdiVersion 0.6.0
+
+
+def test_unavailable_spec_passes_the_products_own_cdi_validation():
+    spec = parse_spec(render_unavailable_spec("failed", "cdi: nvidia-ctk failed"),
+                      source=CDI_SPEC_PATH)
+
+    assert spec.device_names() == ["unavailable"]
+
+
+def test_unavailable_reason_is_folded_to_one_line_and_quoting_survives():
+    reason = 'modules: nvidia: "kernel: NVRM: x"\n  second line\ttab: {braces} # not a comment'
+    spec = yaml.safe_load(render_unavailable_spec("failed", reason))
+
+    env = spec["devices"][0]["containerEdits"]["env"]
+    assert env[1] == ('PODVM_GPU_REASON=modules: nvidia: "kernel: NVRM: x" second line tab: '
+                      '{braces} # not a comment')
+
+
+def test_write_unavailable_spec_replaces_an_earlier_spec(vm_root):
+    cdi = os.path.join(vm_root.path, "run", "cdi")
+    os.makedirs(cdi)
+    with open(os.path.join(cdi, "nvidia.yaml"), "w") as f:
+        f.write("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n" * 20)
+
+    path = write_unavailable_spec(vm_root, "failed", "modules: boom")
+
+    assert path == os.path.join(cdi, "nvidia.yaml")
+    spec = yaml.safe_load(open(path))
+    assert [d["name"] for d in spec["devices"]] == ["unavailable"]
+    assert sorted(os.listdir(cdi)) == ["nvidia.yaml"]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+
+
+def test_write_unavailable_spec_creates_var_run_cdi(tmp_path):
+    path = write_unavailable_spec(Root(tmp_path), "no-gpu", "detect: none")
+
+    assert path == str(tmp_path / "var" / "run" / "cdi" / "nvidia.yaml")
+    assert os.path.isfile(path)
