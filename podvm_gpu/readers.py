@@ -217,7 +217,7 @@ def daemon_pid(root: Root, pid_file: str, comm: str) -> int | None:
         return None
     pid = int(text)
     name = (root.read_text(f"/proc/{pid}/comm") or "").strip()
-    return pid if name and comm.startswith(name[:15]) else None
+    return pid if name and name[:15] == comm[:15] else None
 
 
 # --- nvidia-smi texts ----------------------------------------------------------------------

@@ -26,7 +26,7 @@ class StatusFile:
     """
 
     def __init__(self, root: Root, enabled: bool = True):
-        self.path = root.resolve(STATUS_PATH)
+        self.path = root.resolve(STATUS_PATH, follow_last=False)
         self.enabled = enabled
 
     def write(self, status: Status) -> None:

@@ -50,6 +50,11 @@ def enabled_by(root: Root, unit: str) -> list[str]:
     return found
 
 
+# Dependencies cannot be reset by an empty assignment (systemd.unit(5)); other lists can.
+_NO_RESET = frozenset({"After", "Before", "Wants", "Requires", "Requisite", "BindsTo", "PartOf",
+                       "Upholds", "Conflicts", "WantedBy", "RequiredBy"})
+
+
 def _settings(text: str, section: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     current = None
@@ -62,9 +67,9 @@ def _settings(text: str, section: str) -> dict[str, list[str]]:
             continue
         if current == section and "=" in line:
             key, value = (p.strip() for p in line.split("=", 1))
-            if value == "":
+            if value == "" and key not in _NO_RESET:
                 out[key] = []  # an empty assignment resets a list setting
-            else:
+            elif value:
                 out.setdefault(key, []).extend(value.split())
     return out
 
@@ -88,7 +93,8 @@ def unit_settings(root: Root, unit: str, section: str = "Unit") -> dict[str, lis
             continue
     for text in texts:
         for key, values in _settings(text, section).items():
-            merged[key] = [] if values == [] else merged.get(key, []) + values
+            reset = values == [] and key not in _NO_RESET
+            merged[key] = [] if reset else merged.get(key, []) + values
     return merged
 
 

@@ -111,21 +111,24 @@ class Finding:
 _PATTERNS: list[tuple[str, re.Pattern, str]] = [
     ("xid", re.compile(r"Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]+)\): (?P<code>\d+)"),
      "Xid {code} on GPU {pci}"),
-    ("fell-off-bus", re.compile(r"(?:GPU at PCI:(?P<pci>[0-9A-Fa-f:.]+).*)?fallen off the bus", re.I),
+    ("fell-off-bus", re.compile(r"GPU (?:at PCI:)?(?P<pci>[0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
+                                r"(?:\.[0-7])?):.*fallen off the bus", re.I),
      "GPU {pci} has fallen off the bus"),
-    ("gsp-firmware", re.compile(
-        r"(?P<path>\S*gsp\S*\.bin)?[^\n]*(?:firmware)[^\n]*(?:not found|failed|missing|no firmware)"
-        r"|No firmware image found[^\n]*", re.I),
+    ("fell-off-bus", re.compile(r"fallen off the bus", re.I), "a GPU has fallen off the bus"),
+    ("gsp-firmware", re.compile(r"(?P<path>\S*gsp\S*\.bin)\b[^\n]*(?:not found|failed|missing)", re.I),
      "GSP firmware missing ({path})"),
+    ("gsp-firmware", re.compile(r"firmware[^\n]*(?:not found|failed|missing)|No firmware image found",
+                                re.I),
+     "GSP firmware missing"),
     ("bar", re.compile(r"BAR\s*\d+[^\n]*(?:not assigned|invalid|is 0M)|I/O region assigned to your "
                        r"NVIDIA device is invalid", re.I),
      "a PCI BAR of the GPU was not assigned by the VM"),
     ("needs-reset", re.compile(r"(?:needs|requires?) (?:a )?(?:GPU )?reset|reset required", re.I),
      "a GPU needs a reset before the driver can take it"),
     ("open-module-unsupported", re.compile(
-        r"(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])?[^\n]*(?:open kernel module|"
-        r"open nvidia\.ko)[^\n]*(?:not supported|proprietary|unsupported)", re.I),
-     "the open kernel module does not support GPU {pci}"),
+        r"GPU (?P<pci>\S+) \(PCI ID: (?P<id>[0-9A-Fa-f:]+)\)[^\n]*not supported by open\s+nvidia\.ko",
+        re.I),
+     "the open kernel module does not support GPU {pci} (PCI ID {id}); it needs the proprietary one"),
     ("unsupported-pci-id", re.compile(
         r"GPU (?P<pci>\S+) \(PCI ID: (?P<id>[0-9A-Fa-f:]+)\).*not supported by the\s+NVIDIA "
         r"(?P<version>\S+) driver release", re.I),

@@ -39,6 +39,8 @@ def explain_failure(ctx: BootContext, module: str, err: CommandError) -> str:
     """The cause of a failed ``modprobe <module>``, one line, most specific first."""
     if err.timed_out:
         return f"modprobe {module} timed out after {err.timeout_s:g} s"
+    if err.returncode is None:
+        return f"cannot load {module}: {err}"
     said = err.last_line() or f"exit {err.returncode}"
     said = said if said.startswith("modprobe:") else f"modprobe: {said}"
     text = f"{err.stderr}\n{err.stdout}"
