@@ -1,0 +1,58 @@
+"""Stand-ins for what the NVIDIA packages put into a GPU pod VM image, for ``check --image``.
+
+A kernel (``/boot/vmlinuz-<release>``) with nvidia modules under ``/lib/modules/<release>`` that
+``modinfo`` reads a version from (minimal ELF objects with a ``.modinfo`` section, as DKMS
+builds have), the user-space driver (``libnvidia-ml.so.<version>`` and its ``.so.1`` link),
+and the toolkit and daemon commands as stubs. Nothing here runs; the image check only looks.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+KERNEL = "6.1.0-podvm-amd64"
+VERSION = "550.54.15"
+MODULES = ["nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm"]
+COMMANDS = ["nvidia-ctk", "nvidia-persistenced", "nvidia-smi", "nvidia-cdi-hook", "nvidia-modprobe"]
+
+
+def kernel_module(name: str, version: str) -> bytes:
+    """An x86-64 ELF relocatable object whose only content is a ``.modinfo`` section."""
+    modinfo = b"".join(f"{k}={v}".encode() + b"\0" for k, v in
+                       (("version", version), ("license", "Dual MIT/GPL"), ("name", name.replace("-", "_"))))
+    shstrtab = b"\0.modinfo\0.shstrtab\0"
+    ehsize, shentsize = 64, 64
+    modinfo_off = ehsize
+    shstrtab_off = modinfo_off + len(modinfo)
+    shoff = (shstrtab_off + len(shstrtab) + 7) & ~7
+    header = struct.pack("<4s5B7xHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, 0, 1, 62, 1, 0, 0, shoff, 0,
+                         ehsize, 0, 0, shentsize, 3, 2)
+
+    def section(name, kind, flags, offset, size):
+        return struct.pack("<IIQQQQIIQQ", name, kind, flags, 0, offset, size, 0, 0, 1, 0)
+
+    body = header + modinfo + shstrtab
+    body += b"\0" * (shoff - len(body))
+    return body + section(0, 0, 0, 0, 0) + section(1, 1, 2, modinfo_off, len(modinfo)) + \
+        section(10, 3, 0, shstrtab_off, len(shstrtab))
+
+
+def add_nvidia_driver(rootfs: Path, kernel: str = KERNEL, version: str = VERSION) -> None:
+    boot = rootfs / "boot"
+    boot.mkdir(exist_ok=True)
+    (boot / f"vmlinuz-{kernel}").write_bytes(b"")
+    dkms = rootfs / f"lib/modules/{kernel}/updates/dkms"
+    dkms.mkdir(parents=True)
+    for name in MODULES:
+        (dkms / f"{name}.ko").write_bytes(kernel_module(name, version))
+    (rootfs / f"lib/modules/{kernel}/modules.dep").write_text(
+        "".join(f"updates/dkms/{name}.ko:\n" for name in MODULES))
+    libdir = rootfs / "usr/lib/x86_64-linux-gnu"
+    for lib in ("libnvidia-ml", "libcuda"):
+        (libdir / f"{lib}.so.{version}").write_bytes(b"")
+        (libdir / f"{lib}.so.1").symlink_to(f"{lib}.so.{version}")
+    for command in COMMANDS:
+        path = rootfs / "usr/bin" / command
+        path.write_text(f"#!/bin/sh\necho 'stand-in {command} {version}: not for running' >&2\nexit 1\n")
+        path.chmod(0o755)
