@@ -65,6 +65,7 @@ class VmChecks:
         self.loaded = readers.module_loaded(root, "nvidia")
         self.messages = kmsg.read_kernel_log(root)
         self.minors = nodes_step.gpu_minors(root, self.gpus)
+        self.failed_at = boot_failed_at(root)
 
     def run(self) -> list[Check]:
         out = []
@@ -85,12 +86,8 @@ class VmChecks:
         property of the image, checked in any case)."""
         if name not in _STEP_ORDER or name == "fabricmanager" and self.nvswitches:
             return None
-        doc = read_status(self.root) or {}
-        failed = [s.get("name") for s in doc.get("steps") or [] if s.get("result") == "failed"]
-        if doc.get("state") != State.FAILED or not failed or failed[0] not in _STEP_ORDER:
-            return None
-        if _STEP_ORDER.index(failed[0]) < _STEP_ORDER.index(name):
-            return Check(name, SKIP, f"not reached: the last boot failed at {failed[0]} "
+        if self.failed_at and _STEP_ORDER.index(self.failed_at) < _STEP_ORDER.index(name):
+            return Check(name, SKIP, f"not reached: the last boot failed at {self.failed_at} "
                          "(see status)")
         return None
 
@@ -233,11 +230,9 @@ class VmChecks:
         if fm and driver and fm != driver:
             return Check("fabricmanager", FAIL, f"fabric manager {fm}, driver {driver}",
                          f"install the fabric manager package of driver {driver}")
-        doc = read_status(self.root) or {}
-        failed = [s.get("name") for s in doc.get("steps") or [] if s.get("result") == "failed"]
-        if failed and failed[0] in _STEP_ORDER[:5]:
+        if self.failed_at and _STEP_ORDER.index(self.failed_at) < _STEP_ORDER.index("fabricmanager"):
             return Check("fabricmanager", SKIP, f"fabric manager {fm or '(version unknown)'}; not "
-                         f"started: the last boot failed at {failed[0]} (see status)")
+                         f"started: the last boot failed at {self.failed_at} (see status)")
         pid = readers.daemon_pid(self.root, readers.FABRICMANAGER_PID, readers.FABRICMANAGER_COMM)
         if pid is None:
             return Check("fabricmanager", FAIL, f"{len(self.nvswitches)} NVSwitch(es) but "
@@ -339,6 +334,15 @@ class VmChecks:
 
     def check_kata_agent_ordering(self) -> Check:
         return kata_ordering_check(self.root, self.config)
+
+
+def boot_failed_at(root: Root) -> str | None:
+    """The boot step (contract section 3) at which the last boot failed, or None."""
+    doc = read_status(root) or {}
+    if doc.get("state") != State.FAILED:
+        return None
+    failed = [s.get("name") for s in doc.get("steps") or [] if s.get("result") == "failed"]
+    return failed[0] if failed and failed[0] in _STEP_ORDER else None
 
 
 class _ReadOnlyCtx:
