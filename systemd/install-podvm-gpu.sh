@@ -1,7 +1,9 @@
 #!/bin/sh
 # Install podvm-gpu into the image this script runs in (as root: in the image's chroot, in an
 # mkosi post-install script, or on the VM a Packer builder booted). It runs from a bundle made
-# by make-bundle.sh and needs only the image's own python3 with its venv module.
+# by make-bundle.sh and needs only the image's own python3: the venv gets no pip of its own
+# (no ensurepip, so Debian/Ubuntu need no python3-venv package); pip runs from the bundle's
+# pip wheel, and the agent's venv holds the agent and its dependencies only.
 #
 #   /opt/podvm-gpu                  venv with the agent (installed with pip --no-index)
 #   /usr/local/bin/podvm-gpu        link for engineers
@@ -20,11 +22,12 @@ python=${PODVM_GPU_PYTHON:-python3}
 prefix=/opt/podvm-gpu
 unitdir=/usr/lib/systemd/system
 
-"$python" -m venv --clear "$prefix"
+pip_wheel=$(ls "$bundle"/wheels/pip-*.whl)
+"$python" -m venv --clear --without-pip "$prefix"
 # The bytecode pip compiles here matters: the unit's file system is read-only at run time
 # (ProtectSystem=strict), and the CPU fast path should not compile on every boot.
-"$prefix/bin/python" -m pip install --quiet --no-index --no-cache-dir --disable-pip-version-check \
-    --find-links "$bundle/wheels" podvm-gpu
+"$prefix/bin/python" "$pip_wheel/pip" install --quiet --no-index --no-cache-dir \
+    --disable-pip-version-check --find-links "$bundle/wheels" podvm-gpu
 mkdir -p /usr/local/bin
 ln -sfn "$prefix/bin/podvm-gpu" /usr/local/bin/podvm-gpu
 

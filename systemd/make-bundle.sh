@@ -1,6 +1,6 @@
 #!/bin/sh
 # Build the podvm-gpu install bundle on the build host: the agent's wheel plus every dependency
-# as a wheel, the systemd files and the installer. Image builds (packer/, mkosi/) copy the bundle
+# as a wheel, a pip wheel to install them with, the systemd files and the installer. Image builds (packer/, mkosi/) copy the bundle
 # into the image and run its install-podvm-gpu.sh there, which installs with pip --no-index, so
 # the image build itself needs no access to PyPI.
 #
@@ -31,6 +31,8 @@ if [ -n "${PODVM_GPU_PYTHON_VERSION:-}" ]; then
 else
     $pip wheel --quiet --wheel-dir "$out/wheels" "$agent_wheel"
 fi
+# The installer runs pip from this wheel, so the image needs neither pip nor ensurepip.
+$pip download --quiet --only-binary=:all: --no-deps --dest "$out/wheels" pip
 
 cp "$here/install-podvm-gpu.sh" "$here/podvm-gpu.service" "$here/podvm-gpu.preset" "$out/"
 cp "$here/kata-agent.service.d/10-podvm-gpu.conf" "$out/"

@@ -1,7 +1,7 @@
 """Test images for the slow tests: a cached Debian rootfs, the install bundle, booting with nspawn.
 
 The rootfs is what a pod VM image is before podvm-gpu goes in: Debian bookworm minbase with
-systemd, udev, kmod, python3 (with venv) and umockdev (for the GPU path). mmdebstrap builds it
+systemd, udev, kmod, python3 (no python3-venv) and umockdev (for the GPU path). mmdebstrap builds it
 once and it is cached under ``/var/cache/podvm-gpu-test/rootfs-<key>`` (env
 ``PODVM_GPU_TEST_CACHE``), keyed by everything that goes into it, so CI builds it once per
 machine and every test starts from a copy. The agent is installed into a copy the way image
@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SUITE = "bookworm"
 MIRROR = os.environ.get("PODVM_GPU_TEST_MIRROR", "http://deb.debian.org/debian")
-PACKAGES = ["systemd-sysv", "udev", "kmod", "python3", "python3-venv", "umockdev"]
+# python3 without python3-venv: the installer needs no ensurepip (install-podvm-gpu.sh).
+PACKAGES = ["systemd-sysv", "udev", "kmod", "python3", "umockdev"]
 # Documentation is of no use in a test image and makes every copy slower.
 DPKG_OPTS = ["path-exclude=/usr/share/doc/*", "path-exclude=/usr/share/man/*",
              "path-exclude=/usr/share/locale/*"]
@@ -88,6 +89,9 @@ def base_rootfs() -> Path:
                 {"mmdebstrap_s": round(time.monotonic() - started, 1), "argv": argv}))
             shutil.rmtree(target, ignore_errors=True)
             partial.rename(target)
+            for stale in CACHE.glob("rootfs-*"):
+                if stale != target:  # an older package list
+                    shutil.rmtree(stale, ignore_errors=True)
     return target
 
 
