@@ -104,6 +104,15 @@ class VmChecks:
             return Check("pci", SKIP, f"{NO_GPU} ({self.scanned} devices scanned{extra}): "
                          "a CPU VM, GPU requests get the unavailable spec")
         names = ", ".join(sorted({g.name for g in self.gpus}))
+        at_boot = {g.get("pci_address") for g in (read_status(self.root) or {}).get("gpus") or []}
+        gone = sorted(at_boot - {g.pci_address for g in self.gpus})
+        if gone:
+            return Check("pci", FAIL, f"GPU(s) {', '.join(gone)} found at boot are gone from PCI",
+                         "the GPU fell off the bus or was hot-removed: replace the VM")
+        fatal = [f for f in kmsg.findings(kmsg.since_driver_load(self.messages)) if f.fatal]
+        if fatal:
+            return Check("pci", FAIL, f"{len(self.gpus)} GPU(s) on PCI, but {fatal[0].describe()}",
+                         "the GPU needs a reset (nvidia-smi -r) or the VM a new host")
         return Check("pci", PASS, f"{len(self.gpus)} GPU(s) ({names}) at "
                      f"{', '.join(g.pci_address for g in self.gpus)}; "
                      f"{len(self.nvswitches)} NVSwitch(es)")

@@ -103,9 +103,25 @@ class Finding:
     kind: str
     summary: str
     message: str
+    code: int | None = None
+
+    @property
+    def fatal(self) -> bool:
+        """True when the GPU cannot be used until it is reset (or the VM replaced)."""
+        return self.kind in FATAL_KINDS or self.kind == "xid" and self.code in FATAL_XIDS
 
     def describe(self) -> str:
         return f'{self.summary} (kernel: "{self.message}")'
+
+
+# Xid codes after which a GPU stays unusable until it is reset, from NVIDIA's Xid catalog
+# (docs.nvidia.com/deploy/xid-errors). Others (13, 31, 43, 45, ...) are errors of one application
+# and only become warnings.
+FATAL_XIDS = {48: "double-bit ECC error", 62: "internal micro-controller halt",
+              79: "GPU has fallen off the bus", 95: "uncontained ECC error",
+              119: "GSP RPC timeout", 120: "GSP error", 140: "unrecovered ECC error"}
+FATAL_KINDS = frozenset({"fell-off-bus", "needs-reset", "gsp-firmware", "bar"})
+_DRIVER_BANNER = "NVRM: loading NVIDIA UNIX"
 
 
 _PATTERNS: list[tuple[str, re.Pattern, str]] = [
@@ -161,8 +177,18 @@ def findings(messages: list[str]) -> list[Finding]:
                 continue
             fields = {k: (v or "?").rstrip(".") for k, v in m.groupdict().items()}
             summary = template.format(**fields)
+            code = int(fields["code"]) if kind == "xid" else None
+            if code in FATAL_XIDS:
+                summary = summary.replace(f"Xid {code}", f"Xid {code} ({FATAL_XIDS[code]})")
             if summary not in seen:
                 seen.add(summary)
-                found.append(Finding(kind, summary, msg.strip()))
+                found.append(Finding(kind, summary, msg.strip(), code))
             break
     return found
+
+
+def since_driver_load(messages: list[str]) -> list[str]:
+    """The messages from the last time the nvidia module announced itself ("NVRM: loading NVIDIA
+    UNIX ...") on; all of them when it never did. Earlier events belong to an earlier load."""
+    starts = [i for i, msg in enumerate(messages) if msg.startswith(_DRIVER_BANNER)]
+    return messages[starts[-1]:] if starts else messages

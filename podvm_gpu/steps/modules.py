@@ -106,6 +106,13 @@ def run(ctx: BootContext) -> str:
                 continue
             raise StepFailed(cause)
         loaded.append(module)
+    fatal = [f for f in kmsg.findings(kmsg.since_driver_load(kmsg.read_kernel_log(ctx.root)))
+             if f.fatal]
+    if fatal:
+        # Every NVML client would stall or fail on such a GPU; stop before persistenced starts
+        # and the waits begin (field case C26).
+        raise StepFailed(f"the kernel log reports a GPU error that needs a GPU reset: "
+                         f"{fatal[0].describe()}")
     parts = []
     if loaded:
         parts.append("loaded " + ", ".join(loaded))

@@ -4,7 +4,8 @@ It comes before every NVML client (fabric-manager polling, nvidia-smi, CDI gener
 it each client initialises and tears down the GPUs again, which is slow and, in confidential-
 computing mode, harmful. Ready means its socket exists; running means its pid file names a pid
 whose ``/proc/<pid>/comm`` is the daemon's. The wait is ``ready_timeout_s + per_gpu_s * GPUs``
-because initialisation time grows with the GPU count. A daemon still initialising when the wait
+because initialisation time grows with the GPU count. Ready also needs the daemon running: a
+socket left by an earlier daemon does not count. A daemon still initialising when the wait
 ends is left running: it is never killed mid-way.
 """
 
@@ -33,13 +34,14 @@ def last_message(path: str) -> str:
 
 
 def wait_for(ctx: BootContext, ready, proc, log_path: str, what: str, wait_s: float,
-             rule: str) -> None:
+             rule: str, running=lambda: None) -> None:
     """Poll ``ready()`` until it is true, the daemon exits with an error, or ``wait_s`` passes.
 
     Args:
         ready: a callable that returns True once the daemon is ready.
         proc: the spawned Popen (its exit ends the wait at once when non-zero) or None.
         what: the daemon's name for messages; rule: how the wait was computed, for messages.
+        running: a callable that returns the daemon's pid from its pid file, or None.
 
     Raises:
         StepFailed: the daemon exited non-zero (its exit code and last message), or the wait
@@ -57,9 +59,14 @@ def wait_for(ctx: BootContext, ready, proc, log_path: str, what: str, wait_s: fl
                              + (f": {said}" if said else ""))
         if time.monotonic() >= end:
             cut = " (cut to the boot budget)" if limit < wait_s else ""
-            pid = f"pid {proc.pid}" if proc is not None else "not started by boot"
+            pid = running()
+            if pid is None and proc is not None and proc.poll() is None:
+                pid = proc.pid
+            state = (f"left running (pid {pid})" if pid is not None else
+                     f"{what} exited {proc.poll()} and no daemon is running" if proc is not None
+                     else "not running")
             raise StepFailed(f"timed out after {limit:g} s waiting for {what} to be ready "
-                             f"(wait {rule}{cut}); left running ({pid})")
+                             f"(wait {rule}{cut}); {state}")
         time.sleep(POLL_S)
 
 
@@ -79,8 +86,13 @@ def run(ctx: BootContext) -> str:
     else:
         log_path = root.resolve(LOG_PATH)
     started = time.monotonic()
-    wait_for(ctx, lambda: os.path.exists(socket), proc, log_path, "nvidia-persistenced",
-             wait_s, rule)
+    def ready() -> bool:
+        # the socket alone could be left from an earlier daemon; it must be running too
+        return os.path.exists(socket) and daemon_pid(
+            root, PERSISTENCED_PID, PERSISTENCED_COMM) is not None
+
+    wait_for(ctx, ready, proc, log_path, "nvidia-persistenced", wait_s, rule,
+             running=lambda: daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM))
     took = time.monotonic() - started
     if proc is None:
         return f"already running (pid {pid})"
