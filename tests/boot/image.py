@@ -1,12 +1,12 @@
-"""Test images for the slow tests: a cached Debian rootfs, the install bundle, booting with nspawn.
+"""Test images for the slow tests: a cached Debian rootfs, the install bundle, nspawn and qemu boots.
 
 The rootfs is what a pod VM image is before podvm-gpu goes in: Debian bookworm minbase with
-systemd, udev, kmod, python3 (no python3-venv) and umockdev (for the GPU path). mmdebstrap builds it
-once and it is cached under ``/var/cache/podvm-gpu-test/rootfs-<key>`` (env
-``PODVM_GPU_TEST_CACHE``), keyed by everything that goes into it, so CI builds it once per
-machine and every test starts from a copy. The agent is installed into a copy the way image
-builds install it: ``systemd/make-bundle.sh`` on the host, ``systemd/install-into-root.sh`` (the
-bundle's installer run inside the tree) for the copy.
+systemd, udev, kmod, python3 (no python3-venv), umockdev (for the GPU path) and a cloud kernel
+(for the qemu boots). mmdebstrap builds it once (about a minute) and it is cached under
+``/var/cache/podvm-gpu-test/rootfs-<key>`` (env ``PODVM_GPU_TEST_CACHE``), keyed by everything
+that goes into it, so CI builds it once per machine and every test starts from a view of it.
+The agent is installed the way image builds install it: ``systemd/make-bundle.sh`` on the host,
+then ``systemd/install-into-root.sh`` (the bundle's installer run inside the tree).
 
 A tool these tests need that is missing fails the test in CI (env ``CI=true``) and skips it
 elsewhere.
@@ -33,7 +33,8 @@ HERE = Path(__file__).resolve().parent
 SUITE = "bookworm"
 MIRROR = os.environ.get("PODVM_GPU_TEST_MIRROR", "http://deb.debian.org/debian")
 # python3 without python3-venv: the installer needs no ensurepip (install-podvm-gpu.sh).
-PACKAGES = ["systemd-sysv", "udev", "kmod", "python3", "umockdev"]
+# The kernel (with its initrd) is for the qemu boots; nspawn ignores it.
+PACKAGES = ["systemd-sysv", "udev", "kmod", "python3", "umockdev", "linux-image-cloud-amd64"]
 # Documentation is of no use in a test image and makes every copy slower.
 DPKG_OPTS = ["path-exclude=/usr/share/doc/*", "path-exclude=/usr/share/man/*",
              "path-exclude=/usr/share/locale/*"]
@@ -68,7 +69,7 @@ def rootfs_key() -> str:
 
 
 def base_rootfs() -> Path:
-    """The cached minbase rootfs; built with mmdebstrap when the cache lacks it (about 30 s)."""
+    """The cached minbase rootfs; built with mmdebstrap when the cache lacks it (about a minute)."""
     require_root()
     require_tools("mmdebstrap")
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -172,9 +173,13 @@ def install_nvidia_package_units(rootfs: Path) -> None:
         wants.symlink_to(f"/usr/lib/systemd/system/{unit}")
 
 
+RESULTS = ["/var/lib/kata-agent-standin/record.json", "/var/lib/kata-agent-standin/journal.txt",
+           "/var/lib/kata-agent-standin/agent-journal.json", "/srv/gpu/calls.log"]
+
+
 @dataclass
 class Boot:
-    """What one nspawn boot left behind."""
+    """What one boot left behind: the stand-in's record, the journal, the fake tools' calls."""
 
     returncode: int
     wall_s: float
@@ -182,9 +187,7 @@ class Boot:
     record: dict | None
     journal: str
     agent_journal: list[dict] = field(default_factory=list)
-
-    def agent_messages(self) -> list[str]:
-        return [e.get("MESSAGE", "") for e in self.agent_journal if isinstance(e.get("MESSAGE"), str)]
+    calls: list[list[str]] = field(default_factory=list)
 
     def agent_time_s(self) -> float:
         """From the journal: systemd's "Starting" to its "Finished" line for podvm-gpu.service."""
@@ -199,35 +202,85 @@ class Boot:
         return (marks["Finished"] - marks["Starting"]) / 1e6
 
 
+def _run(argv: list[str], timeout_s: float) -> tuple[int, str, float]:
+    started = time.monotonic()
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              errors="replace", timeout=timeout_s, env={**os.environ, "SYSTEMD_COLORS": "0"})
+        returncode, console = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as err:
+        output = b"".join(x for x in (err.stdout, err.stderr) if isinstance(x, bytes))
+        returncode, console = -1, f"(timed out after {timeout_s} s)\n{output.decode(errors='replace')}"
+    return returncode, console, time.monotonic() - started
+
+
+def _results(returncode: int, console: str, wall_s: float, fetch, artifacts: Path) -> Boot:
+    """Collect RESULTS from the booted image with fetch(path) -> text or None; copy them to artifacts
+    (pytest keeps them for a failed run)."""
+    artifacts.mkdir(parents=True, exist_ok=True)
+    (artifacts / "console.txt").write_text(console)
+    files = {}
+    for path in RESULTS:
+        text = fetch(path)
+        if text is not None:
+            files[path] = text
+            (artifacts / Path(path).name).write_text(text)
+
+    def lines(path: str) -> list:
+        return [json.loads(line) for line in files.get(path, "").splitlines() if line.strip()]
+
+    record = files.get(RESULTS[0])
+    return Boot(returncode, wall_s, console, json.loads(record) if record else None, files.get(RESULTS[1], ""),
+                lines(RESULTS[2]), lines(RESULTS[3]))
+
+
 def boot(rootfs: Path, artifacts: Path, timeout_s: float = 120) -> Boot:
     """Boot rootfs with systemd-nspawn until the kata-agent stand-in powers it off.
 
     ``--register=no --keep-unit``: no machined or system bus is needed on the host.
-    ``--link-journal=no``: the journal stays in the rootfs. The console output, the stand-in's
-    record and the journal excerpts are copied to artifacts (kept by pytest for a failed run).
+    ``--link-journal=no``: the journal stays in the rootfs.
     """
     require_tools("systemd-nspawn")
     argv = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit", "--link-journal=no",
             f"--directory={rootfs}"]
-    started = time.monotonic()
+    returncode, console, wall_s = _run(argv, timeout_s)
+
+    def fetch(path: str) -> str | None:
+        file = rootfs / path.lstrip("/")
+        return file.read_text() if file.exists() else None
+
+    return _results(returncode, console, wall_s, fetch, artifacts)
+
+
+def boot_qemu(rootfs: Path, artifacts: Path, timeout_s: float = 300) -> Boot:
+    """Boot rootfs as a VM: its kernel and initrd, the tree as an ext4 disk (mke2fs -d), no network.
+
+    TCG (about 20 s to power-off on the CPU path here): /dev/kvm exists on this machine, but a
+    KVM guest dies there with an internal error, so KVM is opt-in (env PODVM_GPU_TEST_KVM=1).
+    The results are read back from the disk with debugfs after the stand-in powered off.
+    """
+    require_tools("qemu-system-x86_64", "mke2fs", "debugfs")
+    kernels = sorted(rootfs.glob("boot/vmlinuz-*"))
+    assert kernels, "the test rootfs has no kernel (linux-image-cloud-amd64)"
+    release = kernels[-1].name.removeprefix("vmlinuz-")
+    disk = artifacts.parent / "disk.img"
+    disk.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", "-L", "root", "-d", str(rootfs), str(disk), "2G"],
+                   check=True, capture_output=True, timeout=300)
+    accel = "kvm" if os.environ.get("PODVM_GPU_TEST_KVM") == "1" else "tcg"
+    argv = ["qemu-system-x86_64", "-machine", "q35", "-accel", accel, "-m", "1024", "-smp", "2",
+            "-nographic", "-no-reboot", "-nic", "none",
+            "-kernel", str(kernels[-1]), "-initrd", str(rootfs / f"boot/initrd.img-{release}"),
+            "-append", "root=/dev/vda rw console=ttyS0 panic=-1",
+            "-drive", f"file={disk},format=raw,if=virtio"]
+    returncode, console, wall_s = _run(argv, timeout_s)
+
+    def fetch(path: str) -> str | None:
+        done = subprocess.run(["debugfs", "-R", f"cat {path}", str(disk)], capture_output=True, text=True,
+                              errors="replace", timeout=60)
+        return None if "not found" in done.stderr else done.stdout
+
     try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=timeout_s, env={**os.environ, "SYSTEMD_COLORS": "0"})
-        returncode, console = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as err:
-        returncode = -1
-        console = f"(timed out after {timeout_s} s)\n{err.stdout or ''}{err.stderr or ''}"
-    wall_s = time.monotonic() - started
-    artifacts.mkdir(parents=True, exist_ok=True)
-    (artifacts / "console.txt").write_text(console if isinstance(console, str) else console.decode())
-    out = rootfs / "var/lib/kata-agent-standin"
-    for name in ("record.json", "journal.txt", "agent-journal.json"):
-        if (out / name).exists():
-            shutil.copyfile(out / name, artifacts / name)
-    record = json.loads((out / "record.json").read_text()) if (out / "record.json").exists() else None
-    journal = (out / "journal.txt").read_text() if (out / "journal.txt").exists() else ""
-    agent_journal = []
-    if (out / "agent-journal.json").exists():
-        agent_journal = [json.loads(line) for line in (out / "agent-journal.json").read_text().splitlines()
-                         if line.strip()]
-    return Boot(returncode, wall_s, console, record, journal, agent_journal)
+        return _results(returncode, console, wall_s, fetch, artifacts)
+    finally:
+        disk.unlink()

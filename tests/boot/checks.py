@@ -1,0 +1,53 @@
+"""Assertions on a boot (tests/boot/image.py ``Boot``), shared by the nspawn and qemu boot tests."""
+
+from __future__ import annotations
+
+import yaml
+
+from boot.image import Boot
+
+
+def kata_agent_started_after_the_agent_finished(boot: Boot) -> dict:
+    """The ordering and the clean state every boot must show; returns the stand-in's record."""
+    assert boot.returncode == 0, f"boot exit {boot.returncode}:\n{boot.console[-4000:]}"
+    record = boot.record
+    assert record is not None, f"the kata-agent stand-in never ran:\n{boot.console[-4000:]}"
+    agent = record["agent_unit"]
+    assert (agent["ActiveState"], agent["SubState"], agent["Result"]) == ("active", "exited", "success"), agent
+    assert agent["ExecMainStatus"] == "0"
+    agent_exited = int(agent["ExecMainExitTimestampMonotonic"])
+    standin_started = int(record["standin_unit"]["InactiveExitTimestampMonotonic"])
+    assert 0 < agent_exited <= standin_started, (agent, record["standin_unit"])
+    assert record["status"]["finished_at"] is not None
+    assert record["cdi_dir"] == ["nvidia.yaml"], "no temporary or second spec file beside the final one"
+    systemd_says = [e["MESSAGE"] for e in boot.agent_journal if e.get("UNIT") == "podvm-gpu.service"]
+    assert [m.split()[0] for m in systemd_says] == ["Starting", "Finished"], (
+        f"systemd has more to say about the unit than start and finish: {systemd_says}")
+    assert "nvidia-cdi-refresh" not in boot.journal
+    assert not record["nvidia_units_ran"], "the installer leaves no distro or toolkit unit to race the agent"
+    return record
+
+
+def saw_the_unavailable_spec(record: dict) -> None:
+    assert record["status"]["state"] == "no-gpu", record["status"]
+    spec = yaml.safe_load(record["spec"])
+    assert spec["kind"] == "nvidia.com/gpu"
+    assert [d["name"] for d in spec["devices"]] == ["unavailable"]
+    assert "PODVM_GPU_STATE=no-gpu" in spec["devices"][0]["containerEdits"]["env"]
+
+
+def saw_a_ready_spec_with_persistenced_running(boot: Boot, record: dict) -> None:
+    assert record["root"] == "/srv/gpu/root"
+    assert record["status"]["state"] == "ready", (record["status"], boot.calls)
+    spec = yaml.safe_load(record["spec"])
+    assert {"0", "all"} <= {d["name"] for d in spec["devices"]}
+    nodes = [n["hostPath"] for n in spec["containerEdits"]["deviceNodes"]]
+    assert "/srv/gpu/root/dev/nvidia-uvm" in nodes, "nvidia-ctk got the agent's root as dev root"
+    # nvidia-persistenced, started by the agent, outlives boot in the agent's unit (RemainAfterExit).
+    daemon = record["persistenced"]
+    assert daemon and daemon["alive"], daemon
+    assert "/system.slice/podvm-gpu.service" in daemon["cgroup"], daemon
+    tools = [call[0] for call in boot.calls]
+    first_nvml_client = min(i for i, call in enumerate(boot.calls)
+                            if call[0] == "nvidia-smi" or call[:3] == ["nvidia-ctk", "cdi", "generate"])
+    assert tools.index("nvidia-persistenced") < first_nvml_client, boot.calls

@@ -1,0 +1,37 @@
+"""pytest fixtures for the boot tests; a test module imports the ones it uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from boot import image
+
+SPEC_TEMPLATE = Path(__file__).parent / "data/spec-1gpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """A GPU image with the agent installed, never booted: the base rootfs, the NVIDIA packages'
+    units (enabled, as the packages leave them), podvm-gpu (bundle + installer), and the
+    kata-agent stand-in."""
+    image.require_root()
+    bundle = image.bundle(tmp_path_factory)
+    with image.writable_view(image.base_rootfs(), tmp_path_factory.mktemp("installed")) as root:
+        image.install_nvidia_package_units(root)
+        image.install_agent(root, bundle)
+        image.install_kata_agent_standin(root)
+        yield root
+
+
+@pytest.fixture
+def rootfs(tmp_path, installed):
+    """A fresh view of the installed image for one boot."""
+    with image.writable_view(installed, tmp_path / "image") as root:
+        yield root
+
+
+def host_has_nvidia_pci_device() -> bool:
+    return any((dev / "vendor").read_text().strip() == "0x10de"
+               for dev in Path("/sys/bus/pci/devices").glob("*") if (dev / "vendor").exists())
