@@ -28,7 +28,7 @@ VALIDATE_VARS = ["-var", "base_image_checksum=sha256:" + "0" * 64]
 
 def packer(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
     image.require_tools("packer")
-    env = {**os.environ, "CHECKPOINT_DISABLE": "1", "PACKER_NO_COLOR": "1"}
+    env = {**image.bundle_env(), "CHECKPOINT_DISABLE": "1", "PACKER_NO_COLOR": "1"}
     return subprocess.run(["packer", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 

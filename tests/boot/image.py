@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,7 +43,8 @@ CACHE = Path(os.environ.get("PODVM_GPU_TEST_CACHE", "/var/cache/podvm-gpu-test")
 
 
 def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("true", "1", "yes")
+    """CI services set CI=true; any value but an empty, 0, false or no counts (as in conftest.py)."""
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 
 
 def unavailable(why: str) -> None:
@@ -99,13 +101,18 @@ def base_rootfs() -> Path:
 _bundle: Path | None = None
 
 
+def bundle_env() -> dict[str, str]:
+    """make-bundle.sh runs pip with the tests' own interpreter: CI's system python3 has no pip."""
+    return {**os.environ, "PYTHON": sys.executable}
+
+
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The install bundle of this checkout, built once per test session."""
     global _bundle
     if _bundle is None:
         out = tmp_path_factory.mktemp("bundle") / "podvm-gpu-bundle"
         done = subprocess.run(["sh", str(REPO / "systemd/make-bundle.sh"), str(out), str(REPO)],
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=600, env=bundle_env())
         assert done.returncode == 0, f"make-bundle.sh failed:\n{done.stdout}\n{done.stderr}"
         _bundle = out
     return _bundle
