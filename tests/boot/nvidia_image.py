@@ -1,6 +1,6 @@
 """Stand-ins for what the NVIDIA packages put into a GPU pod VM image, for ``check --image``.
 
-A kernel (``/boot/vmlinuz-<release>``) with nvidia modules under ``/lib/modules/<release>`` that
+nvidia modules under ``/lib/modules/<release>`` for each kernel in ``/boot``, that
 ``modinfo`` reads a version from (minimal ELF objects with a ``.modinfo`` section, as DKMS
 builds have), the user-space driver (``libnvidia-ml.so.<version>`` and its ``.so.1`` link),
 and the toolkit and daemon commands as stubs. Nothing here runs; the image check only looks.
@@ -38,16 +38,20 @@ def kernel_module(name: str, version: str) -> bytes:
         section(10, 3, 0, shstrtab_off, len(shstrtab))
 
 
-def add_nvidia_driver(rootfs: Path, kernel: str = KERNEL, version: str = VERSION) -> None:
+def add_nvidia_driver(rootfs: Path, version: str = VERSION) -> None:
+    """Modules for every kernel the image has (a stand-in kernel when it has none), as DKMS
+    builds them, plus the user-space driver and the commands."""
     boot = rootfs / "boot"
     boot.mkdir(exist_ok=True)
-    (boot / f"vmlinuz-{kernel}").write_bytes(b"")
-    dkms = rootfs / f"lib/modules/{kernel}/updates/dkms"
-    dkms.mkdir(parents=True)
-    for name in MODULES:
-        (dkms / f"{name}.ko").write_bytes(kernel_module(name, version))
-    (rootfs / f"lib/modules/{kernel}/modules.dep").write_text(
-        "".join(f"updates/dkms/{name}.ko:\n" for name in MODULES))
+    kernels = [k.name.removeprefix("vmlinuz-") for k in boot.glob("vmlinuz-*")]
+    if not kernels:
+        (boot / f"vmlinuz-{KERNEL}").write_bytes(b"")
+        kernels = [KERNEL]
+    for kernel in kernels:
+        dkms = rootfs / f"lib/modules/{kernel}/updates/dkms"
+        dkms.mkdir(parents=True, exist_ok=True)
+        for name in MODULES:
+            (dkms / f"{name}.ko").write_bytes(kernel_module(name, version))
     libdir = rootfs / "usr/lib/x86_64-linux-gnu"
     for lib in ("libnvidia-ml", "libcuda"):
         (libdir / f"{lib}.so.{version}").write_bytes(b"")
