@@ -54,3 +54,16 @@ def test_gpu_vm_kata_agent_starts_after_the_agent_and_sees_a_ready_spec(rootfs, 
     record = checks.kata_agent_started_after_the_agent_finished(boot)
     checks.saw_a_ready_spec_with_persistenced_running(boot, record)
     print(f"nspawn GPU path: boot {boot.wall_s:.2f} s, agent {boot.agent_time_s():.3f} s (journal)")
+
+
+def test_kata_agents_drop_in_alone_pulls_in_and_orders_the_agent(rootfs, tmp_path):  # noqa: F811
+    """An image whose own units never mention podvm-gpu.service: neither enabled nor ordered
+    before kata-agent. kata-agent's drop-in (Wants= + After=) must still start the agent first."""
+    (rootfs / "etc/systemd/system/multi-user.target.wants/podvm-gpu.service").unlink()
+    unit = (rootfs / "usr/lib/systemd/system/podvm-gpu.service").read_text()
+    assert "Before=kata-agent.service\n" in unit
+    (rootfs / "etc/systemd/system/podvm-gpu.service").write_text(unit.replace("Before=kata-agent.service\n", ""))
+    boot = image.boot(rootfs, tmp_path / "artifacts")
+
+    record = checks.kata_agent_started_after_the_agent_finished(boot)
+    checks.saw_the_unavailable_spec(record)

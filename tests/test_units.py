@@ -68,6 +68,10 @@ def root(tmp_path_factory) -> Path:
     return root
 
 
+LIST_KEYS = {"After", "Before", "Wants", "Requires", "WantedBy", "CapabilityBoundingSet",
+             "ReadWritePaths", "RestrictAddressFamilies", "BindsTo", "Requisite", "PartOf"}
+
+
 def parse_unit(*paths: Path) -> dict[str, dict[str, list[str]]]:
     """Sections -> key -> values of a unit file plus drop-ins, in order; an empty value resets
     the list, as systemd does for list settings (``ExecStart=`` in a drop-in)."""
@@ -88,10 +92,6 @@ def parse_unit(*paths: Path) -> dict[str, dict[str, list[str]]]:
             else:
                 values.clear()
     return unit
-
-
-LIST_KEYS = {"After", "Before", "Wants", "Requires", "WantedBy", "CapabilityBoundingSet",
-             "ReadWritePaths", "RestrictAddressFamilies", "BindsTo", "Requisite", "PartOf"}
 
 
 @pytest.fixture(scope="module")

@@ -122,7 +122,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def writable_view(source: Path, workdir: Path) -> Iterator[Path]:
     """A writable view of a rootfs that leaves source untouched: an overlay mount, else a copy.
 
-    The overlay takes well under a second where a copy of the 250 MB tree takes 5 to 15 s here;
+    The overlay takes well under a second where a copy of the 340 MB tree takes 5 to 15 s here;
     a kernel or container that refuses the mount (an overlay upper dir on overlayfs) gets the copy.
     Yields the view's path; unmounts and deletes it afterwards.
     """
