@@ -65,6 +65,7 @@ variable "ssh_private_key_file" {
 locals {
   repo      = "${path.root}/.."
   in_bundle = "/tmp/podvm-gpu-bundle"
+  as_root   = "chmod +x {{ .Path }}; sudo sh -c '{{ .Vars }} {{ .Path }}'"
 }
 
 source "null" "image-dir" {
@@ -109,7 +110,7 @@ build {
 
   provisioner "shell" {
     only            = ["qemu.podvm"]
-    execute_command = "chmod +x {{ .Path }}; sudo sh -c '{{ .Vars }} {{ .Path }}'"
+    execute_command = local.as_root
     inline = [
       "sh ${local.in_bundle}/install-podvm-gpu.sh",
       "rm -rf ${local.in_bundle}",
@@ -124,7 +125,7 @@ build {
 
   provisioner "shell" {
     only            = ["qemu.podvm"]
-    execute_command = "chmod +x {{ .Path }}; sudo sh -c '{{ .Vars }} {{ .Path }}'"
+    execute_command = local.as_root
     inline          = ["/opt/podvm-gpu/bin/podvm-gpu check --image"]
   }
 }
