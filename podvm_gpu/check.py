@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 import tomllib
 
 from podvm_gpu import readers, units
@@ -543,8 +544,9 @@ def print_table(checks: list[Check], summary: dict[str, int]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    tty = sys.stdout.isatty()
     console = Console(width=max(shutil.get_terminal_size((160, 24)).columns, 100),
-                      highlight=False)
+                      highlight=False, color_system="auto" if tty else None)
     table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
     for column in ("result", "check", "detail", "hint"):
         table.add_column(column, overflow="fold")

@@ -12,7 +12,7 @@
 #   /usr/lib/systemd/system-preset/40-podvm-gpu.preset
 #   nvidia-cdi-refresh.path/.service masked: only the agent writes /var/run/cdi/nvidia.yaml
 #   nvidia-persistenced.service and nvidia-fabricmanager.service disabled where installed:
-#   the agent starts both daemons itself (docs/image-integration.md says why)
+#   the agent starts both daemons itself (README.md, "Installing into a pod VM image", says why)
 #
 # environment: PODVM_GPU_PYTHON  the image's interpreter (default python3; needs 3.11 or later)
 set -eu
