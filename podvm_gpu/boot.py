@@ -85,10 +85,39 @@ def run_boot(root_dir: str = "/", config: str | None = None, json_out: bool = Fa
         detect.message = f"no NVIDIA GPU on PCI ({scanned} devices scanned)"
         return finish_without_gpu(root, status, status_file, log, json_out, dry_run,
                                   write_spec=True)
-    from podvm_gpu.pipeline import run_pipeline  # GPU or config present: the full path
+    try:
+        from podvm_gpu.pipeline import run_pipeline  # GPU or config present: the full path
 
-    return run_pipeline(root, config_path, status, status_file, log, json_out=json_out,
-                        dry_run=dry_run, started=started)
+        return run_pipeline(root, config_path, status, status_file, log, json_out=json_out,
+                            dry_run=dry_run, started=started)
+    except Exception as err:  # a bug or a broken install must still end 'failed', never hang
+        import traceback
+
+        log(Log.ERR, traceback.format_exc().replace("\n", " | "))
+        return fail_unexpectedly(root, status, status_file, log, json_out, dry_run, err)
+
+
+def fail_unexpectedly(root: Root, status: Status, status_file: StatusFile, log: Log,
+                      json_out: bool, dry_run: bool, err: Exception) -> int:
+    """End the boot ``failed`` after an error no step handled (a broken install, a bug):
+    the step that was running is named, the unavailable spec and final status are written."""
+    running = next((s for s in reversed(status.steps) if s.result is StepResult.RUNNING),
+                   status.steps[-1])
+    running.result = StepResult.FAILED
+    running.message = f"internal error: {type(err).__name__}: {err}"
+    reason = " ".join(f"{running.name}: {running.message}".split())
+    log(Log.ERR, f"failed: {reason}")
+    if dry_run:
+        return 1
+    try:
+        from podvm_gpu.unavailable import write_unavailable_spec
+
+        write_unavailable_spec(root, State.FAILED, reason)
+        status_file.finish(status, State.FAILED, reason)
+    except OSError as write_err:
+        log(Log.ERR, f"cannot write the spec or status under {root.path}: {write_err}")
+    report(status, json_out)
+    return 1
 
 
 def finish_without_gpu(root: Root, status: Status, status_file: StatusFile, log: Log,

@@ -80,7 +80,8 @@ def run_pipeline(root: Root, config_path: str, status: Status, status_file: Stat
         log.step(step)
         return _fail(root, status, status_file, log, Config(), f"config: {err}", json_out, dry_run)
     if not gpus:
-        detect.message = f"no NVIDIA GPU on PCI ({len(switches)} NVSwitch(es))"
+        detect.message = "no NVIDIA GPU on PCI" + (
+            f" ({len(switches)} NVSwitch(es): a fabric manager service VM?)" if switches else "")
         return finish_without_gpu(root, status, status_file, log, json_out, dry_run,
                                   write_spec=config.unavailable_spec)
     log.step(detect)

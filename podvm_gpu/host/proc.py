@@ -109,6 +109,10 @@ class Runner:
             _kill_group(proc)
             out, err = _drain(proc)
             raise CommandError(argv, None, out, err, timed_out=True, timeout_s=limit) from None
+        except BaseException:  # the budget's timer, or a signal: leave no client behind
+            _kill_group(proc)
+            proc.wait()
+            raise
         done = Completed(list(argv), proc.returncode, out, err, time.monotonic() - started)
         if check and proc.returncode != 0:
             raise CommandError(argv, proc.returncode, out, err)

@@ -1,0 +1,38 @@
+"""Whatever breaks, boot ends ``failed`` with a reason, the unavailable spec and exit 1: never a
+traceback as its only output, never a missing status (contract sections 2 and 3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import yaml
+
+
+def boot_with_pyudev_broken(root: str) -> subprocess.CompletedProcess:
+    """Run boot in a child whose ``import pyudev`` fails (a broken install), with a config file
+    present so the full pipeline is taken even on this GPU-less machine."""
+    os.makedirs(os.path.join(root, "etc/podvm-gpu"))
+    with open(os.path.join(root, "etc/podvm-gpu/config.yaml"), "w") as f:
+        f.write("budget_s: 5\n")
+    code = ("import sys; sys.modules['pyudev'] = None\n"
+            "from podvm_gpu.cli import main\n"
+            f"sys.exit(main(['boot', '--root', {root!r}]))\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_a_broken_install_ends_failed_with_the_unavailable_spec(tmp_path):
+    root = str(tmp_path)
+    done = boot_with_pyudev_broken(root)
+    assert done.returncode == 1, done.stderr
+    status = json.loads((tmp_path / "run/podvm-gpu/status.json").read_text())
+    assert status["state"] == "failed"
+    assert status["reason"].startswith("detect: internal error: ModuleNotFoundError")
+    assert status["finished_at"]
+    spec = yaml.safe_load((tmp_path / "var/run/cdi/nvidia.yaml").read_text())
+    env = spec["devices"][0]["containerEdits"]["env"]
+    assert env == ["PODVM_GPU_STATE=failed", f"PODVM_GPU_REASON={status['reason']}"]
+    assert "error: failed: detect: internal error" in done.stderr
