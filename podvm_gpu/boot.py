@@ -99,23 +99,33 @@ def run_boot(root_dir: str = "/", config: str | None = None, json_out: bool = Fa
 
 def fail_unexpectedly(root: Root, status: Status, status_file: StatusFile, log: Log,
                       json_out: bool, dry_run: bool, err: Exception) -> int:
-    """End the boot ``failed`` after an error no step handled (a broken install, a bug):
-    the step that was running is named, the unavailable spec and final status are written."""
+    """End the boot ``failed`` after an error no step handled (a broken install, a bug),
+    naming the step that was running."""
     running = next((s for s in reversed(status.steps) if s.result is StepResult.RUNNING),
                    status.steps[-1])
     running.result = StepResult.FAILED
     running.message = f"internal error: {type(err).__name__}: {err}"
-    reason = " ".join(f"{running.name}: {running.message}".split())
+    return finish_failed(root, status, status_file, log, f"{running.name}: {running.message}",
+                         json_out, dry_run, write_spec=True)
+
+
+def finish_failed(root: Root, status: Status, status_file: StatusFile, log: Log, reason: str,
+                  json_out: bool, dry_run: bool, write_spec: bool) -> int:
+    """End a boot ``failed``: the reason folded to one line, the unavailable spec (unless
+    disabled), the final status; exit status 1. A write error is logged, not raised."""
+    reason = " ".join(reason.split())
     log(Log.ERR, f"failed: {reason}")
     if dry_run:
+        print(f"dry run: {reason}")
         return 1
     try:
-        from podvm_gpu.unavailable import write_unavailable_spec
+        if write_spec:
+            from podvm_gpu.unavailable import write_unavailable_spec
 
-        write_unavailable_spec(root, State.FAILED, reason)
+            write_unavailable_spec(root, State.FAILED, reason)
         status_file.finish(status, State.FAILED, reason)
-    except OSError as write_err:
-        log(Log.ERR, f"cannot write the spec or status under {root.path}: {write_err}")
+    except OSError as err:
+        log(Log.ERR, f"cannot write the spec or status under {root.path}: {err}")
     report(status, json_out)
     return 1
 

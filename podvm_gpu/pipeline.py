@@ -13,7 +13,7 @@ import signal
 import time
 import traceback
 
-from podvm_gpu.boot import Log, finish_without_gpu, report
+from podvm_gpu.boot import Log, finish_failed, finish_without_gpu, report
 from podvm_gpu.config import Config, load_config, timeouts_for
 from podvm_gpu.context import BootContext
 from podvm_gpu.errors import CommandError, ConfigError, StepFailed
@@ -25,7 +25,6 @@ from podvm_gpu.model import State, Status, Step, StepResult
 from podvm_gpu.status import StatusFile
 from podvm_gpu.steps import (Skipped, cc, cdi_step, drivers, fabric, modules, nodes, persistenced,
                              versions)
-from podvm_gpu.unavailable import write_unavailable_spec
 
 STEPS = (
     ("drivers", drivers.run),
@@ -154,16 +153,5 @@ def _fail(root: Root, status: Status, status_file: StatusFile, log: Log, config:
              if f.summary.lower() not in reason.lower()]
     if extra:
         reason = f"{reason}; kernel log: " + "; ".join(extra[:2])
-    reason = " ".join(reason.split())
-    log(Log.ERR, f"failed: {reason}")
-    if dry_run:
-        print(f"dry run: {reason}")
-        return 1
-    try:
-        if config.unavailable_spec:
-            write_unavailable_spec(root, State.FAILED, reason)
-        status_file.finish(status, State.FAILED, reason)
-    except OSError as err:
-        log(Log.ERR, f"cannot write the spec or status under {root.path}: {err}")
-    report(status, json_out)
-    return 1
+    return finish_failed(root, status, status_file, log, reason, json_out, dry_run,
+                         write_spec=config.unavailable_spec)
