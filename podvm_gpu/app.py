@@ -15,7 +15,17 @@ from podvm_gpu import __version__
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="GPU boot agent for confidential-container pod VMs.")
 
+def _valid_root(value: str) -> str:
+    from podvm_gpu.cli import root_problem
+
+    problem = root_problem(value)
+    if problem:
+        raise typer.BadParameter(problem)
+    return value
+
+
 RootOpt = Annotated[str, typer.Option("--root", envvar="PODVM_GPU_ROOT", metavar="DIR",
+                                      callback=_valid_root,
                                       help="Take every host path under DIR (default /).")]
 ConfigOpt = Annotated[Optional[str], typer.Option(
     "--config", envvar="PODVM_GPU_CONFIG", metavar="FILE",
@@ -52,10 +62,14 @@ def status(root: RootOpt = "/", config: ConfigOpt = None, json_out: JsonOpt = Fa
                                                   help="Longest wait in seconds.")] = 300.0) -> None:
     """Print the readiness state: exit 0 ready/no-gpu, 1 failed, 3 running or no status yet."""
     from podvm_gpu.host.fs import Root
-    from podvm_gpu.status import exit_code_for, read_status, wait_for_final
+    from podvm_gpu.status import StatusUnreadable, exit_code_for, load_status, wait_for_final
 
     r = Root(root)
-    doc = wait_for_final(r, timeout) if wait else read_status(r)
+    try:
+        doc = wait_for_final(r, timeout) if wait else load_status(r)
+    except StatusUnreadable as err:
+        print(f"unreadable status file: {err}")
+        raise typer.Exit(3)
     code = exit_code_for(doc)
     if json_out:
         print(json.dumps(doc if doc is not None else {"state": None}, indent=2))

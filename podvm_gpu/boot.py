@@ -116,13 +116,15 @@ def finish_failed(root: Root, status: Status, status_file: StatusFile, log: Log,
     reason = " ".join(reason.split())
     log(Log.ERR, f"failed: {reason}")
     if dry_run:
-        print(f"dry run: {reason}")
+        if json_out:
+            print(json.dumps({"dry_run": True, "state": str(State.FAILED), "reason": reason,
+                              "commands": []}, indent=2))
+        else:
+            print(f"dry run: {reason}")
         return 1
     try:
         if write_spec:
-            from podvm_gpu.unavailable import write_unavailable_spec
-
-            write_unavailable_spec(root, State.FAILED, reason)
+            write_spec_and_disable_duplicates(root, status, State.FAILED, reason)
         status_file.finish(status, State.FAILED, reason)
     except OSError as err:
         log(Log.ERR, f"cannot write the spec or status under {root.path}: {err}")
@@ -137,19 +139,36 @@ def finish_without_gpu(root: Root, status: Status, status_file: StatusFile, log:
     reason = f"detect: {detect.message}"
     log.step(detect)
     if dry_run:
-        print(f"dry run: {reason}; would write the unavailable spec and status no-gpu")
+        if json_out:
+            print(json.dumps({"dry_run": True, "state": str(State.NO_GPU), "reason": reason,
+                              "commands": []}, indent=2))
+        else:
+            print(f"dry run: {reason}; would write the unavailable spec and status no-gpu")
         return 0
     try:
         if write_spec:
-            from podvm_gpu.unavailable import write_unavailable_spec
-
-            write_unavailable_spec(root, State.NO_GPU, reason)
+            write_spec_and_disable_duplicates(root, status, State.NO_GPU, reason)
         status_file.finish(status, State.NO_GPU, reason)
     except OSError as err:
         log(Log.ERR, f"cannot write the spec or status under {root.path}: {err}")
         return 1
     report(status, json_out)
     return 0
+
+
+def write_spec_and_disable_duplicates(root: Root, status: Status, state: State,
+                                      reason: str) -> None:
+    """Install the unavailable spec, and rename other nvidia.com/gpu specs in /var/run/cdi aside
+    so that kata-agent sees only it (their names go to the status warnings).
+
+    Raises:
+        OSError: the spec cannot be written.
+    """
+    from podvm_gpu.cdi_dir import disable_duplicates
+    from podvm_gpu.unavailable import write_unavailable_spec
+
+    status.warnings.extend(disable_duplicates(root))
+    write_unavailable_spec(root, state, reason)
 
 
 def report(status: Status, json_out: bool) -> None:

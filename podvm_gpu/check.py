@@ -17,7 +17,7 @@ import re
 import sys
 import tomllib
 
-from podvm_gpu import readers, units
+from podvm_gpu import cdi_dir, readers, units
 from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
 from podvm_gpu.config import Config, load_config, timeouts_for
 from podvm_gpu.errors import CommandError, ConfigError
@@ -26,8 +26,8 @@ from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.model import State
-from podvm_gpu.status import CDI_SPEC_PATH, read_status
-from podvm_gpu.steps import cdi_step, modules as modules_step, nodes as nodes_step
+from podvm_gpu.status import CDI_SPEC_PATH, StatusUnreadable, load_status, read_status
+from podvm_gpu.steps import modules as modules_step, nodes as nodes_step
 from podvm_gpu.unavailable import UNAVAILABLE_DEVICE
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
@@ -312,10 +312,8 @@ class VmChecks:
                      f"{len(names)} devices, nodes and hooks present")
 
     def check_cdi_duplicates(self) -> Check:
-        found = []
-        for folder in cdi_step.CDI_DIRS:
-            fake = _ReadOnlyCtx(self.root)
-            found += [self.root.host_path(p) for p in cdi_step.other_specs(fake, folder)]
+        found = [self.root.host_path(p) for folder in (cdi_dir.RUN_DIR, cdi_dir.ETC_DIR)
+                 for p in cdi_dir.other_specs(self.root, folder)]
         if found:
             return Check("cdi-duplicates", FAIL, f"also defining nvidia.com/gpu: {', '.join(found)}",
                          f"remove {found[0]}: it defines the same devices, and kata-agent drops "
@@ -323,7 +321,10 @@ class VmChecks:
         return Check("cdi-duplicates", PASS, "no other spec defines nvidia.com/gpu")
 
     def check_status(self) -> Check:
-        doc = read_status(self.root)
+        try:
+            doc = load_status(self.root)
+        except StatusUnreadable as err:
+            return Check("status", FAIL, f"unreadable: {err}", "run podvm-gpu boot again")
         if doc is None:
             return Check("status", FAIL, "no /run/podvm-gpu/status.json: boot has not run",
                          "systemctl status podvm-gpu.service")
@@ -353,13 +354,6 @@ def boot_failed_at(root: Root) -> str | None:
         return None
     failed = [s.get("name") for s in doc.get("steps") or [] if s.get("result") == "failed"]
     return failed[0] if failed and failed[0] in _STEP_ORDER else None
-
-
-class _ReadOnlyCtx:
-    """The little of a boot context that :func:`cdi_step.other_specs` reads."""
-
-    def __init__(self, root: Root):
-        self.root = root
 
 
 def refresh_units_check(root: Root) -> Check:
@@ -553,7 +547,10 @@ def print_table(checks: list[Check], summary: dict[str, int]) -> None:
     colours = {PASS: "green", WARN: "yellow", FAIL: "red", SKIP: "dim"}
     for c in checks:
         table.add_row(f"[{colours[c.result]}]{c.result}[/]", c.name, c.detail, c.hint)
-    console.print(table)
+    with console.capture() as captured:
+        console.print(table)
+    # rich pads every cell to its column's width; a line's trailing blanks serve no one
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
     verdict = "FAILED" if summary[FAIL] else "OK"
-    console.print(f"{verdict}: {summary[PASS]} pass, {summary[WARN]} warn, {summary[FAIL]} fail, "
-                  f"{summary[SKIP]} skip")
+    print(f"{verdict}: {summary[PASS]} pass, {summary[WARN]} warn, {summary[FAIL]} fail, "
+          f"{summary[SKIP]} skip")

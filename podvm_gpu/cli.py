@@ -36,7 +36,7 @@ def fast_boot_args(args: list[str]) -> dict | None:
         name, eq, value = arg.partition("=")
         if arg in _BOOT_FLAGS:
             parsed[_BOOT_FLAGS[arg]] = True
-        elif name in _BOOT_OPTIONS and eq and value:
+        elif name in _BOOT_OPTIONS and eq:
             parsed[_BOOT_OPTIONS[name]] = value
         elif arg in _BOOT_OPTIONS and rest and not rest[0].startswith("-"):
             parsed[_BOOT_OPTIONS[arg]] = rest.pop(0)
@@ -45,11 +45,29 @@ def fast_boot_args(args: list[str]) -> dict | None:
     return parsed
 
 
+def root_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a root (empty, relative, not a directory), or None.
+
+    A relative or empty root would silently put ``run/`` and ``var/`` in the current directory.
+    """
+    if not path:
+        return "--root is empty"
+    if not os.path.isabs(path):
+        return f"--root {path!r} is not an absolute path"
+    if not os.path.isdir(path):
+        return f"--root {path} is not a directory"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script and ``python -m podvm_gpu``; returns the exit code."""
     args = sys.argv[1:] if argv is None else list(argv)
     fast = fast_boot_args(args)
     if fast is not None:
+        problem = root_problem(fast["root_dir"])
+        if problem:
+            print(f"podvm-gpu: error: {problem}", file=sys.stderr)
+            return 2
         from podvm_gpu.boot import run_boot
 
         return run_boot(**fast)

@@ -8,15 +8,34 @@ the contract (the field cases use them); the rest are this project's.
 from __future__ import annotations
 
 import os
-from typing import Annotated
+import re
+import stat
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
+                      field_validator)
 
 from podvm_gpu.errors import ConfigError
 
-PositiveSeconds = Annotated[float, Field(gt=0)]
-NonNegativeSeconds = Annotated[float, Field(ge=0)]
+MAX_CONFIG_BYTES = 1 << 20
+MAX_SECONDS = 3600.0  # no wait or budget in a pod VM boot is longer than an hour
+
+
+def _not_bool(value: object) -> object:
+    if isinstance(value, bool):  # YAML's true would otherwise read as 1 second
+        raise ValueError("a number of seconds, not a boolean")
+    return value
+
+
+PositiveSeconds = Annotated[float, BeforeValidator(_not_bool),
+                            Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
+NonNegativeSeconds = Annotated[float, BeforeValidator(_not_bool),
+                               Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+# The external tools of contract section 1; config keys that name a tool must be one of them.
+Tool = Literal["modprobe", "nvidia-ctk", "nvidia-persistenced", "nvidia-smi", "nv-fabricmanager",
+               "nvidia-modprobe", "systemctl", "ldconfig", "modinfo"]
+_PARAMETER_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 class _Section(BaseModel):
@@ -60,9 +79,14 @@ class ModulesConfig(_Section):
     @field_validator("parameters")
     @classmethod
     def _module_names(cls, value: dict) -> dict:
-        for name in value:
+        for name, params in value.items():
             if name not in ("nvidia", "nvidia_uvm", "nvidia_modeset"):
                 raise ValueError(f"unknown module {name!r} (nvidia, nvidia_uvm, nvidia_modeset)")
+            for key, setting in params.items():
+                if not _PARAMETER_NAME.fullmatch(key):
+                    raise ValueError(f"{name}: {key!r} is not a module parameter name")
+                if isinstance(setting, str) and (not setting or any(c.isspace() for c in setting)):
+                    raise ValueError(f"{name}.{key}: a value must be one word")
         return value
 
 
@@ -70,8 +94,8 @@ class Config(_Section):
     """The whole config; ``Config()`` is the defaults."""
 
     budget_s: PositiveSeconds = 240.0
-    timeouts: dict[str, PositiveSeconds] = {}
-    tools: dict[str, str] = {}
+    timeouts: dict[Tool, PositiveSeconds] = {}
+    tools: dict[Tool, str] = {}
     persistenced: PersistencedConfig = PersistencedConfig()
     fabricmanager: FabricManagerConfig = FabricManagerConfig()
     confidential_computing: ConfidentialComputingConfig = ConfidentialComputingConfig()
@@ -83,7 +107,7 @@ class Config(_Section):
     def _absolute_tool_paths(cls, value: dict[str, str]) -> dict[str, str]:
         for tool, path in value.items():
             if not os.path.isabs(path):
-                raise ValueError(f"tools.{tool}: {path!r} is not an absolute path")
+                raise ValueError(f"{tool}: {path!r} is not an absolute path")
         return value
 
 
@@ -109,13 +133,9 @@ def load_config(path: str) -> Config:
         ConfigError: the file is unreadable, not YAML, not a mapping, or has a bad key or value;
             the message names the file and the key (``persistenced.per_gpu_s``).
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
+    text = _read_config_text(path)
+    if text is None:
         return Config()
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read: {err.strerror}") from err
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -128,10 +148,43 @@ def load_config(path: str) -> Config:
         return Config.model_validate(raw)
     except ValidationError as err:
         first = err.errors()[0]
-        key = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        key = ".".join(str(p) for p in first["loc"]).replace(".[key]", "") or "(top level)"
+        msg = "unknown key" if first["type"] == "extra_forbidden" else \
+            first["msg"].removeprefix("Value error, ")
         more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
         raise ConfigError(f"{path}: {key}: {msg}{more}") from err
+
+
+def _read_config_text(path: str) -> str | None:
+    """The config file's text; None when it does not exist.
+
+    Only a regular file of at most 1 MiB is read, opened without blocking: a FIFO or a device
+    given as the config must not hang or flood the boot.
+
+    Raises:
+        ConfigError: not a regular file, too large, unreadable, or not UTF-8.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from err
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"{path}: not a regular file")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+        data = os.read(fd, MAX_CONFIG_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from err
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
 
 
 def timeouts_for(config: Config) -> dict[str, float]:

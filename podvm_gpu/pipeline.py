@@ -9,6 +9,8 @@ wait is cut to it, and an interval timer stops anything that still runs past it.
 
 from __future__ import annotations
 
+import json
+import shlex
 import signal
 import time
 import traceback
@@ -90,8 +92,14 @@ def run_pipeline(root: Root, config_path: str, status: Status, status_file: Stat
     if dry_run:
         from podvm_gpu.plan import plan
 
-        for argv in plan(ctx):
-            print(" ".join(argv))
+        commands = plan(ctx)
+        if json_out:
+            print(json.dumps({"dry_run": True, "gpus": [g.to_dict() for g in gpus],
+                              "nvswitches": [s.to_dict() for s in switches],
+                              "commands": commands}, indent=2))
+        else:
+            for argv in commands:
+                print(shlex.join(argv))
         return 0
     previous = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, max(ctx.remaining(), 0) + _ALARM_GRACE_S)

@@ -26,17 +26,20 @@ class StatusFile:
     """
 
     def __init__(self, root: Root, enabled: bool = True):
-        self.path = root.resolve(STATUS_PATH, follow_last=False)
+        self.root = root
+        self.path = STATUS_PATH
         self.enabled = enabled
 
     def write(self, status: Status) -> None:
         """Write ``status`` (mode 0644).
 
         Raises:
-            OSError: the run directory cannot be created or written.
+            OSError: the run directory cannot be resolved, created or written.
         """
         if not self.enabled:
             return
+        # resolved on every write: a link planted meanwhile is followed chroot-style only
+        self.path = self.root.resolve(STATUS_PATH, follow_last=False)
         ensure_dir(os.path.dirname(self.path))
         atomic_write(self.path, json.dumps(status.to_dict(), indent=2) + "\n")
 
@@ -48,16 +51,39 @@ class StatusFile:
         self.write(status)
 
 
-def read_status(root: Root) -> dict | None:
-    """The status document under ``root``, or None when there is none yet (or it is unreadable)."""
+class StatusUnreadable(ValueError):
+    """The status file exists but is not a status document (not JSON, wrong types)."""
+
+
+def load_status(root: Root) -> dict | None:
+    """The status document under ``root``; None when there is none yet.
+
+    Raises:
+        StatusUnreadable: the file is not JSON, or ``state``, ``reason`` or ``warnings`` do not
+            have the types of contract section 4.
+    """
     text = root.read_text(STATUS_PATH)
     if text is None:
         return None
     try:
         doc = json.loads(text)
-    except ValueError:
+    except ValueError as err:
+        raise StatusUnreadable(f"{STATUS_PATH} is not JSON ({err})") from err
+    states = {s.value for s in State}
+    if not isinstance(doc, dict) or doc.get("state") not in states:
+        raise StatusUnreadable(f"{STATUS_PATH} has no valid state (one of {sorted(states)})")
+    if not isinstance(doc.get("reason"), (str, type(None))) or not isinstance(
+            doc.get("warnings", []), list):
+        raise StatusUnreadable(f"{STATUS_PATH}: reason or warnings have the wrong type")
+    return doc
+
+
+def read_status(root: Root) -> dict | None:
+    """Like :func:`load_status`, but None also when the file is unreadable."""
+    try:
+        return load_status(root)
+    except StatusUnreadable:
         return None
-    return doc if isinstance(doc, dict) else None
 
 
 def exit_code_for(doc: dict | None) -> int:
@@ -74,6 +100,9 @@ def wait_for_final(root: Root, timeout_s: float, poll_s: float = 0.2) -> dict | 
     """Poll the status file until its state is final or ``timeout_s`` seconds pass.
 
     Returns the last document read (None if none appeared).
+
+    Raises:
+        StatusUnreadable: at the timeout, the file is there but garbled.
     """
     deadline = time.monotonic() + timeout_s
     while True:
@@ -82,5 +111,5 @@ def wait_for_final(root: Root, timeout_s: float, poll_s: float = 0.2) -> dict | 
             return doc
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return doc
+            return load_status(root)  # raises StatusUnreadable for a garbled file
         time.sleep(min(poll_s, remaining))

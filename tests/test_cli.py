@@ -80,7 +80,6 @@ def test_empty_environment_values_mean_the_defaults(monkeypatch):
     ["boot", "--help"],
     ["boot", "--root"],
     ["boot", "--root", "--json"],
-    ["boot", "--root="],
     ["boot", "--json=yes"],
     ["boot", "extra"],
     ["--version"],
@@ -327,3 +326,14 @@ def test_boot_that_cannot_write_its_status_exits_1(tmp_path, podvm, empty_path):
     assert done.returncode == 1
     assert "status" in done.stderr and "Traceback" not in done.stderr
     assert os.path.isfile(tmp_path / "run")
+
+
+@pytest.mark.parametrize("args", [["boot", "--root="], ["boot", "--root", ""],
+                                  ["boot", "--root", "relative/dir"],
+                                  ["status", "--root", "relative"],
+                                  ["check", "--image", "--root", "/nonexistent/root"]])
+def test_an_empty_relative_or_missing_root_is_a_usage_error(args, tmp_path, monkeypatch):
+    """A relative or empty root would put run/ and var/ in the current directory."""
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    assert list(tmp_path.iterdir()) == []

@@ -10,6 +10,7 @@ Only the standard library is imported here: the CPU fast path uses this module.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -44,7 +45,11 @@ class Root:
         Returns:
             A path under ``self.path``. Components that do not exist are appended as they are.
             An absolute link target is taken under the root and ``..`` never climbs above it,
-            so the result cannot leave the root. A loop of links is cut after 40 links.
+            so the result cannot leave the root.
+
+        Raises:
+            OSError: ``ELOOP`` after 40 links, as the kernel does; a path that kept the 41st
+                link as a plain component would let the kernel follow it out of the root.
         """
         if self.is_host:
             parts = [p for p in host_path.split("/") if p]
@@ -61,8 +66,10 @@ class Root:
                     done.pop()
                 continue
             candidate = os.path.join(self.path, *done, part)
-            if (todo or follow_last) and os.path.islink(candidate) and links < _MAX_LINKS:
+            if (todo or follow_last) and os.path.islink(candidate):
                 links += 1
+                if links > _MAX_LINKS:
+                    raise OSError(errno.ELOOP, "too many levels of symbolic links", host_path)
                 target = os.readlink(candidate)
                 if target.startswith("/"):
                     done = []
@@ -92,7 +99,10 @@ class Root:
 
     def exists(self, host_path: str) -> bool:
         """True when the path exists under the root (links followed chroot-style)."""
-        return os.path.exists(self.resolve(host_path))
+        try:
+            return os.path.exists(self.resolve(host_path))
+        except OSError:
+            return False
 
 
 def atomic_write(path: str, data: str | bytes, mode: int = 0o644) -> None:

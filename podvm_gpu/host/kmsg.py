@@ -9,32 +9,43 @@ splits long messages over several ``NVRM:`` records; they are joined into one be
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import os
 import re
+import stat
 
 from podvm_gpu.host.fs import Root
 
 KMSG_PATH = "/dev/kmsg"
 _MAX_BYTES = 4 * 1024 * 1024  # the kernel ring buffer is at most a few MiB
+_MAX_READ = 64 * 1024 * 1024  # a device that never ends (not a kernel log) is cut here
+_MAX_MESSAGE = 4096  # a kernel record is at most about 1 KiB (PRINTK_MESSAGE_MAX)
 _MAX_JOIN = 8  # NVRM messages seen in the field span at most 4-5 records
 
 
 def read_kernel_log(root: Root) -> list[str]:
     """Every message in the kernel log since boot, oldest first, without the record prefix.
 
-    Returns an empty list when the log cannot be read (no such file, no permission).
+    The newest 4 MiB are kept (the kernel's ring buffer is at most a few MiB; a larger file is
+    not a kernel log), and at most 64 MiB are read, so no file or device given as the log can
+    hang the boot. Returns an empty list when the log cannot be read (no file, no permission).
     """
-    path = root.resolve(KMSG_PATH)
     try:
+        path = root.resolve(KMSG_PATH)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return []
-    chunks: list[bytes] = []
-    total = 0
+    kept: collections.deque[bytes] = collections.deque()
+    kept_bytes = read_bytes = 0
+    cut = False
     try:
-        while total < _MAX_BYTES:
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and info.st_size > _MAX_BYTES:
+            os.lseek(fd, info.st_size - _MAX_BYTES, os.SEEK_SET)
+            cut = True
+        while read_bytes < _MAX_READ:
             try:
                 chunk = os.read(fd, 65536)
             except OSError as err:
@@ -43,12 +54,21 @@ def read_kernel_log(root: Root) -> list[str]:
                 break  # EAGAIN: the end of the live log
             if not chunk:
                 break
-            chunks.append(chunk)
-            total += len(chunk)
+            kept.append(chunk)
+            kept_bytes += len(chunk)
+            read_bytes += len(chunk)
+            while kept_bytes - len(kept[0]) >= _MAX_BYTES:
+                kept_bytes -= len(kept.popleft())
+                cut = True
+    except OSError:
+        pass
     finally:
         os.close(fd)
-    text = b"".join(chunks).decode("utf-8", errors="replace")
-    return [parse_record(line) for line in text.splitlines() if line and not line.startswith(" ")]
+    lines = b"".join(kept).decode("utf-8", errors="replace").splitlines()
+    if cut and lines:
+        lines = lines[1:]  # the first line may be the tail of a record
+    return [parse_record(line)[:_MAX_MESSAGE] for line in lines
+            if line and not line.startswith(" ")]
 
 
 def parse_record(line: str) -> str:
@@ -122,6 +142,8 @@ FATAL_XIDS = {48: "double-bit ECC error", 62: "internal micro-controller halt",
               119: "GSP RPC timeout", 120: "GSP error", 140: "unrecovered ECC error"}
 FATAL_KINDS = frozenset({"fell-off-bus", "needs-reset", "gsp-firmware", "bar"})
 _DRIVER_BANNER = "NVRM: loading NVIDIA UNIX"
+# Every pattern below needs one of these words (lowercase) in the message.
+_KEYWORDS = ("nvrm", "xid", "firmware", "bar", "reset", "lockdown", "fallen", "nvidia", "gsp")
 
 
 _PATTERNS: list[tuple[str, re.Pattern, str]] = [
@@ -131,7 +153,8 @@ _PATTERNS: list[tuple[str, re.Pattern, str]] = [
                                 r"(?:\.[0-7])?):.*fallen off the bus", re.I),
      "GPU {pci} has fallen off the bus"),
     ("fell-off-bus", re.compile(r"fallen off the bus", re.I), "a GPU has fallen off the bus"),
-    ("gsp-firmware", re.compile(r"(?P<path>\S*gsp\S*\.bin)\b[^\n]*(?:not found|failed|missing)", re.I),
+    ("gsp-firmware", re.compile(r"(?P<path>(?<!\S)\S*gsp\S*\.bin)\b[^\n]*(?:not found|failed|missing)",
+                                re.I),
      "GSP firmware missing ({path})"),
     ("gsp-firmware", re.compile(r"firmware[^\n]*(?:not found|failed|missing)|No firmware image found",
                                 re.I),
@@ -169,6 +192,9 @@ def findings(messages: list[str]) -> list[Finding]:
     found: list[Finding] = []
     seen: set[str] = set()
     for msg in join_nvrm(messages):
+        lower = msg.lower()
+        if not any(word in lower for word in _KEYWORDS):
+            continue  # most of a kernel log is about other devices: skip the patterns
         if "module verification failed" in msg or "taints kernel" in msg:
             continue
         for kind, pattern, template in _PATTERNS:

@@ -64,6 +64,11 @@ class Runner:
             return configured if os.access(configured, os.X_OK) else None
         return shutil.which(tool, path=self.env.get("PATH", os.defpath))
 
+    def _missing(self, tool: str) -> str:
+        if self.tool_paths.get(tool):
+            return f"{tool}: {self.tool_paths[tool]} (set in the config) is not an executable"
+        return f"{tool}: not found on PATH"
+
     def timeout_for(self, tool: str, requested: float | None = None) -> float:
         """The timeout of one call: the request or the tool's configured value, cut to the budget."""
         timeout = requested if requested is not None else self.timeouts.get(tool, DEFAULT_TIMEOUT_S)
@@ -92,7 +97,7 @@ class Runner:
         self.calls.append(list(argv))
         path = self.which(tool)
         if path is None:
-            raise CommandError(argv, None, message=f"{tool}: not found on PATH")
+            raise CommandError(argv, None, message=self._missing(tool))
         if limit <= 0:
             raise CommandError(argv, None, timed_out=True, timeout_s=0.0,
                                message=f"{tool}: not run, the boot budget is spent (timed out)")
@@ -123,10 +128,12 @@ class Runner:
 
         The process gets its own session and is never killed by us: a process that is
         initialising GPUs must not be interrupted (contract section 3). Its output goes to
-        ``log_path`` (created 0644) so its last message can be quoted if it exits.
+        ``log_path`` (made anew, 0644, never through a symlink) so its last message can be quoted
+        if it exits.
 
         Raises:
             CommandError: the tool is missing or cannot start, or this runner is read-only.
+            OSError: the log file cannot be created.
         """
         tool = argv[0]
         self.calls.append(list(argv))
@@ -134,8 +141,14 @@ class Runner:
             raise CommandError(argv, None, message=f"{tool}: not started (read-only run)")
         path = self.which(tool)
         if path is None:
-            raise CommandError(argv, None, message=f"{tool}: not found on PATH")
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            raise CommandError(argv, None, message=self._missing(tool))
+        try:
+            os.unlink(log_path)  # a new file: never truncate whatever a planted link names
+        except FileNotFoundError:
+            pass
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(log_path, flags, 0o644)
+        os.fchmod(fd, 0o644)
         try:
             return subprocess.Popen([path, *argv[1:]], stdin=subprocess.DEVNULL, stdout=fd,
                                     stderr=fd, env=self.env, start_new_session=True)

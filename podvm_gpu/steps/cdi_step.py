@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import os
 
-import yaml
-
+from podvm_gpu import cdi_dir
 from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
 from podvm_gpu.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host.fs import atomic_write, ensure_dir
-from podvm_gpu.status import CDI_KIND, CDI_SPEC_PATH
+from podvm_gpu.status import CDI_SPEC_PATH
 
-CDI_DIRS = ("/var/run/cdi", "/etc/cdi")
-DISABLED_SUFFIX = ".disabled-by-podvm-gpu"
 
 
 def generate_argv(ctx: BootContext) -> list[str]:
@@ -55,44 +52,6 @@ def mig_problem(ctx: BootContext) -> str | None:
     return None
 
 
-def defines_our_kind(path: str) -> bool:
-    """True when the spec file at ``path`` (not followed if a symlink) has kind nvidia.com/gpu."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
-            doc = yaml.safe_load(f.read(1 << 20))
-    except (OSError, yaml.YAMLError):
-        return False
-    return isinstance(doc, dict) and doc.get("kind") == CDI_KIND
-
-
-def other_specs(ctx: BootContext, host_dir: str) -> list[str]:
-    """Files in a CDI directory, other than our spec, that define kind nvidia.com/gpu."""
-    folder = ctx.root.resolve(host_dir)
-    ours = os.path.basename(CDI_SPEC_PATH)
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError:
-        return []
-    return [os.path.join(folder, n) for n in names
-            if n.endswith((".yaml", ".json")) and not (host_dir == "/var/run/cdi" and n == ours)
-            and defines_our_kind(os.path.join(folder, n))]
-
-
-def disable_duplicates(ctx: BootContext) -> None:
-    """Rename other nvidia.com/gpu specs in /var/run/cdi aside; warn about /etc/cdi ones."""
-    for path in other_specs(ctx, "/var/run/cdi"):
-        os.rename(path, path + DISABLED_SUFFIX)
-        host = ctx.root.host_path(path)
-        ctx.warn(f"cdi: {host} also defined {CDI_KIND}; renamed to {host}{DISABLED_SUFFIX}")
-    for path in other_specs(ctx, "/etc/cdi"):
-        ctx.warn(f"cdi: {ctx.root.host_path(path)} also defines {CDI_KIND}; remove it from the "
-                 "image (boot never writes to /etc/cdi)")
-
-
 def run(ctx: BootContext) -> str:
     """Generate, validate and install the spec; record it in the status.
 
@@ -122,7 +81,8 @@ def run(ctx: BootContext) -> str:
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise StepFailed("the generated spec is not usable: " + "; ".join(problems[:3]) + more)
-    disable_duplicates(ctx)
+    for warning in cdi_dir.disable_duplicates(ctx.root):
+        ctx.warn(warning)
     target = ctx.root.resolve(CDI_SPEC_PATH, follow_last=False)
     ensure_dir(os.path.dirname(target))
     atomic_write(target, text)

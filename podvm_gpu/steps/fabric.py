@@ -86,7 +86,7 @@ def run(ctx: BootContext) -> str:
         return f"no NVSwitch in the VM; fabric managed outside it: {summarize(states)} -> ready"
     pid = daemon_pid(root, FABRICMANAGER_PID, FABRICMANAGER_COMM)
     proc = None
-    log_path = root.resolve(LOG_PATH)
+    log_path = root.resolve(LOG_PATH, follow_last=False)
     if pid is None:
         ensure_dir(os.path.dirname(log_path))
         argv = ["nv-fabricmanager"]

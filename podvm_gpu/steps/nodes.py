@@ -60,8 +60,16 @@ def node_problem(root: Root, node: Node) -> str | None:
 
 
 def make_node(root: Root, node: Node) -> None:
-    """``mknod`` a character device (mode 0666) under the root; replaces nothing that exists."""
+    """``mknod`` a character device (mode 0666) under the root; replaces nothing that exists.
+
+    Raises:
+        StepFailed: something that is not the node is already at its path.
+        OSError: mknod failed (no CAP_MKNOD, a read-only /dev).
+    """
     path = root.resolve(node.path, follow_last=False)
+    if os.path.lexists(path):
+        kind = "a symlink" if os.path.islink(path) else "not a character device"
+        raise StepFailed(f"{node.path} exists but is {kind}; remove it so the node can be made")
     ensure_dir(os.path.dirname(path))
     os.mknod(path, stat.S_IFCHR | NODE_MODE, os.makedev(node.major, node.minor))
     os.chmod(path, NODE_MODE)  # mknod's mode is cut by the umask

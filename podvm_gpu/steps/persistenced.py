@@ -80,11 +80,11 @@ def run(ctx: BootContext) -> str:
     pid = daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM)
     proc = None
     if pid is None:
-        log_path = root.resolve(LOG_PATH)
+        log_path = root.resolve(LOG_PATH, follow_last=False)
         ensure_dir(os.path.dirname(log_path))
         proc = ctx.runner.spawn(["nvidia-persistenced", *cfg.args], log_path)
     else:
-        log_path = root.resolve(LOG_PATH)
+        log_path = root.resolve(LOG_PATH, follow_last=False)
     started = time.monotonic()
     def ready() -> bool:
         # the socket alone could be left from an earlier daemon; it must be running too
