@@ -1,0 +1,94 @@
+"""``podvm-gpu check --image`` on image roots (contract section 6): it passes on an image that
+has what the agent needs, and fails naming the file when a kernel lacks the nvidia module or the
+module's version differs from the user-space driver's.
+
+The image is a directory made like the Packer null build's: the stand-ins of the NVIDIA packages
+(tests/boot/nvidia_image.py: real ELF modules with a ``.modinfo`` version, the user-space driver,
+the commands) and the agent's units as the installer lays them out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from boot.nvidia_image import VERSION, add_nvidia_driver
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_image(root: Path, version: str = VERSION) -> Path:
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/sbin").mkdir(parents=True)
+    (root / "usr/lib/x86_64-linux-gnu").mkdir(parents=True)
+    modprobe = root / "usr/sbin/modprobe"
+    modprobe.write_text("#!/bin/sh\nexit 0\n")
+    modprobe.chmod(0o755)
+    add_nvidia_driver(root, version)
+    units = root / "usr/lib/systemd/system"
+    (units / "kata-agent.service.d").mkdir(parents=True)
+    shutil.copy(REPO / "systemd/podvm-gpu.service", units)
+    shutil.copy(REPO / "systemd/kata-agent.service.d/10-podvm-gpu.conf",
+                units / "kata-agent.service.d")
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True)
+    (wants / "podvm-gpu.service").symlink_to("/usr/lib/systemd/system/podvm-gpu.service")
+    return root
+
+
+def check_image(root: Path) -> tuple[int, dict[str, dict]]:
+    # PATH without modinfo: the version is read from the module's .modinfo section itself
+    env = {**os.environ, "PATH": str(root / "usr/bin")}
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu", "check", "--image", "--root",
+                           str(root), "--json"], capture_output=True, text=True, env=env,
+                          timeout=60, cwd=REPO)
+    doc = json.loads(done.stdout)
+    return done.returncode, {c["name"]: c for c in doc["checks"]}
+
+
+def test_an_image_with_driver_units_and_tools_passes(tmp_path):
+    code, checks = check_image(make_image(tmp_path))
+    assert code == 0, checks
+    assert {name: c["result"] for name, c in checks.items()} == {
+        "unit": "pass", "kata-agent-ordering": "pass", "tools": "pass", "modules": "pass",
+        "versions": "pass", "cdi-refresh-units": "pass"}
+    assert VERSION in checks["versions"]["detail"]
+
+
+def test_a_kernel_without_the_nvidia_module_fails_naming_its_folder(tmp_path):
+    root = make_image(tmp_path)
+    (root / "boot/vmlinuz-6.1.0-newer-amd64").write_bytes(b"")
+    code, checks = check_image(root)
+    assert code == 1
+    assert checks["modules"]["result"] == "fail"
+    assert "/lib/modules/6.1.0-newer-amd64" in checks["modules"]["detail"]
+    assert checks["modules"]["hint"]
+
+
+def test_modules_of_another_version_than_user_space_fail_naming_the_module_file(tmp_path):
+    root = make_image(tmp_path)
+    lib = root / "usr/lib/x86_64-linux-gnu"
+    (lib / "libnvidia-ml.so.1").unlink()
+    (lib / "libnvidia-ml.so.550.90.07").write_bytes(b"")
+    (lib / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.550.90.07")
+    code, checks = check_image(root)
+    assert code == 1
+    versions = checks["versions"]
+    assert versions["result"] == "fail"
+    assert "/updates/dkms/nvidia.ko" in versions["detail"]
+    assert VERSION in versions["detail"] and "550.90.07" in versions["detail"]
+
+
+def test_enabled_refresh_units_fail_the_image(tmp_path):
+    root = make_image(tmp_path)
+    unit = root / "usr/lib/systemd/system/nvidia-cdi-refresh.path"
+    unit.write_text("[Path]\nPathChanged=/lib/modules\n[Install]\nWantedBy=multi-user.target\n")
+    (root / "etc/systemd/system/multi-user.target.wants/nvidia-cdi-refresh.path").symlink_to(
+        "/usr/lib/systemd/system/nvidia-cdi-refresh.path")
+    code, checks = check_image(root)
+    assert code == 1
+    assert checks["cdi-refresh-units"]["result"] == "fail"
