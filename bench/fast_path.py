@@ -10,7 +10,8 @@ defaults to the ``podvm-gpu`` next to this interpreter (a venv's ``bin/``), else
 (non-editable) install of this checkout, as an image gets it (``--no-deps``: the fast path
 imports none of them). Each boot runs
 against a fresh temporary root, on this machine's real /sys (no NVIDIA GPU), with no config file.
-Prints the medians, the ratio and the verdict; exits 1 when the ratio is over the goal.
+Prints the medians, the ratio and the verdict; exits 3 when the ratio is over the goal (1 is
+left to a crash).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def interpreter_of(script: str) -> str:
 
 
 def timed(argv: list[str]) -> float:
+    if "--root" in argv:
+        os.makedirs(argv[argv.index("--root") + 1])  # boot wants an existing root
     t0 = time.perf_counter()
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t0
@@ -84,7 +87,7 @@ def main() -> int:
     print(f"boot median        {p * 1000:.1f} ms  (min {min(boot) * 1000:.1f})")
     print(f"ratio              {ratio:.2f}  (goal <= {GOAL})")
     print("verdict            " + ("ok" if ratio <= GOAL else "OVER GOAL"))
-    return 0 if ratio <= GOAL else 1
+    return 0 if ratio <= GOAL else 3
 
 
 if __name__ == "__main__":
