@@ -31,7 +31,7 @@ def no_product_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-# --- fast_boot_args: the hand parser of the boot fast path ------------------------------------------
+# --- fast_boot_args: the hand parser of the boot fast path ----------------------------------------
 
 def test_plain_boot_gets_the_defaults():
     assert fast_boot_args(["boot"]) == {"root_dir": "/", "config": None, "json_out": False,
@@ -88,7 +88,7 @@ def test_anything_else_goes_to_the_full_parser(args):
     assert fast_boot_args(args) is None
 
 
-# --- the typer app: version, help, usage errors -------------------------------------------------------
+# --- the typer app: version, help, usage errors ---------------------------------------------------
 
 def test_version_exits_0(capsys):
     assert run_app(["--version"]) == 0
@@ -337,3 +337,48 @@ def test_an_empty_relative_or_missing_root_is_a_usage_error(args, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     assert main(args) == 2
     assert list(tmp_path.iterdir()) == []
+
+
+# --- boot --dry-run --json: one JSON document, nothing written ------------------------------------
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every path under ``root`` with its kind, content and mtime."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            info = path.lstat()
+            content = path.read_bytes() if path.is_file() and not path.is_symlink() else None
+            found[str(path.relative_to(root))] = (info.st_mode, info.st_mtime_ns, content)
+    return found
+
+
+@pytest.mark.parametrize("tree, config, state", [("cpu-vm", None, "no-gpu"),
+                                                 ("cpu-vm", "budget_s: true\n", "failed"),
+                                                 ("h100-pcie", None, None)],
+                         ids=["no-gpu", "bad-config", "gpu"])
+def test_boot_dry_run_json_prints_one_document_and_writes_nothing(tmp_path, podvm, empty_path,
+                                                                   tree, config, state):
+    root = tmp_path / "root"
+    (root / "var" / "run" / "cdi").mkdir(parents=True)
+    # a duplicate spec a real boot would rename aside
+    (root / "var" / "run" / "cdi" / "toolkit.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n")
+    if config:
+        (root / "etc" / "podvm-gpu").mkdir(parents=True)
+        (root / "etc" / "podvm-gpu" / "config.yaml").write_text(config)
+    before = snapshot(root)
+
+    done = podvm(["boot", "--dry-run", "--json", "--root", str(root)], tree=tree,
+                 env={"PATH": empty_path})
+
+    assert done.returncode == (1 if state == "failed" else 0), done.stderr
+    doc = json.loads(done.stdout)  # one document, nothing else on stdout
+    assert doc["dry_run"] is True
+    assert isinstance(doc["commands"], list)
+    if state:
+        assert doc["state"] == state
+    else:
+        assert [g["pci_address"] for g in doc["gpus"]] == ["0000:00:04.0"]
+        assert ["modprobe", "nvidia"] in doc["commands"]
+    assert snapshot(root) == before

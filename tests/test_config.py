@@ -7,7 +7,10 @@ devices (with a config file present, boot always takes the validated path).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 
 import pydantic
 import pytest
@@ -77,7 +80,7 @@ def test_the_config_is_frozen():
         Config().budget_s = 1  # type: ignore[misc]
 
 
-# --- errors name the file and the key ---------------------------------------------------------------
+# --- errors name the file and the key -------------------------------------------------------------
 
 def test_unknown_top_level_key_names_file_and_key(config_file):
     message = load_error("budget_s: 30\nbudget: 10\n", config_file)
@@ -216,3 +219,132 @@ def test_unavailable_spec_false_writes_no_spec(tmp_path, podvm, empty_path):
     assert done.returncode == 0, done.stderr
     assert json.loads((root / "run/podvm-gpu/status.json").read_text())["state"] == "no-gpu"
     assert not (root / "var/run/cdi/nvidia.yaml").exists()
+
+
+# --- hostile config files: a bounded regular UTF-8 file with strict values ------------------------
+# Real files under tmp_path (pyfakefs has no FIFOs); each case is loaded in-process and then given
+# to the real boot, which must end failed with the unavailable spec, never hang or take defaults.
+
+class Blocked(Exception):
+    """Raised by :func:`must_finish_within`; not an OSError (as TimeoutError is), so product code
+    that catches OSError around a blocking open() cannot swallow it."""
+
+
+@contextlib.contextmanager
+def must_finish_within(seconds: float):
+    """Fail (instead of hanging the suite) when the block blocks longer than ``seconds``."""
+    def expired(signum, frame):
+        raise Blocked(f"blocked for more than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def unblock_fifo(path) -> None:
+    """Open and close a FIFO's writing end, so that a reader stuck in open() or read() goes on
+    (a regression must not leave a process behind)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass  # no reader: nothing is stuck
+
+
+def _bytes(data: bytes):
+    def make(path):
+        path.write_bytes(data)
+    return make
+
+
+# id -> (make the config at the path, the key the message names or None, words it must hold)
+HOSTILE_CONFIGS = {
+    "not-utf8": (_bytes(b"budget_s: 30\n# caf\xe9 \xff\xfe\n"), None, "UTF-8"),
+    "fifo": (os.mkfifo, None, "not a regular file"),
+    "directory": (os.mkdir, None, "not a regular file"),
+    # a valid config but for its size: one comment line of 1 MiB
+    "over-1-mib": (_bytes(b"budget_s: 30\n#" + b"x" * (1 << 20) + b"\n"), None, "larger than"),
+    "budget-inf": (_bytes(b"budget_s: .inf\n"), "budget_s", ""),
+    "budget-true": (_bytes(b"budget_s: true\n"), "budget_s", ""),
+    "budget-over-an-hour": (_bytes(b"budget_s: 4000\n"), "budget_s", ""),
+    "timeout-of-an-unknown-tool": (_bytes(b"timeouts: {nonsuch: 5}\n"), "timeouts.nonsuch", ""),
+    "path-of-an-unknown-tool": (_bytes(b"tools: {nonsuch: /bin/true}\n"), "tools.nonsuch", ""),
+    "module-parameter-named-like-an-option": (
+        _bytes(b"modules:\n  parameters:\n    nvidia:\n      --config: 1\n"),
+        "modules.parameters", "--config"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_CONFIGS)
+def test_load_config_rejects_a_hostile_file_naming_the_file_and_key(tmp_path, case):
+    make, key, words = HOSTILE_CONFIGS[case]
+    path = tmp_path / "config.yaml"
+    make(path)
+
+    try:
+        with must_finish_within(5), pytest.raises(ConfigError) as err:
+            load_config(str(path))
+    finally:
+        unblock_fifo(path)
+
+    message = str(err.value)
+    assert message.startswith(f"{path}: ")
+    assert key is None or key in message
+    assert words in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("case", HOSTILE_CONFIGS)
+def test_boot_with_a_hostile_config_ends_failed_with_the_unavailable_spec(tmp_path, podvm,
+                                                                          empty_path, case):
+    make, key, words = HOSTILE_CONFIGS[case]
+    root = tmp_path / "root"
+    config = root / "etc" / "podvm-gpu" / "config.yaml"
+    config.parent.mkdir(parents=True)
+    make(config)
+
+    try:
+        # a FIFO opened for reading blocks until a writer comes: the boot must not wait for one
+        done = podvm(["boot", "--root", str(root)], tree="cpu-vm", env={"PATH": empty_path},
+                     timeout=5)
+    finally:
+        unblock_fifo(config)
+
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    status = json.loads((root / "run/podvm-gpu/status.json").read_text())
+    assert status["state"] == "failed"
+    assert status["reason"].startswith(f"config: {config}: ")
+    assert key is None or key in status["reason"]
+    assert words in status["reason"]
+    spec = yaml.safe_load((root / "var/run/cdi/nvidia.yaml").read_text())
+    assert [d["name"] for d in spec["devices"]] == ["unavailable"]
+    assert "PODVM_GPU_STATE=failed" in spec["devices"][0]["containerEdits"]["env"]
+
+
+def test_a_budget_of_exactly_an_hour_is_accepted(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("budget_s: 3600\ntimeouts: {nvidia-smi: 3600}\n")
+
+    assert load_config(str(path)).budget_s == 3600
+
+
+def test_a_config_of_exactly_1_mib_is_read(tmp_path):
+    path = tmp_path / "config.yaml"
+    head = b"budget_s: 30\n#"
+    path.write_bytes(head + b"x" * ((1 << 20) - len(head) - 1) + b"\n")
+    assert path.stat().st_size == 1 << 20
+
+    assert load_config(str(path)).budget_s == 30
+
+
+def test_a_module_parameter_value_of_two_words_is_rejected(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("modules:\n  parameters:\n    nvidia:\n      NVreg_X: 'a b'\n")
+
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    assert "modules.parameters" in str(err.value) and "NVreg_X" in str(err.value)

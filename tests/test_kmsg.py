@@ -34,11 +34,16 @@ def as_kmsg(messages: list[str], first_seq: int = 1000) -> str:
                    for i, m in enumerate(messages))
 
 
+class Blocked(Exception):
+    """Raised by :func:`must_finish_within`. Not TimeoutError: that is an OSError, which
+    read_kernel_log catches around its open(), so a blocking open would pass as an empty log."""
+
+
 @contextlib.contextmanager
 def must_finish_within(seconds: float):
     """Fail (instead of hanging the suite) when the block blocks longer than ``seconds``."""
     def expired(signum, frame):
-        raise TimeoutError(f"blocked for more than {seconds} s")
+        raise Blocked(f"blocked for more than {seconds} s")
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -328,3 +333,88 @@ def test_findings_read_from_the_log_file_end_to_end(tmp_path):
     found = findings(read_kernel_log(Root(tmp_path)))
 
     assert [f.kind for f in found] == ["unsupported-pci-id"]
+
+
+# --- bounded reads: the newest 4 MiB of a large file, bounded work per message --------------------
+
+MiB = 1 << 20
+
+
+def filler(count: int, first_seq: int = 1) -> str:
+    """Harmless records (no word findings() looks for), about 64 bytes each."""
+    return "".join(f"6,{first_seq + i},{i},-;virtio_net virtio0 eth0: link is up, filler {i:08d}\n"
+                   for i in range(count))
+
+
+def test_a_log_file_over_4_mib_keeps_the_newest_records(tmp_path):
+    """The kernel's ring buffer is a few MiB; a larger file is cut from its start, so the newest
+    record (here an Xid 79 after more than 5 MiB of filler) is still read."""
+    (tmp_path / "dev").mkdir()
+    body = filler(90_000)
+    assert len(body) > 5 * MiB
+    body += "3,90001,0,-;NVRM: Xid (PCI:0000:01:00): 79, pid=0, GPU has fallen off the bus.\n"
+    (tmp_path / "dev" / "kmsg").write_text(body)
+
+    messages = read_kernel_log(Root(tmp_path))
+
+    assert messages[-1].startswith("NVRM: Xid (PCI:0000:01:00): 79")
+    assert sum(len(m) for m in messages) < 4 * MiB
+    assert [(f.kind, f.code) for f in findings(messages)] == [("xid", 79)]
+
+
+def test_a_log_file_over_4_mib_drops_the_partial_first_line(tmp_path):
+    """The cut lands inside a record; what is left of it is not a record and is dropped."""
+    (tmp_path / "dev").mkdir()
+    straddling = "6,500,0,-;STRADDLE-" + "A" * 1000 + "-END\n"
+    head = filler(20_000)  # 1.2 MiB before the straddling record
+    after = "6,501,0,-;the first whole record after the cut\n"
+    tail = filler(60_000, first_seq=502)
+    # everything from the middle of the A's on is exactly 4 MiB
+    keep = len(straddling) // 2
+    pad = 4 * MiB - (len(straddling) - keep) - len(after) - len(tail)
+    assert pad > 20
+    tail = tail[:-1] + "x" * pad + "\n"  # lengthen the last record
+    (tmp_path / "dev" / "kmsg").write_text(head + straddling + after + tail)
+
+    messages = read_kernel_log(Root(tmp_path))
+
+    assert messages[0] == "the first whole record after the cut"
+    assert not any("-END" in m for m in messages)
+
+
+def test_a_record_longer_than_4096_characters_is_cut(tmp_path):
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "kmsg").write_text(as_kmsg(["NVRM: " + "x" * 10_000, "next"]))
+
+    messages = read_kernel_log(Root(tmp_path))
+
+    assert [len(m) for m in messages] == [4096, 4]
+
+
+def test_a_message_of_40000_characters_without_spaces_around_gsp_is_processed_at_once():
+    """The GSP-firmware pattern starts a path only after a blank: without that anchor a long
+    word containing "gsp" costs quadratic backtracking (minutes for 40 000 characters)."""
+    message = "nvidia: " + "x" * 20_000 + "gsp" + "y" * 19_992
+
+    with must_finish_within(5):
+        found = findings([message])
+
+    assert found == []
+
+
+def test_a_joined_nvrm_message_of_repeated_bar_words_is_processed_at_once(tmp_path):
+    """Eight NVRM records without a full stop are joined into one message of about 32 000
+    characters (8 records of at most 4096 each, as read_kernel_log cuts them). The BAR pattern
+    ``BAR\\s*\\d+[^\\n]*(?:not assigned|invalid|is 0M)`` starts at every "BAR<n>" and scans to
+    the end: repeated, that is quadratic (about 10 s for this one message; a 4 MiB log holds 128
+    of them). The pipeline reads the log after the budget timer is off (the ready path and
+    _fail, which every failed boot takes), so nothing would bound that time."""
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "kmsg").write_text(as_kmsg(["NVRM: " + "BAR1" * 1100] * 8))
+    messages = read_kernel_log(Root(tmp_path))
+    assert len(join_nvrm(messages)) == 1
+
+    with must_finish_within(3):
+        found = findings(messages)
+
+    assert found == []

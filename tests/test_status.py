@@ -15,8 +15,9 @@ import yaml
 from podvm_gpu.cdi import parse_spec
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import PciDevice, State, Status, Step, StepResult
-from podvm_gpu.status import (CDI_SPEC_PATH, STATUS_PATH, StatusFile, exit_code_for, read_status,
-                              wait_for_final)
+from podvm_gpu.cli import main
+from podvm_gpu.status import (CDI_SPEC_PATH, STATUS_PATH, StatusFile, StatusUnreadable,
+                              exit_code_for, load_status, read_status, wait_for_final)
 from podvm_gpu.unavailable import render_unavailable_spec, write_unavailable_spec
 
 CONTRACT_KEYS = {"version", "state", "reason", "warnings", "started_at", "finished_at", "gpus",
@@ -123,7 +124,7 @@ def test_a_symlink_planted_at_the_status_path_is_replaced_not_followed(vm_root):
     assert json.load(open(status_path(vm_root)))["state"] == "running"
 
 
-# --- reading it back --------------------------------------------------------------------------------
+# --- reading it back ------------------------------------------------------------------------------
 
 def test_read_status_is_none_without_a_file(vm_root):
     assert read_status(vm_root) is None
@@ -226,3 +227,94 @@ def test_write_unavailable_spec_creates_var_run_cdi(tmp_path):
 
     assert path == str(tmp_path / "var" / "run" / "cdi" / "nvidia.yaml")
     assert os.path.isfile(path)
+
+
+# --- a garbled status file: load_status says why, status exits 3 ----------------------------------
+
+GARBLED = {
+    "not-json": '{"state": "rea',
+    "empty": "",
+    "json-list": '["ready"]',
+    "json-null": "null",
+    "state-missing": '{"version": 1, "reason": null, "warnings": []}',
+    "state-unknown": '{"version": 1, "state": "exploded", "reason": null, "warnings": []}',
+    "state-not-a-string": '{"version": 1, "state": ["ready"], "reason": null, "warnings": []}',
+    "warnings-not-a-list": '{"version": 1, "state": "ready", "reason": null, "warnings": "w"}',
+    "reason-not-a-string": '{"version": 1, "state": "failed", "reason": 7, "warnings": []}',
+}
+
+
+def write_raw_status(root: Root, text: str) -> None:
+    os.makedirs(os.path.dirname(status_path(root)), exist_ok=True)
+    with open(status_path(root), "w") as f:
+        f.write(text)
+
+
+@pytest.mark.parametrize("case", GARBLED)
+def test_load_status_raises_status_unreadable_for_a_garbled_file(vm_root, case):
+    write_raw_status(vm_root, GARBLED[case])
+
+    with pytest.raises(StatusUnreadable) as err:
+        load_status(vm_root)
+    assert STATUS_PATH in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("case", GARBLED)
+def test_read_status_is_none_for_every_garbled_file(vm_root, case):
+    write_raw_status(vm_root, GARBLED[case])
+
+    assert read_status(vm_root) is None
+
+
+def test_load_status_is_none_without_a_file(vm_root):
+    assert load_status(vm_root) is None
+
+
+@pytest.mark.parametrize("text", [
+    '{"state": "ready"}',  # reason and warnings may be left out
+    '{"state": "failed", "reason": "modules: boom", "warnings": ["w"], "extra": 1}',
+])
+def test_load_status_accepts_a_minimal_or_extended_document(vm_root, text):
+    write_raw_status(vm_root, text)
+
+    assert load_status(vm_root) == json.loads(text)
+
+
+def test_wait_for_final_raises_at_the_timeout_when_the_file_is_garbled(vm_root):
+    write_raw_status(vm_root, GARBLED["not-json"])
+
+    with pytest.raises(StatusUnreadable):
+        wait_for_final(vm_root, 0.1, poll_s=0.05)
+
+
+@pytest.mark.parametrize("case", ["not-json", "state-unknown", "state-not-a-string",
+                                  "warnings-not-a-list", "reason-not-a-string"])
+def test_status_command_says_unreadable_status_file_and_exits_3(vm_root, case, capsys):
+    write_raw_status(vm_root, GARBLED[case])
+
+    assert main(["status", "--root", vm_root.path]) == 3
+    out = capsys.readouterr().out
+    assert out.startswith("unreadable status file: ")
+    assert STATUS_PATH in out
+
+
+def test_status_wait_with_a_garbled_file_exits_3_at_the_timeout_saying_so(vm_root, capsys):
+    write_raw_status(vm_root, GARBLED["not-json"])
+    started = time.monotonic()
+
+    code = main(["status", "--root", vm_root.path, "--wait", "--timeout", "0.3"])
+
+    assert code == 3
+    assert 0.3 <= time.monotonic() - started < 3
+    assert capsys.readouterr().out.startswith("unreadable status file: ")
+
+
+def test_status_json_with_a_garbled_file_still_prints_one_json_document(vm_root, capsys):
+    """Contract section 1: with --json the output on stdout is one JSON document, whatever the
+    state; a script that parses it must not meet plain text."""
+    write_raw_status(vm_root, GARBLED["not-json"])
+
+    assert main(["status", "--root", vm_root.path, "--json"]) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert isinstance(doc, dict) and "state" in doc

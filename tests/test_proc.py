@@ -1,0 +1,169 @@
+"""Running external tools (podvm_gpu.host.proc.Runner; contract section 3: every external command
+has a timeout, a daemon is never killed, its log is ours).
+
+Real processes (sh, sleep, true) on a PATH of this machine; each test takes well under a second.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from podvm_gpu.errors import CommandError
+from podvm_gpu.host.proc import Runner
+
+
+@pytest.fixture
+def umask_077():
+    """A strict umask, as a hardened unit may have: modes must not depend on it."""
+    old = os.umask(0o077)
+    yield
+    os.umask(old)
+
+
+def spawn_and_wait(runner: Runner, argv: list[str], log: Path) -> None:
+    proc = runner.spawn(argv, str(log))
+    assert proc.wait(timeout=10) == 0
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie no PID 1 has reaped yet counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_until_dead(pid: int, seconds: float = 3.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+# --- spawn: the daemon's log ----------------------------------------------------------------------
+
+def test_spawn_does_not_truncate_the_file_a_symlinked_log_names(tmp_path, umask_077):
+    victim = tmp_path / "victim.conf"
+    victim.write_text("precious\n")
+    log = tmp_path / "daemon.log"
+    os.symlink(victim, log)
+
+    spawn_and_wait(Runner(), ["sh", "-c", "echo from-the-daemon"], log)
+
+    assert victim.read_text() == "precious\n"
+    assert not log.is_symlink()
+    info = os.lstat(log)
+    assert stat.S_ISREG(info.st_mode)
+    assert stat.S_IMODE(info.st_mode) == 0o644  # 0644 whatever the umask
+    assert log.read_text() == "from-the-daemon\n"
+
+
+def test_spawn_makes_a_log_of_mode_0644_also_where_one_of_mode_0666_was(tmp_path):
+    log = tmp_path / "daemon.log"
+    log.write_text("an earlier run's output, world-writable\n")
+    os.chmod(log, 0o666)
+
+    spawn_and_wait(Runner(), ["sh", "-c", "echo new"], log)
+
+    assert stat.S_IMODE(os.lstat(log).st_mode) == 0o644
+    assert log.read_text() == "new\n"
+
+
+def test_spawn_makes_a_new_log_of_mode_0644_under_a_strict_umask(tmp_path, umask_077):
+    log = tmp_path / "daemon.log"
+
+    spawn_and_wait(Runner(), ["true"], log)
+
+    assert stat.S_IMODE(os.lstat(log).st_mode) == 0o644
+
+
+# --- a tool path set in the config ----------------------------------------------------------------
+
+def not_executable(tmp_path: Path) -> Path:
+    tool = tmp_path / "nvidia-persistenced"
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    os.chmod(tool, 0o644)
+    return tool
+
+
+def test_run_with_a_configured_tool_path_that_is_not_executable_names_that_path(tmp_path):
+    tool = not_executable(tmp_path)
+    runner = Runner(tool_paths={"nvidia-persistenced": str(tool)})
+
+    with pytest.raises(CommandError) as err:
+        runner.run(["nvidia-persistenced", "--version"])
+
+    assert str(tool) in str(err.value) and "set in the config" in str(err.value)
+    assert "PATH" not in str(err.value)
+    assert err.value.returncode is None
+
+
+def test_spawn_with_a_configured_tool_path_that_is_not_executable_names_that_path(tmp_path):
+    tool = not_executable(tmp_path)
+    runner = Runner(tool_paths={"nvidia-persistenced": str(tool)})
+
+    with pytest.raises(CommandError) as err:
+        runner.spawn(["nvidia-persistenced"], str(tmp_path / "daemon.log"))
+
+    assert str(tool) in str(err.value) and "set in the config" in str(err.value)
+
+
+def test_a_tool_missing_from_path_says_so(tmp_path):
+    runner = Runner(env={"PATH": str(tmp_path)})
+
+    with pytest.raises(CommandError) as err:
+        runner.run(["nvidia-smi", "-L"])
+
+    assert str(err.value) == "nvidia-smi: not found on PATH"
+
+
+# --- run: timeouts and failures -------------------------------------------------------------------
+
+def test_run_kills_the_whole_process_group_on_timeout_and_keeps_partial_output(tmp_path):
+    pids = tmp_path / "pids"
+    script = (f"echo $$ > {pids}; sleep 60 & echo $! >> {pids}; "
+              "echo partial-out; echo partial-err >&2; wait")
+    started = time.monotonic()
+
+    with pytest.raises(CommandError) as err:
+        Runner().run(["sh", "-c", script], timeout=0.5)
+
+    elapsed = time.monotonic() - started
+    shell, grandchild = (int(p) for p in pids.read_text().split())
+    try:
+        assert err.value.timed_out and err.value.returncode is None
+        assert err.value.timeout_s == pytest.approx(0.5)
+        assert "partial-out" in err.value.stdout and "partial-err" in err.value.stderr
+        assert elapsed < 5
+        assert wait_until_dead(shell), f"the shell {shell} survived the timeout"
+        assert wait_until_dead(grandchild), f"its child {grandchild} (sleep 60) survived"
+    finally:
+        for pid in (grandchild, shell):  # a regression must not leave them behind
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_run_of_a_command_that_exits_non_zero_raises_with_rc_and_stderr():
+    with pytest.raises(CommandError) as err:
+        Runner().run(["sh", "-c", "echo out; echo 'no such device' >&2; exit 3"])
+
+    assert err.value.returncode == 3 and not err.value.timed_out
+    assert err.value.stdout == "out\n"
+    assert err.value.stderr == "no such device\n"
+    assert err.value.last_line() == "no such device"
+
+
+def test_run_without_check_returns_the_non_zero_status():
+    done = Runner().run(["sh", "-c", "exit 4"], check=False)
+
+    assert done.returncode == 4
