@@ -68,7 +68,10 @@ def status(root: RootOpt = "/", config: ConfigOpt = None, json_out: JsonOpt = Fa
     try:
         doc = wait_for_final(r, timeout) if wait else load_status(r)
     except StatusUnreadable as err:
-        print(f"unreadable status file: {err}")
+        if json_out:
+            print(json.dumps({"state": None, "error": f"unreadable status file: {err}"}))
+        else:
+            print(f"unreadable status file: {err}")
         raise typer.Exit(3)
     code = exit_code_for(doc)
     if json_out:

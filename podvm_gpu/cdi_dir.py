@@ -6,12 +6,14 @@ build left, would hide the agent's devices or, on a VM without a usable GPU, the
 spec's fast failure. Such a file is renamed to ``<name>.disabled-by-podvm-gpu`` on every boot
 outcome; ``/etc/cdi`` is never written (kata-agent does not read it), only reported.
 
-Standard library only, and cheap when the folder holds nothing else: the CPU fast path calls it.
+Cheap when the folder holds nothing else (one listdir): the CPU fast path calls it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 
 from podvm_gpu.host.fs import Root
 
@@ -23,28 +25,34 @@ _MAX_BYTES = 1 << 20
 
 
 def defines_gpu_kind(path: str) -> bool:
-    """True when the spec file at ``path`` has kind ``nvidia.com/gpu``.
+    """True when the spec file at ``path`` has kind ``nvidia.com/gpu`` at its top level.
 
     The file is opened without following a symlink (a link in the spec folder is never read
-    through) and only its top-level ``kind`` is looked at, in YAML or JSON form, so no YAML
-    parser is needed.
+    through) and without blocking, at most 1 MiB of it. JSON is read with the standard library;
+    PyYAML is imported only for a YAML file, which a CPU VM's spec folder rarely holds.
     """
-    import re
-
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
         text = os.read(fd, _MAX_BYTES).decode("utf-8", errors="replace")
     except OSError:
         return False
     finally:
         os.close(fd)
-    yaml_kind = re.search(r"""^["']?kind["']?\s*:\s*["']?nvidia\.com/gpu["']?\s*(?:#.*)?$""",
-                          text, re.M)
-    json_kind = re.search(r'"kind"\s*:\s*"nvidia\.com/gpu"', text)
-    return bool(yaml_kind or json_kind)
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        import yaml
+
+        try:
+            doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        except yaml.YAMLError:
+            return False
+    return isinstance(doc, dict) and doc.get("kind") == "nvidia.com/gpu"
 
 
 def other_specs(root: Root, host_dir: str) -> list[str]:

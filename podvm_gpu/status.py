@@ -70,7 +70,8 @@ def load_status(root: Root) -> dict | None:
     except ValueError as err:
         raise StatusUnreadable(f"{STATUS_PATH} is not JSON ({err})") from err
     states = {s.value for s in State}
-    if not isinstance(doc, dict) or doc.get("state") not in states:
+    if not isinstance(doc, dict) or not isinstance(doc.get("state"), str) \
+            or doc["state"] not in states:
         raise StatusUnreadable(f"{STATUS_PATH} has no valid state (one of {sorted(states)})")
     if not isinstance(doc.get("reason"), (str, type(None))) or not isinstance(
             doc.get("warnings", []), list):

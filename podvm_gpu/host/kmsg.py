@@ -22,6 +22,7 @@ KMSG_PATH = "/dev/kmsg"
 _MAX_BYTES = 4 * 1024 * 1024  # the kernel ring buffer is at most a few MiB
 _MAX_READ = 64 * 1024 * 1024  # a device that never ends (not a kernel log) is cut here
 _MAX_MESSAGE = 4096  # a kernel record is at most about 1 KiB (PRINTK_MESSAGE_MAX)
+_MAX_JOINED = 2048  # a joined NVRM message of the field is a few hundred characters
 _MAX_JOIN = 8  # NVRM messages seen in the field span at most 4-5 records
 
 
@@ -90,7 +91,7 @@ def join_nvrm(messages: list[str]) -> list[str]:
 
     def flush() -> None:
         if pending:
-            out.append("NVRM: " + " ".join(pending))
+            out.append(("NVRM: " + " ".join(pending))[:_MAX_JOINED])
             pending.clear()
 
     for msg in messages:
@@ -146,39 +147,42 @@ _DRIVER_BANNER = "NVRM: loading NVIDIA UNIX"
 _KEYWORDS = ("nvrm", "xid", "firmware", "bar", "reset", "lockdown", "fallen", "nvidia", "gsp")
 
 
+# Every gap between two parts of a pattern is bounded ({0,200}): an unbounded one makes the
+# search quadratic on a long message that repeats the first part (a hostile or broken log).
 _PATTERNS: list[tuple[str, re.Pattern, str]] = [
-    ("xid", re.compile(r"Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]+)\): (?P<code>\d+)"),
+    ("xid", re.compile(r"Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]{1,16})\): (?P<code>\d{1,5})"),
      "Xid {code} on GPU {pci}"),
-    ("fell-off-bus", re.compile(r"GPU (?:at PCI:)?(?P<pci>[0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
-                                r"(?:\.[0-7])?):.*fallen off the bus", re.I),
+    ("fell-off-bus", re.compile(r"GPU (?:at PCI:)?(?P<pci>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:"
+                                r"[0-9A-Fa-f]{2}(?:\.[0-7])?):.{0,200}fallen off the bus", re.I),
      "GPU {pci} has fallen off the bus"),
     ("fell-off-bus", re.compile(r"fallen off the bus", re.I), "a GPU has fallen off the bus"),
-    ("gsp-firmware", re.compile(r"(?P<path>(?<!\S)\S*gsp\S*\.bin)\b[^\n]*(?:not found|failed|missing)",
-                                re.I),
+    ("gsp-firmware", re.compile(r"(?P<path>(?<!\S)\S{0,200}gsp\S{0,200}\.bin)\b.{0,200}"
+                                r"(?:not found|failed|missing)", re.I),
      "GSP firmware missing ({path})"),
-    ("gsp-firmware", re.compile(r"firmware[^\n]*(?:not found|failed|missing)|No firmware image found",
-                                re.I),
+    ("gsp-firmware", re.compile(r"firmware.{0,200}(?:not found|failed|missing)|No firmware image "
+                                r"found", re.I),
      "GSP firmware missing"),
-    ("bar", re.compile(r"BAR\s*\d+[^\n]*(?:not assigned|invalid|is 0M)|I/O region assigned to your "
-                       r"NVIDIA device is invalid", re.I),
+    ("bar", re.compile(r"BAR\s{0,3}\d{1,2}.{0,200}(?:not assigned|invalid|is 0M)|I/O region "
+                       r"assigned to your NVIDIA device is invalid", re.I),
      "a PCI BAR of the GPU was not assigned by the VM"),
     ("needs-reset", re.compile(r"(?:needs|requires?) (?:a )?(?:GPU )?reset|reset required", re.I),
      "a GPU needs a reset before the driver can take it"),
     ("open-module-unsupported", re.compile(
-        r"GPU (?P<pci>\S+) \(PCI ID: (?P<id>[0-9A-Fa-f:]+)\)[^\n]*not supported by open\s+nvidia\.ko",
-        re.I),
+        r"GPU (?P<pci>\S{1,32}) \(PCI ID: (?P<id>[0-9A-Fa-f:]{1,16})\).{0,200}not supported by "
+        r"open\s+nvidia\.ko", re.I),
      "the open kernel module does not support GPU {pci} (PCI ID {id}); it needs the proprietary one"),
     ("unsupported-pci-id", re.compile(
-        r"GPU (?P<pci>\S+) \(PCI ID: (?P<id>[0-9A-Fa-f:]+)\).*not supported by the\s+NVIDIA "
-        r"(?P<version>\S+) driver release", re.I),
+        r"GPU (?P<pci>\S{1,32}) \(PCI ID: (?P<id>[0-9A-Fa-f:]{1,16})\).{0,200}not supported by "
+        r"the\s+NVIDIA (?P<version>\S{1,32}) driver release", re.I),
      "the installed driver {version} does not support GPU {pci} (PCI ID {id})"),
-    ("bound-elsewhere", re.compile(r"GPU (?P<pci>\S+) is already bound to (?P<driver>[\w-]+)", re.I),
+    ("bound-elsewhere", re.compile(r"GPU (?P<pci>\S{1,32}) is already bound to (?P<driver>[\w-]{1,32})",
+                                   re.I),
      "GPU {pci} is already bound to {driver}"),
     ("api-mismatch", re.compile(
-        r"API mismatch: the client has the version (?P<client>\S+?),? but\s+this kernel module has "
-        r"the version (?P<kernel>[0-9.]+?)\.?\s", re.I),
+        r"API mismatch: the client has the version (?P<client>\S{1,32}?),? but\s+this kernel "
+        r"module has the version (?P<kernel>[0-9.]{1,32}?)\.?\s", re.I),
      "user-space driver {client} does not match kernel module {kernel}"),
-    ("lockdown", re.compile(r"Lockdown: .*(?:unsigned module|module loading)", re.I),
+    ("lockdown", re.compile(r"Lockdown: .{0,200}(?:unsigned module|module loading)", re.I),
      "kernel lockdown restricts unsigned module loading"),
 ]
 
