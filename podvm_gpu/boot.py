@@ -111,49 +111,45 @@ def fail_unexpectedly(root: Root, status: Status, status_file: StatusFile, log: 
 
 def finish_failed(root: Root, status: Status, status_file: StatusFile, log: Log, reason: str,
                   json_out: bool, dry_run: bool, write_spec: bool) -> int:
-    """End a boot ``failed``: the reason folded to one line, the unavailable spec (unless
-    disabled), the final status; exit status 1. A write error is logged, not raised."""
+    """End a boot ``failed`` with ``reason``: see :func:`finish`. Returns 1."""
     reason = " ".join(reason.split())
     log(Log.ERR, f"failed: {reason}")
-    if dry_run:
-        if json_out:
-            print(json.dumps({"dry_run": True, "state": str(State.FAILED), "reason": reason,
-                              "commands": []}, indent=2))
-        else:
-            print(f"dry run: {reason}")
-        return 1
-    try:
-        if write_spec:
-            write_spec_and_disable_duplicates(root, status, State.FAILED, reason)
-        status_file.finish(status, State.FAILED, reason)
-    except OSError as err:
-        log(Log.ERR, f"cannot write the spec or status under {root.path}: {err}")
-    report(status, json_out)
-    return 1
+    return finish(root, status, status_file, log, State.FAILED, reason, json_out, dry_run,
+                  write_spec)
 
 
 def finish_without_gpu(root: Root, status: Status, status_file: StatusFile, log: Log,
                        json_out: bool, dry_run: bool, write_spec: bool) -> int:
-    """End a boot with state ``no-gpu``: the unavailable spec (unless disabled), final status, 0."""
+    """End a boot ``no-gpu`` with detect's message as the reason: see :func:`finish`. Returns 0,
+    or 1 when the spec or status cannot be written."""
     detect = status.steps[0]
-    reason = f"detect: {detect.message}"
     log.step(detect)
+    return finish(root, status, status_file, log, State.NO_GPU, f"detect: {detect.message}",
+                  json_out, dry_run, write_spec)
+
+
+def finish(root: Root, status: Status, status_file: StatusFile, log: Log, state: State,
+           reason: str, json_out: bool, dry_run: bool, write_spec: bool) -> int:
+    """The end of a boot without a usable GPU (``no-gpu`` or ``failed``): the unavailable spec
+    (unless the config turned it off) with duplicates renamed aside, then the final status, then
+    the report on stdout. A dry run only says so. Exit status 0 for no-gpu, 1 for failed."""
+    code = 0 if state is State.NO_GPU else 1
     if dry_run:
         if json_out:
-            print(json.dumps({"dry_run": True, "state": str(State.NO_GPU), "reason": reason,
+            print(json.dumps({"dry_run": True, "state": str(state), "reason": reason,
                               "commands": []}, indent=2))
         else:
-            print(f"dry run: {reason}; would write the unavailable spec and status no-gpu")
-        return 0
+            print(f"dry run: {state}: {reason}; would write the unavailable spec and the status")
+        return code
     try:
         if write_spec:
-            write_spec_and_disable_duplicates(root, status, State.NO_GPU, reason)
-        status_file.finish(status, State.NO_GPU, reason)
+            write_spec_and_disable_duplicates(root, status, state, reason)
+        status_file.finish(status, state, reason)
     except OSError as err:
         log(Log.ERR, f"cannot write the spec or status under {root.path}: {err}")
         return 1
     report(status, json_out)
-    return 0
+    return code
 
 
 def write_spec_and_disable_duplicates(root: Root, status: Status, state: State,

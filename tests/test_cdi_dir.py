@@ -8,15 +8,14 @@ tested directly on a temporary root, then through the real boot under the CPU-VM
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 from pathlib import Path
 
 import pytest
 import yaml
 
+from guards import must_finish_within
 from podvm_gpu.cdi_dir import DISABLED_SUFFIX, disable_duplicates, other_specs
 from podvm_gpu.host.fs import Root
 
@@ -51,24 +50,6 @@ def etc_cdi(root: Path) -> Path:
     return root / "etc" / "cdi"
 
 
-class Blocked(Exception):
-    """Raised by :func:`must_finish_within`; not an OSError (as TimeoutError is), so product code
-    that catches OSError around a blocking open() cannot swallow it."""
-
-
-@contextlib.contextmanager
-def must_finish_within(seconds: float):
-    """Fail (instead of hanging the suite) when the block blocks longer than ``seconds``."""
-    def expired(signum, frame):
-        raise Blocked(f"blocked for more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # --- the module on a temporary root --------------------------------------------------------------

@@ -7,15 +7,14 @@ devices (with a config file present, boot always takes the validated path).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 
 import pydantic
 import pytest
 import yaml
 
+from guards import must_finish_within
 from podvm_gpu.config import DEFAULT_TIMEOUTS, Config, load_config, timeouts_for
 from podvm_gpu.errors import ConfigError, PodvmGpuError
 
@@ -225,24 +224,6 @@ def test_unavailable_spec_false_writes_no_spec(tmp_path, podvm, empty_path):
 # Real files under tmp_path (pyfakefs has no FIFOs); each case is loaded in-process and then given
 # to the real boot, which must end failed with the unavailable spec, never hang or take defaults.
 
-class Blocked(Exception):
-    """Raised by :func:`must_finish_within`; not an OSError (as TimeoutError is), so product code
-    that catches OSError around a blocking open() cannot swallow it."""
-
-
-@contextlib.contextmanager
-def must_finish_within(seconds: float):
-    """Fail (instead of hanging the suite) when the block blocks longer than ``seconds``."""
-    def expired(signum, frame):
-        raise Blocked(f"blocked for more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def unblock_fifo(path) -> None:

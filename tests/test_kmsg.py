@@ -6,16 +6,15 @@ the driver's printf formats from NVIDIA/open-gpu-kernel-modules (nv.c, nv-pci.c,
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from guards import must_finish_within
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.kmsg import findings, join_nvrm, parse_record, read_kernel_log
 
@@ -34,24 +33,6 @@ def as_kmsg(messages: list[str], first_seq: int = 1000) -> str:
                    for i, m in enumerate(messages))
 
 
-class Blocked(Exception):
-    """Raised by :func:`must_finish_within`. Not TimeoutError: that is an OSError, which
-    read_kernel_log catches around its open(), so a blocking open would pass as an empty log."""
-
-
-@contextlib.contextmanager
-def must_finish_within(seconds: float):
-    """Fail (instead of hanging the suite) when the block blocks longer than ``seconds``."""
-    def expired(signum, frame):
-        raise Blocked(f"blocked for more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def kinds(messages: list[str]) -> list[str]:
