@@ -420,16 +420,6 @@ def image_kernels(root: Root) -> list[str]:
         return []
 
 
-def module_file(root: Root, release: str, module: str = "nvidia") -> str | None:
-    """The real path of ``<module>.ko[.xz|.zst|.gz]`` for a kernel release, or None."""
-    base = root.resolve(f"/lib/modules/{release}")
-    for dirpath, _dirs, files in os.walk(base):
-        for f in files:
-            if f.split(".ko")[0] == module and ".ko" in f:
-                return os.path.join(dirpath, f)
-    return None
-
-
 def module_file_version(runner: Runner, path: str) -> str | None:
     """A module file's version: ``modinfo -F version FILE``, else the ``version=`` string of its
     ``.modinfo`` section read from the file itself (uncompressed modules only)."""
@@ -474,7 +464,7 @@ def image_checks(root: Root, config: Config, runner: Runner) -> list[Check]:
                      "install nvidia-container-toolkit, the driver's persistenced and kmod")
                if missing else Check("tools", PASS, f"{', '.join(IMAGE_TOOLS)} present"))
     kernels = image_kernels(root)
-    files = {k: module_file(root, k) for k in kernels}
+    files = {k: readers.module_file(root, k) for k in kernels}
     lacking = [k for k, f in files.items() if f is None]
     if not kernels:
         out.append(Check("modules", FAIL, "no kernel in the image (/boot/vmlinuz-*, /lib/modules)",

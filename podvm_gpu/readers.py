@@ -99,20 +99,22 @@ def modprobe_overrides(root: Root, module: str) -> list[str]:
     return hits
 
 
+def module_file(root: Root, release: str, module: str = "nvidia") -> str | None:
+    """The real path of ``<module>.ko[.xz|.zst|.gz]`` under ``/lib/modules/<release>``, or None."""
+    for dirpath, _dirs, files in os.walk(root.resolve(f"/lib/modules/{release}")):
+        for f in files:
+            if f.split(".ko")[0] == module and ".ko" in f:
+                return os.path.join(dirpath, f)
+    return None
+
+
 def module_kernels(root: Root, module: str = "nvidia") -> list[str]:
     """Kernel releases under ``/lib/modules`` that have ``<module>.ko`` (any compression)."""
-    base = root.resolve("/lib/modules")
-    found = []
     try:
-        releases = sorted(os.listdir(base))
+        releases = sorted(os.listdir(root.resolve("/lib/modules")))
     except OSError:
         return []
-    for release in releases:
-        for dirpath, _dirs, files in os.walk(os.path.join(base, release)):
-            if any(f.split(".ko")[0] == module and ".ko" in f for f in files):
-                found.append(release)
-                break
-    return found
+    return [release for release in releases if module_file(root, release, module)]
 
 
 # --- the user-space driver: where the loader finds libnvidia-ml.so.1 ----------------------
