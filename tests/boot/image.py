@@ -181,7 +181,15 @@ def install_nvidia_package_units(rootfs: Path) -> None:
 
 
 RESULTS = ["/var/lib/kata-agent-standin/record.json", "/var/lib/kata-agent-standin/journal.txt",
-           "/var/lib/kata-agent-standin/agent-journal.json", "/srv/gpu/calls.log"]
+           "/var/lib/kata-agent-standin/agent-journal.json", "/srv/gpu/calls.log",
+           "/srv/gpu/persistenced-events.log"]
+
+
+def clean_power_off(rootfs: Path) -> None:
+    """Make the kata-agent stand-in end the boot with a regular power-off (every unit stopped
+    in order) instead of the forced one: for tests of what happens to daemons at shutdown."""
+    install_file(HERE / "units/kata-agent.service.d/60-clean-power-off.conf", rootfs,
+                 "/etc/systemd/system/kata-agent.service.d/60-clean-power-off.conf")
 
 
 @dataclass
@@ -195,6 +203,7 @@ class Boot:
     journal: str
     agent_journal: list[dict] = field(default_factory=list)
     calls: list[list[str]] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)  # every RESULTS file found, by path
 
     def agent_time_s(self) -> float:
         """From the journal: systemd's "Starting" to its "Finished" line for podvm-gpu.service."""
@@ -238,7 +247,7 @@ def _results(returncode: int, console: str, wall_s: float, fetch, artifacts: Pat
 
     record = files.get(RESULTS[0])
     return Boot(returncode, wall_s, console, json.loads(record) if record else None, files.get(RESULTS[1], ""),
-                lines(RESULTS[2]), lines(RESULTS[3]))
+                lines(RESULTS[2]), lines(RESULTS[3]), files)
 
 
 def boot(rootfs: Path, artifacts: Path, timeout_s: float = 120) -> Boot:
