@@ -88,3 +88,19 @@ def test_persistenced_outlives_every_boot_outcome_and_is_stopped_at_power_off(ro
         checks.saw_a_ready_spec_with_persistenced_running(boot, record)
     checks.persistenced_lived_in_its_own_unit_until_power_off(
         boot, record, boot.files.get("/srv/gpu/persistenced-events.log", ""))
+
+
+def test_a_daemon_that_fails_to_start_is_quoted_from_its_journal(rootfs, tmp_path):  # noqa: F811
+    """nvidia-persistenced says why it failed only to syslog ("Check syslog for more details" on
+    stderr); under systemd that line is in its unit's journal, bounded to the time since boot
+    started it, and the reason quotes it. The stand-in fails as the real daemon does (its
+    source: the parent waits on a pipe, the child logs to syslog and exits 1)."""
+    world.populate(rootfs, SPEC_TEMPLATE, fail_persistenced=True)
+    boot = image.boot(rootfs, tmp_path / "artifacts")
+
+    record = checks.kata_agent_started_after_the_agent_finished(boot, failed=True)
+    checks.saw_the_failed_boot_and_its_unavailable_spec(
+        record, "persistenced: nvidia-persistenced exited with status 1 during the wait: ",
+        "Failed to query NVIDIA devices. Please ensure that the NVIDIA device files (/dev/nvidia*) "
+        "exist, and that user 0 has read and write permissions for those files.")
+    assert record["persistenced_unit"]["ActiveState"] == "failed", record["persistenced_unit"]

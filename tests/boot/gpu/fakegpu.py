@@ -31,6 +31,8 @@ PERSISTENCED_DIR = "var/run/nvidia-persistenced"
 # A boot test that needs a boot failing after persistenced started creates this file: then
 # "nvidia-ctk cdi generate" fails as nvidia-ctk does when NVML cannot be used.
 FAIL_CDI_GENERATE = os.path.join(HOME, "fail-cdi-generate")
+# A boot test of a daemon that fails to start creates this file (see nvidia_persistenced).
+FAIL_PERSISTENCED = os.path.join(HOME, "fail-persistenced")
 # What the fake persistenced did: "started PID" and "SIGTERM PID" lines (under /srv, which
 # outlives the boot: the tests read it after power-off).
 PERSISTENCED_EVENTS = os.path.join(HOME, "persistenced-events.log")
@@ -228,17 +230,25 @@ def event(line):
 
 
 def nvidia_persistenced(args):
-    """Daemonise like the real one: the caller gets exit 0 once the daemon is set up, the daemon
-    lives on and, as the real one, says "Started (PID)" and, on SIGTERM, "Shutdown (PID)" to
-    syslog (nvidia-persistenced.c: daemonize(), shutdown_daemon())."""
+    """Daemonise as the real one does (nvidia-persistenced.c, daemonize() and main()): fork once;
+    the parent waits on a pipe until the child has set up the GPUs and its socket, then exits 0,
+    or prints "nvidia-persistenced failed to initialize. Check syslog for more details." and exits
+    1; the child says "Started (PID)" to syslog, and "Shutdown (PID)" when it ends (SIGTERM, or
+    a failure after its syslog error). With FAIL_PERSISTENCED present it fails the way the real
+    one fails without usable device nodes."""
     if args[:1] == ["--version"]:
         print(f"nvidia-persistenced:  version {DRIVER_VERSION}")
         return 0
+    read_fd, write_fd = os.pipe()
     if os.fork():
+        os.close(write_fd)
+        if os.read(read_fd, 1) != b"\x01":
+            print("nvidia-persistenced failed to initialize. Check syslog for more details.",
+                  file=sys.stderr)
+            return 1
         return 0
+    os.close(read_fd)
     os.setsid()
-    if os.fork():
-        os._exit(0)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
@@ -251,18 +261,30 @@ def nvidia_persistenced(args):
     syslog.openlog("nvidia-persistenced", 0, syslog.LOG_DAEMON)
     syslog.syslog(syslog.LOG_NOTICE, f"Started ({pid})")
     event(f"started {pid}")
+
+    def shutdown(status):
+        os.unlink(os.path.join(rundir, "nvidia-persistenced.pid"))
+        syslog.syslog(syslog.LOG_NOTICE, f"Shutdown ({pid})")
+        os._exit(status)
+
+    if os.path.exists(FAIL_PERSISTENCED):
+        syslog.syslog(syslog.LOG_ERR, "Failed to query NVIDIA devices. Please ensure that the "
+                      "NVIDIA device files (/dev/nvidia*) exist, and that user 0 has read and "
+                      "write permissions for those files.")
+        shutdown(1)
     event(f"auto_online_blocks {online_memory()}")
     time.sleep(0.2)  # a real one initialises the GPUs before its socket appears
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(os.path.join(rundir, "socket"))
     sock.listen(1)
+    os.write(write_fd, b"\x01")
+    os.close(write_fd)
 
-    def shutdown(*_):
+    def on_sigterm(*_):
         event(f"SIGTERM {pid}")
-        syslog.syslog(syslog.LOG_NOTICE, f"Shutdown ({pid})")
-        os._exit(0)
+        shutdown(0)
 
-    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGTERM, on_sigterm)
     while True:
         signal.pause()
 

@@ -73,9 +73,11 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
-def populate(rootfs: Path, spec_template: Path, fail_cdi_generate: bool = False) -> Path:
+def populate(rootfs: Path, spec_template: Path, fail_cdi_generate: bool = False,
+             fail_persistenced: bool = False) -> Path:
     """Write the fake GPU VM into rootfs; returns the host path of /srv/gpu. With
-    ``fail_cdi_generate`` the boot fails in its last step, after persistenced started."""
+    ``fail_cdi_generate`` the boot fails in its last step, after persistenced started; with
+    ``fail_persistenced`` the daemon fails to initialise (fakegpu.py says how)."""
     home = rootfs / "srv/gpu"
     root = home / "root"
     files = {
@@ -110,6 +112,8 @@ def populate(rootfs: Path, spec_template: Path, fail_cdi_generate: bool = False)
     (home / "calls.log").touch()
     if fail_cdi_generate:
         (home / "fail-cdi-generate").touch()
+    if fail_persistenced:
+        (home / "fail-persistenced").touch()
 
     for unit in ("podvm-gpu.service", "kata-agent.service", "podvm-gpu-persistenced.service"):
         dropin = rootfs / f"etc/systemd/system/{unit}.d/50-fake-gpu.conf"
