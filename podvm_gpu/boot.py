@@ -365,7 +365,9 @@ def _boot(run: Run, config: str | None) -> int:
     scanned, nvidia = scan_nvidia()
     try:
         config_path = config_path_for(root, config)
-        present = config is not None or os.path.lexists(config_path)
+        # an entry where the config goes (a dangling link too) is a config that must be read
+        present = config is not None or os.path.lexists(
+            root.resolve(CONFIG_PATH, follow_last=False))
     except OSError as err:
         config_path, present = f"{root.path}{CONFIG_PATH}", err
     settings, config_error = None, None
@@ -374,7 +376,7 @@ def _boot(run: Run, config: str | None) -> int:
         from podvm_gpu.errors import ConfigError
 
         try:
-            settings = load_config(config_path, required=config is not None, trusted=True)
+            settings = load_config(config_path, required=True, trusted=True)
         except ConfigError as err:
             config_error = str(err)
     elif present is not False:

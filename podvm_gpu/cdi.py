@@ -691,7 +691,14 @@ def _build_spec(raw: dict) -> Spec:
 # --- the rules of a ready boot ---------------------------------------------------------------
 
 
-def check_ready_spec(spec: Spec, root: Root, gpu_minors: dict[str, int] | list[int]) -> list[str]:
+# The driver libraries a CUDA container cannot do without; nvidia-ctk mounts them as
+# <name>.<driver version>. A spec cut short (a truncated stdout with exit 0 still parses)
+# lacks them.
+DRIVER_LIBRARIES = ("libnvidia-ml.so", "libcuda.so")
+
+
+def check_ready_spec(spec: Spec, root: Root, gpu_minors: dict[str, int] | list[int],
+                     driver_version: str | None = None) -> list[str]:
     """What keeps a valid spec from serving a ``ready`` boot (contract section 8, ready boot).
 
     Rules, in the order the problems are listed:
@@ -708,6 +715,9 @@ def check_ready_spec(spec: Spec, root: Root, gpu_minors: dict[str, int] | list[i
          omits zero values (Go ``omitempty``). With neither, the runtime takes the node's own.
       5. Every hook ``path``, taken under the root, is an executable file (nvidia-ctk writes
          ``/usr/bin/nvidia-cdi-hook`` even when it cannot find it, with exit 0).
+      6. With ``driver_version``: the spec mounts the driver's NVML and CUDA libraries of that
+         version (a ``containerPath`` ending in ``libnvidia-ml.so.<version>`` and
+         ``libcuda.so.<version>``), as nvidia-ctk generates them; a spec cut short lacks them.
     A node or hook that several devices share is checked, and reported, once.
 
     Args:
@@ -715,6 +725,7 @@ def check_ready_spec(spec: Spec, root: Root, gpu_minors: dict[str, int] | list[i
         root: the root the boot runs under (``--root``).
         gpu_minors: the GPUs found, as ``{pci_address: minor}`` (e.g.
             ``{"0000:00:04.0": 0}``) or a list of minors; N is its length.
+        driver_version: the loaded driver's version (``550.54.15``), or None to skip rule 6.
 
     Returns:
         The problems, one line each and naming the rule, e.g. ``'missing device "all"'``,
@@ -759,6 +770,14 @@ def check_ready_spec(spec: Spec, root: Root, gpu_minors: dict[str, int] | list[i
             problems.append(f"hook {hook_path} does not exist under the root")
         elif not os.path.isfile(real) or not os.access(real, os.X_OK):
             problems.append(f"hook {hook_path} is not executable ({_file_kind(real)})")
+
+    if driver_version:
+        mounted = {os.path.basename(m.container_path) for e in spec._all_edits() for m in e.mounts}
+        for library in DRIVER_LIBRARIES:
+            if f"{library}.{driver_version}" not in mounted:
+                problems.append(f"the spec mounts no {library}.{driver_version} (the driver's "
+                                "library of the loaded version): cut short, or generated for "
+                                "another driver")
     return problems
 
 

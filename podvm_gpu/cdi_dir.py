@@ -11,73 +11,97 @@ Cheap when the folder holds nothing else (one listdir): the CPU fast path calls 
 
 from __future__ import annotations
 
+import errno
 import os
-import stat
 
-from podvm_gpu.host.fs import Root
+from podvm_gpu.host.fs import Root, read_bounded
 
 RUN_DIR = "/var/run/cdi"
 ETC_DIR = "/etc/cdi"
 OUR_SPEC = "nvidia.yaml"
 DISABLED_SUFFIX = ".disabled-by-podvm-gpu"
-_MAX_BYTES = 1 << 20
+# Far above any real spec (nvidia-ctk's spec of 8 GPUs is about 30 KB, one with every MIG
+# profile a few hundred KB), so that a spec of the kind is never left alone for its size.
+MAX_SPEC_BYTES = 32 << 20
 
 
-def defines_gpu_kind(path: str) -> bool:
-    """True when the spec file at ``path`` has kind ``nvidia.com/gpu`` at its top level.
+def spec_kind(root: Root, path: str) -> tuple[str | None, str | None]:
+    """``(kind, problem)`` of the spec file at ``path`` (a real path in a spec folder).
 
-    The file is opened without following a symlink (a link in the spec folder is never read
-    through) and without blocking, at most 1 MiB of it. JSON is read with the standard library;
-    PyYAML is imported only for a YAML file, which a CPU VM's spec folder rarely holds.
+    A symlink is followed chroot-style, inside the root (the CDI readers follow links, so a link
+    to /etc/cdi/nvidia.yaml is a spec of its kind; a link out of the root is never read). The
+    file is opened without blocking and read up to :data:`MAX_SPEC_BYTES`. JSON is read with the
+    standard library; PyYAML is imported only for a YAML file, which a CPU VM's spec folder
+    rarely holds. ``kind`` is the top-level ``kind`` (None when there is none or the file is not
+    a spec); ``problem`` says why the kind could not be told (too large, nested too deeply),
+    else None.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        text = os.read(fd, _MAX_BYTES).decode("utf-8", errors="replace")
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+        real = root.resolve(root.host_path(path)) if os.path.islink(path) else path
+        data = read_bounded(real, MAX_SPEC_BYTES)
+    except OSError as err:
+        if err.errno == errno.EFBIG:
+            return None, f"larger than {MAX_SPEC_BYTES >> 20} MiB"
+        return None, None  # gone, not a regular file, a dangling link: nothing a reader uses
+    text = data.decode("utf-8", errors="replace")
     import json  # only when the folder holds another spec: the CPU fast path seldom pays it
 
     try:
         doc = json.loads(text)
+    except RecursionError:
+        return None, "nested too deeply to read"
     except ValueError:
         import yaml
 
         try:
             doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-        except yaml.YAMLError:
-            return False
-    return isinstance(doc, dict) and doc.get("kind") == "nvidia.com/gpu"
+        except RecursionError:
+            return None, "nested too deeply to read"
+        except (yaml.YAMLError, ValueError) as err:
+            # past libyaml's nesting limit the kind is unknown, not absent
+            return None, ("nested too deeply to read" if "nesting depth" in str(err) else None)
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    return (kind if isinstance(kind, str) else None), None
 
 
-def other_specs(root: Root, host_dir: str) -> list[str]:
-    """Real paths of the spec files in ``host_dir`` (other than our own in /var/run/cdi) that
-    define kind nvidia.com/gpu."""
+def defines_gpu_kind(root: Root, path: str) -> bool:
+    """True when the spec file at ``path`` has kind ``nvidia.com/gpu`` at its top level."""
+    return spec_kind(root, path)[0] == "nvidia.com/gpu"
+
+
+def other_specs(root: Root, host_dir: str) -> list[tuple[str, str | None]]:
+    """The spec files in ``host_dir`` (other than our own in /var/run/cdi) that define kind
+    nvidia.com/gpu, or whose kind could not be told: ``(real path, problem or None)``."""
     try:
         folder = root.resolve(host_dir)
         names = sorted(os.listdir(folder))
     except OSError:
         return []
     ours = OUR_SPEC if host_dir == RUN_DIR else None
-    return [os.path.join(folder, n) for n in names
-            if n.endswith((".yaml", ".json")) and n != ours
-            and defines_gpu_kind(os.path.join(folder, n))]
+    found = []
+    for name in names:
+        if not name.endswith((".yaml", ".json")) or name == ours:
+            continue
+        path = os.path.join(folder, name)
+        kind, problem = spec_kind(root, path)
+        if kind == "nvidia.com/gpu" or problem:
+            found.append((path, problem))
+    return found
 
 
 def disable_duplicates(root: Root) -> list[str]:
-    """Rename the other nvidia.com/gpu specs in /var/run/cdi aside; report those in /etc/cdi.
+    """Rename the other nvidia.com/gpu specs in /var/run/cdi aside (a symlink itself, never its
+    target); report those in /etc/cdi and every spec whose kind could not be told.
 
     Returns one warning line per file. A rename that fails is reported, not raised.
     """
     warnings = []
-    for path in other_specs(root, RUN_DIR):
+    for path, problem in other_specs(root, RUN_DIR):
         host = root.host_path(path)
+        if problem:
+            warnings.append(f"cdi: {host} could not be read ({problem}): if it defines "
+                            "nvidia.com/gpu, kata-agent drops our devices; remove it")
+            continue
         try:
             os.rename(path, path + DISABLED_SUFFIX)
         except OSError as err:
@@ -86,7 +110,8 @@ def disable_duplicates(root: Root) -> list[str]:
             continue
         warnings.append(f"cdi: {host} also defined nvidia.com/gpu; renamed to "
                         f"{host}{DISABLED_SUFFIX}")
-    for path in other_specs(root, ETC_DIR):
-        warnings.append(f"cdi: {root.host_path(path)} also defines nvidia.com/gpu; remove it from "
-                        "the image (boot never writes to /etc/cdi)")
+    for path, problem in other_specs(root, ETC_DIR):
+        what = f"could not be read ({problem})" if problem else "also defines nvidia.com/gpu"
+        warnings.append(f"cdi: {root.host_path(path)} {what}; remove it from the image (boot "
+                        "never writes to /etc/cdi)")
     return warnings

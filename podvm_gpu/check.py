@@ -34,7 +34,9 @@ PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 VM_CHECKS = ("pci", "drivers", "modules", "versions", "device-nodes", "persistenced",
              "fabricmanager", "confidential-computing", "cdi-spec", "cdi-duplicates", "status",
              "cdi-refresh-units", "kata-agent-ordering")
-IMAGE_CHECKS = ("unit", "kata-agent-ordering", "tools", "modules", "versions", "cdi-refresh-units")
+IMAGE_CHECKS = ("unit", "kata-agent-ordering", "tools", "modules", "versions", "cdi-refresh-units",
+                "trust")
+CONFIG_PATH = "/etc/podvm-gpu/config.yaml"
 NO_GPU = "no NVIDIA GPU found on PCI"
 # Boot's steps in order (contract section 3), for checks of steps a failed boot never reached.
 _STEP_ORDER = ("drivers", "modules", "versions", "device-nodes", "persistenced", "fabricmanager",
@@ -233,6 +235,21 @@ class VmChecks:
             if units.enabled_by(self.root, "nvidia-fabricmanager.service"):
                 note = ("; the image's nvidia-fabricmanager.service is enabled and fails with "
                         "NV_WARN_NOTHING_TO_DO here, which is harmless")
+            # shared-NVSwitch virtualization: the fabric is managed outside the VM, and the
+            # GPUs still report it; one that never completed is as unusable as with NVSwitches
+            done = self.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"], check=False)
+            states = readers.parse_fabric(done.stdout) if done.returncode == 0 else []
+            managed = [s for s in states if s.supported]
+            bad = [s for s in managed if not s.success]
+            if bad:
+                what = ", ".join(f"{s.gpu}: State {s.state}, Status {s.status}" for s in bad[:3])
+                return Check("fabricmanager", FAIL, f"no NVSwitch in the VM, but the fabric "
+                             f"managed outside it is not ready: {what}",
+                             "the host's fabric manager has not finished this VM's partition: "
+                             "ask the provider, or replace the VM")
+            if managed:
+                return Check("fabricmanager", PASS, f"no NVSwitch in the VM; fabric managed "
+                             f"outside it Completed/Success on {len(managed)} GPU(s)")
             return Check("fabricmanager", SKIP, f"no NVSwitch on PCI{note}")
         done = self.runner.run(["nv-fabricmanager", "--version"], check=False)
         fm = readers.version_in(done.output)
@@ -303,7 +320,8 @@ class VmChecks:
                              "spec, so GPU requests fail at once")
             return Check("cdi-spec", FAIL, f"{CDI_SPEC_PATH} is the unavailable spec: GPU setup "
                          "failed", "see the status check and podvm-gpu status")
-        problems = check_ready_spec(spec, self.root, self.minors)
+        problems = check_ready_spec(spec, self.root, self.minors,
+                                    readers.kernel_module_version(self.root))
         if problems:
             return Check("cdi-spec", FAIL, "; ".join(problems[:3]),
                          "run podvm-gpu boot to regenerate it")
@@ -311,12 +329,15 @@ class VmChecks:
                      f"{len(names)} devices, nodes and hooks present")
 
     def check_cdi_duplicates(self) -> Check:
-        found = [self.root.host_path(p) for folder in (cdi_dir.RUN_DIR, cdi_dir.ETC_DIR)
-                 for p in cdi_dir.other_specs(self.root, folder)]
+        found = [(self.root.host_path(p), problem)
+                 for folder in (cdi_dir.RUN_DIR, cdi_dir.ETC_DIR)
+                 for p, problem in cdi_dir.other_specs(self.root, folder)]
         if found:
-            return Check("cdi-duplicates", FAIL, f"also defining nvidia.com/gpu: {', '.join(found)}",
-                         f"remove {found[0]}: it defines the same devices, and kata-agent drops "
-                         "every device two specs define")
+            what = ", ".join(f"{p} (could not be read: {problem})" if problem else p
+                             for p, problem in found)
+            return Check("cdi-duplicates", FAIL, f"also defining nvidia.com/gpu: {what}",
+                         f"remove {found[0][0]}: it defines the same devices, and kata-agent "
+                         "drops every device two specs define")
         return Check("cdi-duplicates", PASS, "no other spec defines nvidia.com/gpu")
 
     def check_status(self) -> Check:
@@ -517,7 +538,39 @@ def image_checks(root: Root, config: Config, runner: Runner) -> list[Check]:
         else:
             out.append(Check("versions", PASS, f"modules and user space all {lib.version}"))
     out.append(refresh_units_check(root))
+    out.append(trust_check(root, config))
     return out
+
+
+def trust_check(root: Root, config: Config) -> Check:
+    """The config file and the tool paths it names must be changeable by root alone: boot
+    refuses them otherwise (it runs those tools as root). A file that group or others may
+    write fails; one owned by another user only warns, since an image built by an unprivileged
+    builder has the builder's files until it is packed (they must be root's in the image)."""
+    from podvm_gpu.config import trust_problems
+
+    paths = [CONFIG_PATH] + sorted(config.tools.values())
+    owners = frozenset({0})
+    mode, owner = [], []
+    for host_path in paths:
+        try:
+            real = root.resolve(host_path)
+        except OSError:
+            continue
+        if not os.path.lexists(real):
+            continue
+        for kind, text in trust_problems(real, owners=owners, stop_at=root.path):
+            if not root.is_host:  # name the image's folders as the image has them
+                text = text.replace(root.path + "/", "/").replace(root.path, "/")
+            (mode if kind == "mode" else owner).append(f"{host_path}: {text}")
+    if mode:
+        return Check("trust", FAIL, "; ".join(mode[:3]), "chmod go-w them: boot refuses a config "
+                     "or tool that someone other than root could change")
+    if owner:
+        return Check("trust", WARN, "; ".join(owner[:3]), "make them root's in the image (an "
+                     "unprivileged build owns its files until they are packed): boot refuses "
+                     "them otherwise")
+    return Check("trust", PASS, "the config and the tools it names are root's alone")
 
 
 # --- entry point -----------------------------------------------------------------------------
@@ -525,7 +578,7 @@ def image_checks(root: Root, config: Config, runner: Runner) -> list[Check]:
 def run_check(root_dir: str, config_path: str | None, json_out: bool, image: bool) -> int:
     """Run the checks, print them, return 0 when none failed, else 1 (contract section 1)."""
     root = Root(root_dir)
-    path = config_path or root.resolve("/etc/podvm-gpu/config.yaml")
+    path = config_path or root.resolve(CONFIG_PATH)
     config_note = None
     try:
         config = load_config(path)

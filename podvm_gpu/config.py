@@ -272,10 +272,12 @@ def parse_config(text: str, path: str) -> Config:
 
     try:
         raw = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (yaml.YAMLError, RecursionError) as err:
-        what = "nested too deeply" if isinstance(err, RecursionError) else \
-            " ".join(str(err).split())
-        raise ConfigError(f"{path}: not valid YAML: {what}") from None
+    except (yaml.YAMLError, RecursionError, ValueError) as err:
+        # ValueError: a number Python will not read (more than 4300 digits)
+        what = " ".join(str(err).split())
+        if isinstance(err, RecursionError) or "nesting depth" in what:
+            what = "nested too deeply"
+        raise ConfigError(f"{path}: not valid YAML: {what[:300]}") from None
     if raw is None:
         return Config()
     if not isinstance(raw, dict):
@@ -311,40 +313,54 @@ def load_config(path: str, *, required: bool = False, trusted: bool = False) -> 
     return Config() if text is None else parse_config(text, path)
 
 
-def untrusted_because(path: str, info: os.stat_result | None = None) -> str | None:
-    """Why a file that boot (as root) takes orders from could have been written by another
-    user, or None: the file, or a directory above it, is owned by another user than root (or
-    the one running the agent) or is writable by its group or others. A directory with the
-    sticky bit (``/tmp``) may be writable by others: nobody but an entry's owner can replace
-    the entry. The same rule as OpenSSH's for its keys (``safe_path``).
+def trust_problems(path: str, info: os.stat_result | None = None, *,
+                   owners: frozenset[int] | None = None, stop_at: str = "/") -> list[tuple[str, str]]:
+    """What would let another user than root change a file that boot (as root) takes orders
+    from: ``[("owner" | "mode", text), ...]``, empty when nothing does.
+
+    The file, and every directory above its real path up to ``stop_at``, must be owned by one of
+    ``owners`` (root and the user running the agent) and not be writable by its group or others.
+    A directory with the sticky bit (``/tmp``) may be writable by others: nobody but an entry's
+    owner can replace the entry. The rule of OpenSSH's ``safe_path`` for its keys.
 
     Args:
-        path: the file's path; its real path's directories are checked up to ``/``.
+        path: the file's path.
         info: the file's ``os.fstat`` when it is already open (no race on the file itself).
+        owners: the uids that may own them (default root and the effective uid).
+        stop_at: the last directory checked (an image root for ``check --image``).
     """
-    owners = {0, os.geteuid()}
+    owners = owners if owners is not None else frozenset({0, os.geteuid()})
+    problems: list[tuple[str, str]] = []
     try:
         info = info or os.stat(path)
     except OSError as err:
-        return f"cannot stat it: {err.strerror}"
+        return [("mode", f"cannot stat it: {err.strerror}")]
     if info.st_uid not in owners:
-        return f"it is owned by uid {info.st_uid}, not root"
+        problems.append(("owner", f"it is owned by uid {info.st_uid}, not root"))
     if info.st_mode & 0o022:
-        return f"it is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o})"
+        problems.append(("mode", f"it is writable by group or others (mode "
+                                 f"{stat.S_IMODE(info.st_mode):04o})"))
+    stop = os.path.realpath(stop_at)
     folder = os.path.dirname(os.path.realpath(path))
     while True:
         try:
             st = os.stat(folder)
         except OSError as err:
-            return f"cannot stat {folder}: {err.strerror}"
+            return problems + [("mode", f"cannot stat {folder}: {err.strerror}")]
         if st.st_uid not in owners:
-            return f"{folder} above it is owned by uid {st.st_uid}, not root"
+            problems.append(("owner", f"{folder} above it is owned by uid {st.st_uid}, not root"))
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            return (f"{folder} above it is writable by group or others (mode "
-                    f"{stat.S_IMODE(st.st_mode):04o})")
-        if folder == "/":
-            return None
+            problems.append(("mode", f"{folder} above it is writable by group or others (mode "
+                                     f"{stat.S_IMODE(st.st_mode):04o})"))
+        if folder in ("/", stop) or not folder.startswith(stop.rstrip("/") + "/"):
+            return problems
         folder = os.path.dirname(folder)
+
+
+def untrusted_because(path: str, info: os.stat_result | None = None) -> str | None:
+    """The first of :func:`trust_problems` of ``path`` as one line, or None."""
+    problems = trust_problems(path, info)
+    return problems[0][1] if problems else None
 
 
 def read_config_text(path: str, *, required: bool = False, trusted: bool = False) -> str | None:

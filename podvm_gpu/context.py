@@ -11,6 +11,11 @@ from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.model import PciDevice, Status
 
+# A call whose failure the boot survives (an optional module, a version or state probe) may
+# take at most this long, whatever the tool's timeout: a hang there must not spend the budget
+# of the steps that matter.
+HARMLESS_CALL_S = 10.0
+
 
 @dataclasses.dataclass
 class BootContext:
@@ -51,6 +56,11 @@ class BootContext:
         if left <= 0:
             raise StepFailed(f"timed out: the boot budget of {self.config.budget_s:g} s is spent")
         return min(wanted_s, left)
+
+    def harmless_timeout(self, tool: str) -> float:
+        """The timeout of a call the boot survives the failure of: the tool's own, at most
+        :data:`HARMLESS_CALL_S`."""
+        return min(self.runner.timeouts.get(tool, HARMLESS_CALL_S), HARMLESS_CALL_S)
 
     def warn(self, text: str) -> None:
         """Add a one-line warning to the status."""

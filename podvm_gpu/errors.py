@@ -10,6 +10,11 @@ import re
 
 # NVIDIA's Go tools log with logrus: level=error msg="..." with \" and \n escaped inside msg.
 _LOGRUS_ERROR = re.compile(r'level=(?:error|fatal) msg="((?:[^"\\]|\\.)*)"')
+_LOGRUS_WARNING = re.compile(r'level=warning msg="((?:[^"\\]|\\.)*)"')
+
+
+def _unescape(msg: str) -> str:
+    return " ".join(msg.replace('\\"', '"').replace("\\n", " ").split())
 
 
 class PodvmGpuError(Exception):
@@ -29,16 +34,19 @@ class CommandError(PodvmGpuError):
         stdout, stderr: what it printed (text, possibly partial when it timed out).
         timed_out: True when the command was stopped at its timeout.
         timeout_s: the timeout that applied, in seconds.
+        budget_spent: True when it timed out at the end of the boot budget (its own timeout
+            was cut to what was left): the boot's time is up, whatever the call was for.
     """
 
     def __init__(self, argv, returncode, stdout="", stderr="", *, timed_out=False,
-                 timeout_s=None, message=None):
+                 timeout_s=None, budget_spent=False, message=None):
         self.argv = list(argv)
         self.returncode = returncode
         self.stdout = stdout or ""
         self.stderr = stderr or ""
         self.timed_out = timed_out
         self.timeout_s = timeout_s
+        self.budget_spent = budget_spent
         super().__init__(message or self._describe())
 
     @property
@@ -59,9 +67,18 @@ class CommandError(PodvmGpuError):
         unescaped, else :meth:`last_line`, else ``exit N``."""
         found = _LOGRUS_ERROR.findall(self.stderr)
         if found:
-            return found[-1].replace('\\"', '"').replace("\\n", " ")
-        return self.last_line() or (f"exit {self.returncode}" if self.returncode is not None
-                                    else "no output")
+            return _unescape(found[-1])
+        if self.returncode is None:  # it never ran: the message says why (not found, ...)
+            return str(self)
+        return self.last_line() or f"exit {self.returncode} with no output"
+
+    def warnings_about(self, pattern: str) -> list[str]:
+        """The ``msg`` of the tool's logrus ``level=warning`` lines that match ``pattern`` (a
+        regular expression), unescaped, without repeats: nvidia-ctk prints dozens of harmless
+        ones on every run, and the cause of a failure is often one of the others."""
+        wanted = re.compile(pattern)
+        found = [_unescape(m) for m in _LOGRUS_WARNING.findall(self.stderr)]
+        return list(dict.fromkeys(m for m in found if wanted.search(m)))
 
     def _describe(self) -> str:
         cmd = " ".join(self.argv[:4]) if self.argv else "?"

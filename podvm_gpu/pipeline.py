@@ -70,7 +70,7 @@ def run_pipeline(run: Run, config: Config | None) -> int:
     config = config or Config()
     gpus, switches = run.status.gpus, run.status.nvswitches
     deadline = run.started + config.budget_s
-    runner = Runner(config.tools, timeouts_for(config), deadline=deadline)
+    runner = Runner(config.tools, timeouts_for(config), deadline=deadline, trust_tool_paths=True)
     ctx = BootContext(run.root, config, runner, run.status, deadline, gpus=gpus,
                       nvswitches=switches)
     if run.dry_run:
@@ -135,9 +135,15 @@ def _run_step(ctx: BootContext, name: str, func, status_file: StatusFile, log: L
 
 
 def _fail(run: Run, reason: str) -> int:
-    """End the boot ``failed``: kernel-log facts appended, then :meth:`Run.fail`."""
-    extra = [f.describe() for f in kmsg.findings(kmsg.read_kernel_log(run.root))
-             if f.summary.lower() not in reason.lower()]
+    """End the boot ``failed``: what the kernel log says appended (the facts the patterns name,
+    then the driver's own error records not quoted yet), then :meth:`Run.fail`."""
+    records = kmsg.read_kernel_records(run.root)
+    messages = [m for _level, m in records]
+    extra = [f.describe() for f in kmsg.findings(messages)
+             if f.summary.lower() not in reason.lower()][:2]
+    quoted = (reason + " ".join(extra)).lower()
+    errors = [e for e in kmsg.driver_errors(records) if e.lower() not in quoted]
+    extra += [f'driver: "{e}"' for e in errors]
     if extra:
-        reason = f"{reason}; kernel log: " + "; ".join(extra[:2])
+        reason = f"{reason}; kernel log: " + "; ".join(extra)
     return run.fail(reason)

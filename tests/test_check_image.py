@@ -55,7 +55,7 @@ def test_an_image_with_driver_units_and_tools_passes(tmp_path):
     assert code == 0, checks
     assert {name: c["result"] for name, c in checks.items()} == {
         "unit": "pass", "kata-agent-ordering": "pass", "tools": "pass", "modules": "pass",
-        "versions": "pass", "cdi-refresh-units": "pass"}
+        "versions": "pass", "cdi-refresh-units": "pass", "trust": "pass"}
     assert VERSION in checks["versions"]["detail"]
 
 
@@ -92,3 +92,24 @@ def test_enabled_refresh_units_fail_the_image(tmp_path):
     code, checks = check_image(root)
     assert code == 1
     assert checks["cdi-refresh-units"]["result"] == "fail"
+
+
+def test_a_config_others_may_write_fails_the_image_and_one_owned_by_the_builder_warns(tmp_path):
+    """Boot refuses both (it runs the tools a config names as root); at build time a file of an
+    unprivileged builder is its own until the image is packed, so ownership only warns."""
+    root = make_image(tmp_path)
+    config = root / "etc/podvm-gpu/config.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("tools: {nvidia-ctk: /usr/bin/nvidia-ctk}\n")
+    config.chmod(0o644)
+    os.chown(config, 1000, 1000)
+
+    code, checks = check_image(root)
+    assert code == 0 and checks["trust"]["result"] == "warn", checks["trust"]
+    assert "/etc/podvm-gpu/config.yaml: it is owned by uid 1000" in checks["trust"]["detail"]
+
+    (root / "usr/bin/nvidia-ctk").chmod(0o777)
+    code, checks = check_image(root)
+    assert code == 1 and checks["trust"]["result"] == "fail", checks["trust"]
+    assert "/usr/bin/nvidia-ctk: it is writable by group or others (mode 0777)" in \
+        checks["trust"]["detail"]

@@ -247,9 +247,7 @@ def start_daemon(runner: Runner, argv: list[str], log_path: str,
         return SpawnedDaemon(runner.spawn(argv, log_path), log_path)
     path = runner.which(argv[0])
     if path is None:
-        raise CommandError(argv, None, message=f"{argv[0]}: not found on PATH" if argv[0] not in
-                           runner.tool_paths else f"{argv[0]}: {runner.tool_paths[argv[0]]} (set "
-                           "in the config) is not an executable")
+        raise CommandError(argv, None, message=runner.why_missing(argv[0]))
     state = unit_properties(runner, spec.unit)
     if state.get("ActiveState") in ("active", "activating", "reloading"):
         return UnitDaemon(runner, spec, time.time())  # an earlier boot's daemon: wait on it

@@ -27,7 +27,14 @@ _MAX_JOIN = 8  # NVRM messages seen in the field span at most 4-5 records
 
 
 def read_kernel_log(root: Root) -> list[str]:
-    """Every message in the kernel log since boot, oldest first, without the record prefix.
+    """Every message in the kernel log since boot, oldest first, without the record prefix
+    (see :func:`read_kernel_records`)."""
+    return [message for _level, message in read_kernel_records(root)]
+
+
+def read_kernel_records(root: Root) -> list[tuple[int, str]]:
+    """Every kernel record since boot as ``(level, message)``, oldest first: level is the
+    syslog level (0 emerg ... 3 err ... 7 debug); a line without the record prefix gets 6.
 
     The newest 4 MiB are kept (the kernel's ring buffer is at most a few MiB; a larger file is
     not a kernel log), and at most 64 MiB are read, so no file or device given as the log can
@@ -68,11 +75,20 @@ def read_kernel_log(root: Root) -> list[str]:
     lines = b"".join(kept).decode("utf-8", errors="replace").splitlines()
     if cut and lines:
         lines = lines[1:]  # the first line may be the tail of a record
-    messages = (parse_record(line) for line in lines if line and not line.startswith(" "))
-    return [m[:_MAX_MESSAGE] for m in messages if m is not None]
+    records = (_record(line) for line in lines if line and not line.startswith(" "))
+    return [(level, m[:_MAX_MESSAGE]) for level, m in records if m is not None]
 
 
 _RECORD = re.compile(r"(\d+),\d+,\d+,[^;]*")
+
+
+def _record(line: str) -> tuple[int, str | None]:
+    head, sep, message = line.partition(";")
+    m = _RECORD.fullmatch(head) if sep else None
+    if m is None:
+        return 6, line
+    prio = int(m.group(1))
+    return prio & 7, (message if prio >> 3 == 0 else None)
 
 
 def parse_record(line: str) -> str | None:
@@ -82,11 +98,25 @@ def parse_record(line: str) -> str | None:
     every program-written record a facility (``user`` when it names none), so the kernel's own
     messages are told apart, and the agent never reads its own console line back as evidence.
     """
-    head, sep, message = line.partition(";")
-    m = _RECORD.fullmatch(head) if sep else None
-    if m is None:
-        return line
-    return message if int(m.group(1)) >> 3 == 0 else None
+    return _record(line)[1]
+
+
+# Messages of the NVIDIA kernel modules: "NVRM: ...", "nvidia: ...", "nvidia-uvm: ...",
+# "nvidia 0000:00:04.0: ..." (dev_err), "nvidia-modeset: ...", "nvidia-nvlink: ...".
+_NVIDIA_MESSAGE = re.compile(r"(?:NVRM:|nvidia(?:[-_][a-z]+)?[: ])")
+
+
+def driver_errors(records: list[tuple[int, str]], most: int = 3) -> list[str]:
+    """The error records (level err or worse) the NVIDIA modules printed since the driver last
+    announced itself, NVRM messages joined, newest ``most`` of them: what the driver said about
+    a failure whatever it was (``RmInitAdapter failed``, an SPDM check in CC mode, ...), beyond
+    the patterns :func:`findings` names."""
+    starts = [i for i, (_level, m) in enumerate(records) if m.startswith(_DRIVER_BANNER)]
+    since = records[starts[-1]:] if starts else records
+    errors = [m for level, m in since if level <= 3 and _NVIDIA_MESSAGE.match(m)
+              and "taints kernel" not in m and "module verification failed" not in m]
+    joined = list(dict.fromkeys(join_nvrm(errors)))
+    return [" ".join(m.split())[:300] for m in joined[-most:]]
 
 
 def join_nvrm(messages: list[str]) -> list[str]:

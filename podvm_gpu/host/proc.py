@@ -44,29 +44,50 @@ class Runner:
         deadline: a ``time.monotonic()`` value no call may run past (the boot budget), or None.
         env: the environment for the tools (default: ours, plus ``LC_ALL=C`` for parsable output).
         read_only: when True (``check``), :meth:`spawn` is refused: only queries may run.
+        trust_tool_paths: check that a configured tool path (and every directory above it) only
+            root can change before running it (boot); :func:`podvm_gpu.config.untrusted_because`.
     """
 
     def __init__(self, tool_paths: dict[str, str] | None = None,
                  timeouts: dict[str, float] | None = None, deadline: float | None = None,
-                 env: dict[str, str] | None = None, read_only: bool = False):
+                 env: dict[str, str] | None = None, read_only: bool = False,
+                 trust_tool_paths: bool = False):
         self.tool_paths = dict(tool_paths or {})
         self.timeouts = dict(timeouts or {})
         self.deadline = deadline
         self.env = dict(os.environ if env is None else env)
         self.env["LC_ALL"] = "C"
         self.read_only = read_only
+        self.trust_tool_paths = trust_tool_paths
         self.calls: list[list[str]] = []
 
     def which(self, tool: str) -> str | None:
-        """The path of ``tool``: the configured absolute path if it exists, else a PATH lookup."""
+        """The path of ``tool``: the configured absolute path if it is an executable that only
+        root can change (see :meth:`_missing`), else a PATH lookup."""
         configured = self.tool_paths.get(tool)
         if configured:
-            return configured if os.access(configured, os.X_OK) else None
+            if not os.access(configured, os.X_OK) or self._untrusted(configured):
+                return None
+            return configured
         return shutil.which(tool, path=self.env.get("PATH", os.defpath))
 
-    def _missing(self, tool: str) -> str:
-        if self.tool_paths.get(tool):
-            return f"{tool}: {self.tool_paths[tool]} (set in the config) is not an executable"
+    def _untrusted(self, path: str) -> str | None:
+        from podvm_gpu.config import untrusted_because
+
+        return untrusted_because(path) if self.trust_tool_paths else None
+
+    def why_missing(self, tool: str) -> str:
+        """Why :meth:`which` found no usable ``tool``: not on PATH, not an executable, refused."""
+        configured = self.tool_paths.get(tool)
+        if configured:
+            why = self._untrusted(configured) if os.access(configured, os.X_OK) else None
+            if why:  # boot runs it as root: someone else must not be able to replace it
+                return f"{tool}: {configured} (set in the config) is refused: {why}"
+            return f"{tool}: {configured} (set in the config) is not an executable"
+        for folder in self.env.get("PATH", os.defpath).split(os.pathsep):
+            candidate = os.path.join(folder or ".", tool)
+            if os.path.isfile(candidate):  # there, but PATH lookup skips what cannot run
+                return f"{tool}: {candidate} is not executable"
         return f"{tool}: not found on PATH"
 
     def timeout_for(self, tool: str, requested: float | None = None) -> float:
@@ -94,12 +115,13 @@ class Runner:
         """
         tool = argv[0]
         limit = self.timeout_for(tool, timeout)
+        wanted = timeout if timeout is not None else self.timeouts.get(tool, DEFAULT_TIMEOUT_S)
         self.calls.append(list(argv))
         path = self.which(tool)
         if path is None:
-            raise CommandError(argv, None, message=self._missing(tool))
+            raise CommandError(argv, None, message=self.why_missing(tool))
         if limit <= 0:
-            raise CommandError(argv, None, timed_out=True, timeout_s=0.0,
+            raise CommandError(argv, None, timed_out=True, timeout_s=0.0, budget_spent=True,
                                message=f"{tool}: not run, the boot budget is spent (timed out)")
         started = time.monotonic()
         try:
@@ -113,7 +135,8 @@ class Runner:
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             out, err = _drain(proc)
-            raise CommandError(argv, None, out, err, timed_out=True, timeout_s=limit) from None
+            raise CommandError(argv, None, out, err, timed_out=True, timeout_s=limit,
+                               budget_spent=limit < wanted) from None
         except BaseException:  # the budget's timer, or a signal: leave no client behind
             _kill_group(proc)
             proc.wait()
@@ -141,7 +164,7 @@ class Runner:
             raise CommandError(argv, None, message=f"{tool}: not started (read-only run)")
         path = self.which(tool)
         if path is None:
-            raise CommandError(argv, None, message=self._missing(tool))
+            raise CommandError(argv, None, message=self.why_missing(tool))
         try:
             os.unlink(log_path)  # a new file: never truncate whatever a planted link names
         except FileNotFoundError:

@@ -21,6 +21,12 @@ from podvm_gpu.status import CDI_SPEC_PATH
 
 
 
+# nvidia-ctk's warnings that can explain a failed generate: the driver libraries and device
+# nodes every spec needs, NVML and the CDI hook. (It warns about dozens of graphics files on
+# every run; those explain nothing.)
+ESSENTIAL = r"libcuda\.so|libnvidia-ml\.so|/dev/nvidia|nvidia-cdi-hook|NVML|nvml"
+
+
 def generate_argv(ctx: BootContext) -> list[str]:
     """``nvidia-ctk cdi generate --output=`` (spec on stdout), with the roots when not ``/``."""
     argv = ["nvidia-ctk", "cdi", "generate", "--output="]
@@ -66,8 +72,13 @@ def run(ctx: BootContext) -> str:
         if err.timed_out:
             raise StepFailed(f"nvidia-ctk cdi generate timed out after {err.timeout_s:g} s "
                              f"(driver {driver})") from err
+        if err.returncode is None:  # missing, not executable, or refused to start
+            raise StepFailed(f"{err.tool_message()} (driver {driver})") from err
         cause = f"nvidia-ctk cdi generate failed (exit {err.returncode}): {err.tool_message()} " \
                 f"(driver {driver})"
+        hints = err.warnings_about(ESSENTIAL)
+        if hints:
+            cause += "; it warned: " + "; ".join(hints[:2])
         if err.returncode == 127 and "undefined symbol" in err.stderr:
             cause += "; this nvidia-ctk needs a newer driver than the image has"
         mig = mig_problem(ctx)
@@ -77,15 +88,18 @@ def run(ctx: BootContext) -> str:
         spec = parse_spec(text, source="nvidia-ctk cdi generate")
     except CdiSpecError as err:
         raise StepFailed(f"the generated spec is invalid: {err}") from err
-    problems = check_ready_spec(spec, ctx.root, ctx.minors)
+    problems = check_ready_spec(spec, ctx.root, ctx.minors, ctx.driver_version)
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise StepFailed("the generated spec is not usable: " + "; ".join(problems[:3]) + more)
     for warning in cdi_dir.disable_duplicates(ctx.root):
         ctx.warn(warning)
-    target = ctx.root.resolve(CDI_SPEC_PATH, follow_last=False)
-    ensure_dir(os.path.dirname(target))
-    atomic_write(target, text)
+    try:
+        target = ctx.root.resolve(CDI_SPEC_PATH, follow_last=False)
+        ensure_dir(os.path.dirname(target))
+        atomic_write(target, text)
+    except OSError as err:
+        raise StepFailed(f"cannot install {CDI_SPEC_PATH}: {err.strerror or err}") from err
     names = spec.device_names()
     ctx.status.cdi = {"path": CDI_SPEC_PATH, "kind": spec.kind, "devices": names}
     return f"{CDI_SPEC_PATH}: {len(names)} devices (cdiVersion {spec.cdi_version})"

@@ -21,13 +21,14 @@ from podvm_gpu.steps.persistenced import start
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 
 
-def query(ctx: BootContext) -> list[FabricState]:
+def query(ctx: BootContext, timeout: float | None = None) -> list[FabricState]:
     """Every GPU's fabric state (one ``nvidia-smi -q -d FABRIC`` call).
 
     Raises:
         CommandError: nvidia-smi failed or timed out.
     """
-    return parse_fabric(ctx.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"]).stdout)
+    return parse_fabric(ctx.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"],
+                                       timeout=timeout).stdout)
 
 
 def summarize(states: list[FabricState]) -> str:
@@ -38,9 +39,45 @@ def summarize(states: list[FabricState]) -> str:
     return "; ".join(f"State {a}, Status {b} on {n} GPU(s)" for (a, b), n in pairs.items())
 
 
+def bus_id(address: str) -> str:
+    """A PCI address as both nvidia-smi (``00000000:18:00.0``) and sysfs (``0000:18:00.0``) can
+    be compared: the domain as a number, lower case."""
+    domain, _, rest = address.strip().lower().partition(":")
+    try:
+        return f"{int(domain, 16):x}:{rest}"
+    except ValueError:
+        return address.strip().lower()
+
+
+def not_ready(ctx: BootContext, states: list[FabricState]) -> list[str]:
+    """The GPUs of the VM (PCI addresses) that do not report fabric Completed/Success: every
+    GPU must, not just the ones nvidia-smi happens to list."""
+    done = {bus_id(s.gpu) for s in states if s.success}
+    return [g.pci_address for g in ctx.gpus if bus_id(g.pci_address) not in done]
+
+
+def seen(ctx: BootContext, states: list[FabricState]) -> str:
+    """The last fabric state seen, for a reason: the pairs, and the GPUs that did not report."""
+    if not states:
+        return "no fabric state reported"
+    reported = {bus_id(s.gpu) for s in states}
+    silent = [g.pci_address for g in ctx.gpus if bus_id(g.pci_address) not in reported]
+    text = summarize(states)
+    if silent:
+        text += f"; {len(silent)} of {ctx.gpu_count} GPU(s) reported no state ({', '.join(silent[:4])}" \
+                + (", ..." if len(silent) > 4 else "") + ")"
+    return text
+
+
 def wait_for_fabric(ctx: BootContext, daemon: Daemon | None) -> list[FabricState]:
-    """Poll the fabric state until every GPU is Completed/Success; fail at once when a GPU is
-    Completed with another status (unhealthy) or the fabric manager exits with an error."""
+    """Poll the fabric state until every GPU of the VM reports Completed/Success; fail at once
+    when a GPU is Completed with another status (unhealthy), the fabric manager exits with an
+    error or nvidia-smi cannot run at all. Every failure says the last state seen.
+
+    Raises:
+        StepFailed: see above, or the wait (``ready_timeout_s + per_gpu_s * GPUs``, cut to the
+            budget) ran out.
+    """
     cfg = ctx.config.fabricmanager
     wanted = cfg.ready_timeout_s + cfg.per_gpu_s * ctx.gpu_count
     limit = ctx.wait_limit(wanted)
@@ -50,10 +87,12 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None) -> list[FabricState
         try:
             states = query(ctx)
         except CommandError as err:
+            if err.returncode is None and not err.timed_out:  # not there, cannot run
+                raise StepFailed(f"cannot query the NVLink fabric: {err}") from err
             if err.timed_out or time.monotonic() >= end:
-                raise StepFailed(f"nvidia-smi fabric query failed: {err}") from err
-            states = []
-        if states and all(s.success for s in states):
+                raise StepFailed(f"nvidia-smi fabric query failed: {err}; last seen: "
+                                 f"{seen(ctx, states)}") from err
+        if states and not not_ready(ctx, states):
             return states
         bad = [s for s in states if s.completed and not s.success]
         if bad:
@@ -62,12 +101,12 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None) -> list[FabricState
         if code not in (None, 0):
             said = daemon.last_words()
             raise StepFailed(f"nv-fabricmanager exited with status {code}"
-                             + (f": {said}" if said else ""))
+                             + (f": {said}" if said else "") + f"; last seen: {seen(ctx, states)}")
         if time.monotonic() >= end:
-            now = summarize(states) if states else "no fabric state reported"
+            cut = " (cut to the boot budget)" if limit < wanted else ""
             raise StepFailed(f"timed out after {limit:g} s waiting for the NVLink fabric "
                              f"(wait {cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x "
-                             f"{ctx.gpu_count} GPU(s)): {now}")
+                             f"{ctx.gpu_count} GPU(s){cut}): {seen(ctx, states)}")
         time.sleep(min(cfg.poll_s, max(end - time.monotonic(), 0.01)))
 
 
@@ -75,9 +114,11 @@ def run(ctx: BootContext) -> str:
     """Start the fabric manager where it belongs and wait for the fabric."""
     root = ctx.root
     if not ctx.nvswitches:
-        try:
-            states = query(ctx)
+        try:  # a probe: the fabric may be managed outside the VM (shared-NVSwitch)
+            states = query(ctx, timeout=ctx.harmless_timeout("nvidia-smi"))
         except CommandError as err:
+            if err.budget_spent:
+                raise StepFailed(f"timed out: the boot budget was spent in {err}") from err
             raise Skipped(f"no NVSwitch; fabric state unknown ({err})") from err
         if not any(s.supported for s in states):
             raise Skipped("no NVSwitch, and the GPUs report no NVLink fabric")

@@ -87,11 +87,13 @@ def run(ctx: BootContext) -> str:
         if module_loaded(ctx.root, module):
             already.append(module)
             continue
+        harmless = module in optional and module not in REQUIRED
         try:
-            ctx.runner.run(modprobe_argv(module, params.get(module, {})))
+            ctx.runner.run(modprobe_argv(module, params.get(module, {})),
+                           timeout=ctx.harmless_timeout("modprobe") if harmless else None)
         except CommandError as err:
             cause = explain_failure(ctx, module, err)
-            if module in optional and module not in REQUIRED:
+            if harmless and not err.budget_spent:
                 ctx.warn(f"modules: optional {cause}")
                 continue
             rest = order[index + 1:]
@@ -101,7 +103,7 @@ def run(ctx: BootContext) -> str:
             overrides = modprobe_overrides(ctx.root, module)
             why = f"; modprobe.d overrides it: {'; '.join(overrides)}" if overrides else ""
             cause = f"{module} not loaded although modprobe {module} exited 0{why}"
-            if module in optional and module not in REQUIRED:
+            if harmless:
                 ctx.warn(f"modules: optional {cause}")
                 continue
             raise StepFailed(cause)

@@ -17,13 +17,30 @@ from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, NVML_SONAM
                                find_nvml, find_nvml_elsewhere, kernel_module_version, version_in)
 
 
-def fabricmanager_version(ctx: BootContext) -> str | None:
-    """The version ``nv-fabricmanager --version`` prints, or None when it cannot tell."""
+def fabricmanager_version(ctx: BootContext) -> str:
+    """The version ``nv-fabricmanager --version`` prints (a call of at most 10 s).
+
+    Raises:
+        StepFailed: the fabric manager is missing, hangs, fails or prints no version: an
+            NVSwitch VM cannot get its fabric without it, and a check left out is a guess.
+    """
     try:
-        done = ctx.runner.run(["nv-fabricmanager", "--version"])
-    except CommandError:
-        return None
-    return version_in(done.output)
+        done = ctx.runner.run(["nv-fabricmanager", "--version"],
+                              timeout=ctx.harmless_timeout("nv-fabricmanager"))
+    except CommandError as err:
+        if err.returncode is None and not err.timed_out:
+            raise StepFailed(f"{err}: an NVSwitch VM needs the fabric manager of driver "
+                             f"{ctx.driver_version}") from err
+        said = "timed out" if err.timed_out else f"exit {err.returncode}: " \
+            f"{err.last_line() or 'no output'}"
+        raise StepFailed(f"cannot tell the fabric manager's version (nv-fabricmanager --version "
+                         f"{said})") from err
+    version = version_in(done.output)
+    if version is None:
+        said = " ".join(done.output.split())[:200] or "nothing"
+        raise StepFailed(f"cannot tell the fabric manager's version: nv-fabricmanager --version "
+                         f"printed {said!r}")
+    return version
 
 
 def run(ctx: BootContext) -> str:
@@ -58,9 +75,9 @@ def run(ctx: BootContext) -> str:
     fm = ""
     if ctx.nvswitches and daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
         fm_version = fabricmanager_version(ctx)
-        if fm_version and fm_version != kernel:
+        if fm_version != kernel:
             raise StepFailed(f"fabric manager (nv-fabricmanager) {fm_version} does not match "
                              f"driver {kernel}; install the fabric manager package of driver "
                              f"{kernel}")
-        fm = f", nv-fabricmanager {fm_version}" if fm_version else ""
+        fm = f", nv-fabricmanager {fm_version}"
     return f"driver {kernel} (kernel module and {lib.path}{fm})"
