@@ -79,3 +79,19 @@ def empty_path(tmp_path) -> str:
     folder = tmp_path / "empty-bin"
     folder.mkdir()
     return str(folder)
+
+
+# --- the metrics exporter: the fake libnvidia-ml.so.1, Debian's real one, promtool ---------------
+# Used by test_metrics*.py.
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_libs(tmp_path_factory) -> dict:
+    """The fake NVML built with gcc: ``{"current": path, "535": path}`` (tests/fake_nvml)."""
+    if shutil.which("gcc") is None:
+        _missing_tool("gcc (Debian packages gcc, libc6-dev)")
+    import fake_nvml
+
+    out = tmp_path_factory.mktemp("fake-nvml")
+    return {"current": fake_nvml.build(out), "535": fake_nvml.build(out, 535)}
+

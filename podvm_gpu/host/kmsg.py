@@ -149,9 +149,9 @@ _KEYWORDS = ("nvrm", "xid", "firmware", "bar", "reset", "lockdown", "fallen", "n
 
 # Every gap between two parts of a pattern is bounded ({0,200}): an unbounded one makes the
 # search quadratic on a long message that repeats the first part (a hostile or broken log).
+XID_PATTERN = re.compile(r"Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]{1,16})\): (?P<code>\d{1,5})")
 _PATTERNS: list[tuple[str, re.Pattern, str]] = [
-    ("xid", re.compile(r"Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]{1,16})\): (?P<code>\d{1,5})"),
-     "Xid {code} on GPU {pci}"),
+    ("xid", XID_PATTERN, "Xid {code} on GPU {pci}"),
     ("fell-off-bus", re.compile(r"GPU (?:at PCI:)?(?P<pci>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:"
                                 r"[0-9A-Fa-f]{2}(?:\.[0-7])?):.{0,200}fallen off the bus", re.I),
      "GPU {pci} has fallen off the bus"),
@@ -185,6 +185,28 @@ _PATTERNS: list[tuple[str, re.Pattern, str]] = [
     ("lockdown", re.compile(r"Lockdown: .{0,200}(?:unsigned module|module loading)", re.I),
      "kernel lockdown restricts unsigned module loading"),
 ]
+
+
+# Every kind a Finding can have, in pattern order.
+KINDS = tuple(dict.fromkeys(kind for kind, _pattern, _template in _PATTERNS))
+
+
+def xid_records(messages: list[str]) -> list[tuple[str, int]]:
+    """``(pci, code)`` of every Xid record in the kernel log, oldest first, repeats included.
+
+    Args:
+        messages: records as :func:`read_kernel_log` returns them.
+
+    ``pci`` is as the driver prints it, ``0000:01:00`` (domain:bus:device, no function). Unlike
+    :func:`findings`, a repeated Xid counts each time (the metrics count them).
+    """
+    records = []
+    for msg in messages:
+        if "Xid" in msg:
+            m = XID_PATTERN.search(msg)
+            if m:
+                records.append((m.group("pci").lower(), int(m.group("code"))))
+    return records
 
 
 def findings(messages: list[str]) -> list[Finding]:
