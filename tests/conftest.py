@@ -95,3 +95,22 @@ def fake_nvml_libs(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("fake-nvml")
     return {"current": fake_nvml.build(out), "535": fake_nvml.build(out, 535)}
 
+
+
+@pytest.fixture(scope="session")
+def promtool(tmp_path_factory) -> str:
+    """Debian 12's ``promtool`` (package ``prometheus``), unpacked alone from its .deb: installing
+    the package would start a Prometheus server on a systemd host."""
+    import debian_packages
+
+    deb = debian_packages.fetch("prometheus")
+    out = debian_packages.unpack(deb, tmp_path_factory.mktemp("promtool"), "./usr/bin/promtool")
+    return str(out / "usr/bin/promtool")
+
+
+@pytest.fixture(scope="session")
+def real_nvml_deb() -> Path:
+    """The .deb of Debian 12's real ``libnvidia-ml1`` (non-free, the 535 branch)."""
+    import debian_packages
+
+    return debian_packages.fetch("libnvidia-ml1")
