@@ -439,7 +439,7 @@ def test_boot_textfile_is_off_by_default_and_on_costs_no_nvml(gpu_root, tmp_path
     probe = ("import json, sys; from podvm_gpu.host.fs import Root; from podvm_gpu.metrics import "
              "MetricsSettings, write_boot_textfile; s = MetricsSettings(textfile=sys.argv[2] == 'on');"
              " path = write_boot_textfile(Root(sys.argv[1]), s); print(json.dumps([path, "
-             "'prometheus_client' in sys.modules, 'pynvml' in sys.modules]))")
+             "'prometheus_client.exposition' in sys.modules, 'pynvml' in sys.modules]))")
     log = tmp_path / "calls.log"
     env = metrics_env(describe(tmp_path / "desc", [gpu(0)], log=log))
 
@@ -476,3 +476,18 @@ def test_fake_library_exports_exactly_what_the_tests_say(fake_nvml_libs):
     assert all(hasattr(current, name) for name in fake_nvml.FUNCTIONS)
     assert [n for n in fake_nvml.FUNCTIONS if not hasattr(old, n)] == fake_nvml.ABSENT_IN_535
     assert os.path.basename(fake_nvml_libs["current"]) == "libnvidia-ml.so.1"
+
+
+def test_once_imports_prometheus_client_without_its_init_and_leaves_a_working_package(tmp_path):
+    root = make_root(tmp_path / "root", None, state="no-gpu", gpus=0)
+    probe = ("import sys; from podvm_gpu.host.fs import Root; from podvm_gpu.metrics import "
+             "MetricsSettings, print_once; print_once(Root(sys.argv[1]), MetricsSettings()); "
+             "skipped = 'prometheus_client' not in sys.modules and 'prometheus_client.metrics' not in "
+             "sys.modules; import prometheus_client; print(skipped, prometheus_client.Counter.__name__, "
+             "prometheus_client.exposition is sys.modules['prometheus_client.exposition'], "
+             "file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe, str(root)], capture_output=True, text=True,
+                          timeout=60, env=metrics_env(None))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.split() == ["True", "Counter", "True"]
+    assert "podvm_gpu_boot_state{state=\"no-gpu\"} 1.0" in done.stdout

@@ -110,3 +110,14 @@ def test_only_the_dcgm_counter_type_lines_change():
     assert text.count(b" counter\n") == len(DCGM_COUNTERS)
     assert [line for line in text.splitlines() if not line.startswith(b"#")] == \
         [line for line in raw.splitlines() if not line.startswith(b"#")]
+
+
+def test_plain_command_lines_are_parsed_without_argparse_and_the_rest_goes_to_it():
+    from podvm_gpu.metrics.command import parse_args
+
+    assert parse_args(["--root", "/r", "--listen=0.0.0.0:9400", "--textfile"]) == {
+        "--root": "/r", "--config": None, "--listen": "0.0.0.0:9400", "--serve": False,
+        "--openmetrics": False, "--textfile": True}
+    assert parse_args(["--serve", "--config", "/etc/x.yaml"])["--config"] == "/etc/x.yaml"
+    for other in (["--help"], ["--listen"], ["--root", "--serve"], ["extra"]):
+        assert parse_args(other) is None, other

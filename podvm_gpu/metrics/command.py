@@ -7,7 +7,6 @@ exporter are imported by the functions that need them, so the boot can import
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
@@ -117,9 +116,8 @@ def make_server(root: Root, settings: MetricsSettings, listen: str, exporter=Non
     import socket
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from prometheus_client.exposition import choose_encoder, gzip_accepted
-
     from podvm_gpu.metrics.exporter import Exporter, Families, type_dcgm_counters
+    from podvm_gpu.metrics.prom import choose_encoder, gzip_accepted
 
     host, port = parse_listen(listen, allow_any_port=True)
     exporter = exporter or Exporter(root, settings, keep_open=True)
@@ -202,30 +200,73 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
     return 0
 
 
+_FLAGS = ("--serve", "--openmetrics", "--textfile")
+_OPTIONS = ("--root", "--config", "--listen")
+
+
+def parse_args(args: list[str]) -> dict | None:
+    """The plain forms of the command line, parsed without argparse (start-up time); None for
+    anything else (``--help``, a mistake), which :func:`main` hands to argparse.
+
+    Returns:
+        ``{"--root": DIR, "--config": FILE or None, "--listen": ADDR or None, "--serve": bool,
+        "--openmetrics": bool, "--textfile": bool}``, ``PODVM_GPU_ROOT``/``PODVM_GPU_CONFIG``
+        as the defaults of root and config.
+    """
+    parsed: dict = {"--root": os.environ.get("PODVM_GPU_ROOT") or "/",
+                    "--config": os.environ.get("PODVM_GPU_CONFIG") or None, "--listen": None,
+                    **{flag: False for flag in _FLAGS}}
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        name, eq, value = arg.partition("=")
+        if arg in _FLAGS:
+            parsed[arg] = True
+        elif name in _OPTIONS and eq:
+            parsed[name] = value
+        elif arg in _OPTIONS and rest and not rest[0].startswith("-"):
+            parsed[arg] = rest.pop(0)
+        else:
+            return None
+    return parsed
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m podvm_gpu.metrics``: the command line proposed for ``podvm-gpu metrics``,
     plus ``--root`` and ``--config`` (only the file's ``metrics:`` section is read).
 
     Exit codes: 0 printed or served, 1 could not serve or print, 2 usage or config error.
     """
-    parser = argparse.ArgumentParser(prog="podvm-gpu metrics", description="GPU and boot "
-                                     "metrics of the pod VM in the Prometheus format.")
-    parser.add_argument("--root", default=os.environ.get("PODVM_GPU_ROOT") or "/")
-    parser.add_argument("--config", default=os.environ.get("PODVM_GPU_CONFIG"))
+    args = sys.argv[1:] if argv is None else argv
+    parsed = parse_args(args)
+    if parsed is None:
+        _usage().parse_args(args)  # prints help (exit 0) or the mistake (exit 2)
+        return 2
+    root = Root(parsed["--root"])
+    try:
+        settings = load_settings(root, parsed["--config"])
+    except MetricsConfigError as err:
+        print(f"podvm-gpu metrics: {err}", file=sys.stderr)
+        return 2
+    return run(root, settings, listen=parsed["--listen"],
+               serving=parsed["--serve"] or parsed["--listen"] is not None,
+               openmetrics=parsed["--openmetrics"], textfile=parsed["--textfile"])
+
+
+def _usage():
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="podvm-gpu metrics", allow_abbrev=False,
+                                     description="GPU and boot metrics of the pod VM in the "
+                                     "Prometheus format.")
+    parser.add_argument("--root", help="the VM's root (default /, env PODVM_GPU_ROOT)")
+    parser.add_argument("--config", help="config file (default <root>/etc/podvm-gpu/config.yaml)")
     parser.add_argument("--listen", metavar="ADDR:PORT", help="serve over HTTP at this address")
     parser.add_argument("--serve", action="store_true", help="serve at the config's address")
     parser.add_argument("--openmetrics", action="store_true", help="print OpenMetrics")
     parser.add_argument("--textfile", action="store_true",
                         help="write the textfile (with --serve: every interval)")
-    args = parser.parse_args(argv)
-    root = Root(args.root)
-    try:
-        settings = load_settings(root, args.config)
-    except MetricsConfigError as err:
-        print(f"podvm-gpu metrics: {err}", file=sys.stderr)
-        return 2
-    return run(root, settings, listen=args.listen, serving=args.serve or args.listen is not None,
-               openmetrics=args.openmetrics, textfile=args.textfile)
+    return parser
 
 
 def run(root: Root, settings: MetricsSettings, *, listen: str | None = None, serving: bool = False,

@@ -9,7 +9,8 @@ import os
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.metrics import families as fam
-from podvm_gpu.metrics.nvml import NvmlReader, cc_safe
+from podvm_gpu.metrics.prom import generate_latest, generate_openmetrics
+from podvm_gpu.metrics.reading import NvmlReading, cc_safe
 from podvm_gpu.metrics.settings import MetricsSettings
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, PERSISTENCED_COMM,
                                PERSISTENCED_PID, daemon_pid)
@@ -56,7 +57,8 @@ class Exporter:
     def __init__(self, root: Root, settings: MetricsSettings, keep_open: bool = False):
         self.root = root
         self.settings = settings
-        self.reader = NvmlReader(root, settings.nvml_timeout_s, keep_open=keep_open)
+        self.keep_open = keep_open
+        self.reader = None  # made when NVML may first be called: its module costs start-up
         self.hostname = hostname(root)
 
     def collect(self):
@@ -86,7 +88,15 @@ class Exporter:
         out += fam.kernel_families([f.kind for f in found], sum(f.fatal for f in found), xids)
         if not with_nvml:
             return out
-        reading = self.reader.read(self.settings.profile, nvml_gate(status, persistenced))
+        gate = nvml_gate(status, persistenced)
+        if gate is not None:
+            reading = NvmlReading(False, *gate)
+        else:
+            if self.reader is None:
+                from podvm_gpu.metrics.nvml import NvmlReader
+
+                self.reader = NvmlReader(self.root, self.settings.nvml_timeout_s, self.keep_open)
+            reading = self.reader.read(self.settings.profile)
         profile = fam.CC_SAFE if cc_safe(self.settings.profile, reading.cc_mode) else fam.FULL
         out += fam.nvml_families(reading, profile, self.settings.profile)
         last_xid = {fam.pci_bus_id(pci): code for pci, code in xids}
@@ -95,7 +105,8 @@ class Exporter:
 
     def close(self) -> None:
         """Shut NVML down (unless a call still hangs)."""
-        self.reader.close()
+        if self.reader is not None:
+            self.reader.close()
 
 
 class Families:
@@ -116,11 +127,7 @@ def render(families: list, openmetrics: bool = False) -> bytes:
     OpenMetrics they stay ``unknown``: an OpenMetrics counter's samples must end in ``_total``.
     """
     if openmetrics:
-        from prometheus_client.openmetrics.exposition import generate_latest as om_latest
-
-        return om_latest(Families(families))
-    from prometheus_client.exposition import generate_latest
-
+        return generate_openmetrics(Families(families))
     return type_dcgm_counters(generate_latest(Families(families)))
 
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import datetime
 
-from prometheus_client.metrics_core import GaugeMetricFamily, InfoMetricFamily, Metric
-
+from podvm_gpu.metrics.prom import GaugeMetricFamily, InfoMetricFamily, Metric
+from podvm_gpu.metrics.reading import CC_MODES
 from podvm_gpu.model import State
 
 FULL = "full"
@@ -197,8 +197,6 @@ def nvml_families(reading, profile: str, configured: str) -> list[Metric]:
         profile: the active profile, ``full`` or ``cc-safe``.
         configured: the configured one, ``auto``, ``full`` or ``cc-safe``.
     """
-    from podvm_gpu.metrics.nvml import CC_MODES
-
     out: list[Metric] = [_gauge("podvm_gpu_nvml_up", "1 when NVML answered this scrape within the "
                                 "bound.", 1 if reading.up else 0)]
     if not reading.up:
