@@ -491,3 +491,28 @@ def test_once_imports_prometheus_client_without_its_init_and_leaves_a_working_pa
     assert done.returncode == 0, done.stderr
     assert done.stderr.split() == ["True", "Counter", "True"]
     assert "podvm_gpu_boot_state{state=\"no-gpu\"} 1.0" in done.stdout
+
+
+def test_readme_lists_every_metric_with_its_type_and_profile(tmp_path, fake_nvml_libs):
+    """The README's table is the reference: every family the exporter can export is in it, with
+    the type and profile it has, and nothing else is."""
+    import re as regex
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = dict((name, (kind.split()[0], profile)) for name, kind, profile in regex.findall(
+        r"^\| `((?:podvm_gpu|DCGM)_\w+)` \| ([^|]+?) \| [^|]*\| (both|full) \|", readme, regex.M))
+    lib = fake_nvml_libs["current"]
+    seen: dict[str, str] = {}
+    cases = [(make_root(tmp_path / "full", lib, nvswitches=2, kernel_log=[
+                 "NVRM: Xid (PCI:0000:18:00): 13, pid=1, Graphics Exception."]),
+              describe(tmp_path / "d1", [gpu(0), gpu(1, lost=1)]), FULL),
+             (make_root(tmp_path / "cc", lib), describe(tmp_path / "d2", [gpu(0)], cc="on"), CC_SAFE),
+             (make_root(tmp_path / "failed", lib, state="failed", reason="modules: x"), None, CC_SAFE)]
+    for root, desc, profile in cases:
+        for name, family in scrape(root, desc).items():
+            seen[name] = family.type
+            if profile == CC_SAFE:
+                assert table[name][1] == "both", f"{name} is exported in cc-safe"
+    assert set(seen) == set(table)
+    for name, kind in seen.items():
+        assert kind == table[name][0], name  # an info family is a gauge in the text format
