@@ -86,7 +86,8 @@ class NvmlReader:
         self._lock = threading.Lock()  # one read at a time (HTTP server threads)
 
     def read(self, profile: str) -> NvmlReading:
-        """Read NVML within the bound.
+        """Read NVML within the bound: waiting for another scrape's reading (the HTTP server's
+        threads) and this one's together take at most ``timeout_s``.
 
         Args:
             profile: the configured profile (``auto``, ``full``, ``cc-safe``).
@@ -94,7 +95,11 @@ class NvmlReader:
         Returns:
             An :class:`NvmlReading`; never raises for anything NVML does.
         """
-        with self._lock:
+        deadline = time.monotonic() + self.timeout_s
+        if not self._lock.acquire(timeout=self.timeout_s):
+            return NvmlReading(False, "timeout", f"another scrape's NVML reading did not end "
+                               f"within {self.timeout_s:g} s ({self._call})")
+        try:
             worker = self._worker
             if worker is not None and worker.is_alive():
                 return NvmlReading(False, "timeout", f"{self._call} has not returned for "
@@ -109,13 +114,15 @@ class NvmlReader:
                                       name="podvm-gpu-nvml", daemon=True)
             self._worker = worker
             worker.start()
-            worker.join(self.timeout_s)
+            worker.join(max(0.0, deadline - time.monotonic()))
             if worker.is_alive():
                 state["abandoned"] = True
                 return NvmlReading(False, "timeout", f"{self._call} did not return within "
                                    f"{self.timeout_s:g} s")
             self._worker = None
             return result[0]
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         """Shut NVML down unless a call still hangs (shutting down under it would hang too)."""
