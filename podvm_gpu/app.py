@@ -1,106 +1,117 @@
-"""The typer app: help, usage errors, ``status``, ``check`` and the full form of ``boot``.
+"""The full command line: help, usage errors (exit 2), ``check`` and every form of ``boot`` and
+``status`` that :mod:`podvm_gpu.cli` does not parse by hand.
 
-Thin commands: parse, call the core, map the outcome to the contract's exit codes.
+argparse (standard library) rather than typer: ``podvm-gpu --help`` and ``check`` on a CPU VM
+have start-up goals of 5x and 8x ``python -c pass`` (bench/run.py), and importing typer alone
+costs about 4-5x here. Thin commands: parse, call the core, return the contract's exit code.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Optional
-
-import typer
+import argparse
+import os
+import sys
 
 from podvm_gpu import __version__
+from podvm_gpu.cli import (CONFIG_ENV, ROOT_ENV, config_problem, parse_timeout, root_problem)
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  help="GPU boot agent for confidential-container pod VMs.")
+COMMANDS = {
+    "boot": "Load the driver, start its daemons, publish the CDI spec (systemd's ExecStart). "
+            "Exit 0 ready/no-gpu, 1 failed.",
+    "status": "Print the readiness state: exit 0 ready/no-gpu, 1 failed, 3 running or no "
+              "status yet (or --wait timed out).",
+    "check": "Read-only diagnosis of a running VM (or, with --image, of an image root): exit 0 "
+             "when no check failed, 1 when one did.",
+}
 
-def _valid_root(value: str) -> str:
-    from podvm_gpu.cli import root_problem
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own exit 2, with the program named once
+        self.print_usage(sys.stderr)
+        self.exit(2, f"podvm-gpu: error: {message}\n")
+
+
+def _root(value: str) -> str:
     problem = root_problem(value)
     if problem:
-        raise typer.BadParameter(problem)
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 
-RootOpt = Annotated[str, typer.Option("--root", envvar="PODVM_GPU_ROOT", metavar="DIR",
-                                      callback=_valid_root,
-                                      help="Take every host path under DIR (default /).")]
-ConfigOpt = Annotated[Optional[str], typer.Option(
-    "--config", envvar="PODVM_GPU_CONFIG", metavar="FILE",
-    help="Config file (default <root>/etc/podvm-gpu/config.yaml).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
+def _config(value: str) -> str:
+    problem = config_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
 
 
-def _version(value: bool) -> None:
-    if value:
-        print(f"podvm-gpu {__version__}")
-        raise typer.Exit(0)
+def _seconds(value: str) -> float:
+    seconds = parse_timeout(value)
+    if seconds is None:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds (0 or more)")
+    return seconds
 
 
-@app.callback()
-def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                                help="Print the version and exit.")] = False):
-    """GPU boot agent for confidential-container pod VMs."""
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command; ``--root`` and ``--config`` default to the environment."""
+    parser = _Parser(prog="podvm-gpu", description="GPU boot agent for confidential-container "
+                     "pod VMs.")
+    parser.add_argument("--version", action="version", version=f"podvm-gpu {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                     parser_class=_Parser)
+    sub = {}
+    for name, text in COMMANDS.items():
+        sub[name] = commands.add_parser(name, help=text, description=text)
+        sub[name].add_argument("--root", metavar="DIR", type=_root, default=None,
+                               help=f"take every host path under DIR (env {ROOT_ENV}; default /)")
+        sub[name].add_argument("--config", metavar="FILE", type=_config, default=None,
+                               help=f"config file (env {CONFIG_ENV}; default "
+                                    "<root>/etc/podvm-gpu/config.yaml)")
+        sub[name].add_argument("--json", dest="json_out", action="store_true",
+                               help="one JSON document on stdout")
+    sub["boot"].add_argument("--dry-run", action="store_true",
+                             help="detect and plan, print the commands, change nothing")
+    sub["status"].add_argument("--wait", action="store_true",
+                               help="block until the state is final")
+    sub["status"].add_argument("--timeout", metavar="S", type=_seconds, default=300.0,
+                               help="longest wait in seconds (default 300)")
+    sub["check"].add_argument("--image", action="store_true",
+                              help="check an image (build time, no GPU needed) instead of a "
+                                   "running VM")
+    return parser
 
 
-@app.command()
-def boot(root: RootOpt = "/", config: ConfigOpt = None, json_out: JsonOpt = False,
-         dry_run: Annotated[bool, typer.Option("--dry-run", help="Detect and plan, print the "
-                                               "commands, change nothing.")] = False) -> None:
-    """Load the driver, start its daemons, publish the CDI spec (systemd's ExecStart)."""
-    from podvm_gpu.boot import run_boot
-
-    raise typer.Exit(run_boot(root, config, json_out, dry_run))
-
-
-@app.command()
-def status(root: RootOpt = "/", config: ConfigOpt = None, json_out: JsonOpt = False,
-           wait: Annotated[bool, typer.Option("--wait", help="Block until the state is final.")] = False,
-           timeout: Annotated[float, typer.Option("--timeout", min=0, metavar="S",
-                                                  help="Longest wait in seconds.")] = 300.0) -> None:
-    """Print the readiness state: exit 0 ready/no-gpu, 1 failed, 3 running or no status yet."""
-    from podvm_gpu.host.fs import Root
-    from podvm_gpu.status import StatusUnreadable, exit_code_for, load_status, wait_for_final
-
-    r = Root(root)
-    try:
-        doc = wait_for_final(r, timeout) if wait else load_status(r)
-    except StatusUnreadable as err:
-        if json_out:
-            print(json.dumps({"state": None, "error": f"unreadable status file: {err}"}))
-        else:
-            print(f"unreadable status file: {err}")
-        raise typer.Exit(3)
-    code = exit_code_for(doc)
-    if json_out:
-        print(json.dumps(doc if doc is not None else {"state": None}, indent=2))
-    elif doc is None:
-        print("no status yet: podvm-gpu boot has not run")
-    else:
-        reason = doc.get("reason")
-        print(f"{doc.get('state')}" + (f": {reason}" if reason else ""))
-        for warning in doc.get("warnings") or []:
-            print(f"warning: {warning}")
-    raise typer.Exit(code)
-
-
-@app.command()
-def check(root: RootOpt = "/", config: ConfigOpt = None, json_out: JsonOpt = False,
-          image: Annotated[bool, typer.Option("--image", help="Check an image (build time, no "
-                                              "GPU needed) instead of a running VM.")] = False) -> None:
-    """Read-only diagnosis: exit 0 when no check failed, 1 when one did."""
-    from podvm_gpu.check import run_check
-
-    raise typer.Exit(run_check(root, config, json_out, image))
+def _from_environment(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Fill ``--root`` and ``--config`` from the environment, with the same checks."""
+    if ns.root is None:
+        ns.root = os.environ.get(ROOT_ENV, "/")
+        problem = root_problem(ns.root, ROOT_ENV)
+        if problem:
+            parser.error(problem)
+    if ns.config is None and CONFIG_ENV in os.environ:
+        ns.config = os.environ[CONFIG_ENV]
+        problem = config_problem(ns.config, CONFIG_ENV)
+        if problem:
+            parser.error(problem)
 
 
 def run_app(args: list[str]) -> int:
-    """Run the typer app on ``args``; return the exit code (2 for usage errors)."""
+    """Parse ``args`` and run the command; return the exit code (2 for usage errors)."""
+    parser = build_parser()
     try:
-        app(args=args, prog_name="podvm-gpu")
+        ns = parser.parse_args(args)
+        _from_environment(parser, ns)
     except SystemExit as done:
         code = done.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
-    return 0
+        return code if isinstance(code, int) else (0 if code is None else 2)
+    if ns.command == "boot":
+        from podvm_gpu.boot import run_boot
+
+        return run_boot(ns.root, ns.config, ns.json_out, ns.dry_run)
+    if ns.command == "status":
+        from podvm_gpu.status import run_status
+
+        return run_status(ns.root, ns.json_out, ns.wait, ns.timeout)
+    from podvm_gpu.check import run_check
+
+    return run_check(ns.root, ns.config, ns.json_out, ns.image)

@@ -1,24 +1,41 @@
-"""``podvm-gpu boot``: the boot sequence (contract section 3) and its CPU fast path.
+"""``podvm-gpu boot``: the boot sequence (contract section 3), its CPU fast path, and the one way
+a boot ends.
 
 This module is imported on every pod VM boot, GPU or not, so it imports only the standard
-library and the package's stdlib-only modules at the top. The GPU pipeline (pyudev, pydantic,
-PyYAML) is imported only when the sysfs pre-scan finds an NVIDIA PCI function, or when a config
-file exists (then it must be validated).
+library's cheapest modules and the package's stdlib-only modules at the top. pyudev comes in
+only when the sysfs pre-scan finds an NVIDIA PCI function, PyYAML only when a config file is
+there, the GPU pipeline only when a GPU is.
+
+Every boot that gets its lock ends in a final state written to status.json, whatever happens:
+a step's failure, the budget, a bug, SIGTERM or SIGINT (systemd's stop, shutdown,
+``TimeoutStartSec=``), or a spec or status file that cannot be written. The final state line
+also goes to the kernel log, which the serial console prints: in a confidential VM nobody can
+log in, and the cloud's console log is where an operator looks.
 """
 
 from __future__ import annotations
 
-import json
+import _signal
+import errno
 import os
 import sys
 import time
 
-from podvm_gpu.host.fs import Root
+from podvm_gpu.host.fs import Root, ensure_dir
 from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.model import State, Status, Step, StepResult
-from podvm_gpu.status import StatusFile
+from podvm_gpu.status import CDI_SPEC_PATH, STATUS_PATH, StatusFile
 
 CONFIG_PATH = "/etc/podvm-gpu/config.yaml"
+LOCK_PATH = "/run/podvm-gpu/boot.lock"
+KMSG_PATH = "/dev/kmsg"
+DEFAULT_BUDGET_S = 240.0
+_SIGNAL_NAMES = {_signal.SIGTERM: "SIGTERM", _signal.SIGINT: "SIGINT"}
+# syslog facility daemon (3) with level err (3) or notice (5): what /dev/kmsg takes from a
+# program (a record without a facility gets "user"); the console prints err even with "quiet".
+_KMSG_PRIORITY = {State.FAILED: (3 << 3) | 3, State.READY: (3 << 3) | 5,
+                  State.NO_GPU: (3 << 3) | 5}
+_KMSG_MAX = 900  # a kernel record holds about 1 KiB
 
 
 class Log:
@@ -40,18 +57,275 @@ class Log:
         head = f"<{priority}>" if self.prefix else ""
         try:
             print(f"{head}podvm-gpu: {label}{text}", file=self.stream, flush=True)
-        except OSError:
+        except (OSError, ValueError):
             pass  # a closed stderr must not fail the boot
 
     def step(self, step: Step) -> None:
-        priority = self.ERR if step.result is StepResult.FAILED else self.INFO
+        priority = self.ERR if step.result == StepResult.FAILED else self.INFO
         message = f": {step.message}" if step.message else ""
         self(priority, f"{step.name} {step.result} in {step.duration_s:.3f} s{message}")
 
 
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived during the boot; a BaseException so that no step eats it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.name = _SIGNAL_NAMES.get(signum, f"signal {signum}")
+
+
+class Signals:
+    """SIGTERM and SIGINT raise :class:`Interrupted` in the boot until :meth:`finishing`; after
+    that they are only noted, so the final spec and status writes always complete.
+
+    ``_signal`` is the C module under ``signal``; the Python module imports ``enum``, which costs
+    the fast path more than the rest of its imports.
+    """
+
+    def __init__(self) -> None:
+        self.late: list[str] = []
+        self._previous = {s: _signal.signal(s, self._raise) for s in _SIGNAL_NAMES}
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise Interrupted(signum)
+
+    def _note(self, signum, frame):
+        self.late.append(_SIGNAL_NAMES.get(signum, str(signum)))
+
+    def finishing(self) -> None:
+        for signum in _SIGNAL_NAMES:
+            _signal.signal(signum, self._note)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            _signal.signal(signum, handler)
+
+
+class Run:
+    """One boot run: the root it works under, its status document and how it ends.
+
+    Args:
+        root: the root every host path is taken under.
+        json_out: print the final status document on stdout instead of a summary line.
+        dry_run: detect and plan only; nothing is written.
+        log: where the log lines go.
+    """
+
+    def __init__(self, root: Root, json_out: bool, dry_run: bool, log: Log):
+        self.started = time.monotonic()
+        self.root, self.json_out, self.dry_run, self.log = root, json_out, dry_run, log
+        self.status = Status()
+        self.status_file = StatusFile(root, enabled=not dry_run)
+        self.signals: Signals | None = None
+        self.write_spec = True  # the config's unavailable_spec
+
+    def running_step(self) -> Step:
+        """The step in flight (the last one still ``running``), else the last step."""
+        return next((s for s in reversed(self.status.steps) if s.result == StepResult.RUNNING),
+                    self.status.steps[-1])
+
+    def end(self, state: str, reason: str) -> int:
+        """End a boot without a usable GPU (``no-gpu`` or ``failed``): the unavailable spec
+        (unless the config turned it off: then any earlier spec is removed, so nothing looks
+        ready), other ``nvidia.com/gpu`` specs renamed aside, the final status, the console
+        line, the report. A spec that cannot be written makes the end ``failed`` with the write
+        error named, and the status is still written. Returns 0 for no-gpu, else 1."""
+        reason = " ".join(reason.split())
+        if self.dry_run:
+            return self._dry_run_end(state, reason)
+        if self.signals:
+            self.signals.finishing()
+        try:
+            self._publish_unavailable(state, reason)
+        except OSError as err:
+            state, reason = State.FAILED, f"{reason}; cdi: cannot write {CDI_SPEC_PATH}: " \
+                                          f"{_oserror(err)}"
+        return self._final(state, reason)
+
+    def end_ready(self) -> int:
+        """End a ``ready`` boot (the pipeline has installed the spec): final status, console
+        line, report. A status that cannot be written ends the boot ``failed`` instead, with
+        the unavailable spec: a boot nobody can read the outcome of is not ready."""
+        if self.signals:
+            self.signals.finishing()
+        gpus = self.status.gpus
+        names = ", ".join(sorted({g.name for g in gpus}))
+        self.log(Log.INFO, f"ready in {time.monotonic() - self.started:.3f} s: "
+                           f"{len(gpus)} GPU(s) ({names})")
+        return self._final(State.READY, None)
+
+    def _publish_unavailable(self, state: str, reason: str) -> None:
+        from podvm_gpu import cdi_dir
+        from podvm_gpu.unavailable import remove_spec, write_unavailable_spec
+
+        self.status.warnings.extend(cdi_dir.disable_duplicates(self.root))
+        if self.write_spec:
+            write_unavailable_spec(self.root, state, reason)
+        else:
+            remove_spec(self.root)
+
+    def _final(self, state: str, reason: str | None) -> int:
+        if state == State.FAILED:
+            self.log(Log.ERR, f"failed: {reason}")
+        try:
+            self.status_file.finish(self.status, state, reason)
+        except OSError as err:
+            failure = f"status: cannot write {STATUS_PATH}: {_oserror(err)}"
+            self.log(Log.ERR, f"failed: {failure}")
+            reason = f"{reason}; {failure}" if reason else failure
+            state = State.FAILED
+            try:  # the spec must not say ready (or no-gpu) for a boot that failed
+                self._publish_unavailable(state, reason)
+            except OSError:
+                pass
+            self.status.state, self.status.reason = state, reason
+        tell_console(self.root, state, reason or self._ready_line())
+        report(self.status, self.json_out)
+        return 0 if state in (State.READY, State.NO_GPU) else 1
+
+    def _ready_line(self) -> str:
+        gpus = self.status.gpus
+        return f"{len(gpus)} GPU(s) ({', '.join(sorted({g.name for g in gpus}))}), CDI spec " \
+               f"{CDI_SPEC_PATH}"
+
+    def _dry_run_end(self, state: str, reason: str) -> int:
+        if self.json_out:
+            from podvm_gpu.jsontext import dumps
+
+            print(dumps({"dry_run": True, "state": state, "reason": reason, "commands": []}))
+        else:
+            print(f"dry run: {state}: {reason}; would write the unavailable spec and the status")
+        return 0 if state == State.NO_GPU else 1
+
+    def fail(self, reason: str) -> int:
+        """End the boot ``failed`` with ``reason`` (the step and its cause): see :meth:`end`."""
+        return self.end(State.FAILED, reason)
+
+    def interrupted(self, signal: Interrupted) -> int:
+        """End the boot ``failed`` after SIGTERM/SIGINT, naming the signal and the step in
+        flight; the daemons the boot started are left alone (they are not its children)."""
+        step = self.running_step()
+        step.result = StepResult.FAILED
+        step.message = f"interrupted by {signal.name} (the unit was stopped, the VM is shutting " \
+                       "down, or TimeoutStartSec= passed)"
+        step.duration_s = time.monotonic() - self.started - sum(
+            s.duration_s for s in self.status.steps if s is not step)
+        return self.fail(f"{step.name}: {step.message}")
+
+    def fail_unexpectedly(self, err: Exception) -> int:
+        """End the boot ``failed`` after an error no step handled (a broken install, a bug),
+        naming the step that was running."""
+        step = self.running_step()
+        step.result = StepResult.FAILED
+        step.message = f"internal error: {type(err).__name__}: {err}"
+        return self.fail(f"{step.name}: {step.message}")
+
+
+def _oserror(err: OSError) -> str:
+    return f"{err.strerror or err}" + (f" ({err.filename})" if err.filename else "")
+
+
 def config_path_for(root: Root, config: str | None) -> str:
-    """The config file's real path: ``--config`` / ``PODVM_GPU_CONFIG`` as given, else under root."""
+    """The config file's real path: ``--config`` / ``PODVM_GPU_CONFIG`` as given, else under root.
+
+    Raises:
+        OSError: the default path cannot be resolved under the root (a link loop).
+    """
     return config if config else root.resolve(CONFIG_PATH)
+
+
+def acquire_lock(root: Root, timeout_s: float, log: Log) -> int | None:
+    """Take ``/run/podvm-gpu/boot.lock`` (flock, exclusive): one boot at a time on a root.
+
+    A second boot waits for the first, at most ``timeout_s`` seconds, and writes nothing before
+    it holds the lock. The kernel releases a flock when its holder dies, so a killed boot never
+    leaves the lock held. The file descriptor is close-on-exec: no tool or daemon inherits it.
+
+    Returns:
+        The lock's file descriptor (kept open for the rest of the boot), or None when the
+        other boot still holds it after ``timeout_s``.
+
+    Raises:
+        OSError: the run directory or the lock file cannot be made.
+    """
+    import fcntl
+
+    path = root.resolve(LOCK_PATH, follow_last=False)
+    ensure_dir(os.path.dirname(path))
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        os.unlink(path)  # a planted symlink: never lock (or create) what it names
+        fd = os.open(path, flags, 0o644)
+    deadline = time.monotonic() + timeout_s
+    waiting = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if waiting:
+                log(Log.INFO, f"got {LOCK_PATH} after {time.monotonic() - deadline + timeout_s:.2f} s")
+            return fd
+        except BlockingIOError:
+            pass
+        if not waiting:
+            waiting = True
+            log(Log.INFO, f"another boot holds {LOCK_PATH}; waiting up to {timeout_s:g} s")
+        if time.monotonic() >= deadline:
+            os.close(fd)
+            return None
+        time.sleep(0.05)
+
+
+def tell_console(root: Root, state: str, reason: str) -> None:
+    """Write the final state line to the kernel log (``<root>/dev/kmsg``), which the console
+    prints: ``podvm-gpu[PID]: failed: <reason>``.
+
+    Only into a character device (the real kernel log) or a FIFO (tests read one), opened
+    without blocking and without following a link; a write to /dev/kmsg never waits for the
+    console. Nothing is raised: the line is a courtesy, the status file is the record. The
+    kernel log reader (host/kmsg.py) skips records that do not come from the kernel, so the
+    agent never reads its own lines back as evidence.
+    """
+    try:
+        fd = os.open(root.resolve(KMSG_PATH, follow_last=False),
+                     os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return
+    try:
+        mode = os.fstat(fd).st_mode
+        if (mode & 0o170000) in (0o020000, 0o010000):  # S_IFCHR, S_IFIFO
+            text = " ".join(f"podvm-gpu[{os.getpid()}]: {state}: {reason}".split())
+            os.write(fd, f"<{_KMSG_PRIORITY.get(state, 29)}>{text[:_KMSG_MAX]}\n".encode(
+                "utf-8", errors="replace"))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_leftovers(root: Root) -> None:
+    """Remove the temporary files of an earlier boot that was killed mid-write (``.<name>.<pid>
+    .tmp`` in the run and spec directories). Called with the lock held, so no other boot is
+    writing them."""
+    from podvm_gpu.host.fs import TMP_SUFFIX
+
+    for folder in ("/run/podvm-gpu", "/var/run/cdi"):
+        try:
+            real = root.resolve(folder)
+            names = os.listdir(real)
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith(".") and name.endswith(TMP_SUFFIX):
+                try:
+                    os.unlink(os.path.join(real, name))
+                except OSError:
+                    pass
 
 
 def run_boot(root_dir: str = "/", config: str | None = None, json_out: bool = False,
@@ -60,120 +334,112 @@ def run_boot(root_dir: str = "/", config: str | None = None, json_out: bool = Fa
 
     Args:
         root_dir: the root every host path is taken under (contract section 1).
-        config: the config file path, or None for ``<root>/etc/podvm-gpu/config.yaml``.
+        config: the config file asked for (``--config``, ``PODVM_GPU_CONFIG``; a missing one is
+            an error), or None for ``<root>/etc/podvm-gpu/config.yaml`` (optional).
         json_out: print the final status document on stdout instead of a summary line.
         dry_run: detect and plan, print the commands, change nothing.
     """
-    started = time.monotonic()
-    root = Root(root_dir)
-    log = Log()
-    status = Status()
-    status_file = StatusFile(root, enabled=not dry_run)
-    config_path = config_path_for(root, config)
-    detect = Step("detect")
-    status.steps.append(detect)
+    run = Run(Root(root_dir), json_out, dry_run, Log())
     try:
-        status_file.write(status)
-    except OSError as err:
-        log(Log.ERR, f"cannot write the status file {status_file.path}: {err}")
-        return 1
-    scanned, nvidia = scan_nvidia()
-    if not nvidia and not os.path.exists(config_path):
-        # The CPU fast path: no NVIDIA function, no config to validate; defaults apply.
-        detect.result = StepResult.OK
-        detect.duration_s = time.monotonic() - started
-        detect.message = f"no NVIDIA GPU on PCI ({scanned} devices scanned)"
-        return finish_without_gpu(root, status, status_file, log, json_out, dry_run,
-                                  write_spec=True)
-    try:
-        from podvm_gpu.pipeline import run_pipeline  # GPU or config present: the full path
-
-        return run_pipeline(root, config_path, status, status_file, log, json_out=json_out,
-                            dry_run=dry_run, started=started)
+        run.signals = Signals()
+        return _boot(run, config)
+    except Interrupted as signal:
+        if not run.status.steps:  # still waiting for the lock: the other boot owns the state
+            run.log(Log.ERR, f"stopped by {signal.name} before this boot began (nothing written)")
+            return 1
+        return run.interrupted(signal)
     except Exception as err:  # a bug or a broken install must still end 'failed', never hang
         import traceback
 
-        log(Log.ERR, traceback.format_exc().replace("\n", " | "))
-        return fail_unexpectedly(root, status, status_file, log, json_out, dry_run, err)
+        run.log(Log.ERR, traceback.format_exc().replace("\n", " | "))
+        if not run.status.steps:
+            return 1
+        return run.fail_unexpectedly(err)
+    finally:
+        if run.signals:
+            run.signals.restore()
 
 
-def fail_unexpectedly(root: Root, status: Status, status_file: StatusFile, log: Log,
-                      json_out: bool, dry_run: bool, err: Exception) -> int:
-    """End the boot ``failed`` after an error no step handled (a broken install, a bug),
-    naming the step that was running."""
-    running = next((s for s in reversed(status.steps) if s.result is StepResult.RUNNING),
-                   status.steps[-1])
-    running.result = StepResult.FAILED
-    running.message = f"internal error: {type(err).__name__}: {err}"
-    return finish_failed(root, status, status_file, log, f"{running.name}: {running.message}",
-                         json_out, dry_run, write_spec=True)
-
-
-def finish_failed(root: Root, status: Status, status_file: StatusFile, log: Log, reason: str,
-                  json_out: bool, dry_run: bool, write_spec: bool) -> int:
-    """End a boot ``failed`` with ``reason``: see :func:`finish`. Returns 1."""
-    reason = " ".join(reason.split())
-    log(Log.ERR, f"failed: {reason}")
-    return finish(root, status, status_file, log, State.FAILED, reason, json_out, dry_run,
-                  write_spec)
-
-
-def finish_without_gpu(root: Root, status: Status, status_file: StatusFile, log: Log,
-                       json_out: bool, dry_run: bool, write_spec: bool) -> int:
-    """End a boot ``no-gpu`` with detect's message as the reason: see :func:`finish`. Returns 0,
-    or 1 when the spec or status cannot be written."""
-    detect = status.steps[0]
-    log.step(detect)
-    return finish(root, status, status_file, log, State.NO_GPU, f"detect: {detect.message}",
-                  json_out, dry_run, write_spec)
-
-
-def finish(root: Root, status: Status, status_file: StatusFile, log: Log, state: State,
-           reason: str, json_out: bool, dry_run: bool, write_spec: bool) -> int:
-    """The end of a boot without a usable GPU (``no-gpu`` or ``failed``): the unavailable spec
-    (unless the config turned it off) with duplicates renamed aside, then the final status, then
-    the report on stdout. A dry run only says so. Exit status 0 for no-gpu, 1 for failed."""
-    code = 0 if state is State.NO_GPU else 1
-    if dry_run:
-        if json_out:
-            print(json.dumps({"dry_run": True, "state": str(state), "reason": reason,
-                              "commands": []}, indent=2))
-        else:
-            print(f"dry run: {state}: {reason}; would write the unavailable spec and the status")
-        return code
+def _boot(run: Run, config: str | None) -> int:
+    root, log = run.root, run.log
+    scanned, nvidia = scan_nvidia()
     try:
-        if write_spec:
-            write_spec_and_disable_duplicates(root, status, state, reason)
-        status_file.finish(status, state, reason)
+        config_path = config_path_for(root, config)
+        present = config is not None or os.path.lexists(config_path)
     except OSError as err:
-        log(Log.ERR, f"cannot write the spec or status under {root.path}: {err}")
-        return 1
-    report(status, json_out)
-    return code
+        config_path, present = f"{root.path}{CONFIG_PATH}", err
+    settings, config_error = None, None
+    if present is True:
+        from podvm_gpu.config import load_config
+        from podvm_gpu.errors import ConfigError
 
+        try:
+            settings = load_config(config_path, required=config is not None, trusted=True)
+        except ConfigError as err:
+            config_error = str(err)
+    elif present is not False:
+        config_error = f"{config_path}: cannot resolve: {_oserror(present)}"
+    if settings is not None:
+        run.write_spec = settings.unavailable_spec
+    budget = settings.budget_s if settings is not None else DEFAULT_BUDGET_S
+    if not run.dry_run:
+        try:
+            lock = acquire_lock(root, budget, log)
+        except OSError as err:
+            # no lock file means no status file either (same folder), and no other boot can
+            # hold the lock: end failed with what can still be written (spec, console, journal)
+            return run.fail(f"status: cannot make {os.path.dirname(STATUS_PATH)} for the boot "
+                            f"lock and the status: {_oserror(err)}")
+        if lock is None:
+            log(Log.ERR, f"another boot still holds {LOCK_PATH} after {budget:g} s; this one "
+                         "ends without writing anything")
+            return 1
+        remove_leftovers(root)
+    detect = Step("detect")
+    run.status.steps.append(detect)
+    try:
+        run.status_file.write(run.status)
+    except OSError as err:
+        # nothing can be recorded; the spec and the console line still say why
+        return run.fail(f"status: cannot write {STATUS_PATH}: {_oserror(err)}")
+    if nvidia:
+        from podvm_gpu.host.udev import discover
 
-def write_spec_and_disable_duplicates(root: Root, status: Status, state: State,
-                                      reason: str) -> None:
-    """Install the unavailable spec, and rename other nvidia.com/gpu specs in /var/run/cdi aside
-    so that kata-agent sees only it (their names go to the status warnings).
+        run.status.gpus, run.status.nvswitches = discover()
+    gpus, switches = run.status.gpus, run.status.nvswitches
+    detect.result = StepResult.OK
+    detect.duration_s = time.monotonic() - run.started
+    if not gpus:
+        detect.message = (f"no NVIDIA GPU on PCI ({scanned} devices scanned)" +
+                          (f"; {len(switches)} NVSwitch(es): a fabric manager service VM?"
+                           if switches else ""))
+    else:
+        detect.message = f"{len(gpus)} GPU(s), {len(switches)} NVSwitch(es)"
+    log.step(detect)
+    if config_error is not None:
+        step = Step("config", StepResult.FAILED, message=config_error)
+        run.status.steps.append(step)
+        log.step(step)
+        return run.fail(f"config: {config_error}")
+    if not gpus:
+        return run.end(State.NO_GPU, f"detect: {detect.message}")
+    from podvm_gpu.pipeline import run_pipeline  # a GPU is there: the full path
 
-    Raises:
-        OSError: the spec cannot be written.
-    """
-    from podvm_gpu.cdi_dir import disable_duplicates
-    from podvm_gpu.unavailable import write_unavailable_spec
-
-    status.warnings.extend(disable_duplicates(root))
-    write_unavailable_spec(root, state, reason)
+    return run_pipeline(run, settings)
 
 
 def report(status: Status, json_out: bool) -> None:
     """Print the outcome on stdout: the status document with ``--json``, else one line."""
-    if json_out:
-        print(json.dumps(status.to_dict(), indent=2))
-        return
-    if status.state is State.READY and status.cdi:
-        detail = f"{len(status.gpus)} GPU(s), CDI spec {status.cdi['path']}"
-    else:
-        detail = status.reason
-    print(f"{status.state}: {detail}" if detail else str(status.state))
+    try:
+        if json_out:
+            from podvm_gpu.jsontext import dumps
+
+            print(dumps(status.to_dict()), flush=True)
+            return
+        if status.state == State.READY and status.cdi:
+            detail = f"{len(status.gpus)} GPU(s), CDI spec {status.cdi['path']}"
+        else:
+            detail = status.reason
+        print(f"{status.state}: {detail}" if detail else status.state, flush=True)
+    except (OSError, ValueError):
+        pass  # a closed stdout must not change the outcome

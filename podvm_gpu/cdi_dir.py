@@ -11,7 +11,6 @@ Cheap when the folder holds nothing else (one listdir): the CPU fast path calls 
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
@@ -43,6 +42,8 @@ def defines_gpu_kind(path: str) -> bool:
         return False
     finally:
         os.close(fd)
+    import json  # only when the folder holds another spec: the CPU fast path seldom pays it
+
     try:
         doc = json.loads(text)
     except ValueError:

@@ -58,26 +58,25 @@ class VmChecks:
     """The checks of a running VM (contract section 5), one method each."""
 
     def __init__(self, root: Root, config: Config, runner: Runner):
-        from podvm_gpu.host.udev import discover
-
         self.root, self.config, self.runner = root, config, runner
-        self.scanned = scan_nvidia()[0]
-        self.gpus, self.nvswitches = discover()
-        self.loaded = readers.module_loaded(root, "nvidia")
-        self.messages = kmsg.read_kernel_log(root)
-        self.minors = nodes_step.gpu_minors(root, self.gpus)
-        self.failed_at = boot_failed_at(root)
+        self.scanned, nvidia = scan_nvidia()
+        self.gpus, self.nvswitches = [], []
+        if nvidia:  # pyudev only where there is something NVIDIA to look at
+            from podvm_gpu.host.udev import discover
+
+            self.gpus, self.nvswitches = discover()
+        self.loaded = _safely(lambda: readers.module_loaded(root, "nvidia"), False)
+        self.messages = _safely(lambda: kmsg.read_kernel_log(root), [])
+        self.minors = _safely(lambda: nodes_step.gpu_minors(root, self.gpus), {})
+        self.failed_at = _safely(lambda: boot_failed_at(root), None)
 
     def run(self) -> list[Check]:
+        """Every check, each on its own: one that raises becomes a ``fail`` row naming the
+        error, and the others still run."""
         out = []
         for name in VM_CHECKS:
-            not_reached = self._not_reached(name)
             method = getattr(self, "check_" + name.replace("-", "_"))
-            try:
-                out.append(not_reached or method())
-            except CommandError as err:
-                out.append(Check(name, FAIL, f"query failed: {err}",
-                                 "run the command by hand to see why it fails or hangs"))
+            out.append(isolated(name, lambda: self._not_reached(name) or method()))
         return out
 
     def _not_reached(self, name: str) -> Check | None:
@@ -347,6 +346,32 @@ class VmChecks:
         return kata_ordering_check(self.root, self.config)
 
 
+def _safely(fact, default):
+    """A fact for several checks, or ``default`` when reading it fails (each check that needs
+    it then reports what it finds)."""
+    try:
+        return fact()
+    except (OSError, ValueError, RecursionError):
+        return default
+
+
+def isolated(name: str, check) -> Check:
+    """Run one check; a query that failed or any error becomes a ``fail`` row naming it."""
+    try:
+        return check()
+    except CommandError as err:
+        return Check(name, FAIL, f"query failed: {err}",
+                     "run the command by hand to see why it fails or hangs")
+    except Exception as err:  # one broken check must not hide the others
+        return broken(name, err)
+
+
+def broken(name: str, err: BaseException) -> Check:
+    """The ``fail`` row of a check that raised instead of answering."""
+    return Check(name, FAIL, f"the check itself failed: {type(err).__name__}: {err}",
+                 "report this with the output of podvm-gpu check --json")
+
+
 def boot_failed_at(root: Root) -> str | None:
     """The boot step (contract section 3) at which the last boot failed, or None."""
     doc = read_status(root) or {}
@@ -507,7 +532,13 @@ def run_check(root_dir: str, config_path: str | None, json_out: bool, image: boo
     except ConfigError as err:
         config, config_note = Config(), Check("config", FAIL, str(err), "fix the config file")
     runner = Runner(config.tools, timeouts_for(config), read_only=True)
-    checks = image_checks(root, config, runner) if image else VmChecks(root, config, runner).run()
+    if image:
+        checks = image_checks(root, config, runner)
+    else:
+        try:
+            checks = VmChecks(root, config, runner).run()
+        except Exception as err:  # discovery itself failed: say so, as a row
+            checks = [broken("pci", err)]
     if config_note:
         checks.insert(0, config_note)
     code = 1 if any(c.result == FAIL for c in checks) else 0
@@ -522,25 +553,17 @@ def run_check(root_dir: str, config_path: str | None, json_out: bool, image: boo
 
 
 def print_table(checks: list[Check], summary: dict[str, int]) -> None:
-    """An aligned table (result, name, detail, hint) and a summary line, through rich."""
-    import shutil
-
-    from rich.console import Console
-    from rich.table import Table
-
-    tty = sys.stdout.isatty()
-    console = Console(width=max(shutil.get_terminal_size((160, 24)).columns, 100),
-                      highlight=False, color_system="auto" if tty else None)
-    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
-    for column in ("result", "check", "detail", "hint"):
-        table.add_column(column, overflow="fold")
-    colours = {PASS: "green", WARN: "yellow", FAIL: "red", SKIP: "dim"}
-    for c in checks:
-        table.add_row(f"[{colours[c.result]}]{c.result}[/]", c.name, c.detail, c.hint)
-    with console.capture() as captured:
-        console.print(table)
-    # rich pads every cell to its column's width; a line's trailing blanks serve no one
-    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+    """An aligned table (result, check, detail, hint) and a summary line, as plain text: no
+    markup language, so a detail quoting a tool or the kernel (``[/...]``) prints as it is."""
+    rows = [("result", "check", "detail", "hint")]
+    rows += [(c.result, c.name, " ".join(c.detail.split()), " ".join(c.hint.split()))
+             for c in checks]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    out = []
+    for row in rows:
+        cells = [row[i].ljust(widths[i]) for i in range(3)] + [row[3]]
+        out.append("  ".join(cells).rstrip())
     verdict = "FAILED" if summary[FAIL] else "OK"
-    print(f"{verdict}: {summary[PASS]} pass, {summary[WARN]} warn, {summary[FAIL]} fail, "
-          f"{summary[SKIP]} skip")
+    out.append(f"{verdict}: {summary[PASS]} pass, {summary[WARN]} warn, {summary[FAIL]} fail, "
+               f"{summary[SKIP]} skip")
+    sys.stdout.write("\n".join(out) + "\n")

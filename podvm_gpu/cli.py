@@ -1,9 +1,10 @@
 """The ``podvm-gpu`` command line (contract section 1).
 
-``boot`` runs on every pod VM boot, on the critical path before kata-agent, so its plain forms
-(``boot [--root DIR] [--config FILE] [--json] [--dry-run]``) are parsed here by hand and never
-import typer, pydantic or pyudev on a CPU VM. Every other form, ``--help`` and usage errors
-(exit 2) go through the typer app.
+``boot`` runs on every pod VM boot, on the critical path before kata-agent, and ``status`` is
+what scripts poll, so their plain forms (``boot [--root DIR] [--config FILE] [--json]
+[--dry-run]``, ``status [--root DIR] [--config FILE] [--json] [--wait] [--timeout S]``) are
+parsed here by hand with the standard library only. Every other form, ``--help`` and usage
+errors (exit 2) go through the argparse parser in :mod:`podvm_gpu.app`, which says what is wrong.
 """
 
 from __future__ import annotations
@@ -11,66 +12,108 @@ from __future__ import annotations
 import os
 import sys
 
-_BOOT_FLAGS = {"--json": "json_out", "--dry-run": "dry_run"}
-_BOOT_OPTIONS = {"--root": "root_dir", "--config": "config"}
+ROOT_ENV, CONFIG_ENV = "PODVM_GPU_ROOT", "PODVM_GPU_CONFIG"
+_COMMON = {"--root": "root_dir", "--config": "config"}
+_FORMS = {
+    "boot": ({"--json": "json_out", "--dry-run": "dry_run"}, _COMMON),
+    "status": ({"--json": "json_out", "--wait": "wait"}, {**_COMMON, "--timeout": "timeout"}),
+}
 
 
-def fast_boot_args(args: list[str]) -> dict | None:
-    """Parse a plain ``boot`` command line without typer; None for anything else.
+def fast_args(args: list[str]) -> tuple[str, dict] | None:
+    """Parse a plain ``boot`` or ``status`` command line by hand; None for anything else.
 
     Args:
         args: the arguments after the program name.
 
     Returns:
-        Keyword arguments for :func:`podvm_gpu.boot.run_boot`, with ``PODVM_GPU_ROOT`` and
-        ``PODVM_GPU_CONFIG`` as defaults, or None when the line needs the full parser.
+        ``(command, keyword arguments)``: ``root_dir`` (``PODVM_GPU_ROOT`` or ``/``), ``config``
+        (``PODVM_GPU_CONFIG`` or None), the flags as booleans and, for status, ``timeout`` as
+        a string (checked by :func:`main`); None when the line needs the full parser (unknown
+        options, a flag given a value, an option without one, help, ...).
     """
-    if not args or args[0] != "boot":
+    if not args or args[0] not in _FORMS:
         return None
-    parsed: dict = {"root_dir": os.environ.get("PODVM_GPU_ROOT") or "/",
-                    "config": os.environ.get("PODVM_GPU_CONFIG") or None,
-                    "json_out": False, "dry_run": False}
+    flags, options = _FORMS[args[0]]
+    parsed: dict = {"root_dir": os.environ.get(ROOT_ENV, "/"),
+                    "config": os.environ.get(CONFIG_ENV), **dict.fromkeys(flags.values(), False)}
     rest = args[1:]
     while rest:
         arg = rest.pop(0)
         name, eq, value = arg.partition("=")
-        if arg in _BOOT_FLAGS:
-            parsed[_BOOT_FLAGS[arg]] = True
-        elif name in _BOOT_OPTIONS and eq:
-            parsed[_BOOT_OPTIONS[name]] = value
-        elif arg in _BOOT_OPTIONS and rest and not rest[0].startswith("-"):
-            parsed[_BOOT_OPTIONS[arg]] = rest.pop(0)
+        if arg in flags:
+            parsed[flags[arg]] = True
+        elif name in options and eq:
+            parsed[options[name]] = value
+        elif arg in options and rest and not rest[0].startswith("-"):
+            parsed[options[arg]] = rest.pop(0)
         else:
             return None
-    return parsed
+    return args[0], parsed
 
 
-def root_problem(path: str) -> str | None:
+def root_problem(path: str, source: str = "--root") -> str | None:
     """Why ``path`` cannot be a root (empty, relative, not a directory), or None.
 
-    A relative or empty root would silently put ``run/`` and ``var/`` in the current directory.
+    A relative or empty root would silently put ``run/`` and ``var/`` in the current directory;
+    an empty ``PODVM_GPU_ROOT=`` is a mistake, not a wish for ``/``.
     """
     if not path:
-        return "--root is empty"
+        return f"{source} is empty"
     if not os.path.isabs(path):
-        return f"--root {path!r} is not an absolute path"
+        return f"{source} {path!r} is not an absolute path"
     if not os.path.isdir(path):
-        return f"--root {path} is not a directory"
+        return f"{source} {path} is not a directory"
     return None
+
+
+def config_problem(path: str | None, source: str = "--config") -> str | None:
+    """Why ``path`` cannot name a config file (empty), or None; a missing file is boot's to
+    report, as a failed boot."""
+    if path is not None and not path:
+        return f"{source} is empty"
+    return None
+
+
+def parse_timeout(text: str) -> float | None:
+    """``--timeout`` of status: a finite number of seconds, at least 0; None when it is not."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 <= value < float("inf") else None
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script and ``python -m podvm_gpu``; returns the exit code."""
     args = sys.argv[1:] if argv is None else list(argv)
-    fast = fast_boot_args(args)
-    if fast is not None:
-        problem = root_problem(fast["root_dir"])
-        if problem:
-            print(f"podvm-gpu: error: {problem}", file=sys.stderr)
-            return 2
-        from podvm_gpu.boot import run_boot
-
-        return run_boot(**fast)
+    fast = fast_args(args)
+    code = _run_fast(*fast, args) if fast is not None else None
+    if code is not None:
+        return code
     from podvm_gpu.app import run_app
 
     return run_app(args)
+
+
+def _run_fast(command: str, kwargs: dict, args: list[str]) -> int | None:
+    """Run a hand-parsed command; None to leave a bad value to the full parser's message."""
+    if command == "status":
+        kwargs["timeout"] = parse_timeout(kwargs.get("timeout", "300"))
+        if kwargs["timeout"] is None:
+            return None
+    named = {opt: opt if any(a == opt or a.startswith(opt + "=") for a in args) else env
+             for opt, env in (("--root", ROOT_ENV), ("--config", CONFIG_ENV))}
+    problem = root_problem(kwargs["root_dir"], named["--root"]) or config_problem(
+        kwargs["config"], named["--config"])
+    if problem:
+        print(f"podvm-gpu: error: {problem}", file=sys.stderr)
+        return 2
+    if command == "boot":
+        from podvm_gpu.boot import run_boot
+
+        return run_boot(**kwargs)
+    from podvm_gpu.status import run_status
+
+    del kwargs["config"]
+    return run_status(**kwargs)

@@ -3,112 +3,245 @@
 Every key has a default; unknown keys are errors that name the key. The keys ``budget_s``,
 ``timeouts``, ``persistenced``, ``confidential_computing`` and ``unavailable_spec`` are fixed by
 the contract (the field cases use them); the rest are this project's.
+
+The validator is a small table of fields rather than a pydantic model: every CPU pod VM whose
+image ships a config file validates it at boot, before kata-agent starts, and importing pydantic
+and building the models cost about 100 ms and 180 ms here (``python -c pass`` is 13-16 ms; see
+bench/run.py). Only the standard library is imported at the top; PyYAML when a file is read.
+Values are taken strictly: a boolean is not a number, a string is not a number, a number is not
+a boolean (YAML's ``true`` would otherwise read as 1 second, ``"30"`` as 30).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import stat
-from typing import Annotated, Literal
-
-import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
-                      field_validator)
 
 from podvm_gpu.errors import ConfigError
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_SECONDS = 3600.0  # no wait or budget in a pod VM boot is longer than an hour
-
-
-def _not_bool(value: object) -> object:
-    if isinstance(value, bool):  # YAML's true would otherwise read as 1 second
-        raise ValueError("a number of seconds, not a boolean")
-    return value
-
-
-PositiveSeconds = Annotated[float, BeforeValidator(_not_bool),
-                            Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
-NonNegativeSeconds = Annotated[float, BeforeValidator(_not_bool),
-                               Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
-# The external tools of contract section 1; config keys that name a tool must be one of them.
-Tool = Literal["modprobe", "nvidia-ctk", "nvidia-persistenced", "nvidia-smi", "nv-fabricmanager",
-               "nvidia-modprobe", "systemctl", "ldconfig", "modinfo"]
+# The external tools of contract section 1 (and the ones this project added); config keys that
+# name a tool must be one of them.
+TOOLS = ("modprobe", "nvidia-ctk", "nvidia-persistenced", "nvidia-smi", "nv-fabricmanager",
+         "nvidia-modprobe", "systemctl", "ldconfig", "modinfo", "systemd-run", "journalctl")
+MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
 _PARAMETER_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Invalid(Exception):
+    """One bad value: ``loc`` is the key path (``["persistenced", "per_gpu_s"]``)."""
+
+    def __init__(self, loc: list, message: str):
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
 
 
-class PersistencedConfig(_Section):
+def _kind(value: object) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "a mapping", type(None): "empty"}.get(type(value),
+                                                                        type(value).__name__)
+
+
+def seconds(minimum: float, inclusive: bool):
+    """A validator of a number of seconds in ``minimum`` (exclusive unless ``inclusive``) to
+    ``MAX_SECONDS``; returns it as a float."""
+    bound = f"at least {minimum:g}" if inclusive else f"greater than {minimum:g}"
+
+    def check(value: object, loc: list) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _Invalid(loc, f"must be a number of seconds, not {_kind(value)}")
+        if not math.isfinite(value):
+            raise _Invalid(loc, "must be a finite number of seconds")
+        if value < minimum or (value == minimum and not inclusive) or value > MAX_SECONDS:
+            raise _Invalid(loc, f"must be {bound} and at most {MAX_SECONDS:g} s, not {value:g}")
+        return float(value)
+
+    return check
+
+
+def boolean(value: object, loc: list) -> bool:
+    """A validator of ``true``/``false``."""
+    if not isinstance(value, bool):
+        raise _Invalid(loc, f"must be true or false, not {_kind(value)}")
+    return value
+
+
+def _string(value: object, loc: list) -> str:
+    if not isinstance(value, str) or not value:
+        raise _Invalid(loc, f"must be a non-empty string, not {_kind(value)}")
+    return value
+
+
+def absolute_path(value: object, loc: list) -> str:
+    """A validator of an absolute path."""
+    text = _string(value, loc)
+    if not os.path.isabs(text) or "\0" in text:
+        raise _Invalid(loc, f"{text!r} is not an absolute path")
+    return text
+
+
+def string_list(value: object, loc: list) -> tuple[str, ...]:
+    """A validator of a list of non-empty strings; returned as a tuple (the config is frozen)."""
+    if not isinstance(value, list):
+        raise _Invalid(loc, f"must be a list, not {_kind(value)}")
+    return tuple(_string(item, [*loc, i]) for i, item in enumerate(value))
+
+
+def one_of(names: tuple[str, ...]):
+    """A validator of one of ``names``."""
+    def check(value: object, loc: list) -> str:
+        if value not in names:
+            raise _Invalid(loc, f"must be one of {', '.join(names)}, not {value!r}")
+        return value
+
+    return check
+
+
+def mapping(key, item):
+    """A validator of a mapping whose keys pass ``key`` and values pass ``item``."""
+    def check(value: object, loc: list) -> dict:
+        if not isinstance(value, dict):
+            raise _Invalid(loc, f"must be a mapping, not {_kind(value)}")
+        return {key(k, [*loc, k]): item(v, [*loc, k]) for k, v in value.items()}
+
+    return check
+
+
+def _tool(value: object, loc: list) -> str:
+    if value not in TOOLS:
+        raise _Invalid(loc, f"unknown tool {value!r} (one of {', '.join(TOOLS)})")
+    return value
+
+
+def _module(value: object, loc: list) -> str:
+    if value not in MODULES:
+        raise _Invalid(loc, f"unknown module {value!r} ({', '.join(MODULES)})")
+    return value
+
+
+def _parameter_name(value: object, loc: list) -> str:
+    if not isinstance(value, str) or not _PARAMETER_NAME.fullmatch(value):
+        raise _Invalid(loc, f"{value!r} is not a module parameter name")
+    return value
+
+
+def _parameter_value(value: object, loc: list) -> str | int | bool:
+    # module parameters are one word each on modprobe's command line
+    if isinstance(value, bool) or isinstance(value, int):
+        return value
+    if isinstance(value, str) and value and not any(c.isspace() for c in value):
+        return value
+    raise _Invalid(loc, f"{loc[-1]}: a value must be one word, a number or a boolean, "
+                        f"not {value!r}")
+
+
+class Section:
+    """A frozen group of settings; subclasses list theirs in ``FIELDS`` (name -> (validator,
+    default)). ``Section()`` holds the defaults; instances compare by value."""
+
+    FIELDS: dict[str, tuple] = {}
+    __slots__ = ()
+
+    def __init__(self, **values: object):
+        for name, (_check, default) in self.FIELDS.items():
+            value = values[name] if name in values else default
+            object.__setattr__(self, name, dict(value) if isinstance(value, dict) else value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"the config is frozen: cannot set {name}")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(
+            getattr(self, n) == getattr(other, n) for n in self.FIELDS)
+
+    def __hash__(self) -> int:
+        return hash(tuple(repr(getattr(self, n)) for n in self.FIELDS))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.FIELDS)
+        return f"{type(self).__name__}({inner})"
+
+    @classmethod
+    def validate(cls, raw: object, loc: list, errors: list[_Invalid]):
+        """A section from the mapping ``raw``; every bad key or value is appended to ``errors``
+        (the section then holds the default for it)."""
+        if not isinstance(raw, dict):
+            errors.append(_Invalid(loc, f"must be a mapping of settings, not {_kind(raw)}"))
+            return cls()
+        values = {}
+        for key, value in raw.items():
+            where = [*loc, key]
+            if key not in cls.FIELDS:
+                errors.append(_Invalid(where, "unknown key"))
+                continue
+            check = cls.FIELDS[key][0]
+            try:
+                if isinstance(check, type) and issubclass(check, Section):
+                    values[key] = check.validate(value, where, errors)
+                else:
+                    values[key] = check(value, where)
+            except _Invalid as err:
+                errors.append(err)
+        return cls(**values)
+
+
+class PersistencedConfig(Section):
     """nvidia-persistenced: the readiness wait is ``ready_timeout_s + per_gpu_s * GPUs`` seconds.
 
     The default (30 s + 15 s a GPU, 150 s for 8 GPUs) follows the field reports of 8-GPU
-    machines needing about 150 s; ending the wait never kills the daemon.
+    machines needing about 150 s; ending the wait never kills the daemon. ``args`` are the
+    daemon's options.
     """
 
-    ready_timeout_s: PositiveSeconds = 30.0
-    per_gpu_s: NonNegativeSeconds = 15.0
-    args: list[str] = ["--persistence-mode", "--uvm-persistence-mode"]
+    FIELDS = {"ready_timeout_s": (seconds(0, False), 30.0),
+              "per_gpu_s": (seconds(0, True), 15.0),
+              "args": (string_list, ("--persistence-mode", "--uvm-persistence-mode"))}
+    __slots__ = tuple(FIELDS)
 
 
-class FabricManagerConfig(_Section):
+class FabricManagerConfig(Section):
     """nv-fabricmanager: wait ``ready_timeout_s + per_gpu_s * GPUs`` for fabric State Completed."""
 
-    ready_timeout_s: PositiveSeconds = 60.0
-    per_gpu_s: NonNegativeSeconds = 5.0
-    config_file: str = "/usr/share/nvidia/nvswitch/fabricmanager.cfg"
-    poll_s: PositiveSeconds = 1.0
+    FIELDS = {"ready_timeout_s": (seconds(0, False), 60.0),
+              "per_gpu_s": (seconds(0, True), 5.0),
+              "config_file": (absolute_path, "/usr/share/nvidia/nvswitch/fabricmanager.cfg"),
+              "poll_s": (seconds(0, False), 1.0)}
+    __slots__ = tuple(FIELDS)
 
 
-class ConfidentialComputingConfig(_Section):
+class ConfidentialComputingConfig(Section):
     """Whether boot may set the GPUs' CC ready state itself (``nvidia-smi conf-compute -srs 1``)."""
 
-    set_ready_state: bool = False
+    FIELDS = {"set_ready_state": (boolean, False)}
+    __slots__ = tuple(FIELDS)
 
 
-class ModulesConfig(_Section):
+class ModulesConfig(Section):
     """Kernel modules: ``parameters`` per module (``{nvidia: {NVreg_EnableGpuFirmware: 1}}``)
     become ``modprobe <module> KEY=VALUE``; ``optional`` modules may fail with a warning."""
 
-    parameters: dict[str, dict[str, str | int | bool]] = {}
-    optional: list[str] = ["nvidia_modeset"]
-
-    @field_validator("parameters")
-    @classmethod
-    def _module_names(cls, value: dict) -> dict:
-        for name, params in value.items():
-            if name not in ("nvidia", "nvidia_uvm", "nvidia_modeset"):
-                raise ValueError(f"unknown module {name!r} (nvidia, nvidia_uvm, nvidia_modeset)")
-            for key, setting in params.items():
-                if not _PARAMETER_NAME.fullmatch(key):
-                    raise ValueError(f"{name}: {key!r} is not a module parameter name")
-                if isinstance(setting, str) and (not setting or any(c.isspace() for c in setting)):
-                    raise ValueError(f"{name}.{key}: a value must be one word")
-        return value
+    FIELDS = {"parameters": (mapping(_module, mapping(_parameter_name, _parameter_value)), {}),
+              "optional": (string_list, ("nvidia_modeset",))}
+    __slots__ = tuple(FIELDS)
 
 
-class Config(_Section):
+class Config(Section):
     """The whole config; ``Config()`` is the defaults."""
 
-    budget_s: PositiveSeconds = 240.0
-    timeouts: dict[Tool, PositiveSeconds] = {}
-    tools: dict[Tool, str] = {}
-    persistenced: PersistencedConfig = PersistencedConfig()
-    fabricmanager: FabricManagerConfig = FabricManagerConfig()
-    confidential_computing: ConfidentialComputingConfig = ConfidentialComputingConfig()
-    modules: ModulesConfig = ModulesConfig()
-    unavailable_spec: bool = True
-
-    @field_validator("tools")
-    @classmethod
-    def _absolute_tool_paths(cls, value: dict[str, str]) -> dict[str, str]:
-        for tool, path in value.items():
-            if not os.path.isabs(path):
-                raise ValueError(f"{tool}: {path!r} is not an absolute path")
-        return value
+    FIELDS = {"budget_s": (seconds(0, False), 240.0),
+              "timeouts": (mapping(_tool, seconds(0, False)), {}),
+              "tools": (mapping(_tool, absolute_path), {}),
+              "persistenced": (PersistencedConfig, PersistencedConfig()),
+              "fabricmanager": (FabricManagerConfig, FabricManagerConfig()),
+              "confidential_computing": (ConfidentialComputingConfig,
+                                         ConfidentialComputingConfig()),
+              "modules": (ModulesConfig, ModulesConfig()),
+              "unavailable_spec": (boolean, True)}
+    __slots__ = tuple(FIELDS)
 
 
 # Timeouts of one call, in seconds, for tools the config does not name (contract section 3:
@@ -122,69 +255,137 @@ DEFAULT_TIMEOUTS: dict[str, float] = {
     "nvidia-persistenced": 15.0,
     "ldconfig": 10.0,
     "systemctl": 10.0,
+    "systemd-run": 10.0,
+    "journalctl": 10.0,
     "modinfo": 10.0,
 }
 
 
-def load_config(path: str) -> Config:
-    """Load and validate the config file at ``path``; defaults when it does not exist.
+def parse_config(text: str, path: str) -> Config:
+    """Validate the config text read from ``path`` (named in every message).
 
     Raises:
-        ConfigError: the file is unreadable, not YAML, not a mapping, or has a bad key or value;
-            the message names the file and the key (``persistenced.per_gpu_s``).
+        ConfigError: not YAML, not a mapping, or a bad key or value; the message names the file
+            and the first bad key (``persistenced.per_gpu_s``) and counts the others.
     """
-    text = _read_config_text(path)
-    if text is None:
-        return Config()
+    import yaml
+
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from err
+        raw = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (yaml.YAMLError, RecursionError) as err:
+        what = "nested too deeply" if isinstance(err, RecursionError) else \
+            " ".join(str(err).split())
+        raise ConfigError(f"{path}: not valid YAML: {what}") from None
     if raw is None:
         return Config()
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: must be a mapping of settings, not {type(raw).__name__}")
+    errors: list[_Invalid] = []
     try:
-        return Config.model_validate(raw)
-    except ValidationError as err:
-        first = err.errors()[0]
-        key = ".".join(str(p) for p in first["loc"]).replace(".[key]", "") or "(top level)"
-        msg = "unknown key" if first["type"] == "extra_forbidden" else \
-            first["msg"].removeprefix("Value error, ")
-        more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-        raise ConfigError(f"{path}: {key}: {msg}{more}") from err
+        config = Config.validate(raw, [], errors)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
+    if errors:
+        first = errors[0]
+        key = ".".join(str(p) for p in first.loc) or "(top level)"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        message = " ".join(first.message.split())[:300]
+        raise ConfigError(f"{path}: {key}: {message}{more}")
+    return config
 
 
-def _read_config_text(path: str) -> str | None:
-    """The config file's text; None when it does not exist.
+def load_config(path: str, *, required: bool = False, trusted: bool = False) -> Config:
+    """Load and validate the config file at ``path``; the defaults when there is no file.
 
-    Only a regular file of at most 1 MiB is read, opened without blocking: a FIFO or a device
-    given as the config must not hang or flood the boot.
+    Args:
+        path: the config file's real path.
+        required: the file was asked for (``--config``, ``PODVM_GPU_CONFIG``), so a missing one
+            is an error rather than the defaults.
+        trusted: refuse a file that someone other than root could have written (boot, which
+            runs the tools it names as root): see :func:`untrusted_because`.
 
     Raises:
-        ConfigError: not a regular file, too large, unreadable, or not UTF-8.
+        ConfigError: see :func:`read_config_text` and :func:`parse_config`.
+    """
+    text = read_config_text(path, required=required, trusted=trusted)
+    return Config() if text is None else parse_config(text, path)
+
+
+def untrusted_because(path: str, info: os.stat_result | None = None) -> str | None:
+    """Why a file that boot (as root) takes orders from could have been written by another
+    user, or None: the file, or a directory above it, is owned by another user than root (or
+    the one running the agent) or is writable by its group or others. A directory with the
+    sticky bit (``/tmp``) may be writable by others: nobody but an entry's owner can replace
+    the entry. The same rule as OpenSSH's for its keys (``safe_path``).
+
+    Args:
+        path: the file's path; its real path's directories are checked up to ``/``.
+        info: the file's ``os.fstat`` when it is already open (no race on the file itself).
+    """
+    owners = {0, os.geteuid()}
+    try:
+        info = info or os.stat(path)
+    except OSError as err:
+        return f"cannot stat it: {err.strerror}"
+    if info.st_uid not in owners:
+        return f"it is owned by uid {info.st_uid}, not root"
+    if info.st_mode & 0o022:
+        return f"it is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o})"
+    folder = os.path.dirname(os.path.realpath(path))
+    while True:
+        try:
+            st = os.stat(folder)
+        except OSError as err:
+            return f"cannot stat {folder}: {err.strerror}"
+        if st.st_uid not in owners:
+            return f"{folder} above it is owned by uid {st.st_uid}, not root"
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return (f"{folder} above it is writable by group or others (mode "
+                    f"{stat.S_IMODE(st.st_mode):04o})")
+        if folder == "/":
+            return None
+        folder = os.path.dirname(folder)
+
+
+def read_config_text(path: str, *, required: bool = False, trusted: bool = False) -> str | None:
+    """The config file's text; None when it does not exist and was not asked for.
+
+    Only a regular file of at most 1 MiB is read, opened without blocking: a FIFO or a device
+    given as the config must not hang or flood the boot. A dangling link where the file should
+    be is an error, not "no config".
+
+    Raises:
+        ConfigError: missing though required (or a dangling link), not a regular file, too
+            large, unreadable, not UTF-8, or (``trusted``) writable by another user than root.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
+        if required or os.path.islink(path):
+            raise ConfigError(f"{path}: no such file" + (" (a dangling link)" if
+                                                         os.path.islink(path) else "")) from None
         return None
     except OSError as err:
-        raise ConfigError(f"{path}: cannot read: {err.strerror}") from err
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError(f"{path}: not a regular file")
         if info.st_size > MAX_CONFIG_BYTES:
             raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+        why = untrusted_because(path, info) if trusted else None
+        if why:
+            raise ConfigError(f"{path}: not trusted: {why}; boot runs the tools a config names "
+                              "as root, so only root may be able to write it")
         data = os.read(fd, MAX_CONFIG_BYTES + 1)
     except OSError as err:
-        raise ConfigError(f"{path}: cannot read: {err.strerror}") from err
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
     finally:
         os.close(fd)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
 
 
 def timeouts_for(config: Config) -> dict[str, float]:

@@ -1,12 +1,12 @@
 """Value types shared by boot, status and check: PCI devices, steps, the status document.
 
-Plain classes rather than dataclasses: ``import dataclasses`` pulls in ``inspect`` and costs
-more than the rest of the CPU fast path, which builds a Status too.
+Plain classes rather than dataclasses or enums: ``import dataclasses`` pulls in ``inspect`` and
+``import enum`` costs about 4 ms, each more than the rest of the CPU fast path, which builds a
+Status too. The states and results are plain strings, as status.json holds them.
 """
 
 from __future__ import annotations
 
-import enum
 import time
 
 NVIDIA_VENDOR_ID = "10de"
@@ -16,26 +16,25 @@ GPU_CLASSES = frozenset({"0300", "0302"})  # VGA compatible controller, 3D contr
 NVSWITCH_CLASS = "0680"  # bridge, other (how NVSwitches enumerate)
 
 
-class State(enum.StrEnum):
-    """Readiness states of status.json (contract section 4)."""
+class State:
+    """Readiness states of status.json (contract section 4), as the strings the file holds."""
 
     RUNNING = "running"
     READY = "ready"
     NO_GPU = "no-gpu"
     FAILED = "failed"
-
-    @property
-    def final(self) -> bool:
-        return self is not State.RUNNING
+    ALL = (RUNNING, READY, NO_GPU, FAILED)
+    FINAL = frozenset({READY, NO_GPU, FAILED})
 
 
-class StepResult(enum.StrEnum):
-    """Result of one boot step (contract section 4, ``steps[].result``)."""
+class StepResult:
+    """Results of one boot step (contract section 4, ``steps[].result``)."""
 
     RUNNING = "running"
     OK = "ok"
     SKIPPED = "skipped"
     FAILED = "failed"
+    ALL = (RUNNING, OK, SKIPPED, FAILED)
 
 
 def now_iso() -> str:
@@ -116,7 +115,7 @@ class Step:
         self.message = message
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "result": str(self.result), "started_at": self.started_at,
+        return {"name": self.name, "result": self.result, "started_at": self.started_at,
                 "duration_s": round(self.duration_s, 6), "message": self.message}
 
 
@@ -138,7 +137,7 @@ class Status:
     def to_dict(self) -> dict:
         return {
             "version": 1,
-            "state": str(self.state),
+            "state": self.state,
             "reason": self.reason,
             "warnings": list(self.warnings),
             "started_at": self.started_at,

@@ -1,4 +1,4 @@
-"""The GPU side of ``podvm-gpu boot``: detection through pyudev, then steps 2 to 10 in order.
+"""The GPU side of ``podvm-gpu boot``: steps 2 to 10 in order, once detect found a GPU.
 
 Each step is recorded in the status file before it starts and after it ends, with its result
 and duration. The first failure ends the boot with state ``failed``, a one-line reason that names
@@ -9,22 +9,19 @@ wait is cut to it, and an interval timer stops anything that still runs past it.
 
 from __future__ import annotations
 
-import json
 import shlex
 import signal
 import time
 import traceback
 
-from podvm_gpu.boot import Log, finish_failed, finish_without_gpu, report
-from podvm_gpu.config import Config, load_config, timeouts_for
+from podvm_gpu.boot import Log, Run
+from podvm_gpu.config import Config, timeouts_for
 from podvm_gpu.context import BootContext
-from podvm_gpu.errors import CommandError, ConfigError, StepFailed
+from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host import kmsg
-from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
-from podvm_gpu.host.udev import discover
-from podvm_gpu.model import State, Status, Step, StepResult
-from podvm_gpu.status import StatusFile
+from podvm_gpu.jsontext import dumps
+from podvm_gpu.model import Step, StepResult
 from podvm_gpu.steps import (Skipped, cc, cdi_step, drivers, fabric, modules, nodes, persistenced,
                              versions)
 
@@ -63,40 +60,26 @@ def describe_command_error(err: CommandError) -> str:
     return f"{cmd} failed (exit {err.returncode})" + (f": {last}" if last else "")
 
 
-def run_pipeline(root: Root, config_path: str, status: Status, status_file: StatusFile, log: Log,
-                 *, json_out: bool, dry_run: bool, started: float) -> int:
-    """Detect with pyudev, validate the config, run the GPU steps; return the exit code."""
-    detect = status.steps[0]
-    gpus, switches = discover()
-    status.gpus, status.nvswitches = gpus, switches
-    detect.result = StepResult.OK
-    detect.duration_s = time.monotonic() - started
-    detect.message = f"{len(gpus)} GPU(s), {len(switches)} NVSwitch(es)"
-    try:
-        config = load_config(config_path)
-    except ConfigError as err:
-        log.step(detect)
-        step = Step("config", StepResult.FAILED, message=str(err))
-        status.steps.append(step)
-        log.step(step)
-        return _fail(root, status, status_file, log, Config(), f"config: {err}", json_out, dry_run)
-    if not gpus:
-        detect.message = "no NVIDIA GPU on PCI" + (
-            f" ({len(switches)} NVSwitch(es): a fabric manager service VM?)" if switches else "")
-        return finish_without_gpu(root, status, status_file, log, json_out, dry_run,
-                                  write_spec=config.unavailable_spec)
-    log.step(detect)
-    deadline = started + config.budget_s
+def run_pipeline(run: Run, config: Config | None) -> int:
+    """Run steps 2 to 10 on the GPUs detect found (in ``run.status``); return the exit code.
+
+    Args:
+        run: the boot run, its lock held and its status written once.
+        config: the validated config (None: the defaults).
+    """
+    config = config or Config()
+    gpus, switches = run.status.gpus, run.status.nvswitches
+    deadline = run.started + config.budget_s
     runner = Runner(config.tools, timeouts_for(config), deadline=deadline)
-    ctx = BootContext(root, config, runner, status, deadline, gpus=gpus, nvswitches=switches)
-    if dry_run:
+    ctx = BootContext(run.root, config, runner, run.status, deadline, gpus=gpus,
+                      nvswitches=switches)
+    if run.dry_run:
         from podvm_gpu.plan import plan
 
         commands = plan(ctx)
-        if json_out:
-            print(json.dumps({"dry_run": True, "gpus": [g.to_dict() for g in gpus],
-                              "nvswitches": [s.to_dict() for s in switches],
-                              "commands": commands}, indent=2))
+        if run.json_out:
+            print(dumps({"dry_run": True, "gpus": [g.to_dict() for g in gpus],
+                         "nvswitches": [s.to_dict() for s in switches], "commands": commands}))
         else:
             for argv in commands:
                 print(shlex.join(argv))
@@ -105,19 +88,16 @@ def run_pipeline(root: Root, config_path: str, status: Status, status_file: Stat
     signal.setitimer(signal.ITIMER_REAL, max(ctx.remaining(), 0) + _ALARM_GRACE_S)
     try:
         for name, func in STEPS:
-            reason = _run_step(ctx, name, func, status_file, log)
+            reason = _run_step(ctx, name, func, run.status_file, run.log)
             if reason is not None:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-                return _fail(root, status, status_file, log, config, reason, json_out, dry_run)
+                return _fail(run, reason)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    for finding in kmsg.findings(kmsg.read_kernel_log(root)):
+    for finding in kmsg.findings(kmsg.read_kernel_log(run.root)):
         ctx.warn(f"kernel log: {finding.describe()}")
-    status_file.finish(status, State.READY, None)
-    log(Log.INFO, f"ready in {time.monotonic() - started:.3f} s: {len(gpus)} GPU(s)")
-    report(status, json_out)
-    return 0
+    return run.end_ready()
 
 
 def _run_step(ctx: BootContext, name: str, func, status_file: StatusFile, log: Log) -> str | None:
@@ -149,17 +129,15 @@ def _run_step(ctx: BootContext, name: str, func, status_file: StatusFile, log: L
     step.message = " ".join(step.message.split())
     log.step(step)
     status_file.write(ctx.status)
-    if step.result is StepResult.FAILED:
+    if step.result == StepResult.FAILED:
         return f"{name}: {step.message}"
     return None
 
 
-def _fail(root: Root, status: Status, status_file: StatusFile, log: Log, config: Config,
-          reason: str, json_out: bool, dry_run: bool) -> int:
-    """End the boot ``failed``: kernel-log facts appended, unavailable spec, final status, exit 1."""
-    extra = [f.describe() for f in kmsg.findings(kmsg.read_kernel_log(root))
+def _fail(run: Run, reason: str) -> int:
+    """End the boot ``failed``: kernel-log facts appended, then :meth:`Run.fail`."""
+    extra = [f.describe() for f in kmsg.findings(kmsg.read_kernel_log(run.root))
              if f.summary.lower() not in reason.lower()]
     if extra:
         reason = f"{reason}; kernel log: " + "; ".join(extra[:2])
-    return finish_failed(root, status, status_file, log, reason, json_out, dry_run,
-                         write_spec=config.unavailable_spec)
+    return run.fail(reason)

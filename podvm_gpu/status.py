@@ -5,11 +5,11 @@ Standard library only: the CPU fast path writes it.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
-from podvm_gpu.host.fs import Root, atomic_write, ensure_dir
+from podvm_gpu.host.fs import Root, atomic_write, ensure_dir, read_bounded
+from podvm_gpu.jsontext import dumps
 from podvm_gpu.model import State, Status, now_iso
 
 STATUS_PATH = "/run/podvm-gpu/status.json"
@@ -41,7 +41,7 @@ class StatusFile:
         # resolved on every write: a link planted meanwhile is followed chroot-style only
         self.path = self.root.resolve(STATUS_PATH, follow_last=False)
         ensure_dir(os.path.dirname(self.path))
-        atomic_write(self.path, json.dumps(status.to_dict(), indent=2) + "\n")
+        atomic_write(self.path, dumps(status.to_dict()) + "\n")
 
     def finish(self, status: Status, state: State, reason: str | None) -> None:
         """Set the final state, reason and finish time, then write."""
@@ -52,27 +52,39 @@ class StatusFile:
 
 
 class StatusUnreadable(ValueError):
-    """The status file exists but is not a status document (not JSON, wrong types)."""
+    """The status file exists but is not a status document (not JSON, wrong types, a FIFO...)."""
+
+
+MAX_STATUS_BYTES = 1 << 20  # the agent's own document is a few KiB
 
 
 def load_status(root: Root) -> dict | None:
     """The status document under ``root``; None when there is none yet.
 
+    The file is read as a bounded regular file, opened without blocking and without following
+    a link in its last component (a FIFO or a device put there cannot hang a reader).
+
     Raises:
-        StatusUnreadable: the file is not JSON, or ``state``, ``reason`` or ``warnings`` do not
-            have the types of contract section 4.
+        StatusUnreadable: not a regular file, too large, not JSON (nested too deeply counts), or
+            ``state``, ``reason`` or ``warnings`` do not have the types of contract section 4.
     """
-    text = root.read_text(STATUS_PATH)
-    if text is None:
-        return None
+    import json
+
     try:
-        doc = json.loads(text)
-    except ValueError as err:
-        raise StatusUnreadable(f"{STATUS_PATH} is not JSON ({err})") from err
-    states = {s.value for s in State}
+        data = read_bounded(root.resolve(STATUS_PATH, follow_last=False), MAX_STATUS_BYTES)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise StatusUnreadable(f"{STATUS_PATH}: {err.strerror or err}") from None
+    try:
+        doc = json.loads(data.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError) as err:
+        why = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise StatusUnreadable(f"{STATUS_PATH} is not JSON ({why})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("state"), str) \
-            or doc["state"] not in states:
-        raise StatusUnreadable(f"{STATUS_PATH} has no valid state (one of {sorted(states)})")
+            or doc["state"] not in State.ALL:
+        raise StatusUnreadable(f"{STATUS_PATH} has no valid state (one of "
+                               f"{sorted(State.ALL)})")
     if not isinstance(doc.get("reason"), (str, type(None))) or not isinstance(
             doc.get("warnings", []), list):
         raise StatusUnreadable(f"{STATUS_PATH}: reason or warnings have the wrong type")
@@ -97,8 +109,20 @@ def exit_code_for(doc: dict | None) -> int:
     return 3
 
 
-def wait_for_final(root: Root, timeout_s: float, poll_s: float = 0.2) -> dict | None:
-    """Poll the status file until its state is final or ``timeout_s`` seconds pass.
+def _signature(path: str) -> tuple | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_ino, info.st_mtime_ns, info.st_size
+
+
+def wait_for_final(root: Root, timeout_s: float, poll_s: float = 0.02) -> dict | None:
+    """Wait until the status file's state is final or ``timeout_s`` seconds pass.
+
+    The file is stat()ed every ``poll_s`` seconds (20 ms: a final write is seen within that,
+    at the cost of a system call, not a busy loop) and read again only when its inode, time
+    or size changed (boot replaces it atomically, so each write is a new inode).
 
     Returns the last document read (None if none appeared).
 
@@ -106,11 +130,51 @@ def wait_for_final(root: Root, timeout_s: float, poll_s: float = 0.2) -> dict | 
         StatusUnreadable: at the timeout, the file is there but garbled.
     """
     deadline = time.monotonic() + timeout_s
+    try:
+        path = root.resolve(STATUS_PATH, follow_last=False)
+    except OSError:
+        path = None
+    seen: tuple | None = ()
     while True:
-        doc = read_status(root)
-        if doc and doc.get("state") in {s.value for s in State if s.final}:
-            return doc
+        now = _signature(path) if path else None
+        if now != seen:
+            seen = now
+            doc = read_status(root)
+            if doc and doc.get("state") in State.FINAL:
+                return doc
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return load_status(root)  # raises StatusUnreadable for a garbled file
         time.sleep(min(poll_s, remaining))
+
+
+def run_status(root_dir: str, json_out: bool = False, wait: bool = False,
+               timeout: float = 300.0) -> int:
+    """``podvm-gpu status``: print the state (and reason, warnings) or, with ``json_out``, one
+    JSON document; return 0 ready/no-gpu, 1 failed, 3 running, none yet or unreadable.
+
+    Args:
+        root_dir: the root (contract section 1).
+        wait: block until the state is final, at most ``timeout`` seconds.
+    """
+    import json
+
+    root = Root(root_dir)
+    try:
+        doc = wait_for_final(root, timeout) if wait else load_status(root)
+    except StatusUnreadable as err:
+        if json_out:
+            print(json.dumps({"state": None, "error": f"unreadable status file: {err}"}))
+        else:
+            print(f"unreadable status file: {err}")
+        return 3
+    if json_out:
+        print(json.dumps(doc if doc is not None else {"state": None}, indent=2))
+    elif doc is None:
+        print("no status yet: podvm-gpu boot has not run")
+    else:
+        reason = doc.get("reason")
+        print(f"{doc.get('state')}" + (f": {reason}" if reason else ""))
+        for warning in doc.get("warnings") or []:
+            print(f"warning: {warning}")
+    return exit_code_for(doc)

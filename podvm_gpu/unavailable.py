@@ -11,9 +11,10 @@ JSON string, which is also a valid YAML double-quoted scalar.
 
 from __future__ import annotations
 
-import json
+import os
 
 from podvm_gpu.host.fs import Root, atomic_write, ensure_dir
+from podvm_gpu.jsontext import dumps as _json
 from podvm_gpu.status import CDI_KIND, CDI_SPEC_PATH
 
 # 0.5.0: what nvidia-ctk 1.20 writes and kata-agent parses; spec annotations would need 0.6.0.
@@ -29,7 +30,7 @@ def render_unavailable_spec(state: str, reason: str) -> str:
         reason: the status reason; folded to one line.
     """
     one_line = " ".join(str(reason).split())
-    q = json.dumps
+    q = _json
     return (
         "# Written by podvm-gpu: this VM has no usable NVIDIA GPU; see /run/podvm-gpu/status.json\n"
         f"cdiVersion: {q(UNAVAILABLE_CDI_VERSION)}\n"
@@ -53,3 +54,18 @@ def write_unavailable_spec(root: Root, state: str, reason: str) -> str:
     ensure_dir(root.resolve("/var/run/cdi"))
     atomic_write(path, render_unavailable_spec(state, reason))
     return path
+
+
+def remove_spec(root: Root) -> bool:
+    """Remove ``/var/run/cdi/nvidia.yaml`` (an earlier boot's spec) when the config turned the
+    unavailable spec off: a failed or no-GPU boot must leave nothing that looks ready. Returns
+    whether there was one.
+
+    Raises:
+        OSError: it is there and cannot be removed.
+    """
+    try:
+        os.unlink(root.resolve(CDI_SPEC_PATH, follow_last=False))
+    except FileNotFoundError:
+        return False
+    return True

@@ -67,3 +67,40 @@ def test_kata_agents_drop_in_alone_pulls_in_and_orders_the_agent(rootfs, tmp_pat
 
     record = checks.kata_agent_started_after_the_agent_finished(boot)
     checks.saw_the_unavailable_spec(record)
+
+
+@pytest.mark.parametrize("outcome", ["ready", "failed"])
+def test_persistenced_outlives_every_boot_outcome_and_is_stopped_at_power_off(rootfs, tmp_path,  # noqa: F811
+                                                                              outcome):
+    """The daemon lifetime under a real systemd: boot starts nvidia-persistenced in a unit of
+    its own, so a boot that fails after that step (here ``nvidia-ctk cdi generate`` exits 1)
+    leaves podvm-gpu.service failed but the daemon running; kata-agent still starts and finds
+    it alive; at power-off systemd stops it with SIGTERM, cleanly."""
+    world.populate(rootfs, SPEC_TEMPLATE, fail_cdi_generate=outcome == "failed")
+    image.clean_power_off(rootfs)
+    boot = image.boot(rootfs, tmp_path / "artifacts")
+
+    record = checks.kata_agent_started_after_the_agent_finished(boot, failed=outcome == "failed")
+    if outcome == "failed":
+        checks.saw_the_failed_boot_and_its_unavailable_spec(
+            record, "cdi: nvidia-ctk cdi generate failed (exit 1)", "ERROR_LIBRARY_NOT_FOUND")
+    else:
+        checks.saw_a_ready_spec_with_persistenced_running(boot, record)
+    checks.persistenced_lived_in_its_own_unit_until_power_off(
+        boot, record, boot.files.get("/srv/gpu/persistenced-events.log", ""))
+
+
+def test_a_daemon_that_fails_to_start_is_quoted_from_its_journal(rootfs, tmp_path):  # noqa: F811
+    """nvidia-persistenced says why it failed only to syslog ("Check syslog for more details" on
+    stderr); under systemd that line is in its unit's journal, bounded to the time since boot
+    started it, and the reason quotes it. The stand-in fails as the real daemon does (its
+    source: the parent waits on a pipe, the child logs to syslog and exits 1)."""
+    world.populate(rootfs, SPEC_TEMPLATE, fail_persistenced=True)
+    boot = image.boot(rootfs, tmp_path / "artifacts")
+
+    record = checks.kata_agent_started_after_the_agent_finished(boot, failed=True)
+    checks.saw_the_failed_boot_and_its_unavailable_spec(
+        record, "persistenced: nvidia-persistenced exited with status 1 during the wait: ",
+        "Failed to query NVIDIA devices. Please ensure that the NVIDIA device files (/dev/nvidia*) "
+        "exist, and that user 0 has read and write permissions for those files.")
+    assert record["persistenced_unit"]["ActiveState"] == "failed", record["persistenced_unit"]

@@ -10,23 +10,23 @@ import sys
 
 import yaml
 
+from conftest import umockdev_tree
 
-def boot_with_pyudev_broken(root: str) -> subprocess.CompletedProcess:
-    """Run boot in a child whose ``import pyudev`` fails (a broken install), with a config file
-    present so the full pipeline is taken even on this GPU-less machine."""
-    os.makedirs(os.path.join(root, "etc/podvm-gpu"))
-    with open(os.path.join(root, "etc/podvm-gpu/config.yaml"), "w") as f:
-        f.write("budget_s: 5\n")
+
+def boot_with_pyudev_broken(root: str, umockdev_run: str) -> subprocess.CompletedProcess:
+    """Run boot in a child whose ``import pyudev`` fails (a broken install), on a VM with an
+    H100 (umockdev), so that detection needs pyudev."""
     code = ("import sys; sys.modules['pyudev'] = None\n"
             "from podvm_gpu.cli import main\n"
             f"sys.exit(main(['boot', '--root', {root!r}]))\n")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([umockdev_run, "-d", str(umockdev_tree("h100-pcie")), "--",
+                           sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PATH": "/nonexistent"})
 
 
-def test_a_broken_install_ends_failed_with_the_unavailable_spec(tmp_path):
+def test_a_broken_install_ends_failed_with_the_unavailable_spec(tmp_path, umockdev_run):
     root = str(tmp_path)
-    done = boot_with_pyudev_broken(root)
+    done = boot_with_pyudev_broken(root, umockdev_run)
     assert done.returncode == 1, done.stderr
     status = json.loads((tmp_path / "run/podvm-gpu/status.json").read_text())
     assert status["state"] == "failed"

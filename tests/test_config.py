@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 
-import pydantic
 import pytest
 import yaml
 
@@ -75,7 +74,7 @@ def test_the_fixed_keys_are_read(config_file):
 
 
 def test_the_config_is_frozen():
-    with pytest.raises(pydantic.ValidationError):
+    with pytest.raises(AttributeError):
         Config().budget_s = 1  # type: ignore[misc]
 
 

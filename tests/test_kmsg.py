@@ -399,3 +399,17 @@ def test_a_joined_nvrm_message_of_repeated_bar_words_is_processed_at_once(tmp_pa
         found = findings(messages)
 
     assert found == []
+
+
+def test_records_a_program_wrote_are_not_the_kernels_and_are_skipped(tmp_path):
+    """The agent writes its final state line to /dev/kmsg (facility daemon); /dev/kmsg gives a
+    program's record a facility even when it names none (user). Only facility 0 is the kernel."""
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/kmsg").write_text(
+        "3,1,100,-;NVRM: Xid (PCI:0000:00:04): 79, GPU has fallen off the bus.\n"
+        "27,2,200,-;podvm-gpu[42]: failed: modules: GPU has fallen off the bus\n"
+        "14,3,300,-;someone: user message\n"
+        "6,4,400,-;kernel info\n")
+
+    assert read_kernel_log(Root(tmp_path)) == [
+        "NVRM: Xid (PCI:0000:00:04): 79, GPU has fallen off the bus.", "kernel info"]

@@ -121,3 +121,19 @@ def test_plain_command_lines_are_parsed_without_argparse_and_the_rest_goes_to_it
     assert parse_args(["--serve", "--config", "/etc/x.yaml"])["--config"] == "/etc/x.yaml"
     for other in (["--help"], ["--listen"], ["--root", "--serve"], ["extra"]):
         assert parse_args(other) is None, other
+
+
+def test_kernel_log_records_say_whether_the_log_could_be_read(tmp_path):
+    from podvm_gpu.host.fs import Root
+    from podvm_gpu.metrics.exporter import Exporter
+    from podvm_gpu.metrics.settings import MetricsSettings
+
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/kmsg").write_text("6,1,10,-;virtio_net virtio0: up\n"
+                                       "14,2,20,-;a program's line, not the kernel's\n"
+                                       "6,3,30,-;NVRM: loading NVIDIA UNIX Open Kernel Module\n")
+    read = {f.name: f for f in Exporter(Root(tmp_path), MetricsSettings()).families(with_nvml=False)}
+    assert read["podvm_gpu_kernel_log_records"].samples[0].value == 2
+    (tmp_path / "dev/kmsg").unlink()
+    unread = {f.name: f for f in Exporter(Root(tmp_path), MetricsSettings()).families(with_nvml=False)}
+    assert unread["podvm_gpu_kernel_log_records"].samples[0].value == 0

@@ -65,7 +65,7 @@ def test_gpus_and_steps_serialise_as_the_contract_shows():
 
 
 def test_only_running_is_not_final():
-    assert [s.value for s in State if not s.final] == ["running"]
+    assert [s for s in State.ALL if s not in State.FINAL] == ["running"]
 
 
 # --- StatusFile -----------------------------------------------------------------------------------

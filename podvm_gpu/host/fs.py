@@ -15,6 +15,10 @@ import os
 import stat
 
 _MAX_LINKS = 40  # the kernel's own limit on symlinks followed in one lookup (MAXSYMLINKS)
+# Files the agent reads and does not own (/proc, /sys, the image's configuration) are small;
+# a bigger one is not what its name says.
+READ_LIMIT = 4 << 20
+TMP_SUFFIX = ".tmp"  # atomic_write's temporary names: ".<name>.<pid>.tmp", never *.yaml/*.json
 
 
 class Root:
@@ -69,7 +73,7 @@ class Root:
             if (todo or follow_last) and os.path.islink(candidate):
                 links += 1
                 if links > _MAX_LINKS:
-                    raise OSError(errno.ELOOP, "too many levels of symbolic links", host_path)
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), host_path)
                 target = os.readlink(candidate)
                 if target.startswith("/"):
                     done = []
@@ -89,13 +93,15 @@ class Root:
         rel = os.path.relpath(real_path, self.path)
         return "/" if rel == "." else "/" + rel
 
-    def read_text(self, host_path: str, default: str | None = None) -> str | None:
-        """Read a text file under the root; ``default`` when it is missing or unreadable."""
+    def read_text(self, host_path: str, default: str | None = None,
+                  limit: int = READ_LIMIT) -> str | None:
+        """Read a text file under the root (see :func:`read_bounded`); ``default`` when it is
+        missing, unreadable, not a regular file or larger than ``limit`` bytes."""
         try:
-            with open(self.resolve(host_path), encoding="utf-8", errors="replace") as f:
-                return f.read()
+            data = read_bounded(self.resolve(host_path), limit)
         except OSError:
             return default
+        return data.decode("utf-8", errors="replace")
 
     def exists(self, host_path: str) -> bool:
         """True when the path exists under the root (links followed chroot-style)."""
@@ -103,6 +109,36 @@ class Root:
             return os.path.exists(self.resolve(host_path))
         except OSError:
             return False
+
+
+def read_bounded(path: str, limit: int = READ_LIMIT) -> bytes:
+    """The bytes of the regular file at ``path``, at most ``limit`` of them.
+
+    Opened without blocking and without following a link in the last component (paths come
+    resolved under the root), so a FIFO, a device or a link planted where a file should be
+    cannot hang or redirect the read. procfs and sysfs files count as regular files (their size
+    reads 0), so the file is read until its end, not by its size.
+
+    Raises:
+        OSError: the file is missing or unreadable, ``EINVAL`` when it is not a regular file,
+            ``EFBIG`` when it holds more than ``limit`` bytes.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, min(limit + 1 - size, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def atomic_write(path: str, data: str | bytes, mode: int = 0o644) -> None:
@@ -124,7 +160,7 @@ def atomic_write(path: str, data: str | bytes, mode: int = 0o644) -> None:
     """
     directory = os.path.dirname(path) or "."
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}{TMP_SUFFIX}")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         os.unlink(tmp)  # a leftover of a killed earlier run with the same pid
@@ -155,12 +191,25 @@ def atomic_write(path: str, data: str | bytes, mode: int = 0o644) -> None:
 
 
 def ensure_dir(path: str, mode: int = 0o755) -> None:
-    """Create ``path`` and its parents (mode 0755, not world-writable) if they are missing.
+    """Create ``path`` and its parents if they are missing, each with ``mode`` (0755) whatever
+    the umask (a boot started with umask 077 must not make /var/run/cdi unreadable to kata-agent).
+    Existing directories are left as they are.
 
     Raises:
         OSError: a component exists and is not a directory, or permission is denied.
     """
-    os.makedirs(path, mode=mode, exist_ok=True)
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent and parent != path:
+        ensure_dir(parent, mode)
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+        return
+    os.chmod(path, mode)
 
 
 def is_char_device(path: str) -> tuple[int, int] | None:

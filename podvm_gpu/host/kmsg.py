@@ -67,16 +67,25 @@ def read_kernel_log(root: Root) -> list[str]:
     lines = b"".join(kept).decode("utf-8", errors="replace").splitlines()
     if cut and lines:
         lines = lines[1:]  # the first line may be the tail of a record
-    return [parse_record(line)[:_MAX_MESSAGE] for line in lines
-            if line and not line.startswith(" ")]
+    messages = (parse_record(line) for line in lines if line and not line.startswith(" "))
+    return [m[:_MAX_MESSAGE] for m in messages if m is not None]
 
 
-def parse_record(line: str) -> str:
-    """The message of one kmsg record; a line without the record prefix is taken as it is."""
+_RECORD = re.compile(r"(\d+),\d+,\d+,[^;]*")
+
+
+def parse_record(line: str) -> str | None:
+    """The message of one kmsg record; a line without the record prefix is taken as it is.
+
+    None for a record a program wrote (its syslog facility is not 0, kernel): /dev/kmsg gives
+    every program-written record a facility (``user`` when it names none), so the kernel's own
+    messages are told apart, and the agent never reads its own console line back as evidence.
+    """
     head, sep, message = line.partition(";")
-    if sep and re.fullmatch(r"\d+,\d+,\d+,[^;]*", head):
-        return message
-    return line
+    m = _RECORD.fullmatch(head) if sep else None
+    if m is None:
+        return line
+    return message if int(m.group(1)) >> 3 == 0 else None
 
 
 def join_nvrm(messages: list[str]) -> list[str]:

@@ -85,7 +85,8 @@ class Exporter:
         messages = kmsg.read_kernel_log(self.root)
         found = kmsg.findings(messages)
         xids = kmsg.xid_records(messages)
-        out += fam.kernel_families([f.kind for f in found], sum(f.fatal for f in found), xids)
+        out += fam.kernel_families(len(messages), [f.kind for f in found],
+                                   sum(f.fatal for f in found), xids)
         if not with_nvml:
             return out
         gate = nvml_gate(status, persistenced)

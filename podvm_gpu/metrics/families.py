@@ -120,8 +120,8 @@ def boot_families(status: dict | None, status_error: str | None) -> list[Metric]
     state = status.get("state") if status else None
     states = _gauge("podvm_gpu_boot_state", "1 for the state of the last boot in status.json "
                     "(all 0: no status file yet or unreadable).", labels=("state",))
-    for s in State:
-        states.add_metric([s.value], 1 if state == s.value else 0)
+    for s in State.ALL:
+        states.add_metric([s], 1 if state == s else 0)
     out: list[Metric] = [states]
     reason = status.get("reason") if status else status_error
     if reason:
@@ -161,10 +161,12 @@ def daemon_family(running: dict[str, bool]) -> Metric:
     return family
 
 
-def kernel_families(finding_kinds: list[str], fatal: int, xids: list[tuple[str, int]]) -> list[Metric]:
+def kernel_families(records: int, finding_kinds: list[str], fatal: int,
+                    xids: list[tuple[str, int]]) -> list[Metric]:
     """Families from the kernel log since boot.
 
     Args:
+        records: how many of the kernel's own records were read (0: the log is unreadable).
         finding_kinds: the kind of every distinct finding (``kmsg.findings``).
         fatal: how many of them leave a GPU unusable until it is reset.
         xids: every Xid record, ``(pci, code)``, oldest first (``kmsg.xid_records``).
@@ -184,7 +186,10 @@ def kernel_families(finding_kinds: list[str], fatal: int, xids: list[tuple[str, 
                      "and Xid code.", labels=("pci_bus_id", "xid"))
     for (pci, code), count in sorted(counts.items()):
         per_gpu.add_metric([pci, str(code)], count)
-    return [events, _gauge("podvm_gpu_kernel_fatal_events", "Of those, the ones after which a GPU "
+    readable = _gauge("podvm_gpu_kernel_log_records", "Records of the kernel itself read from the "
+                      "kernel log (0: unreadable, e.g. without CAP_SYSLOG under "
+                      "kernel.dmesg_restrict=1: then no GPU problem can show).", records)
+    return [readable, events, _gauge("podvm_gpu_kernel_fatal_events", "Of those, the ones after which a GPU "
                            "is unusable until it is reset (Xid 48, 62, 79, 95, 119, 120, 140, "
                            "fallen off the bus, ...).", fatal), per_gpu]
 

@@ -8,16 +8,15 @@ the same wait applies. The state comes from the ``Fabric`` block of ``nvidia-smi
 
 from __future__ import annotations
 
-import os
 import time
 
 from podvm_gpu.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed
-from podvm_gpu.host.fs import ensure_dir
+from podvm_gpu.host.daemons import Daemon
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, FabricState, daemon_pid,
                                parse_fabric)
 from podvm_gpu.steps import Skipped
-from podvm_gpu.steps.persistenced import last_message
+from podvm_gpu.steps.persistenced import start
 
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 
@@ -39,7 +38,7 @@ def summarize(states: list[FabricState]) -> str:
     return "; ".join(f"State {a}, Status {b} on {n} GPU(s)" for (a, b), n in pairs.items())
 
 
-def wait_for_fabric(ctx: BootContext, proc, log_path: str) -> list[FabricState]:
+def wait_for_fabric(ctx: BootContext, daemon: Daemon | None) -> list[FabricState]:
     """Poll the fabric state until every GPU is Completed/Success; fail at once when a GPU is
     Completed with another status (unhealthy) or the fabric manager exits with an error."""
     cfg = ctx.config.fabricmanager
@@ -59,9 +58,9 @@ def wait_for_fabric(ctx: BootContext, proc, log_path: str) -> list[FabricState]:
         bad = [s for s in states if s.completed and not s.success]
         if bad:
             raise StepFailed(f"fabric unhealthy: {summarize(bad)}")
-        code = proc.poll() if proc is not None else None
+        code = daemon.exit_status() if daemon is not None else None
         if code not in (None, 0):
-            said = last_message(log_path)
+            said = daemon.last_words()
             raise StepFailed(f"nv-fabricmanager exited with status {code}"
                              + (f": {said}" if said else ""))
         if time.monotonic() >= end:
@@ -82,20 +81,18 @@ def run(ctx: BootContext) -> str:
             raise Skipped(f"no NVSwitch; fabric state unknown ({err})") from err
         if not any(s.supported for s in states):
             raise Skipped("no NVSwitch, and the GPUs report no NVLink fabric")
-        wait_for_fabric(ctx, None, "")
+        wait_for_fabric(ctx, None)
         return f"no NVSwitch in the VM; fabric managed outside it: {summarize(states)} -> ready"
     pid = daemon_pid(root, FABRICMANAGER_PID, FABRICMANAGER_COMM)
-    proc = None
-    log_path = root.resolve(LOG_PATH, follow_last=False)
+    daemon = None
     if pid is None:
-        ensure_dir(os.path.dirname(log_path))
         argv = ["nv-fabricmanager"]
         cfg_file = ctx.config.fabricmanager.config_file
         if root.exists(cfg_file):
             argv += ["-c", cfg_file if root.is_host else root.resolve(cfg_file)]
-        proc = ctx.runner.spawn(argv, log_path)
+        daemon = start(ctx, argv, LOG_PATH)
     started = time.monotonic()
-    states = wait_for_fabric(ctx, proc, log_path)
-    how = "started" if proc is not None else f"already running (pid {pid})"
+    states = wait_for_fabric(ctx, daemon)
+    how = f"started ({daemon.where})" if daemon is not None else f"already running (pid {pid})"
     return (f"{how}; {len(ctx.nvswitches)} NVSwitch(es); fabric Completed/Success on "
             f"{len(states)} GPU(s) in {time.monotonic() - started:.2f} s")

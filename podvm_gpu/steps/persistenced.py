@@ -5,8 +5,9 @@ it each client initialises and tears down the GPUs again, which is slow and, in 
 computing mode, harmful. Ready means its socket exists; running means its pid file names a pid
 whose ``/proc/<pid>/comm`` is the daemon's. The wait is ``ready_timeout_s + per_gpu_s * GPUs``
 because initialisation time grows with the GPU count. Ready also needs the daemon running: a
-socket left by an earlier daemon does not count. A daemon still initialising when the wait
-ends is left running: it is never killed mid-way.
+socket left by an earlier daemon does not count. The daemon runs in a unit of its own under
+systemd (host/daemons.py), so it outlives the boot whatever the boot's outcome; a daemon still
+initialising when the wait ends is left running: it is never killed mid-way.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 
 from podvm_gpu.context import BootContext
 from podvm_gpu.errors import StepFailed
+from podvm_gpu.host.daemons import Daemon, start_daemon
 from podvm_gpu.host.fs import ensure_dir
 from podvm_gpu.readers import PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET, daemon_pid
 
@@ -23,48 +25,51 @@ POLL_S = 0.05
 LOG_PATH = "/run/podvm-gpu/nvidia-persistenced.log"
 
 
-def last_message(path: str) -> str:
-    """The last non-empty line a spawned daemon printed (its log under /run/podvm-gpu)."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return lines[-1] if lines else ""
+def start(ctx: BootContext, argv: list[str], log_host_path: str) -> Daemon:
+    """Start a daemon for a step (see host/daemons.py), its spawn log under the root."""
+    log_path = ctx.root.resolve(log_host_path, follow_last=False)
+    ensure_dir(os.path.dirname(log_path))
+    return start_daemon(ctx.runner, argv, log_path, warn=ctx.warn)
 
 
-def wait_for(ctx: BootContext, ready, proc, log_path: str, what: str, wait_s: float,
+def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: float,
              rule: str, running=lambda: None) -> None:
     """Poll ``ready()`` until it is true, the daemon exits with an error, or ``wait_s`` passes.
 
     Args:
         ready: a callable that returns True once the daemon is ready.
-        proc: the spawned Popen (its exit ends the wait at once when non-zero) or None.
+        daemon: the started daemon (its exit ends the wait at once when non-zero) or None.
         what: the daemon's name for messages; rule: how the wait was computed, for messages.
         running: a callable that returns the daemon's pid from its pid file, or None.
 
     Raises:
-        StepFailed: the daemon exited non-zero (its exit code and last message), or the wait
-            timed out (the wait used; the daemon is left running).
+        StepFailed: the daemon exited non-zero (its exit code and last messages: from its
+            journal under systemd), or the wait timed out (the wait used; the daemon is left
+            running).
     """
     limit = ctx.wait_limit(wait_s)
     end = time.monotonic() + limit
     while True:
         if ready():
             return
-        code = proc.poll() if proc is not None else None
+        code = daemon.exit_status() if daemon is not None else None
         if code not in (None, 0):
-            said = last_message(log_path)
+            said = daemon.last_words()
             raise StepFailed(f"{what} exited with status {code} during the wait"
                              + (f": {said}" if said else ""))
         if time.monotonic() >= end:
             cut = " (cut to the boot budget)" if limit < wait_s else ""
             pid = running()
-            if pid is None and proc is not None and proc.poll() is None:
-                pid = proc.pid
-            state = (f"left running (pid {pid})" if pid is not None else
-                     f"{what} exited {proc.poll()} and no daemon is running" if proc is not None
-                     else "not running")
+            if pid is not None:
+                state = f"left running (pid {pid})"
+            elif daemon is not None and daemon.exit_status() is None:
+                state = f"left running ({daemon.where})"
+            elif daemon is not None:
+                said = daemon.last_words()
+                state = f"{what} exited {daemon.exit_status()} and no daemon is running" + (
+                    f": {said}" if said else "")
+            else:
+                state = "not running"
             raise StepFailed(f"timed out after {limit:g} s waiting for {what} to be ready "
                              f"(wait {rule}{cut}); {state}")
         time.sleep(POLL_S)
@@ -78,22 +83,19 @@ def run(ctx: BootContext) -> str:
     wait_s = cfg.ready_timeout_s + cfg.per_gpu_s * ctx.gpu_count
     rule = f"{cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x {ctx.gpu_count} GPU(s)"
     pid = daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM)
-    proc = None
+    daemon = None
     if pid is None:
-        log_path = root.resolve(LOG_PATH, follow_last=False)
-        ensure_dir(os.path.dirname(log_path))
-        proc = ctx.runner.spawn(["nvidia-persistenced", *cfg.args], log_path)
-    else:
-        log_path = root.resolve(LOG_PATH, follow_last=False)
+        daemon = start(ctx, ["nvidia-persistenced", *cfg.args], LOG_PATH)
     started = time.monotonic()
+
     def ready() -> bool:
         # the socket alone could be left from an earlier daemon; it must be running too
         return os.path.exists(socket) and daemon_pid(
             root, PERSISTENCED_PID, PERSISTENCED_COMM) is not None
 
-    wait_for(ctx, ready, proc, log_path, "nvidia-persistenced", wait_s, rule,
+    wait_for(ctx, ready, daemon, "nvidia-persistenced", wait_s, rule,
              running=lambda: daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM))
     took = time.monotonic() - started
-    if proc is None:
+    if daemon is None:
         return f"already running (pid {pid})"
-    return f"started, ready in {took:.2f} s (wait up to {wait_s:g} s)"
+    return f"started ({daemon.where}), ready in {took:.2f} s (wait up to {wait_s:g} s)"

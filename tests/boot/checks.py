@@ -7,22 +7,29 @@ import yaml
 from boot.image import Boot
 
 
-def kata_agent_started_after_the_agent_finished(boot: Boot) -> dict:
-    """The ordering and the clean state every boot must show; returns the stand-in's record."""
+def kata_agent_started_after_the_agent_finished(boot: Boot, failed: bool = False) -> dict:
+    """The ordering and the clean state every boot must show; returns the stand-in's record.
+
+    A boot that ends ``failed`` leaves podvm-gpu.service failed (exit 1: ``systemctl --failed``
+    shows it), and kata-agent still starts after it (its drop-in has Wants=, not Requires=).
+    """
     assert boot.returncode == 0, f"boot exit {boot.returncode}:\n{boot.console[-4000:]}"
     record = boot.record
     assert record is not None, f"the kata-agent stand-in never ran:\n{boot.console[-4000:]}"
     agent = record["agent_unit"]
-    assert (agent["ActiveState"], agent["SubState"], agent["Result"]) == ("active", "exited", "success"), agent
-    assert agent["ExecMainStatus"] == "0"
+    expected = ("failed", "failed", "exit-code", "1") if failed else ("active", "exited", "success", "0")
+    assert (agent["ActiveState"], agent["SubState"], agent["Result"], agent["ExecMainStatus"]) == expected, agent
     agent_exited = int(agent["ExecMainExitTimestampMonotonic"])
     standin_started = int(record["standin_unit"]["InactiveExitTimestampMonotonic"])
     assert 0 < agent_exited <= standin_started, (agent, record["standin_unit"])
     assert record["status"]["finished_at"] is not None
     assert record["cdi_dir"] == ["nvidia.yaml"], "no temporary or second spec file beside the final one"
     systemd_says = [e["MESSAGE"] for e in boot.agent_journal if e.get("UNIT") == "podvm-gpu.service"]
-    assert [m.split()[0] for m in systemd_says] == ["Starting", "Finished"], (
-        f"systemd has more to say about the unit than start and finish: {systemd_says}")
+    if not failed:
+        assert [m.split()[0] for m in systemd_says] == ["Starting", "Finished"], (
+            f"systemd has more to say about the unit than start and finish: {systemd_says}")
+    assert not [m for m in systemd_says if "Killing process" in m or "left-over process" in m], (
+        f"systemd killed something of the agent's unit: {systemd_says}")
     assert "nvidia-cdi-refresh" not in boot.journal
     assert not record["nvidia_units_ran"], "the installer leaves no distro or toolkit unit to race the agent"
     return record
@@ -36,6 +43,26 @@ def saw_the_unavailable_spec(record: dict) -> None:
     assert "PODVM_GPU_STATE=no-gpu" in spec["devices"][0]["containerEdits"]["env"]
 
 
+def saw_the_failed_boot_and_its_unavailable_spec(record: dict, *reason_words: str) -> None:
+    status = record["status"]
+    assert status["state"] == "failed", status
+    assert all(w in status["reason"] for w in reason_words), status["reason"]
+    spec = yaml.safe_load(record["spec"])
+    assert [d["name"] for d in spec["devices"]] == ["unavailable"]
+    assert "PODVM_GPU_STATE=failed" in spec["devices"][0]["containerEdits"]["env"]
+
+
+def persistenced_lived_in_its_own_unit_until_power_off(boot: Boot, record: dict, events: str) -> None:
+    """The daemon the agent started was alive when kata-agent started, in its own unit, and
+    systemd stopped it with SIGTERM at power-off (the fake says so in /srv/gpu)."""
+    daemon = record["persistenced"]
+    assert daemon and daemon["alive"], daemon
+    assert "/system.slice/podvm-gpu-persistenced.service" in daemon["cgroup"], daemon
+    lines = [line for line in events.splitlines() if not line.startswith("auto_online_blocks")]
+    assert lines == [f"started {daemon['pid']}", f"SIGTERM {daemon['pid']}"], lines
+    assert record["persistenced_unit"]["ActiveState"] == "active", record["persistenced_unit"]
+
+
 def saw_a_ready_spec_with_persistenced_running(boot: Boot, record: dict) -> None:
     assert record["root"] == "/srv/gpu/root"
     assert record["status"]["state"] == "ready", (record["status"], boot.calls)
@@ -43,10 +70,10 @@ def saw_a_ready_spec_with_persistenced_running(boot: Boot, record: dict) -> None
     assert {"0", "all"} <= {d["name"] for d in spec["devices"]}
     nodes = [n["hostPath"] for n in spec["containerEdits"]["deviceNodes"]]
     assert "/srv/gpu/root/dev/nvidia-uvm" in nodes, "nvidia-ctk got the agent's root as dev root"
-    # nvidia-persistenced, started by the agent, outlives boot in the agent's unit (RemainAfterExit).
+    # nvidia-persistenced, started by the agent, lives in a unit of its own (systemd-run)
     daemon = record["persistenced"]
     assert daemon and daemon["alive"], daemon
-    assert "/system.slice/podvm-gpu.service" in daemon["cgroup"], daemon
+    assert "/system.slice/podvm-gpu-persistenced.service" in daemon["cgroup"], daemon
     tools = [call[0] for call in boot.calls]
     first_nvml_client = min(i for i, call in enumerate(boot.calls)
                             if call[0] == "nvidia-smi" or call[:3] == ["nvidia-ctk", "cdi", "generate"])

@@ -181,7 +181,15 @@ def install_nvidia_package_units(rootfs: Path) -> None:
 
 
 RESULTS = ["/var/lib/kata-agent-standin/record.json", "/var/lib/kata-agent-standin/journal.txt",
-           "/var/lib/kata-agent-standin/agent-journal.json", "/srv/gpu/calls.log"]
+           "/var/lib/kata-agent-standin/agent-journal.json", "/srv/gpu/calls.log",
+           "/srv/gpu/persistenced-events.log"]
+
+
+def clean_power_off(rootfs: Path) -> None:
+    """Make the kata-agent stand-in end the boot with a regular power-off (every unit stopped
+    in order) instead of the forced one: for tests of what happens to daemons at shutdown."""
+    install_file(HERE / "units/kata-agent.service.d/60-clean-power-off.conf", rootfs,
+                 "/etc/systemd/system/kata-agent.service.d/60-clean-power-off.conf")
 
 
 @dataclass

@@ -12,7 +12,7 @@ import subprocess
 import time
 
 OUT = "/var/lib/kata-agent-standin"
-SHOW = ["ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainStartTimestampMonotonic",
+SHOW = ["ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainPID", "ExecMainStartTimestampMonotonic",
         "ExecMainExitTimestampMonotonic", "InactiveExitTimestampMonotonic"]
 
 
@@ -57,6 +57,7 @@ def main() -> None:
         "spec": spec,
         "status": json.loads(status) if status else None,
         "agent_unit": unit_properties("podvm-gpu.service"),
+        "persistenced_unit": unit_properties("podvm-gpu-persistenced.service"),
         "standin_unit": unit_properties("kata-agent.service"),
         "persistenced": daemon(root),
         "nvidia_units_ran": sorted(n for n in os.listdir("/var/lib") if n.startswith("nvidia-unit-ran-")),

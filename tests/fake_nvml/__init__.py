@@ -119,7 +119,7 @@ def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int =
             writes them after the record prefix.
     """
     from podvm_gpu.host.fs import Root
-    from podvm_gpu.model import PciDevice, State, Status, Step, StepResult
+    from podvm_gpu.model import PciDevice, Status, Step, StepResult
     from podvm_gpu.status import CDI_SPEC_PATH, StatusFile
 
     status = Status()
@@ -137,7 +137,7 @@ def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int =
     if state == "running":
         StatusFile(Root(root)).write(status)
     else:
-        StatusFile(Root(root)).finish(status, State(state), reason)
+        StatusFile(Root(root)).finish(status, state, reason)
     if persistenced:
         pid_dir = root / "var/run/nvidia-persistenced"
         pid_dir.mkdir(parents=True, exist_ok=True)

@@ -268,7 +268,7 @@ def main(config_path: str) -> int:
     argv = [os.path.basename(raw_argv[0])] + raw_argv[1:]
     log = CallLog(world.layout.calls)
     start_state = world.state()
-    log.write("start", pid=os.getpid(), run=start_state["run"], argv=argv)
+    log.write("start", pid=os.getpid(), ppid=os.getppid(), run=start_state["run"], argv=argv)
     _log_signals(log)
 
     rules = world.config["rules"]

@@ -253,6 +253,7 @@ class Call:
     ended: float | None = None
     rc: int | None = None  # None: no exit recorded (still running, or killed)
     answer: str = ""  # "rule N", "harness", "unmatched", ...
+    ppid: int | None = None  # the process that ran the tool (the product)
     applied: list[str] = dataclasses.field(default_factory=list)
     signals: list[str] = dataclasses.field(default_factory=list)
     errors: list[str] = dataclasses.field(default_factory=list)
@@ -340,8 +341,12 @@ class World:
         parent, base = os.path.split(name.strip("/"))
         return os.path.join(self.path("/" + parent), base)
 
-    def run(self, phase: str) -> Run:
+    def run(self, phase: str, during=None) -> Run:
         """Run the product once (``boot`` for boot and rerun, ``check`` for check) and collect the result.
+
+        ``during``, when given, is called with the product's ``Popen`` (umockdev-run) as soon as
+        it started, and returns when it has done what it does to the run (send it a signal,
+        start a second boot, ...); the run is then waited for as usual.
 
         Raises:
             RuntimeError: umockdev-run is not installed.
@@ -364,7 +369,7 @@ class World:
         err = Path(self.layout.out, f"{phase}.stderr")
         for attempt in (1, 2):
             calls_before = len(self.calls())
-            rc, wall = self._run_once(argv, out, err, limit)
+            rc, wall = self._run_once(argv, out, err, limit, during)
             if not _umockdev_crash(rc, wall, out, err, len(self.calls()) - calls_before):
                 break
             # umockdev-run (its preload) very rarely dies of SIGSEGV before the product starts:
@@ -385,21 +390,35 @@ class World:
                    root_changes=sorted(path for path in before.keys() | after.keys()
                                        if before.get(path) != after.get(path)))
 
-    def _run_once(self, argv: list[str], out: Path, err: Path,
-                  limit: float) -> tuple[int | None, float]:
+    def _run_once(self, argv: list[str], out: Path, err: Path, limit: float,
+                  during=None) -> tuple[int | None, float]:
         """One product run, output to files; (exit status or None when ended at ``limit``, wall)."""
         # Output goes to files, not pipes: a hung tool that inherited them must not hold the run.
         with out.open("wb") as stdout, err.open("wb") as stderr:
             started = time.monotonic()
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                                       env=self._env(), cwd=self.layout.dir, start_new_session=True)
+            process = self.start_product(argv, stdout, stderr)
             try:
+                if during is not None:
+                    during(process)
                 rc = process.wait(timeout=limit)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
                 rc = None
             return rc, time.monotonic() - started
+
+    def start_product(self, argv: list[str], stdout, stderr) -> subprocess.Popen:
+        """Start one product process (``argv`` as :meth:`run` builds it) in this world."""
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                                env=self._env(), cwd=self.layout.dir, start_new_session=True)
+
+    def product_argv(self, command: str = "boot") -> list[str]:
+        """The argv :meth:`run` uses for ``command``, with today's PCI tree written."""
+        with fx.locked_state(self.layout) as state:
+            bindings = dict(state["bindings"])
+        Path(self.layout.tree).write_text(umockdev_tree(self.case.pci, bindings))
+        return [shutil.which("umockdev-run") or "umockdev-run", "-d", self.layout.tree, "--",
+                *product_command(), command, "--root", self.layout.root, "--json"]
 
     def _env(self) -> dict[str, str]:
         """The harness's environment with ``PATH`` = the fakes only and the working tree importable."""
@@ -435,7 +454,8 @@ class World:
             event = json.loads(line)
             if event["event"] == "start":
                 calls[event["call"]] = Call(id=event["call"], pid=event["pid"], run=event["run"],
-                                            argv=event["argv"], started=event["t"])
+                                            argv=event["argv"], started=event["t"],
+                                            ppid=event.get("ppid"))
                 continue
             call = calls[event["call"]]
             if event["event"] == "end":

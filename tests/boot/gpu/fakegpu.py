@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import sys
+import syslog
 import time
 
 HOME = os.environ.get("FAKEGPU_HOME", "/srv/gpu")
@@ -27,6 +28,14 @@ UVM_MAJOR = 510
 GPU_NAME = "NVIDIA H100 PCIe"
 GPU_UUID = "GPU-3f6c1a2e-7b4d-4e8a-9c1f-0d2e4b6a8c00"
 PERSISTENCED_DIR = "var/run/nvidia-persistenced"
+# A boot test that needs a boot failing after persistenced started creates this file: then
+# "nvidia-ctk cdi generate" fails as nvidia-ctk does when NVML cannot be used.
+FAIL_CDI_GENERATE = os.path.join(HOME, "fail-cdi-generate")
+# A boot test of a daemon that fails to start creates this file (see nvidia_persistenced).
+FAIL_PERSISTENCED = os.path.join(HOME, "fail-persistenced")
+# What the fake persistenced did: "started PID" and "SIGTERM PID" lines (under /srv, which
+# outlives the boot: the tests read it after power-off).
+PERSISTENCED_EVENTS = os.path.join(HOME, "persistenced-events.log")
 
 
 def under(root, path):
@@ -162,6 +171,12 @@ def nvidia_ctk(args):
             mknod(dev_root, "nvidia-uvm", table["nvidia-uvm"], 0)
             mknod(dev_root, "nvidia-uvm-tools", table["nvidia-uvm"], 1)
         return 0
+    if args[:2] == ["cdi", "generate"] and os.path.exists(FAIL_CDI_GENERATE):
+        # the last line of nvidia-ctk 1.20.0 without NVML (shared/fixtures/nvidia-ctk/generate-no-nvml.txt)
+        print('level=error msg="failed to generate CDI spec: failed to create device CDI specs: '
+              'failed to construct device spec generators: failed to initialize NVML: '
+              'ERROR_LIBRARY_NOT_FOUND"', file=sys.stderr)
+        return 1
     if args[:2] == ["cdi", "generate"]:
         # As nvidia-ctk does: the driver root goes in front of every hostPath.
         prefix = option(args, "--dev-root") or option(args, "--driver-root") or "/"
@@ -192,16 +207,48 @@ def nvidia_modprobe(args):
     return 0
 
 
+def online_memory():
+    """What the real daemon does on Grace-based GPUs (nvidia-numa.c): have GPU memory onlined
+    through memory hotplug in sysfs. Here the current value is written back, which changes
+    nothing; the result says whether the daemon's sandbox allows the write."""
+    path = "/sys/devices/system/memory/auto_online_blocks"
+    try:
+        with open(path, encoding="ascii") as f:
+            value = f.read().strip()
+        with open(path, "w", encoding="ascii") as f:
+            f.write(value)
+    except OSError as err:
+        return err.strerror or str(err)
+    return "written"
+
+
+def event(line):
+    with open(PERSISTENCED_EVENTS, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def nvidia_persistenced(args):
-    """Daemonise like the real one: the caller gets exit 0 at once, the daemon lives on."""
+    """Daemonise as the real one does (nvidia-persistenced.c, daemonize() and main()): fork once;
+    the parent waits on a pipe until the child has set up the GPUs and its socket, then exits 0,
+    or prints "nvidia-persistenced failed to initialize. Check syslog for more details." and exits
+    1; the child says "Started (PID)" to syslog, and "Shutdown (PID)" when it ends (SIGTERM, or
+    a failure after its syslog error). With FAIL_PERSISTENCED present it fails the way the real
+    one fails without usable device nodes."""
     if args[:1] == ["--version"]:
         print(f"nvidia-persistenced:  version {DRIVER_VERSION}")
         return 0
+    read_fd, write_fd = os.pipe()
     if os.fork():
+        os.close(write_fd)
+        if os.read(read_fd, 1) != b"\x01":
+            print("nvidia-persistenced failed to initialize. Check syslog for more details.",
+                  file=sys.stderr)
+            return 1
         return 0
+    os.close(read_fd)
     os.setsid()
-    if os.fork():
-        os._exit(0)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
@@ -211,11 +258,33 @@ def nvidia_persistenced(args):
     write(under(ROOT, f"/proc/{pid}/comm"), "nvidia-persiste\n")
     write(under(ROOT, f"/proc/{pid}/cmdline"), "\0".join(["nvidia-persistenced", *args]) + "\0")
     write(os.path.join(rundir, "nvidia-persistenced.pid"), f"{pid}\n")
+    syslog.openlog("nvidia-persistenced", 0, syslog.LOG_DAEMON)
+    syslog.syslog(syslog.LOG_NOTICE, f"Started ({pid})")
+    event(f"started {pid}")
+
+    def shutdown(status):
+        os.unlink(os.path.join(rundir, "nvidia-persistenced.pid"))
+        syslog.syslog(syslog.LOG_NOTICE, f"Shutdown ({pid})")
+        os._exit(status)
+
+    if os.path.exists(FAIL_PERSISTENCED):
+        syslog.syslog(syslog.LOG_ERR, "Failed to query NVIDIA devices. Please ensure that the "
+                      "NVIDIA device files (/dev/nvidia*) exist, and that user 0 has read and "
+                      "write permissions for those files.")
+        shutdown(1)
+    event(f"auto_online_blocks {online_memory()}")
     time.sleep(0.2)  # a real one initialises the GPUs before its socket appears
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(os.path.join(rundir, "socket"))
     sock.listen(1)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    os.write(write_fd, b"\x01")
+    os.close(write_fd)
+
+    def on_sigterm(*_):
+        event(f"SIGTERM {pid}")
+        shutdown(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     while True:
         signal.pause()
 

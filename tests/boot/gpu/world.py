@@ -73,8 +73,11 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
-def populate(rootfs: Path, spec_template: Path) -> Path:
-    """Write the fake GPU VM into rootfs; returns the host path of /srv/gpu."""
+def populate(rootfs: Path, spec_template: Path, fail_cdi_generate: bool = False,
+             fail_persistenced: bool = False) -> Path:
+    """Write the fake GPU VM into rootfs; returns the host path of /srv/gpu. With
+    ``fail_cdi_generate`` the boot fails in its last step, after persistenced started; with
+    ``fail_persistenced`` the daemon fails to initialise (fakegpu.py says how)."""
     home = rootfs / "srv/gpu"
     root = home / "root"
     files = {
@@ -107,8 +110,12 @@ def populate(rootfs: Path, spec_template: Path) -> Path:
     shutil.copyfile(HERE / "h100.umockdev", home / "h100.umockdev")
     shutil.copyfile(spec_template, home / "spec-1gpu.yaml")
     (home / "calls.log").touch()
+    if fail_cdi_generate:
+        (home / "fail-cdi-generate").touch()
+    if fail_persistenced:
+        (home / "fail-persistenced").touch()
 
-    for unit in ("podvm-gpu.service", "kata-agent.service"):
+    for unit in ("podvm-gpu.service", "kata-agent.service", "podvm-gpu-persistenced.service"):
         dropin = rootfs / f"etc/systemd/system/{unit}.d/50-fake-gpu.conf"
         dropin.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(HERE / f"{unit}.d/50-fake-gpu.conf", dropin)

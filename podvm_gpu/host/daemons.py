@@ -1,0 +1,263 @@
+"""Starting nvidia-persistenced and nv-fabricmanager so that they outlive the boot, whatever its
+outcome, and telling how they are doing.
+
+Under systemd (PID 1: ``/run/systemd/system`` exists, sd_booted(3)) each daemon runs in a
+transient unit of its own, started with ``systemd-run --no-block``: systemd supervises it, stops
+it cleanly at shutdown (a transient unit has the default dependencies, ``Conflicts=`` and
+``Before=shutdown.target``), keeps its stdout, stderr and syslog lines in its own journal, and
+gives it a sandbox that fits it (:data:`DAEMONS`) rather than the agent's. The agent's unit can
+then fail, be stopped or restarted without touching it: before, the daemons lived in
+podvm-gpu.service's cgroup, and systemd sent them SIGTERM when a failed boot left the unit
+failed, killing a persistenced still attaching confidential-computing GPUs (which then need a
+GPU reset). Both daemons fork and their parent exits when initialisation is done (nvidia-
+persistenced waits on a pipe for its child to finish attaching the GPUs), so the units are
+``Type=forking`` with ``TimeoutStartSec=infinity``: no systemd start time-out may ever kill a
+daemon mid-attach; the agent's own bounded wait decides how long the boot waits.
+
+The decision is made by whether systemd runs the machine, not by ``--root``: the boot tests
+run the agent on a fake root under a real systemd. Without systemd (the scenario tests, image
+builds in a chroot) a daemon is spawned detached in a session of its own, as before; so it is
+when systemd is PID 1 but ``systemd-run`` is missing (with a warning: it then lives and dies
+with the agent's unit). ``PODVM_GPU_SUPERVISOR=spawn|systemd`` forces one way (tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import time
+
+from podvm_gpu.errors import CommandError
+from podvm_gpu.host.proc import Runner
+
+SD_BOOTED_DIR = "/run/systemd/system"
+
+
+@dataclasses.dataclass(frozen=True)
+class DaemonUnit:
+    """How one daemon runs under systemd.
+
+    Attributes:
+        tool: the daemon's command name (``nvidia-persistenced``).
+        unit: the transient unit's name.
+        description: the unit's Description=.
+        properties: unit settings (``Key=value``) beyond Type=forking and the time-outs: the
+            sandbox, chosen for what the real daemon does (README, "The daemons' units").
+    """
+
+    tool: str
+    unit: str
+    description: str
+    properties: tuple[str, ...]
+
+    def settings(self) -> list[str]:
+        """Every setting the unit gets, in order."""
+        return ["Type=forking", "TimeoutStartSec=infinity", "TimeoutStopSec=30",
+                "Restart=no", *self.properties]
+
+    def unit_file(self, argv: list[str]) -> str:
+        """The unit as a unit file (what ``systemctl cat`` shows for the transient unit), for
+        ``systemd-analyze verify/security`` in the tests and for the README."""
+        from shlex import quote
+
+        service = "\n".join(self.settings())
+        return (f"[Unit]\nDescription={self.description}\n\n[Service]\n"
+                f"ExecStart={' '.join(quote(a) for a in argv)}\n{service}\n")
+
+
+# Settings both daemons need the same way. Why each: README, "The daemons' units".
+_COMMON = (
+    "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "ProtectKernelModules=yes",
+    "ProtectKernelLogs=yes", "ProtectControlGroups=yes", "ProtectHostname=yes",
+    "RestrictNamespaces=yes", "RestrictRealtime=yes", "RestrictSUIDSGID=yes",
+    "LockPersonality=yes", "SystemCallArchitectures=native",
+    "SystemCallFilter=~@clock @cpu-emulation @debug @obsolete @reboot @swap @mount @module "
+    "@raw-io",
+    "SystemCallErrorNumber=EPERM",
+)
+PERSISTENCED = DaemonUnit(
+    tool="nvidia-persistenced", unit="podvm-gpu-persistenced.service",
+    description="NVIDIA Persistence Daemon (started by podvm-gpu)",
+    properties=(*_COMMON,
+                # --user drops to its own user: chown of its run directory, setuid/setgid;
+                # the driver's privileged controls check CAP_SYS_ADMIN
+                "CapabilityBoundingSet=CAP_SYS_ADMIN CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER "
+                "CAP_SETUID CAP_SETGID",
+                # its socket and pid file live in /var/run/nvidia-persistenced (/run); on
+                # Grace-based GPUs it onlines GPU memory through memory hotplug in sysfs, which
+                # ProtectKernelTunables= makes read-only with the rest of /sys: that one
+                # folder is opened again (the qemu boot test writes there from the unit)
+                "ProtectKernelTunables=yes",
+                "ReadWritePaths=/run -/sys/devices/system/memory",
+                # RPC over its unix socket and syslog only
+                "PrivateNetwork=yes", "RestrictAddressFamilies=AF_UNIX AF_NETLINK",
+                "PrivateTmp=yes"))
+FABRICMANAGER = DaemonUnit(
+    tool="nv-fabricmanager", unit="podvm-gpu-fabricmanager.service",
+    description="NVIDIA Fabric Manager (started by podvm-gpu)",
+    properties=(*_COMMON,
+                "CapabilityBoundingSet=CAP_SYS_ADMIN CAP_DAC_OVERRIDE CAP_FOWNER CAP_IPC_LOCK",
+                # its log (/var/log/fabricmanager.log), its state and pid files; its default
+                # state file is in /tmp, which must survive a restart of the daemon: no
+                # PrivateTmp= (a private /tmp is deleted with the unit)
+                "ReadWritePaths=/run -/var/log -/tmp", "StateDirectory=nvidia-fabricmanager",
+                "ProtectKernelTunables=yes", "PrivateTmp=no",
+                # its clients (nvidia-smi, NVML) reach it on 127.0.0.1:6666
+                "RestrictAddressFamilies=AF_UNIX AF_NETLINK AF_INET AF_INET6",
+                "IPAddressDeny=any", "IPAddressAllow=localhost"))
+DAEMONS = {d.tool: d for d in (PERSISTENCED, FABRICMANAGER)}
+
+
+def under_systemd() -> bool:
+    """True when systemd is PID 1 (sd_booted(3): ``/run/systemd/system`` exists on the real
+    file system, never under ``--root``), unless ``PODVM_GPU_SUPERVISOR`` says otherwise."""
+    forced = os.environ.get("PODVM_GPU_SUPERVISOR", "")
+    if forced in ("spawn", "systemd"):
+        return forced == "systemd"
+    return os.path.isdir(SD_BOOTED_DIR)
+
+
+class Daemon:
+    """A started (or found) daemon the boot waits on: has it exited, and what did it say."""
+
+    where = ""
+
+    def exit_status(self) -> int | None:
+        """None while it runs or initialises; its exit status once it has exited."""
+        raise NotImplementedError
+
+    def last_words(self) -> str:
+        """Its last messages, one line (``""`` when there are none)."""
+        raise NotImplementedError
+
+
+class SpawnedDaemon(Daemon):
+    """A daemon spawned detached (no systemd), its output in a log file under /run/podvm-gpu."""
+
+    def __init__(self, proc: subprocess.Popen, log_path: str):
+        self.proc, self.log_path = proc, log_path
+        self.where = f"pid {proc.pid}, output in {os.path.basename(log_path)}"
+
+    def exit_status(self) -> int | None:
+        return self.proc.poll()
+
+    def last_words(self) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                lines = [ln.strip() for ln in f.read()[-65536:].splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        return lines[-1] if lines else ""
+
+
+class UnitDaemon(Daemon):
+    """A daemon in its transient unit; its state from ``systemctl show``, its messages from
+    its journal, since the moment the boot started it."""
+
+    _POLL_S = 0.5  # systemctl costs a process; the readiness check itself is cheaper
+
+    def __init__(self, runner: Runner, spec: DaemonUnit, since: float):
+        self.runner, self.spec, self.since = runner, spec, since
+        self.where = f"unit {spec.unit}"
+        self._checked = 0.0
+        self._status: int | None = None
+
+    def exit_status(self) -> int | None:
+        if self._status is not None or time.monotonic() - self._checked < self._POLL_S:
+            return self._status
+        self._checked = time.monotonic()
+        props = unit_properties(self.runner, self.spec.unit)
+        if props.get("ActiveState") in ("failed", "inactive"):
+            code = props.get("ExecMainStatus", "")
+            self._status = int(code) if code.isdigit() and code != "0" else 1
+        return self._status
+
+    def last_words(self) -> str:
+        return journal_lines(self.runner, self.spec.unit, self.spec.tool, self.since)
+
+
+def unit_properties(runner: Runner, unit: str) -> dict[str, str]:
+    """``systemctl show`` of a unit: ActiveState, SubState, Result, ExecMainStatus, MainPID,
+    LoadState; ``{}`` when systemctl cannot tell."""
+    try:
+        done = runner.run(["systemctl", "show", unit, "-p",
+                           "ActiveState,SubState,Result,ExecMainStatus,MainPID,LoadState"],
+                          check=False)
+    except CommandError:
+        return {}
+    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+
+
+def journal_lines(runner: Runner, unit: str, identifier: str, since: float,
+                  most: int = 3) -> str:
+    """The daemon's messages since ``since`` (a ``time.time()`` value) from the journal: its
+    unit's stdout and stderr and its syslog lines (nvidia-persistenced reports its real errors
+    only to syslog: "Check syslog for more details"), errors first, at most ``most`` lines
+    joined by ``; ``. A message of a process that exited before journald read its cgroup lacks
+    the unit's name, so the syslog identifier is matched too."""
+    argv = ["journalctl", "--no-pager", "-q", "-o", "json", "-n", "50",
+            f"--since=@{since - 1:.0f}", f"_SYSTEMD_UNIT={unit}", "+",
+            f"SYSLOG_IDENTIFIER={identifier}"]
+    entries: list[dict] = []
+    for attempt in range(2):  # journald may not have stored the last line yet
+        try:
+            done = runner.run(argv, check=False)
+        except CommandError:
+            return ""
+        for line in done.stdout.splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("MESSAGE"), str):
+                entries.append(entry)
+        if entries or attempt:
+            break
+        time.sleep(0.2)
+    errors = [e["MESSAGE"] for e in entries if str(e.get("PRIORITY", "6")) <= "3"]
+    chosen = errors or [e["MESSAGE"] for e in entries]
+    unique = list(dict.fromkeys(" ".join(m.split()) for m in chosen if m.strip()))
+    return "; ".join(unique[-most:])
+
+
+def start_daemon(runner: Runner, argv: list[str], log_path: str,
+                 warn=lambda text: None) -> Daemon:
+    """Start ``argv`` (``argv[0]`` a tool basename) so that it outlives the boot.
+
+    Args:
+        runner: the boot's runner (tool paths, time-outs, the budget).
+        argv: the daemon's command line.
+        log_path: where a spawned daemon's output goes (without systemd).
+        warn: called with a warning line when systemd runs the machine but the daemon cannot
+            get a unit of its own.
+
+    Raises:
+        CommandError: the daemon or systemd-run is missing or cannot start, or systemd-run
+            refused the unit (its message).
+        OSError: the log file of a spawned daemon cannot be made.
+    """
+    spec = DAEMONS[argv[0]]
+    if not under_systemd():
+        return SpawnedDaemon(runner.spawn(argv, log_path), log_path)
+    if runner.which("systemd-run") is None:
+        warn(f"{argv[0]}: systemd-run not found; the daemon runs in podvm-gpu.service's cgroup "
+             "and a failed boot stops it")
+        return SpawnedDaemon(runner.spawn(argv, log_path), log_path)
+    path = runner.which(argv[0])
+    if path is None:
+        raise CommandError(argv, None, message=f"{argv[0]}: not found on PATH" if argv[0] not in
+                           runner.tool_paths else f"{argv[0]}: {runner.tool_paths[argv[0]]} (set "
+                           "in the config) is not an executable")
+    state = unit_properties(runner, spec.unit)
+    if state.get("ActiveState") in ("active", "activating", "reloading"):
+        return UnitDaemon(runner, spec, time.time())  # an earlier boot's daemon: wait on it
+    if state.get("ActiveState") == "failed":
+        runner.run(["systemctl", "reset-failed", spec.unit], check=False)
+    since = time.time()
+    runner.run(["systemd-run", "--no-block", "--quiet", f"--unit={spec.unit}",
+                f"--description={spec.description}",
+                *(f"--property={setting}" for setting in spec.settings()),
+                "--", path, *argv[1:]])
+    return UnitDaemon(runner, spec, since)

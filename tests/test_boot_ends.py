@@ -1,0 +1,282 @@
+"""Every end of a boot is a final state (issue 8): SIGTERM and SIGINT in every step that runs a
+tool or waits, spec and status writes that fail, and two boots at once on one root.
+
+The scenario worlds (tests/scenarios) run the real ``podvm-gpu boot`` under umockdev with fake
+tools; P02 (one H100 PCIe, every tool succeeds) is the base, with one tool made to hang so that
+the signal arrives while that step is in flight. The daemon lifetime under a real systemd is
+proven by the boot tests (test_boot_nspawn.py, test_boot_qemu.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scenarios.fake_tool import argv_matches
+from scenarios.world import DATA, SHARED, World, load_case
+
+HANG_S = 60
+# step -> (the call that is in flight in that step, how it is made to take long)
+IN_FLIGHT = {
+    "modules": (["modprobe", "nvidia"], "hang"),
+    "device-nodes": (["nvidia-ctk", "system", "create-device-nodes"], "hang"),
+    "persistenced": (["nvidia-persistenced"], "never-ready"),
+    "fabricmanager": (["nvidia-smi", "-q"], "hang"),
+    "confidential-computing": (["nvidia-smi", "conf-compute", "-f"], "hang"),
+    "cdi": (["nvidia-ctk", "cdi", "generate"], "hang"),
+}
+AFTER_PERSISTENCED = ("fabricmanager", "confidential-computing", "cdi")
+
+
+def p02():
+    name = "P02-one-h100-pcie-ready.yaml"
+    return load_case(next(p for p in (SHARED / "cases" / name, DATA / "cases" / name)
+                          if p.exists()))
+
+
+def with_slow_call(case, argv: list[str], how: str, delay_s: float = HANG_S):
+    """A copy of ``case`` whose ``argv`` call takes ``delay_s`` (or, for persistenced, whose
+    daemon starts but never becomes ready)."""
+    case = copy.deepcopy(case)
+    rules = [rule for rule in case.tools if rule["argv"] == argv]
+    for rule in rules:
+        if how == "never-ready":
+            rule["effects"] = []
+        else:
+            rule["delay_s"] = delay_s
+    if not rules:  # a query the harness answers: a rule of its own that only hangs
+        case.tools.insert(0, {"argv": argv, "rc": 0, "stdout": "", "stderr": "",
+                              "delay_s": delay_s, "effects": [], "only_before": {}})
+    return case
+
+
+def product_pid(umockdev: subprocess.Popen, timeout_s: float = 10) -> int:
+    """The product's own pid: the child of umockdev-run."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path("/proc", entry, "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == umockdev.pid:
+                return int(entry)
+        time.sleep(0.01)
+    raise AssertionError("umockdev-run started no product")
+
+
+def wait_for_call(world: World, argv: list[str], ended: bool = False, timeout_s: float = 30):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        calls = [c for c in world.calls() if argv_matches(argv, c.argv)]
+        if calls and (not ended or calls[0].ended is not None):
+            return calls[0]
+        time.sleep(0.02)
+    raise AssertionError(f"no call of {argv} within {timeout_s} s: {world.calls()}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("step", IN_FLIGHT)
+def test_a_signal_in_any_step_ends_the_boot_failed_within_2_s_naming_signal_and_step(step, signum):
+    argv, how = IN_FLIGHT[step]
+    case = with_slow_call(p02(), argv, how)
+    took = {}
+
+    def interrupt(process):
+        wait_for_call(world, argv, ended=how == "never-ready")
+        if how == "never-ready":
+            time.sleep(0.3)  # well inside the wait for the socket
+        pid = product_pid(process)
+        started = time.monotonic()
+        os.kill(pid, signum)
+        process.wait(timeout=10)
+        took["s"] = time.monotonic() - started
+
+    with World(case) as world:
+        run = world.run("boot", during=interrupt)
+        name = signal.Signals(signum).name
+
+        assert took["s"] < 2, f"{name} took {took['s']:.2f} s to end the boot"
+        assert run.rc == 1, run.stderr
+        assert "Traceback" not in run.stderr
+        status = run.status
+        assert status["state"] == "failed" and status["finished_at"], status
+        assert status["reason"].startswith(f"{step}: interrupted by {name}"), status["reason"]
+        assert [s["name"] for s in status["steps"]][-1] == step
+        assert status["steps"][-1]["result"] == "failed"
+        spec = yaml.safe_load(Path(world.path("/var/run/cdi/nvidia.yaml")).read_text())
+        assert [d["name"] for d in spec["devices"]] == ["unavailable"]
+        assert "PODVM_GPU_STATE=failed" in spec["devices"][0]["containerEdits"]["env"]
+        daemons = {d["pid"] for d in run.daemons}
+        if step in AFTER_PERSISTENCED:
+            assert daemons and daemons <= run.alive_at_exit, "the daemon is left alone"
+        # the tool in flight was ended with the boot; nothing but the daemons is left
+        assert run.alive_at_exit <= daemons, (run.alive_at_exit, daemons)
+
+
+def test_a_second_boot_waits_for_the_lock_writes_nothing_meanwhile_and_starts_no_daemon_again():
+    case = with_slow_call(p02(), ["nvidia-ctk", "cdi", "generate"], "hang", delay_s=2)
+    second = {}
+
+    def start_second_boot(process):
+        wait_for_call(world, ["nvidia-persistenced"], ended=True)
+        before = Path(world.path("/run/podvm-gpu/status.json")).read_text()
+        err = open(Path(world.layout.out, "second.stderr"), "w+")
+        out = open(Path(world.layout.out, "second.stdout"), "w+")
+        second["process"] = world.start_product(world.product_argv(), out, err)
+        second["pid"] = product_pid(second["process"])
+        deadline = time.monotonic() + 10
+        while "another boot holds" not in Path(err.name).read_text():
+            assert time.monotonic() < deadline, "the second boot never said it waits"
+            time.sleep(0.02)
+        time.sleep(0.3)
+        second["status_meanwhile"] = Path(world.path("/run/podvm-gpu/status.json")).read_text()
+        second["status_before"] = before
+        second["files"] = (out, err)
+
+    with World(case) as world:
+        first = world.run("boot", during=start_second_boot)
+        assert second["process"].wait(timeout=30) == 0, Path(second["files"][1].name).read_text()
+        first_end = max(c.ended for c in first.calls if c.ended)
+        first_pid = {c.ppid for c in world.calls() if c.ppid != second["pid"]}
+        second_calls = [c for c in world.calls() if c.ppid == second["pid"]]
+
+        assert first.rc == 0 and first.status is not None
+        # while it waited, the second boot wrote nothing, not even "running"
+        meanwhile = json.loads(second["status_meanwhile"])
+        assert meanwhile["started_at"] == json.loads(second["status_before"])["started_at"]
+        # it ran its steps only after the first boot was done, and started no daemon again
+        assert second_calls and min(c.started for c in second_calls) >= first_end
+        assert len(first_pid) == 1
+        started = [c for c in world.calls() if c.argv[0] == "nvidia-persistenced"]
+        assert len(started) == 1, started
+        assert not [c for c in second_calls if c.argv[0] in ("modprobe", "nvidia-persistenced")]
+        final = json.loads(Path(world.path("/run/podvm-gpu/status.json")).read_text())
+        assert final["state"] == "ready" and final["started_at"] != meanwhile["started_at"]
+        spec = yaml.safe_load(Path(world.path("/var/run/cdi/nvidia.yaml")).read_text())
+        assert {"0", "all"} <= {d["name"] for d in spec["devices"]}
+        for f in second["files"]:
+            f.close()
+
+
+# --- the lock, and writes that fail: the real command on the CPU-VM device tree -----------------
+
+def boot(podvm, root: Path, empty_path: str, timeout: float = 30):
+    return podvm(["boot", "--root", str(root)], tree="cpu-vm", env={"PATH": empty_path},
+                 timeout=timeout)
+
+
+def status_of(root: Path) -> dict:
+    return json.loads((root / "run/podvm-gpu/status.json").read_text())
+
+
+def test_a_boot_that_never_gets_the_lock_ends_within_its_budget_writing_nothing(tmp_path, podvm,
+                                                                              empty_path):
+    (tmp_path / "etc/podvm-gpu").mkdir(parents=True)
+    (tmp_path / "etc/podvm-gpu/config.yaml").write_text("budget_s: 1\n")
+    (tmp_path / "run/podvm-gpu").mkdir(parents=True)
+    with open(tmp_path / "run/podvm-gpu/boot.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        started = time.monotonic()
+        done = boot(podvm, tmp_path, empty_path)
+        took = time.monotonic() - started
+
+    assert done.returncode == 1
+    assert 1 <= took < 5, took
+    assert "another boot still holds /run/podvm-gpu/boot.lock after 1 s" in done.stderr
+    assert sorted(os.listdir(tmp_path / "run/podvm-gpu")) == ["boot.lock"]
+    assert not (tmp_path / "var").exists()
+
+
+def test_a_killed_boot_leaves_the_lock_free(tmp_path, podvm, empty_path):
+    """flock is the kernel's: the holder's death releases it, so no stale lock blocks a boot."""
+    (tmp_path / "run/podvm-gpu").mkdir(parents=True)
+    holder = subprocess.Popen(["python3", "-c", "import fcntl,sys,time; f=open(sys.argv[1],'w'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print(1, flush=True); time.sleep(60)",
+                               str(tmp_path / "run/podvm-gpu/boot.lock")], stdout=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == b"1"
+    holder.kill()
+    holder.wait()
+
+    done = boot(podvm, tmp_path, empty_path, timeout=10)
+
+    assert done.returncode == 0, done.stderr
+    assert status_of(tmp_path)["state"] == "no-gpu"
+
+
+def test_a_spec_that_cannot_be_written_still_ends_with_a_final_failed_status(tmp_path, podvm,
+                                                                             empty_path):
+    """``<root>/var/run`` a link to itself: every path through it is ELOOP."""
+    (tmp_path / "var").mkdir()
+    os.symlink("/var/run", tmp_path / "var/run")
+
+    done = boot(podvm, tmp_path, empty_path)
+
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    status = status_of(tmp_path)
+    assert status["state"] == "failed" and status["finished_at"]
+    assert status["reason"].startswith("detect: no NVIDIA GPU on PCI")
+    assert "cdi: cannot write /var/run/cdi/nvidia.yaml: Too many levels of symbolic links" \
+        in status["reason"]
+    status_cmd = podvm(["status", "--root", str(tmp_path)], tree="cpu-vm")
+    assert status_cmd.returncode == 1
+
+
+def test_a_spec_folder_that_is_a_file_ends_failed_naming_it(tmp_path, podvm, empty_path):
+    (tmp_path / "var/run").mkdir(parents=True)
+    (tmp_path / "var/run/cdi").write_text("not a folder\n")
+
+    done = boot(podvm, tmp_path, empty_path)
+
+    assert done.returncode == 1
+    status = status_of(tmp_path)
+    assert status["state"] == "failed"
+    assert "cdi: cannot write /var/run/cdi/nvidia.yaml" in status["reason"]
+    assert (tmp_path / "var/run/cdi").read_text() == "not a folder\n"
+
+
+def test_a_status_that_cannot_be_written_still_leaves_a_failed_unavailable_spec(tmp_path, podvm,
+                                                                                empty_path):
+    """The reverse: status.json is a directory, so no status can be written; the spec says
+    failed and why, and the boot exits 1."""
+    (tmp_path / "run/podvm-gpu/status.json").mkdir(parents=True)
+
+    done = boot(podvm, tmp_path, empty_path)
+
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    spec = yaml.safe_load((tmp_path / "var/run/cdi/nvidia.yaml").read_text())
+    env = spec["devices"][0]["containerEdits"]["env"]
+    assert "PODVM_GPU_STATE=failed" in env
+    reason = next(e for e in env if e.startswith("PODVM_GPU_REASON="))
+    assert "status: cannot write /run/podvm-gpu/status.json" in reason
+    assert "failed: status: cannot write" in done.stderr
+
+
+def test_the_final_state_line_goes_to_the_kernel_log(tmp_path, podvm, empty_path):
+    """The console prints the kernel log: one line with state and reason, as a daemon's
+    notice (a FIFO stands in for /dev/kmsg, which only a real kernel has)."""
+    (tmp_path / "dev").mkdir()
+    os.mkfifo(tmp_path / "dev/kmsg")
+    reader = os.open(tmp_path / "dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        done = boot(podvm, tmp_path, empty_path)
+        line = os.read(reader, 4096).decode()
+    finally:
+        os.close(reader)
+
+    assert done.returncode == 0, done.stderr
+    assert line.startswith("<29>podvm-gpu[") and line.endswith("\n"), line
+    assert "]: no-gpu: detect: no NVIDIA GPU on PCI (3 devices scanned)" in line
