@@ -44,6 +44,12 @@ def test_a_bad_value_names_its_key(section, key, message):
     assert isinstance(err.value, ConfigError), "the CLI's config error handling applies"
 
 
+def test_settings_are_values():
+    assert MetricsSettings.from_mapping({"profile": "full"}) == MetricsSettings(profile="full")
+    assert MetricsSettings() != MetricsSettings(textfile=True)
+    assert len({MetricsSettings(), MetricsSettings()}) == 1
+
+
 def test_listen_addresses():
     assert parse_listen("0.0.0.0:9400") == ("0.0.0.0", 9400)
     assert parse_listen("[::]:9400") == ("::", 9400)

@@ -128,6 +128,12 @@ class MetricsSettings:
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
 
+    def __eq__(self, other: object) -> bool:  # as config.Section: settings are values
+        return isinstance(other, MetricsSettings) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.to_dict().items()))
+
     def __repr__(self) -> str:
         return f"MetricsSettings({self.to_dict()})"
 
