@@ -9,7 +9,7 @@ labels, never by column positions).
 
 from __future__ import annotations
 
-import dataclasses
+import collections
 import glob
 import os
 import re
@@ -156,13 +156,13 @@ def loader_dirs(root: Root) -> list[str]:
     return list(dict.fromkeys(dirs))
 
 
-@dataclasses.dataclass(frozen=True)
-class Library:
-    """Where ``libnvidia-ml.so.1`` is (host path of the link), its target and the version in it."""
+# Immutable records as named tuples, not frozen dataclasses: ``import dataclasses`` pulls in
+# ``inspect``, several milliseconds of start-up for ``podvm-gpu metrics`` (model.py says the same).
+class Library(collections.namedtuple("Library", "path target version")):
+    """Where ``libnvidia-ml.so.1`` is (host path of the link), its target and the version in it
+    (``str``, ``str``, ``str`` or None)."""
 
-    path: str
-    target: str
-    version: str | None
+    __slots__ = ()
 
 
 def _library_at(root: Root, host_path: str) -> Library | None:
@@ -224,13 +224,11 @@ def daemon_pid(root: Root, pid_file: str, comm: str) -> int | None:
 
 # --- nvidia-smi texts ----------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class FabricState:
-    """One GPU's NVLink fabric state from ``nvidia-smi -q`` (``Fabric`` section)."""
+class FabricState(collections.namedtuple("FabricState", "gpu state status")):
+    """One GPU's NVLink fabric state from ``nvidia-smi -q`` (``Fabric`` section): the GPU's PCI
+    address, the ``State`` and the ``Status`` line, as text."""
 
-    gpu: str
-    state: str
-    status: str
+    __slots__ = ()
 
     @property
     def supported(self) -> bool:

@@ -203,7 +203,7 @@ class Boot:
     journal: str
     agent_journal: list[dict] = field(default_factory=list)
     calls: list[list[str]] = field(default_factory=list)
-    files: dict[str, str] = field(default_factory=dict)  # every RESULTS file found, by path
+    files: dict[str, str] = field(default_factory=dict)  # every file fetched: RESULTS and extra
 
     def agent_time_s(self) -> float:
         """From the journal: systemd's "Starting" to its "Finished" line for podvm-gpu.service."""
@@ -230,13 +230,14 @@ def _run(argv: list[str], timeout_s: float) -> tuple[int, str, float]:
     return returncode, console, time.monotonic() - started
 
 
-def _results(returncode: int, console: str, wall_s: float, fetch, artifacts: Path) -> Boot:
-    """Collect RESULTS from the booted image with fetch(path) -> text or None; copy them to artifacts
-    (pytest keeps them for a failed run)."""
+def _results(returncode: int, console: str, wall_s: float, fetch, artifacts: Path,
+             extra: tuple[str, ...] = ()) -> Boot:
+    """Collect RESULTS and ``extra`` from the booted image with fetch(path) -> text or None; copy
+    them to artifacts (pytest keeps them for a failed run)."""
     artifacts.mkdir(parents=True, exist_ok=True)
     (artifacts / "console.txt").write_text(console)
     files = {}
-    for path in RESULTS:
+    for path in [*RESULTS, *extra]:
         text = fetch(path)
         if text is not None:
             files[path] = text
@@ -268,7 +269,7 @@ def boot(rootfs: Path, artifacts: Path, timeout_s: float = 120) -> Boot:
     return _results(returncode, console, wall_s, fetch, artifacts)
 
 
-def boot_qemu(rootfs: Path, artifacts: Path, timeout_s: float = 300) -> Boot:
+def boot_qemu(rootfs: Path, artifacts: Path, timeout_s: float = 300, extra: tuple[str, ...] = ()) -> Boot:
     """Boot rootfs as a VM: its kernel and initrd, the tree as an ext4 disk (mke2fs -d), no network.
 
     TCG (about 20 s to power-off on the CPU path here): /dev/kvm exists on this machine, but a
@@ -297,6 +298,6 @@ def boot_qemu(rootfs: Path, artifacts: Path, timeout_s: float = 300) -> Boot:
         return None if "not found" in done.stderr else done.stdout
 
     try:
-        return _results(returncode, console, wall_s, fetch, artifacts)
+        return _results(returncode, console, wall_s, fetch, artifacts, extra)
     finally:
         disk.unlink()
