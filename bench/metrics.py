@@ -7,8 +7,7 @@ serving exporter's resident memory under 60 MB; ``podvm-gpu metrics`` once, on a
 Usage: ``python bench/metrics.py [--scrapes N] [--pairs N] [--fresh-venv PYTHON]``.
 ``--fresh-venv /usr/bin/python3`` first makes a throw-away venv with that interpreter and a plain
 install of this checkout with its dependencies, as an image gets it; otherwise the interpreter
-running this script is measured. The once command is ``podvm-gpu metrics`` when the console
-script routes it, else ``python -m podvm_gpu.metrics`` (said in the output). Needs gcc for the
+running this script is measured; the once command is that venv's ``podvm-gpu metrics``. Needs gcc for the
 fake library. Prints the figures and the verdicts; exits 3 when a goal is missed (1: a crash).
 """
 
@@ -49,12 +48,9 @@ def fresh_venv(python: str, where: str) -> str:
 
 
 def once_command(python: str, root: str) -> tuple[list[str], str]:
-    """``podvm-gpu metrics`` if the console script has it, else the module's command line."""
+    """``podvm-gpu metrics`` of the venv's command."""
     script = os.path.join(os.path.dirname(python), "podvm-gpu")
-    done = subprocess.run([script, "metrics", "--root", root], capture_output=True, text=True)
-    if done.returncode == 0 and "podvm_gpu_boot_state" in done.stdout:
-        return [script, "metrics", "--root", root], "podvm-gpu metrics"
-    return [python, "-m", "podvm_gpu.metrics", "--root", root], "python -m podvm_gpu.metrics"
+    return [script, "metrics", "--root", root], "podvm-gpu metrics"
 
 
 def rss_mb(pid: int) -> float:

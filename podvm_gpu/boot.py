@@ -120,6 +120,7 @@ class Run:
         self.status_file = StatusFile(root, enabled=not dry_run)
         self.signals: Signals | None = None
         self.write_spec = True  # the config's unavailable_spec
+        self.metrics = None  # the config's metrics settings, when there is a config
 
     def running_step(self) -> Step:
         """The step in flight (the last one still ``running``), else the last step."""
@@ -182,8 +183,20 @@ class Run:
                 pass
             self.status.state, self.status.reason = state, reason
         tell_console(self.root, state, reason or self._ready_line())
+        if self.metrics is not None and self.metrics.textfile:
+            self._write_metrics_textfile()
         report(self.status, self.json_out)
         return 0 if state in (State.READY, State.NO_GPU) else 1
+
+    def _write_metrics_textfile(self) -> None:
+        """The boot's metrics for node-exporter's textfile collector (config metrics.textfile),
+        after the status: they are read from it. A failure is a log line, not a failed boot."""
+        from podvm_gpu.metrics.command import write_boot_textfile
+
+        try:
+            write_boot_textfile(self.root, self.metrics)
+        except (OSError, ImportError) as err:
+            self.log(Log.WARNING, f"metrics: cannot write {self.metrics.textfile_path}: {err}")
 
     def _ready_line(self) -> str:
         gpus = self.status.gpus
@@ -382,7 +395,7 @@ def _boot(run: Run, config: str | None) -> int:
     elif present is not False:
         config_error = f"{config_path}: cannot resolve: {_oserror(present)}"
     if settings is not None:
-        run.write_spec = settings.unavailable_spec
+        run.write_spec, run.metrics = settings.unavailable_spec, settings.metrics
     budget = settings.budget_s if settings is not None else DEFAULT_BUDGET_S
     if not run.dry_run:
         try:

@@ -148,7 +148,10 @@ class Section:
 
     def __init__(self, **values: object):
         for name, (_check, default) in self.FIELDS.items():
-            value = values[name] if name in values else default
+            # a function as the default makes it (the metrics settings' class lives in the
+            # metrics package, which imports this module)
+            value = values[name] if name in values else default() if callable(default) \
+                else default
             object.__setattr__(self, name, dict(value) if isinstance(value, dict) else value)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -229,6 +232,24 @@ class ModulesConfig(Section):
     __slots__ = tuple(FIELDS)
 
 
+def _metrics(value: object, loc: list):
+    """The ``metrics:`` section: the exporter's own settings class checks it (README, Metrics)."""
+    from podvm_gpu.metrics.settings import MetricsConfigError, MetricsSettings
+
+    try:
+        return MetricsSettings.from_mapping(value)
+    except MetricsConfigError as err:
+        raise _Invalid([*loc, *err.key_path.split(".")[1:]], err.message) from None
+    except TypeError as err:  # a key the settings class does not take
+        raise _Invalid(loc, str(err)) from None
+
+
+def _default_metrics():
+    from podvm_gpu.metrics.settings import MetricsSettings
+
+    return MetricsSettings()
+
+
 class Config(Section):
     """The whole config; ``Config()`` is the defaults."""
 
@@ -240,7 +261,8 @@ class Config(Section):
               "confidential_computing": (ConfidentialComputingConfig,
                                          ConfidentialComputingConfig()),
               "modules": (ModulesConfig, ModulesConfig()),
-              "unavailable_spec": (boolean, True)}
+              "unavailable_spec": (boolean, True),
+              "metrics": (_metrics, _default_metrics)}
     __slots__ = tuple(FIELDS)
 
 

@@ -8,9 +8,8 @@ kernel has ``dmesg_restrict=1``, recorded; a program cannot write kernel records
 the evidence) and writes the textfile into ``/run/podvm-gpu`` under ``ProtectSystem=strict``.
 The VM has no GPU: the boot ends ``no-gpu`` and NVML is not asked.
 
-Until the CLI routes ``podvm-gpu metrics``, a drop-in runs the same command line through
-``python -m podvm_gpu.metrics`` with a config of its own (the boot's config loader does not
-know the ``metrics:`` section yet); the unit's sandbox is the product's, unchanged.
+The unit is the product's, unchanged; the config (``metrics:`` in /etc/podvm-gpu/config.yaml)
+also makes the boot write the textfile at its end.
 """
 
 from __future__ import annotations
@@ -36,12 +35,8 @@ def enable_metrics(rootfs: Path) -> None:  # noqa: F811
     (etc / "multi-user.target.wants/podvm-gpu-metrics.service").symlink_to(
         "/usr/lib/systemd/system/podvm-gpu-metrics.service")
     (rootfs / "etc/podvm-gpu").mkdir(parents=True, exist_ok=True)
-    (rootfs / "etc/podvm-gpu/metrics.yaml").write_text(
+    (rootfs / "etc/podvm-gpu/config.yaml").write_text(
         "metrics: {listen: '127.0.0.1:9400', textfile: true, textfile_interval_s: 1}\n")
-    drop_in = etc / "podvm-gpu-metrics.service.d/50-module-runner.conf"
-    drop_in.parent.mkdir(parents=True)
-    drop_in.write_text("[Service]\nExecStart=\nExecStart=/opt/podvm-gpu/bin/python -m podvm_gpu.metrics "
-                       "--serve --config /etc/podvm-gpu/metrics.yaml\n")
     image.install_file(HERE / "boot/metrics/scrape.py", rootfs, "/usr/local/libexec/scrape-metrics", 0o755)
     standin = etc / "kata-agent.service.d/60-scrape-metrics.conf"
     standin.parent.mkdir(parents=True, exist_ok=True)

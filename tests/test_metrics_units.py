@@ -119,14 +119,15 @@ def test_only_the_dcgm_counter_type_lines_change():
 
 
 def test_plain_command_lines_are_parsed_without_argparse_and_the_rest_goes_to_it():
-    from podvm_gpu.metrics.command import parse_args
+    from podvm_gpu.cli import fast_args
 
-    assert parse_args(["--root", "/r", "--listen=0.0.0.0:9400", "--textfile"]) == {
-        "--root": "/r", "--config": None, "--listen": "0.0.0.0:9400", "--serve": False,
-        "--openmetrics": False, "--textfile": True}
-    assert parse_args(["--serve", "--config", "/etc/x.yaml"])["--config"] == "/etc/x.yaml"
-    for other in (["--help"], ["--listen"], ["--root", "--serve"], ["extra"]):
-        assert parse_args(other) is None, other
+    assert fast_args(["metrics", "--root", "/r", "--listen=0.0.0.0:9400", "--textfile"]) == (
+        "metrics", {"root_dir": "/r", "config": None, "listen": "0.0.0.0:9400", "serve": False,
+                    "openmetrics": False, "textfile": True})
+    assert fast_args(["metrics", "--serve", "--config", "/etc/x.yaml"])[1]["config"] == \
+        "/etc/x.yaml"
+    for other in (["--help"], ["--listen"], ["--root", "--serve"], ["extra"], ["--json"]):
+        assert fast_args(["metrics", *other]) is None, other
 
 
 def test_kernel_log_records_say_whether_the_log_could_be_read(tmp_path):

@@ -10,11 +10,11 @@ Importing this package is cheap (standard library only): prometheus-client, pynv
 exporter are imported by the entry points that need them.
 """
 
-from podvm_gpu.metrics.command import (main, print_once, run, serve, write_boot_textfile,
+from podvm_gpu.metrics.command import (print_once, run, serve, write_boot_textfile,
                                        write_textfile)
 from podvm_gpu.metrics.settings import (DEFAULT_LISTEN, DEFAULT_TEXTFILE_PATH, PROFILES,
                                         MetricsConfigError, MetricsSettings)
 
 __all__ = ["DEFAULT_LISTEN", "DEFAULT_TEXTFILE_PATH", "PROFILES", "MetricsConfigError",
-           "MetricsSettings", "main", "print_once", "run", "serve", "write_boot_textfile",
+           "MetricsSettings", "print_once", "run", "serve", "write_boot_textfile",
            "write_textfile"]

@@ -1,7 +1,7 @@
-"""``python -m podvm_gpu.metrics``: the exporter's command line (see ``command.main``)."""
+"""``python -m podvm_gpu.metrics``: the same as ``podvm-gpu metrics``."""
 
 import sys
 
-from podvm_gpu.metrics.command import main
+from podvm_gpu.cli import main
 
-sys.exit(main())
+sys.exit(main(["metrics", *sys.argv[1:]]))

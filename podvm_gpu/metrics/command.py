@@ -12,7 +12,7 @@ import sys
 import threading
 
 from podvm_gpu.host.fs import Root, atomic_write, ensure_dir
-from podvm_gpu.metrics.settings import MetricsConfigError, MetricsSettings, parse_listen
+from podvm_gpu.metrics.settings import MetricsSettings, parse_listen
 
 # A scrape client that sends nothing must not hold a server thread for ever.
 _CLIENT_TIMEOUT_S = 30
@@ -200,75 +200,6 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
     return 0
 
 
-_FLAGS = ("--serve", "--openmetrics", "--textfile")
-_OPTIONS = ("--root", "--config", "--listen")
-
-
-def parse_args(args: list[str]) -> dict | None:
-    """The plain forms of the command line, parsed without argparse (start-up time); None for
-    anything else (``--help``, a mistake), which :func:`main` hands to argparse.
-
-    Returns:
-        ``{"--root": DIR, "--config": FILE or None, "--listen": ADDR or None, "--serve": bool,
-        "--openmetrics": bool, "--textfile": bool}``, ``PODVM_GPU_ROOT``/``PODVM_GPU_CONFIG``
-        as the defaults of root and config.
-    """
-    parsed: dict = {"--root": os.environ.get("PODVM_GPU_ROOT") or "/",
-                    "--config": os.environ.get("PODVM_GPU_CONFIG") or None, "--listen": None,
-                    **{flag: False for flag in _FLAGS}}
-    rest = list(args)
-    while rest:
-        arg = rest.pop(0)
-        name, eq, value = arg.partition("=")
-        if arg in _FLAGS:
-            parsed[arg] = True
-        elif name in _OPTIONS and eq:
-            parsed[name] = value
-        elif arg in _OPTIONS and rest and not rest[0].startswith("-"):
-            parsed[arg] = rest.pop(0)
-        else:
-            return None
-    return parsed
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m podvm_gpu.metrics``: the command line proposed for ``podvm-gpu metrics``,
-    plus ``--root`` and ``--config`` (only the file's ``metrics:`` section is read).
-
-    Exit codes: 0 printed or served, 1 could not serve or print, 2 usage or config error.
-    """
-    args = sys.argv[1:] if argv is None else argv
-    parsed = parse_args(args)
-    if parsed is None:
-        _usage().parse_args(args)  # prints help (exit 0) or the mistake (exit 2)
-        return 2
-    root = Root(parsed["--root"])
-    try:
-        settings = load_settings(root, parsed["--config"])
-    except MetricsConfigError as err:
-        print(f"podvm-gpu metrics: {err}", file=sys.stderr)
-        return 2
-    return run(root, settings, listen=parsed["--listen"],
-               serving=parsed["--serve"] or parsed["--listen"] is not None,
-               openmetrics=parsed["--openmetrics"], textfile=parsed["--textfile"])
-
-
-def _usage():
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="podvm-gpu metrics", allow_abbrev=False,
-                                     description="GPU and boot metrics of the pod VM in the "
-                                     "Prometheus format.")
-    parser.add_argument("--root", help="the VM's root (default /, env PODVM_GPU_ROOT)")
-    parser.add_argument("--config", help="config file (default <root>/etc/podvm-gpu/config.yaml)")
-    parser.add_argument("--listen", metavar="ADDR:PORT", help="serve over HTTP at this address")
-    parser.add_argument("--serve", action="store_true", help="serve at the config's address")
-    parser.add_argument("--openmetrics", action="store_true", help="print OpenMetrics")
-    parser.add_argument("--textfile", action="store_true",
-                        help="write the textfile (with --serve: every interval)")
-    return parser
-
-
 def run(root: Root, settings: MetricsSettings, *, listen: str | None = None, serving: bool = False,
         openmetrics: bool = False, textfile: bool = False) -> int:
     """What ``podvm-gpu metrics [--listen ADDR:PORT | --serve] [--openmetrics] [--textfile]``
@@ -290,25 +221,3 @@ def run(root: Root, settings: MetricsSettings, *, listen: str | None = None, ser
         print(f"podvm-gpu metrics: wrote {root.host_path(path)}", file=sys.stderr)
         return 0
     return print_once(root, settings, openmetrics)
-
-
-def load_settings(root: Root, config: str | None) -> MetricsSettings:
-    """The ``metrics:`` section of the config file (default ``<root>/etc/podvm-gpu/config.yaml``;
-    a missing default file means defaults). A stand-in until the CLI's config loader reads it.
-
-    Raises:
-        MetricsConfigError: the file is unreadable, not YAML, or the section is wrong.
-    """
-    path = config or root.resolve("/etc/podvm-gpu/config.yaml")
-    if config is None and not os.path.exists(path):
-        return MetricsSettings()
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise MetricsConfigError("metrics", f"{path}: {err}") from err
-    if not isinstance(doc, dict):
-        raise MetricsConfigError("metrics", f"{path} is not a mapping")
-    return MetricsSettings.from_mapping(doc.get("metrics"))

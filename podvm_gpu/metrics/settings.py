@@ -6,7 +6,6 @@ hands this module the section's mapping as YAML parsed it. Standard library only
 
 from __future__ import annotations
 
-import ipaddress
 import math
 
 from podvm_gpu.errors import ConfigError
@@ -45,6 +44,8 @@ def parse_listen(value: str, allow_any_port: bool = False) -> tuple[str, int]:
     Raises:
         ValueError: the text is not of that shape.
     """
+    import ipaddress  # only for an address set in the config or on the command line
+
     host, sep, port = value.rpartition(":")
     lowest = 0 if allow_any_port else 1
     if not sep or not port.isdigit() or not lowest <= int(port) < 65536:
