@@ -73,6 +73,7 @@ class Interrupted(BaseException):
         super().__init__(signum)
         self.signum = signum
         self.name = _SIGNAL_NAMES.get(signum, f"signal {signum}")
+        self.steps: list = []  # the steps in flight when it arrived, where the pipeline knows
 
 
 class Signals:
@@ -123,8 +124,9 @@ class Run:
         self.metrics = None  # the config's metrics settings, when there is a config
 
     def running_step(self) -> Step:
-        """The step in flight (the last one still ``running``), else the last step."""
-        return next((s for s in reversed(self.status.steps) if s.result == StepResult.RUNNING),
+        """The step in flight (the earliest one still ``running``: several run at once after
+        persistenced), else the last step."""
+        return next((s for s in self.status.steps if s.result == StepResult.RUNNING),
                     self.status.steps[-1])
 
     def end(self, state: str, reason: str) -> int:
@@ -218,14 +220,16 @@ class Run:
 
     def interrupted(self, signal: Interrupted) -> int:
         """End the boot ``failed`` after SIGTERM/SIGINT, naming the signal and the step in
-        flight; the daemons the boot started are left alone (they are not its children)."""
-        step = self.running_step()
-        step.result = StepResult.FAILED
-        step.message = f"interrupted by {signal.name} (the unit was stopped, the VM is shutting " \
-                       "down, or TimeoutStartSec= passed)"
-        step.duration_s = time.monotonic() - self.started - sum(
-            s.duration_s for s in self.status.steps if s is not step)
-        return self.fail(f"{step.name}: {step.message}")
+        flight (the earliest, when several ran at once; the others are named too and fail
+        alike); the daemons the boot started are left alone (they are not its children)."""
+        steps = signal.steps or [self.running_step()]
+        message = f"interrupted by {signal.name} (the unit was stopped, the VM is shutting " \
+                  "down, or TimeoutStartSec= passed)"
+        for step in steps:
+            step.result, step.message = StepResult.FAILED, message
+            step.duration_s = time.monotonic() - step.started
+        also = f"; also in flight: {', '.join(s.name for s in steps[1:])}" if steps[1:] else ""
+        return self.fail(f"{steps[0].name}: {message}{also}")
 
     def fail_unexpectedly(self, err: Exception) -> int:
         """End the boot ``failed`` after an error no step handled (a broken install, a bug),

@@ -84,6 +84,7 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None) -> list[FabricState
     end = time.monotonic() + limit
     states: list[FabricState] = []
     while True:
+        ctx.check_stop()
         try:
             states = query(ctx)
         except CommandError as err:
