@@ -16,8 +16,8 @@ import yaml
 from scenarios import effects as fx
 from scenarios import testbed
 from scenarios.fake_tool import argv_matches, find_rule, merge_fabric, owned_query
-from scenarios.world import (DATA, SHARED, CaseError, kmsg_priority, kmsg_records, load_case,
-                             umockdev_tree)
+from scenarios.world import (DATA, OWN_CASES, SHARED, CaseError, World, kmsg_priority, kmsg_records,
+                             load_case, umockdev_tree)
 
 GPU = {"address": "0000:00:05.0", "vendor": "0x10de", "device": "0x2331", "class": "0x030200",
        "driver": None, "subsystem_vendor": "0x10de", "subsystem_device": "0x1626"}
@@ -270,3 +270,17 @@ def test_a_case_with_bad_vmbus_or_pci_late_entries_is_refused(tmp_path, extra, p
 
     with pytest.raises(CaseError, match=problem):
         load_case(path)
+
+
+def test_a_late_device_comes_only_while_boot_runs_and_later_phases_have_it_from_the_start():
+    """S16 without its config: the product ends no-gpu before after_s, so nothing arrives during
+    the boot; check then has the GPU on PCI from the start."""
+    case = load_case(OWN_CASES / "S16-expected-gpu-hot-plugged-late.yaml")
+    del case.files["etc/podvm-gpu/config.yaml"]
+    with World(case) as world:
+        boot = world.run("boot")
+        check = world.run("check")
+
+    assert boot.status["state"] == "no-gpu" and boot.arrivals == [] and boot.wall_s < 2
+    pci = next(c for c in json.loads(check.stdout)["checks"] if c["name"] == "pci")
+    assert pci["result"] == "pass" and "0000:00:05.0" in pci["detail"], pci
