@@ -14,8 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from podvm_gpu.host import vmbus
 from podvm_gpu.late import LateWait, plan_wait
 from scenarios import testbed
@@ -238,7 +236,7 @@ def test_channels_that_stay_empty_fail_the_boot_within_the_wait_naming_each(
     assert reason.startswith(f"detect: VMBus PCI pass-through channel {GPU_CHANNEL} (hv_pci, ")
     assert f"{UNBOUND_CHANNEL} (no driver bound, PCI domain 0002 asked for) announced" in reason
     assert "within 1 s (detect.late_gpu_wait_s; udev events watched)" in reason
-    assert f"waiting up to 1 s (detect.late_gpu_wait_s) for the PCI device of " in done.stderr
+    assert "waiting up to 1 s (detect.late_gpu_wait_s) for the PCI device of " in done.stderr
 
 
 def test_fewer_gpus_than_the_image_expects_fail_the_boot_after_the_wait(tmp_path, podvm,
