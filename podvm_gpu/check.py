@@ -25,6 +25,7 @@ from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.host.sysfs import scan_nvidia
+from podvm_gpu.host.vmbus import channels_without_pci
 from podvm_gpu.model import State
 from podvm_gpu.status import CDI_SPEC_PATH, StatusUnreadable, load_status, read_status
 from podvm_gpu.steps import modules as modules_step, nodes as nodes_step
@@ -62,6 +63,7 @@ class VmChecks:
     def __init__(self, root: Root, config: Config, runner: Runner):
         self.root, self.config, self.runner = root, config, runner
         self.scanned, nvidia = scan_nvidia()
+        self.coming = _safely(channels_without_pci, [])
         self.gpus, self.nvswitches = [], []
         if nvidia:  # pyudev only where there is something NVIDIA to look at
             from podvm_gpu.host.udev import discover
@@ -100,8 +102,33 @@ class VmChecks:
             return Check(name, SKIP, "nvidia module not loaded (see modules)")
         return None
 
+    def _not_arrived(self) -> Check | None:
+        """A fail when a device the VM announced is not on PCI: a VMBus PCI pass-through channel
+        without its PCI device, or fewer GPUs than ``detect.expected_gpus``."""
+        if self.coming:
+            # a channel without a driver first: its cause is in the image, not the host
+            channel = min(self.coming, key=lambda c: c.driver is not None)
+            more = f" (and {len(self.coming) - 1} more such channel(s))" if len(self.coming) > 1 \
+                else ""
+            hint = ("no driver is bound to the channel: load hv_pci (modprobe pci-hyperv; put it "
+                    "in the initramfs)" if channel.driver is None else
+                    "the host has not delivered the device: see dmesg | grep hv_pci, then "
+                    "restart or redeploy the VM")
+            return Check("pci", FAIL, f"{channel.describe()} has no PCI device{more}: Hyper-V "
+                         "announced a pass-through device (a GPU) that is not on PCI", hint)
+        expected = self.config.detect.expected_gpus
+        if len(self.gpus) < expected:
+            return Check("pci", FAIL, f"{len(self.gpus)} of the {expected} GPU(s) the image "
+                         "expects (detect.expected_gpus) are on PCI",
+                         "the VM has fewer GPUs than the image serves: check the VM size, or "
+                         "lower detect.expected_gpus")
+        return None
+
     def check_pci(self) -> Check:
+        missing = self._not_arrived()
         if not self.gpus:
+            if missing:
+                return missing
             extra = f"; {len(self.nvswitches)} NVSwitch(es)" if self.nvswitches else ""
             return Check("pci", SKIP, f"{NO_GPU} ({self.scanned} devices scanned{extra}): "
                          "a CPU VM, GPU requests get the unavailable spec")
@@ -111,6 +138,8 @@ class VmChecks:
         if gone:
             return Check("pci", FAIL, f"GPU(s) {', '.join(gone)} found at boot are gone from PCI",
                          "the GPU fell off the bus or was hot-removed: replace the VM")
+        if missing:
+            return missing
         fatal = [f for f in kmsg.findings(kmsg.since_driver_load(self.messages)) if f.fatal]
         if fatal:
             return Check("pci", FAIL, f"{len(self.gpus)} GPU(s) on PCI, but {fatal[0].describe()}",

@@ -101,7 +101,7 @@ def fabric_labels(world: dict, state: dict) -> tuple[str, str, str, str]:
     """
     if state["fabric"]:
         return fx.FABRIC_STATES[state["fabric"]]
-    if any(fx.is_nvswitch(dev) for dev in world["pci"]):
+    if any(fx.is_nvswitch(dev) for dev in fx.present_pci(world, state)):
         return fx.FABRIC_STATES["not-started"]
     return fx.FABRIC_NOT_SUPPORTED
 
@@ -156,7 +156,7 @@ class World:
 
     def nvidia_gpus(self, state: dict) -> list[str]:
         """Addresses of the GPUs bound to nvidia, in index (PCI-address) order."""
-        return sorted(dev["address"] for dev in self.config["pci"]
+        return sorted(dev["address"] for dev in fx.present_pci(self.config, state)
                       if fx.is_nvidia_gpu(dev) and state["bindings"].get(dev["address"]) == "nvidia")
 
 
