@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -66,8 +67,8 @@ def test_mkosi_build_installs_the_agent_through_the_dropped_in_config(built):
 @pytest.mark.slow
 def test_image_check_passes_the_install_rows(built):
     """check --image on the built tree: the unit rows pass; the NVIDIA rows fail (no driver here)."""
-    done = subprocess.run([str(image.REPO / ".venv/bin/podvm-gpu"), "check", "--image", "--root", str(built.root),
-                           "--json"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu", "check", "--image", "--root", str(built.root), "--json"],
+                          capture_output=True, text=True, timeout=60)
     report = json.loads(done.stdout)
     results = {row["name"]: row["result"] for row in report["checks"]}
     assert done.returncode == 1, "an image without the NVIDIA driver must fail the image check"
