@@ -57,6 +57,8 @@ def test_mkosi_build_installs_the_agent_through_the_dropped_in_config(built):
     assert (wants / "podvm-gpu.service").is_symlink()
     assert (wants / "kata-agent.service").is_symlink()
     assert not (wants / "nvidia-persistenced.service").is_symlink()
+    assert (root / "usr/lib/systemd/system/podvm-gpu-metrics.service").is_file()
+    assert not (wants / "podvm-gpu-metrics.service").is_symlink(), "the preset keeps the exporter disabled"
     for unit in ("nvidia-cdi-refresh.path", "nvidia-cdi-refresh.service"):
         assert os.readlink(etc / unit) == "/dev/null", unit
     assert (root / "usr/lib/systemd/system/kata-agent.service.d/10-podvm-gpu.conf").is_file()
