@@ -15,7 +15,7 @@ from podvm_gpu.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host.fs import ensure_dir
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, FabricState, daemon_pid,
-                               parse_fabric)
+                               nvsmi_no_driver, parse_fabric)
 from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.persistenced import last_message
 
@@ -51,6 +51,9 @@ def wait_for_fabric(ctx: BootContext, proc, log_path: str) -> list[FabricState]:
         try:
             states = query(ctx)
         except CommandError as err:
+            no_driver = nvsmi_no_driver(err.returncode, err.stdout + err.stderr)
+            if no_driver:
+                raise StepFailed(no_driver) from err
             if err.timed_out or time.monotonic() >= end:
                 raise StepFailed(f"nvidia-smi fabric query failed: {err}") from err
             states = []
@@ -79,6 +82,9 @@ def run(ctx: BootContext) -> str:
         try:
             states = query(ctx)
         except CommandError as err:
+            no_driver = nvsmi_no_driver(err.returncode, err.stdout + err.stderr)
+            if no_driver:  # the loaded driver does not answer: every later client fails too
+                raise StepFailed(no_driver) from err
             raise Skipped(f"no NVSwitch; fabric state unknown ({err})") from err
         if not any(s.supported for s in states):
             raise Skipped("no NVSwitch, and the GPUs report no NVLink fabric")
