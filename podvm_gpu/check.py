@@ -476,12 +476,12 @@ def _modules_check(root: Root, kernels: list[str], found: dict[str, dict[str, km
     lacking = [(k, name) for k in kernels for name, res in found[k].items() if not res.found]
     if lacking:
         release, name = lacking[0]
-        named = kmod.files_named(root, release, name)
-        if named:
-            return Check("modules", FAIL, f"kernel {release}: modprobe {name} finds no module: "
-                         f"{named[0]} is the {name} module under another name and no modprobe.d "
-                         f"rule points to it", f"install the driver package's modprobe.d rules "
-                         f"(Debian: /etc/modprobe.d/nvidia.conf, set up with libcuda1) or add "
+        why = kmod.unreached(root, release, name)
+        if why:
+            return Check("modules", FAIL, f"kernel {release}: modprobe {name} finds no module: {why}",
+                         f"run depmod {release} in the image" if "depmod" in why else
+                         "install the driver package's modprobe.d rules (Debian: "
+                         "/etc/modprobe.d/nvidia.conf, set up with libcuda1) or add "
                          f"'install {name} modprobe -i <file name> $CMDLINE_OPTS'")
         kernels_lacking = sorted({k for k, _ in lacking})
         return Check("modules", FAIL, f"no {name} module for kernel(s) {', '.join(kernels_lacking)} "

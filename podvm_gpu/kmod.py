@@ -319,3 +319,19 @@ def files_named(root: Root, release: str, module: str) -> list[str]:
         if modname.startswith(stem) and norm(internal_name(root, path) or "") == norm(module):
             found.append(path)
     return found
+
+
+def unreached(root: Root, release: str, module: str) -> str | None:
+    """Why a file that holds ``module`` is not what ``modprobe <module>`` finds, or None when no
+    such file is there: a module file ``modules.dep`` does not list (depmod did not run after it
+    was installed), or the module under another file name that no modprobe.d rule reaches
+    (Debian's ``nvidia-current.ko`` without ``/etc/modprobe.d/nvidia.conf``)."""
+    named = files_named(root, release, module)
+    if not named:
+        return None
+    path = named[0]
+    if norm(_MODULE_SUFFIX.sub("", os.path.basename(path))) == norm(module):
+        return (f"{path} is not in modules.dep (depmod has not run for {release} since it was "
+                "installed)")
+    return (f"{path} is the {module} module under another name, and no modprobe.d "
+            f"'install {module}' or 'alias {module}' rule points to it")

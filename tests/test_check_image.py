@@ -112,3 +112,15 @@ def test_enabled_refresh_units_fail_the_image(tmp_path):
     code, checks = check_image(root)
     assert code == 1
     assert checks["cdi-refresh-units"]["result"] == "fail"
+
+
+def test_a_module_that_modules_dep_does_not_list_fails_asking_for_depmod(tmp_path):
+    """kmod looks modules up in modules.dep: a module installed after the last depmod is not
+    found by modprobe (as Debian's real kmod 30 shows, tests/test_kmod.py)."""
+    root = make_image(tmp_path)
+    kernel = next((root / "lib/modules").iterdir())
+    (kernel / "modules.dep").write_text("kernel/drivers/net/virtio_net.ko:\n")
+    code, checks = check_image(root)
+    assert code == 1
+    assert "is not in modules.dep" in checks["modules"]["detail"], checks["modules"]
+    assert checks["modules"]["hint"] == f"run depmod {kernel.name} in the image"

@@ -63,6 +63,9 @@ def image_dir(tmp_path):
     image.require_root()
     with image.writable_view(image.base_rootfs(), tmp_path / "image") as root:
         nvidia_image.add_nvidia_driver(root)
+        for kernel in root.glob("lib/modules/*"):  # as DKMS does after installing modules
+            done = image.nspawn(root, "depmod", kernel.name)
+            assert done.returncode == 0, done.stderr
         image.install_nvidia_package_units(root)
         yield root
 

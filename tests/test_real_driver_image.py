@@ -43,7 +43,7 @@ def root(installed, tmp_path):
 
 
 def check_in_image(root: Path) -> tuple[int, dict[str, dict]]:
-    done = real_driver.nspawn(root, "/opt/podvm-gpu/bin/podvm-gpu", "check", "--image", "--json")
+    done = image.nspawn(root, "/opt/podvm-gpu/bin/podvm-gpu", "check", "--image", "--json")
     return done.returncode, {c["name"]: c for c in json.loads(done.stdout)["checks"]}
 
 
@@ -54,7 +54,7 @@ def check_from_host(root: Path) -> tuple[int, dict[str, dict]]:
 
 
 def dpkg_remove(root: Path, package: str) -> None:
-    done = real_driver.nspawn(root, "dpkg", "--remove", "--force-depends", package)
+    done = image.nspawn(root, "dpkg", "--remove", "--force-depends", package)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -81,7 +81,7 @@ def test_a_second_kernel_without_the_dkms_build_fails_modules(root):
     shutil.copyfile(root / f"boot/vmlinuz-{release}", root / f"boot/vmlinuz-{second}")
     shutil.copytree(root / f"lib/modules/{release}", root / f"lib/modules/{second}", symlinks=True,
                     ignore=shutil.ignore_patterns("updates", "build", "source"))
-    assert real_driver.nspawn(root, "depmod", second).returncode == 0
+    assert image.nspawn(root, "depmod", second).returncode == 0
     for run_check in (check_in_image, check_from_host):
         code, checks = run_check(root)
         assert code == 1
@@ -133,12 +133,12 @@ def test_the_installed_programs_still_do_what_the_fixtures_say(root):
     them, against the captures in tests/data/nvidia-535.261.03 that the fast tests feed the agent.
     A driver update in the archive builds a new image (the cache key is the resolved versions);
     this test then says that the fixtures need capturing again (tests/boot/real/capture.py)."""
-    smi = real_driver.nspawn(root, "nvidia-smi", "-L")
+    smi = image.nspawn(root, "nvidia-smi", "-L")
     fixture = captured.run("plain", "nvidia-smi-L")
     assert (smi.returncode, smi.stdout) == (fixture.rc, fixture.stdout)
-    helped = real_driver.nspawn(root, "nvidia-persistenced", "--help")
+    helped = image.nspawn(root, "nvidia-persistenced", "--help")
     assert helped.stdout == captured.run("plain", "nvidia-persistenced-help").stdout
-    rejected = real_driver.nspawn(root, "nvidia-persistenced", "--persistence-mode", "--uvm-persistence-mode")
+    rejected = image.nspawn(root, "nvidia-persistenced", "--persistence-mode", "--uvm-persistence-mode")
     fixture = captured.run("plain", "nvidia-persistenced-agent-default-args")
     # nspawn adds a line of its own on stderr when it leaves ("Attempted to remove disk file system")
     assert rejected.returncode == fixture.rc and rejected.stderr.startswith(fixture.stderr)

@@ -163,15 +163,12 @@ def explain_failure(ctx: BootContext, module: str, err: CommandError) -> str:
 
 
 def not_found_cause(root: Root, release: str, module: str) -> str:
-    """Why kmod finds no ``module``: a file that carries the name but that no modprobe.d rule
-    reaches (Debian's ``nvidia-current.ko`` without ``/etc/modprobe.d/nvidia.conf``), or no
-    module for this kernel at all (and the kernels that have one)."""
-    if release:
-        named = kmod.files_named(root, release, module)
-        if named:
-            return (f"no {module} module that modprobe can find for the running kernel {release}: "
-                    f"{named[0]} is the {module} module under another name, and no modprobe.d "
-                    f"'install {module}' or 'alias {module}' rule points to it")
+    """Why kmod finds no ``module``: a file that holds it but that modprobe does not reach
+    (:func:`podvm_gpu.kmod.unreached`), or no module for this kernel at all (and the kernels
+    that have one)."""
+    why = kmod.unreached(root, release, module) if release else None
+    if why:
+        return f"no {module} module that modprobe can find for the running kernel {release}: {why}"
     have = [k for k in module_kernels(root, "nvidia") if k != release]
     elsewhere = f"; the image has nvidia modules for {', '.join(have)}" if have else ""
     return f"no {module} module for the running kernel {release or '(unknown)'}{elsewhere}"

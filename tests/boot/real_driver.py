@@ -12,7 +12,6 @@ are named by the driver version (tests/data/nvidia-<version>/).
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from boot import image
@@ -40,12 +39,3 @@ def add_toolkit_standins(rootfs: Path) -> None:
         path = rootfs / "usr/bin" / command
         path.write_text(f"#!/bin/sh\necho 'stand-in {command}: not for running' >&2\nexit 1\n")
         path.chmod(0o755)
-
-
-def nspawn(rootfs: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run a command inside the image tree (systemd-nspawn, no boot), as image builds do."""
-    image.require_tools("systemd-nspawn")
-    # --pipe: plain pipes, no pseudo-terminal (tools format their output for a terminal)
-    return subprocess.run(["systemd-nspawn", "--quiet", "--pipe", "--register=no", "--keep-unit",
-                           f"--directory={rootfs}", *argv], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
