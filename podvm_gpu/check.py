@@ -163,7 +163,7 @@ class VmChecks:
                          "remove that line from the image, then reboot")
         evidence = modules_step.refusal_evidence(root, self.messages, "nvidia")
         if evidence:
-            return Check("modules", FAIL, f"{detail}: refused by {'; '.join(evidence)}",
+            return Check("modules", FAIL, f"{detail}: loading refused: {'; '.join(evidence)}",
                          "sign the nvidia modules with a key the kernel trusts (MOK), or boot "
                          "without what refuses them")
         found = kmsg.findings(self.messages)

@@ -185,3 +185,16 @@ def test_real_persistenced_failure_leaves_its_reason_in_syslog_only():
                       "those files."]
     lines = "".join(json.dumps(e) + "\n" for e in done.journal)
     assert readers.persistenced_syslog_error(lines) == errors[0]
+
+
+def test_modprobe_message_field_one_line_and_debian_535_install_rule_lines_both_give_the_insert_error():
+    """Field case C04 (a distribution with plain nvidia.ko): one line. Real Debian 535: the
+    innermost insert error, then two lines from the install rule, the last a misleading
+    "Invalid argument"."""
+    field = CommandError(["modprobe", "nvidia"], 1, "",
+                         "modprobe: ERROR: could not insert 'nvidia': Operation not permitted\n")
+    assert modules.modprobe_said(field) == "modprobe: ERROR: could not insert 'nvidia': Operation not permitted"
+    done = captured.run("lockdown-integrity", "modprobe-nvidia")
+    real = CommandError(done.argv, done.rc, done.stdout, done.stderr)
+    assert modules.modprobe_said(real) == \
+        "modprobe: ERROR: could not insert 'nvidia_current': Operation not permitted"

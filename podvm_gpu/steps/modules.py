@@ -92,11 +92,9 @@ def refusal_evidence(root: Root, messages: list[str], module: str) -> list[str]:
     alone: list[str] = []
     cmdline = root.read_text("/proc/cmdline") or ""
     lockdown = lockdown_mode(root.read_text("/sys/kernel/security/lockdown") or "")
-    lockdown_line = next((m for m in reversed(messages) if m.startswith("Lockdown:")
-                          and "module" in m), None)
+    lockdown_line = next((f for f in reversed(kmsg.findings(messages)) if f.kind == "lockdown"), None)
     if lockdown_line:
-        confirmed.append(f"kernel lockdown={lockdown or '?'} restricts unsigned modules (kernel: "
-                         f'"{lockdown_line}")')
+        confirmed.append(f"{lockdown_line.describe()}, lockdown={lockdown or '?'}")
     elif lockdown and lockdown != "none":
         alone.append(f"kernel lockdown={lockdown} (/sys/kernel/security/lockdown)")
     sig_line = next((m for m in reversed(messages) if re.match(r"Loading of .{1,80} is rejected", m)),
@@ -149,7 +147,7 @@ def explain_failure(ctx: BootContext, module: str, err: CommandError) -> str:
     if insert and insert.group("error").strip().lower() in _REFUSED:
         evidence = refusal_evidence(root, messages, module)
         if evidence:
-            return f"{module} refused by {'; '.join(evidence)}; {said}"
+            return f"{module} refused: {'; '.join(evidence)}; {said}"
         return (f"{module} refused, and none of kernel lockdown, module.sig_enforce, "
                 f"module_blacklist=, kernel.modules_disabled or a missing CAP_SYS_MODULE shows why; "
                 f"{said}")
