@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import collections
 import glob
+import json
 import os
 import re
 
+from podvm_gpu import kmod
 from podvm_gpu.host.fs import Root
 
 NVIDIA_MAJOR_NAME = "nvidia"  # /proc/devices name of the driver's character major (195)
@@ -79,42 +81,27 @@ def kernel_module_version(root: Root) -> str | None:
 
 
 def modprobe_overrides(root: Root, module: str) -> list[str]:
-    """``install``/``blacklist`` lines for ``module`` in modprobe.d, as ``file: line`` strings.
+    """``install``/``blacklist`` lines for ``module`` in modprobe.d, as ``file: line`` strings,
+    in kmod's reading order (links resolved inside the root, podvm_gpu/kmod.py).
 
-    An ``install nvidia /bin/true`` line makes ``modprobe nvidia`` exit 0 without loading it.
+    An ``install nvidia /bin/true`` line makes ``modprobe nvidia`` exit 0 without loading it;
+    ``blacklist`` makes ``modprobe -b`` (udev's autoload) exit 0 without loading it.
     """
-    hits = []
-    names = {module, module.replace("_", "-")}
-    for folder in ("/etc/modprobe.d", "/run/modprobe.d", "/usr/lib/modprobe.d", "/lib/modprobe.d"):
-        for path in sorted(glob.glob(os.path.join(root.resolve(folder), "*.conf"))):
-            try:
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    lines = f.read().splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                words = line.split("#", 1)[0].split()
-                if len(words) >= 2 and words[0] in ("install", "blacklist") and words[1] in names:
-                    hits.append(f"{folder}/{os.path.basename(path)}: {' '.join(words)}")
-    return hits
-
-
-def module_file(root: Root, release: str, module: str = "nvidia") -> str | None:
-    """The real path of ``<module>.ko[.xz|.zst|.gz]`` under ``/lib/modules/<release>``, or None."""
-    for dirpath, _dirs, files in os.walk(root.resolve(f"/lib/modules/{release}")):
-        for f in files:
-            if f.split(".ko")[0] == module and ".ko" in f:
-                return os.path.join(dirpath, f)
-    return None
+    wanted = kmod.norm(module)
+    return [rule.where for rule in kmod.read_rules(root)
+            if rule.command in ("install", "blacklist") and kmod.norm(rule.name) == wanted]
 
 
 def module_kernels(root: Root, module: str = "nvidia") -> list[str]:
-    """Kernel releases under ``/lib/modules`` that have ``<module>.ko`` (any compression)."""
+    """Kernel releases under ``/lib/modules`` that have the module: a file ``modprobe <module>``
+    reaches, or a file whose internal name is ``module`` under another file name
+    (podvm_gpu/kmod.py; any compression)."""
     try:
         releases = sorted(os.listdir(root.resolve("/lib/modules")))
     except OSError:
         return []
-    return [release for release in releases if module_file(root, release, module)]
+    return [release for release in releases if kmod.read_resolve(root, release, module).file
+            or kmod.files_named(root, release, module)]
 
 
 # --- the user-space driver: where the loader finds libnvidia-ml.so.1 ----------------------
@@ -224,6 +211,23 @@ def daemon_pid(root: Root, pid_file: str, comm: str) -> int | None:
 
 # --- nvidia-smi texts ----------------------------------------------------------------------
 
+# nvidia-smi's exit status when it cannot reach the kernel driver (no module, no /dev/nvidiactl,
+# no permission): every subcommand, 535.261.03 as the field's newer drivers, prints on stdout
+# "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that
+# the latest NVIDIA driver is installed and running." (tests/data/nvidia-535.261.03/plain).
+NVSMI_NO_DRIVER_RC = 9
+
+
+def nvsmi_no_driver(returncode: int | None, output: str) -> str | None:
+    """A one-line cause when nvidia-smi exited 9 (it cannot talk to the driver), quoting what it
+    printed; None for any other exit. After the modules step this is a failure, never an
+    "unknown" state: the driver that boot loaded does not answer."""
+    if returncode != NVSMI_NO_DRIVER_RC:
+        return None
+    said = " ".join(output.split()) or "no output"
+    return f"nvidia-smi cannot communicate with the NVIDIA driver (exit 9: {said})"
+
+
 class FabricState(collections.namedtuple("FabricState", "gpu state status")):
     """One GPU's NVLink fabric state from ``nvidia-smi -q`` (``Fabric`` section): the GPU's PCI
     address, the ``State`` and the ``Status`` line, as text."""
@@ -303,3 +307,83 @@ def parse_ready_state(text: str) -> str | None:
     if value == "ready":
         return "ready"
     return value
+
+
+# --- nvidia-persistenced --help ----------------------------------------------------------
+
+# An option line of the help text: two spaces, then options separated by ", ", each maybe with
+# an argument ("-u USERNAME, --user=USERNAME", "--persistence-mode, --no-persistence-mode").
+_HELP_OPTION_LINE = re.compile(r"^ {2}(-[-\w]+(?:[ =][A-Z_]+)?(?:, -[-\w]+(?:[ =][A-Z_]+)?)*)\s*$")
+_HELP_OPTION = re.compile(r"(-[-\w]+)(?:[ =]([A-Z_]+))?")
+
+
+def persistenced_options(help_text: str) -> dict[str, bool]:
+    """The options an installed ``nvidia-persistenced`` accepts, from its ``--help`` output.
+
+    Returns option -> whether it takes an argument, e.g. for driver 535.171.04 (Debian 12)
+    ``{"-v": False, "--version": False, ..., "-u": True, "--user": True, "--persistence-mode":
+    False, "--no-persistence-mode": False, "--nvidia-cfg-path": True}``; newer daemons add
+    ``--uvm-persistence-mode``. Option lines are indented by two spaces and list the spellings
+    separated by ``", "`` (``-u USERNAME, --user=USERNAME``); description lines, indented deeper,
+    are not read. An empty dict means the text had no option list (not a help text).
+    """
+    options: dict[str, bool] = {}
+    for line in help_text.splitlines():
+        m = _HELP_OPTION_LINE.match(line)
+        if not m:
+            continue
+        for option, argument in _HELP_OPTION.findall(m.group(1)):
+            options[option] = bool(argument)
+    return options
+
+
+def persistenced_args(configured: list[str], options: dict[str, bool]) -> tuple[list[str], list[str]]:
+    """Split configured daemon arguments into those the installed daemon accepts and those it
+    does not (``options`` from :func:`persistenced_options`).
+
+    nvidia-persistenced 535.171.04 rejects an unknown option (``nvidia-persistenced: unrecognized
+    option: "--uvm-persistence-mode"``, ``ERROR: Invalid commandline, ...``) yet exits 0 without
+    starting, so an argument it lacks must not be passed. An option's value goes with it
+    (``--user nvpd``, ``--user=nvpd``). With no options known (help unreadable) every argument is
+    kept. Returns (kept, dropped), each in the configured order.
+    """
+    if not options:
+        return list(configured), []
+    kept: list[str] = []
+    dropped: list[str] = []
+    index = 0
+    while index < len(configured):
+        arg = configured[index]
+        name, has_value = arg.split("=", 1)[0], "=" in arg
+        takes = options.get(name)
+        group = [arg]
+        if takes and not has_value and index + 1 < len(configured):
+            group.append(configured[index + 1])
+        (kept if name in options or not arg.startswith("-") else dropped).extend(group)
+        index += len(group)
+    return kept, dropped
+
+
+def persistenced_syslog_error(journal_json: str) -> str | None:
+    """The cause nvidia-persistenced logged, from ``journalctl -o json SYSLOG_IDENTIFIER=
+    nvidia-persistenced`` output (one JSON object a line): the last message at error priority or
+    worse (``PRIORITY`` <= 3), or None.
+
+    The daemon says only ``nvidia-persistenced failed to initialize. Check syslog for more
+    details.`` on stderr; the cause goes to syslog, e.g. (535.171.04, no driver) ``Failed to query
+    NVIDIA devices. Please ensure that the NVIDIA device files (/dev/nvidia*) exist, and that user
+    0 has read and write permissions for those files.`` Lines that are not JSON objects are
+    skipped.
+    """
+    found = None
+    for line in journal_json.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        priority, message = str(entry.get("PRIORITY", "")), entry.get("MESSAGE")
+        if priority.isdigit() and int(priority) <= 3 and isinstance(message, str):
+            found = message
+    return found

@@ -155,7 +155,7 @@ class Finding(collections.namedtuple("Finding", "kind summary message code", def
     Attributes:
         kind: ``xid``, ``fell-off-bus``, ``gsp-firmware``, ``bar``, ``needs-reset``,
             ``open-module-unsupported``, ``unsupported-pci-id``, ``bound-elsewhere``,
-            ``api-mismatch``, ``lockdown``.
+            ``api-mismatch``, ``lockdown``, ``no-device``.
         summary: one line naming the facts (Xid code and PCI address, versions, ...).
         message: the joined kernel message, quoted as it was.
         code: the Xid code for ``xid``, else None.
@@ -238,6 +238,10 @@ _PATTERNS: list[tuple[str, _Lazy, str]] = [
      "user-space driver {client} does not match kernel module {kernel}"),
     ("lockdown", _Lazy(r"Lockdown: .{0,200}(?:unsigned module|module loading)", re.I),
      "kernel lockdown restricts unsigned module loading"),
+    # 535.261.03 (Debian 12), proprietary and open module alike, when no GPU is there for it:
+    # the module's init fails (modprobe: "No such device") after this line.
+    ("no-device", re.compile(r"^NVRM: No NVIDIA GPU found\.?$"),
+     "the nvidia module found no NVIDIA GPU to drive"),
 ]
 
 

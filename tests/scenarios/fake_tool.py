@@ -38,8 +38,9 @@ from . import effects as fx
 UNMATCHED_RC = 127
 NO_DRIVER_RC = 9
 NO_DEVICE_RC = 6
+# On stdout, with an empty line after it, as the real 535.261.03 prints it (tests/data/nvidia-*)
 NVSMI_NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-                   "Make sure that the latest NVIDIA driver is installed and running.\n")
+                   "Make sure that the latest NVIDIA driver is installed and running.\n\n")
 SMI_LABEL_WIDTH = 42  # nvidia-smi -q pads every label so the colons line up in this column
 _GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
 _QUERY_FIELDS = {"fabric.state": 0, "fabric.status": 1, "fabric.clique_id": 2,
