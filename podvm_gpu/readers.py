@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import glob
-import json
 import os
 import re
 
@@ -313,77 +312,16 @@ def parse_ready_state(text: str) -> str | None:
 
 # An option line of the help text: two spaces, then options separated by ", ", each maybe with
 # an argument ("-u USERNAME, --user=USERNAME", "--persistence-mode, --no-persistence-mode").
-_HELP_OPTION_LINE = re.compile(r"^ {2}(-[-\w]+(?:[ =][A-Z_]+)?(?:, -[-\w]+(?:[ =][A-Z_]+)?)*)\s*$")
-_HELP_OPTION = re.compile(r"(-[-\w]+)(?:[ =]([A-Z_]+))?")
+_UNRECOGNIZED = re.compile(r'unrecognized option: "(-[^"\s]+)"')
 
 
-def persistenced_options(help_text: str) -> dict[str, bool]:
-    """The options an installed ``nvidia-persistenced`` accepts, from its ``--help`` output.
+def unrecognized_option(said: str) -> str | None:
+    """The option an installed ``nvidia-persistenced`` refused, from what it printed, or None.
 
-    Returns option -> whether it takes an argument, e.g. for driver 535.171.04 (Debian 12)
-    ``{"-v": False, "--version": False, ..., "-u": True, "--user": True, "--persistence-mode":
-    False, "--no-persistence-mode": False, "--nvidia-cfg-path": True}``; newer daemons add
-    ``--uvm-persistence-mode``. Option lines are indented by two spaces and list the spellings
-    separated by ``", "`` (``-u USERNAME, --user=USERNAME``); description lines, indented deeper,
-    are not read. An empty dict means the text had no option list (not a help text).
+    nvidia-persistenced 535.171.04 (Debian 12) does not offer ``--uvm-persistence-mode``: given
+    it, the daemon prints ``nvidia-persistenced: unrecognized option: "--uvm-persistence-mode"``
+    and ``ERROR: Invalid commandline, ...`` on stderr and exits 0 without starting
+    (tests/data/nvidia-535.261.03/plain/nvidia-persistenced-agent-default-args).
     """
-    options: dict[str, bool] = {}
-    for line in help_text.splitlines():
-        m = _HELP_OPTION_LINE.match(line)
-        if not m:
-            continue
-        for option, argument in _HELP_OPTION.findall(m.group(1)):
-            options[option] = bool(argument)
-    return options
-
-
-def persistenced_args(configured: list[str], options: dict[str, bool]) -> tuple[list[str], list[str]]:
-    """Split configured daemon arguments into those the installed daemon accepts and those it
-    does not (``options`` from :func:`persistenced_options`).
-
-    nvidia-persistenced 535.171.04 rejects an unknown option (``nvidia-persistenced: unrecognized
-    option: "--uvm-persistence-mode"``, ``ERROR: Invalid commandline, ...``) yet exits 0 without
-    starting, so an argument it lacks must not be passed. An option's value goes with it
-    (``--user nvpd``, ``--user=nvpd``). With no options known (help unreadable) every argument is
-    kept. Returns (kept, dropped), each in the configured order.
-    """
-    if not options:
-        return list(configured), []
-    kept: list[str] = []
-    dropped: list[str] = []
-    index = 0
-    while index < len(configured):
-        arg = configured[index]
-        name, has_value = arg.split("=", 1)[0], "=" in arg
-        takes = options.get(name)
-        group = [arg]
-        if takes and not has_value and index + 1 < len(configured):
-            group.append(configured[index + 1])
-        (kept if name in options or not arg.startswith("-") else dropped).extend(group)
-        index += len(group)
-    return kept, dropped
-
-
-def persistenced_syslog_error(journal_json: str) -> str | None:
-    """The cause nvidia-persistenced logged, from ``journalctl -o json SYSLOG_IDENTIFIER=
-    nvidia-persistenced`` output (one JSON object a line): the last message at error priority or
-    worse (``PRIORITY`` <= 3), or None.
-
-    The daemon says only ``nvidia-persistenced failed to initialize. Check syslog for more
-    details.`` on stderr; the cause goes to syslog, e.g. (535.171.04, no driver) ``Failed to query
-    NVIDIA devices. Please ensure that the NVIDIA device files (/dev/nvidia*) exist, and that user
-    0 has read and write permissions for those files.`` Lines that are not JSON objects are
-    skipped.
-    """
-    found = None
-    for line in journal_json.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(entry, dict):
-            continue
-        priority, message = str(entry.get("PRIORITY", "")), entry.get("MESSAGE")
-        if priority.isdigit() and int(priority) <= 3 and isinstance(message, str):
-            found = message
-    return found
+    m = _UNRECOGNIZED.search(said or "")
+    return m.group(1) if m else None
