@@ -11,12 +11,10 @@ queries, ``nv-fabricmanager --version``, ``modinfo -F version|firmware FILE`` an
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
 import sys
-import tomllib
 
 from podvm_gpu import cdi_dir, kmod, readers, units
 from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
@@ -27,6 +25,7 @@ from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.host.vmbus import channels_without_pci
+from podvm_gpu.record import REQUIRED, Record
 from podvm_gpu.model import State
 from podvm_gpu.status import CDI_SPEC_PATH, StatusUnreadable, load_status, read_status
 from podvm_gpu.steps import modules as modules_step, nodes as nodes_step
@@ -45,17 +44,11 @@ _STEP_ORDER = ("drivers", "modules", "versions", "device-nodes", "persistenced",
                "confidential-computing")
 
 
-@dataclasses.dataclass
-class Check:
-    """One check's outcome: ``result`` is pass/warn/fail/skip; ``hint`` says what to do."""
+class Check(Record):
+    """One check's outcome: ``name``, ``result`` (pass/warn/fail/skip), ``detail`` (the fact
+    found) and ``hint`` (what to do); ``to_dict`` is the ``--json`` row."""
 
-    name: str
-    result: str
-    detail: str
-    hint: str = ""
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    FIELDS = (("name", REQUIRED), ("result", REQUIRED), ("detail", REQUIRED), ("hint", ""))
 
 
 class VmChecks:
@@ -472,6 +465,8 @@ def kata_cdi_timeout(root: Root) -> float | None:
     m = re.search(r"\bagent\.cdi_timeout=(\d+)", root.read_text("/proc/cmdline") or "")
     if m:
         return float(m.group(1))
+    import tomllib  # only on an image with kata-agent's config
+
     try:
         doc = tomllib.loads(root.read_text("/etc/agent-config.toml") or "")
     except tomllib.TOMLDecodeError:

@@ -7,27 +7,22 @@ status and whatever it printed, so a failure can name the step and the cause.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import shutil
 import signal
 import subprocess
 import time
 
 from podvm_gpu.errors import Cancelled, CommandError
+from podvm_gpu.record import REQUIRED, Record
 
 DEFAULT_TIMEOUT_S = 30.0
 
 
-@dataclasses.dataclass
-class Completed:
+class Completed(Record):
     """A finished command: argv as run, exit status, text output, wall time in seconds."""
 
-    argv: list[str]
-    returncode: int
-    stdout: str
-    stderr: str
-    duration_s: float
+    FIELDS = (("argv", REQUIRED), ("returncode", REQUIRED), ("stdout", REQUIRED),
+              ("stderr", REQUIRED), ("duration_s", REQUIRED))
 
     @property
     def output(self) -> str:
@@ -79,7 +74,11 @@ class Runner:
             if not os.access(configured, os.X_OK) or self._untrusted(configured):
                 return None
             return configured
-        return shutil.which(tool, path=self.env.get("PATH", os.defpath))
+        for folder in self.env.get("PATH", os.defpath).split(os.pathsep):
+            candidate = os.path.join(folder or ".", tool)
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                return candidate  # as shutil.which does (whose import costs the GPU path)
+        return None
 
     def _untrusted(self, path: str) -> str | None:
         from podvm_gpu.config import untrusted_because
