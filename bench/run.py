@@ -48,7 +48,8 @@ CONFIG = ("# what an image sets: a longer budget and CC ready state by the agent
           "confidential_computing:\n  set_ready_state: true\n")
 GOALS = {  # name -> (what, goal, unit)
     "boot": ("CPU fast path, no config file", 1.5, "x"),
-    "boot-config": ("CPU fast path, with a valid config file", 2.5, "x"),
+    "boot-config": ("CPU fast path, with a valid config file (compiled, as installed)", 2.5, "x"),
+    "boot-yaml": ("  the same config not compiled (boot parses the YAML)", None, "x"),
     "status": ("status", 2.0, "x"),
     "status-json": ("status --json", 2.0, "x"),
     "status-wait": ("status --wait: final write to exit", 50.0, "ms"),
@@ -79,11 +80,16 @@ def interpreter_of(script: str) -> str:
     return first[2:].split()[0]
 
 
-def new_root(config: bool = False, status: str | None = None) -> str:
+def new_root(config: bool = False, status: str | None = None, compiled: str | None = None) -> str:
+    """A fresh root on tmpfs; with ``config``, the image's config file, compiled by ``compiled``
+    (a podvm-gpu script) as the installer compiles it."""
     root = tempfile.mkdtemp(dir=SCRATCH)
     if config:
         os.makedirs(f"{root}/etc/podvm-gpu")
         Path(f"{root}/etc/podvm-gpu/config.yaml").write_text(CONFIG)
+        if compiled:
+            subprocess.run([compiled, "config", "--root", root, "--compile"], check=True,
+                           capture_output=True)
     if status:
         os.makedirs(f"{root}/run/podvm-gpu")
         Path(f"{root}/run/podvm-gpu/status.json").write_text(json.dumps(
@@ -104,7 +110,8 @@ def ratio_rows(script: str, pairs: int, only: set[str]) -> dict[str, dict]:
     subprocess.run([script, "boot", "--root", cpu_vm], check=True, capture_output=True)
     commands = {
         "boot": lambda: [script, "boot", "--root", new_root()],
-        "boot-config": lambda: [script, "boot", "--root", new_root(config=True)],
+        "boot-config": lambda: [script, "boot", "--root", new_root(config=True, compiled=script)],
+        "boot-yaml": lambda: [script, "boot", "--root", new_root(config=True)],
         "status": lambda: [script, "status", "--root", ready],
         "status-json": lambda: [script, "status", "--json", "--root", ready],
         "help": lambda: [script, "--help"],
@@ -236,6 +243,7 @@ def gpu_row(script: str, case_name: str, runs: int) -> dict:
     from scenarios.world import World
 
     os.environ["PODVM_GPU_CMD"] = script
+    os.environ["PODVM_GPU_WORLD_DIR"] = SCRATCH or "/tmp"  # the root's /run on tmpfs, as on a VM
     walls, tools, paths, own = [], [], [], []
     for _ in range(runs):
         case = timed_case(case_name)
@@ -287,16 +295,19 @@ def main() -> int:
             rows[name] = gpu_row(script, case, args.runs)
     missed = []
     print(f"interpreter  {interpreter_of(script)} ({args.python})")
-    print(f"{'benchmark':<58} {'figure':>10} {'goal':>8}  verdict")
+    print(f"{'benchmark':<64} {'figure':>9} {'goal':>10}  verdict")
     for name, (what, goal, unit) in GOALS.items():
         if name not in rows:
             continue
         row = rows[name]
-        ok = row["value"] <= goal
+        ok = goal is None or row["value"] <= goal
         row.update(goal=goal, unit=unit, what=what, ok=ok)
         missed += [] if ok else [name]
         figure = f"{row['value']:.2f}{unit}" if unit == "x" else f"{row['value']:.0f} {unit}"
-        print(f"{what:<58} {figure:>10} {'<= ' + str(goal) + unit if unit == 'x' else '<= ' + str(int(goal)) + ' ' + unit:>8}  {'ok' if ok else 'OVER GOAL'}")
+        bound = "" if goal is None else f"<= {goal:g}{unit}" if unit == "x" else \
+            f"<= {goal:g} {unit}"
+        verdict = "(figure)" if goal is None else "ok" if ok else "OVER GOAL"
+        print(f"{what:<64} {figure:>9} {bound:>10}  {verdict}")
     for name in ("gpu-1", "gpu-8"):
         if name in rows:
             r = rows[name]
@@ -306,7 +317,7 @@ def main() -> int:
         r = rows["status-wait"]
         print(f"  status --wait: worst {r['worst_ms']} ms; CPU while waiting "
               f"{r['cpu_while_waiting_s_per_s']} s per s")
-    for name in ("boot", "boot-config", "status", "help", "check"):
+    for name in ("boot", "boot-config", "boot-yaml", "status", "help", "check"):
         if name in rows:
             r = rows[name]
             print(f"  {name}: {r['median_ms']} ms against -c pass {r['pass_ms']} ms")

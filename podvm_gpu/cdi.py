@@ -277,11 +277,14 @@ def _load(text: str | bytes) -> object:
             text = text.decode("utf-8-sig")
         except UnicodeDecodeError as err:
             raise _Invalid(f"not UTF-8 text (byte {err.start})") from None
-    if text.lstrip().startswith("{"):
+    body = text
+    while body.startswith("#"):  # comment lines before a JSON document (the unavailable spec)
+        body = body.partition("\n")[2]
+    if body.lstrip().startswith("{"):
         # JSON (nvidia-ctk --format=json) is read with the JSON parser: faster, and exact about
         # numbers. YAML in flow style also starts with "{", so fall back to YAML.
         try:
-            return json.loads(text, object_pairs_hook=_json_object)
+            return json.loads(body, object_pairs_hook=_json_object)
         except _Invalid:
             raise
         except ValueError:

@@ -6,11 +6,11 @@ so the CLI can turn any of them into a clean message and an exit code instead of
 
 from __future__ import annotations
 
-import re
-
 # NVIDIA's Go tools log with logrus: level=error msg="..." with \" and \n escaped inside msg.
-_LOGRUS_ERROR = re.compile(r'level=(?:error|fatal) msg="((?:[^"\\]|\\.)*)"')
-_LOGRUS_WARNING = re.compile(r'level=warning msg="((?:[^"\\]|\\.)*)"')
+# Compiled where used: this module is imported by every boot with a config file, and ``re``
+# costs that path more than the rest of it.
+_LOGRUS_ERROR = r'level=(?:error|fatal) msg="((?:[^"\\]|\\.)*)"'
+_LOGRUS_WARNING = r'level=warning msg="((?:[^"\\]|\\.)*)"'
 
 
 def _unescape(msg: str) -> str:
@@ -65,7 +65,9 @@ class CommandError(PodvmGpuError):
     def tool_message(self) -> str:
         """The tool's own error: the ``msg`` of its last logrus ``level=error`` line (nvidia-ctk),
         unescaped, else :meth:`last_line`, else ``exit N``."""
-        found = _LOGRUS_ERROR.findall(self.stderr)
+        import re
+
+        found = re.findall(_LOGRUS_ERROR, self.stderr)
         if found:
             return _unescape(found[-1])
         if self.returncode is None:  # it never ran: the message says why (not found, ...)
@@ -76,8 +78,10 @@ class CommandError(PodvmGpuError):
         """The ``msg`` of the tool's logrus ``level=warning`` lines that match ``pattern`` (a
         regular expression), unescaped, without repeats: nvidia-ctk prints dozens of harmless
         ones on every run, and the cause of a failure is often one of the others."""
+        import re
+
         wanted = re.compile(pattern)
-        found = [_unescape(m) for m in _LOGRUS_WARNING.findall(self.stderr)]
+        found = [_unescape(m) for m in re.findall(_LOGRUS_WARNING, self.stderr)]
         return list(dict.fromkeys(m for m in found if wanted.search(m)))
 
     def _describe(self) -> str:
