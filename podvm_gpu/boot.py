@@ -432,9 +432,9 @@ def _boot(run: Run, config: str | None) -> int:
         _wait(run, detect, late)
         scanned, nvidia = scan_nvidia()
     if nvidia:
-        from podvm_gpu.host.udev import discover
+        from podvm_gpu.host.sysfs import discover
 
-        run.status.gpus, run.status.nvswitches = discover()
+        run.status.gpus, run.status.nvswitches = discover(nvidia)
     gpus, switches = run.status.gpus, run.status.nvswitches
     detect.result = StepResult.OK
     detect.duration_s = time.monotonic() - run.started

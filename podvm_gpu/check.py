@@ -58,10 +58,10 @@ class VmChecks:
         self.scanned, nvidia = scan_nvidia()
         self.coming = _safely(channels_without_pci, [])
         self.gpus, self.nvswitches = [], []
-        if nvidia:  # pyudev only where there is something NVIDIA to look at
-            from podvm_gpu.host.udev import discover
+        if nvidia:
+            from podvm_gpu.host.sysfs import discover
 
-            self.gpus, self.nvswitches = discover()
+            self.gpus, self.nvswitches = discover(nvidia)
         self.loaded = _safely(lambda: readers.module_loaded(root, "nvidia"), False)
         self.messages = _safely(lambda: kmsg.read_kernel_log(root), [])
         self.minors = _safely(lambda: nodes_step.gpu_minors(root, self.gpus), {})

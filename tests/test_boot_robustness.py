@@ -13,10 +13,10 @@ import yaml
 from conftest import umockdev_tree
 
 
-def boot_with_pyudev_broken(root: str, umockdev_run: str) -> subprocess.CompletedProcess:
-    """Run boot in a child whose ``import pyudev`` fails (a broken install), on a VM with an
-    H100 (umockdev), so that detection needs pyudev."""
-    code = ("import sys; sys.modules['pyudev'] = None\n"
+def boot_with_a_module_broken(root: str, umockdev_run: str) -> subprocess.CompletedProcess:
+    """Run boot in a child where a module detection imports once it sees an NVIDIA function
+    fails to import (a broken install), on a VM with an H100 (umockdev)."""
+    code = ("import sys; sys.modules['podvm_gpu.pci_ids'] = None\n"
             "from podvm_gpu.cli import main\n"
             f"sys.exit(main(['boot', '--root', {root!r}]))\n")
     return subprocess.run([umockdev_run, "-d", str(umockdev_tree("h100-pcie")), "--",
@@ -26,7 +26,7 @@ def boot_with_pyudev_broken(root: str, umockdev_run: str) -> subprocess.Complete
 
 def test_a_broken_install_ends_failed_with_the_unavailable_spec(tmp_path, umockdev_run):
     root = str(tmp_path)
-    done = boot_with_pyudev_broken(root, umockdev_run)
+    done = boot_with_a_module_broken(root, umockdev_run)
     assert done.returncode == 1, done.stderr
     status = json.loads((tmp_path / "run/podvm-gpu/status.json").read_text())
     assert status["state"] == "failed"

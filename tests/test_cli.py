@@ -304,12 +304,17 @@ def test_with_a_config_file_on_a_cpu_vm_boot_reads_it_with_yaml_alone(tmp_path, 
     assert "podvm_gpu.pipeline" not in done.stderr
 
 
-def test_a_gpu_vm_takes_the_pyudev_path(tmp_path, podvm, empty_path):
+def test_a_gpu_vm_takes_the_gpu_path_without_pyudev_or_ctypes(tmp_path, podvm, empty_path):
+    """Discovery reads sysfs (host/sysfs.py): pyudev's import and its ``ldconfig -p`` run are
+    paid only by the late-GPU wait's udev monitor."""
     done = podvm(["boot", "--root", str(tmp_path)], tree="h100-pcie",
                  python_args=["-X", "importtime"], env={"PATH": empty_path})
 
-    assert "pyudev" in imported_modules(done.stderr)
-    assert "typer" not in imported_modules(done.stderr)
+    names = imported_modules(done.stderr) - interpreter_start_up_modules()
+    status = json.loads((tmp_path / "run/podvm-gpu/status.json").read_text())
+    assert status["gpus"] and "modules" in [s["name"] for s in status["steps"]]  # the GPU path
+    unwanted = {"pyudev", "ctypes", "typer", "ipaddress", "shutil"}
+    assert not names & unwanted, sorted(names & unwanted)
 
 
 def test_cpu_boot_json_prints_the_status_document(tmp_path, podvm, empty_path):

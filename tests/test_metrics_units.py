@@ -144,3 +144,10 @@ def test_kernel_log_records_say_whether_the_log_could_be_read(tmp_path):
     (tmp_path / "dev/kmsg").unlink()
     unread = {f.name: f for f in Exporter(Root(tmp_path), MetricsSettings()).families(with_nvml=False)}
     assert unread["podvm_gpu_kernel_log_records"].samples[0].value == 0
+
+
+def test_the_default_listen_address_is_one_parse_listen_accepts():
+    # MetricsSettings skips parsing the default (boot builds the settings on every GPU boot)
+    from podvm_gpu.metrics.settings import DEFAULT_LISTEN, parse_listen
+
+    assert parse_listen(DEFAULT_LISTEN) == ("127.0.0.1", 9400)

@@ -1,5 +1,6 @@
-"""PCI discovery with pyudev under umockdev (podvm_gpu.host.udev, podvm_gpu.host.sysfs,
-podvm_gpu.model.classify; contract section 3 step 1), and boot on a GPU VM with an empty root.
+"""PCI discovery under umockdev (podvm_gpu.host.sysfs, podvm_gpu.model.classify; contract section
+3 step 1), held equal to pyudev's enumeration (libudev's view, the contract's "with pyudev") on
+every tree, and boot on a GPU VM with an empty root.
 
 The device trees are tests/umockdev/*.umockdev (README.md there). Each test runs the real code in
 a subprocess under ``umockdev-run``, so libudev and plain reads of /sys both see only the tree.
@@ -23,12 +24,36 @@ TREES = Path(__file__).resolve().parent / "umockdev"
 
 DISCOVER = """
 import json
-from podvm_gpu.host.sysfs import scan_nvidia
-from podvm_gpu.host.udev import discover
-gpus, switches = discover()
+import pyudev
+from podvm_gpu.host.sysfs import discover, scan_nvidia
+from podvm_gpu.model import classify
+from podvm_gpu.pci_ids import device_name
+
+def attr(dev, name):
+    try:
+        return dev.attributes.asstring(name).strip().lower().removeprefix("0x")
+    except (KeyError, UnicodeDecodeError):
+        return ""
+
+def by_libudev():  # what pyudev (libudev) reports for the same functions
+    out = {"gpus": [], "nvswitches": []}
+    for dev in pyudev.Context().list_devices(subsystem="pci"):
+        vendor, cls = attr(dev, "vendor").zfill(4), attr(dev, "class").zfill(6)
+        kind = classify(vendor, cls)
+        if kind is None:
+            continue
+        did = attr(dev, "device").zfill(4)
+        out["gpus" if kind == "gpu" else "nvswitches"].append({
+            "pci_address": dev.properties.get("PCI_SLOT_NAME") or dev.sys_name,
+            "vendor_id": vendor, "device_id": did, "class_code": cls,
+            "driver": dev.driver or None,
+            "name": device_name(did, dev.properties.get("ID_MODEL_FROM_DATABASE"))})
+    return {k: sorted(v, key=lambda d: d["pci_address"]) for k, v in out.items()}
+
 scanned, nvidia = scan_nvidia()
+gpus, switches = discover(nvidia)
 print(json.dumps({"gpus": [g.to_dict() for g in gpus], "nvswitches": [s.to_dict() for s in switches],
-                  "scanned": scanned, "nvidia": nvidia}))
+                  "scanned": scanned, "nvidia": nvidia, "libudev": by_libudev()}))
 """
 
 
@@ -161,6 +186,43 @@ def test_sysfs_prescan_sees_the_same_nvidia_functions_as_the_tree(discovered, tr
     assert found["nvidia"] == sorted(f["slot"] for f in functions if f["vendor"] == "0x10de")
     listed = {d["pci_address"] for d in found["gpus"] + found["nvswitches"]}
     assert listed <= set(found["nvidia"])
+
+
+ALL_TREES = sorted(p.name.removesuffix(".umockdev") for p in TREES.glob("*.umockdev"))
+
+
+@pytest.mark.parametrize("tree", ALL_TREES)
+def test_sysfs_discovery_equals_pyudevs_enumeration(discovered, tree):
+    found = discovered(tree)
+
+    assert {"gpus": found["gpus"], "nvswitches": found["nvswitches"]} == found["libudev"]
+
+
+def test_sysfs_discovery_reads_the_driver_link_and_udevs_model_name(tmp_path):
+    from podvm_gpu.host.sysfs import discover
+
+    pci, data = tmp_path / "sys/bus/pci/devices", tmp_path / "run/udev/data"
+    for address, cls, driver in (("0000:00:04.0", "0x030200", "vfio-pci"),
+                                 ("0000:00:05.0", "0x030200", None),
+                                 ("0000:00:06.0", "0x040300", None)):  # an audio function
+        dev = pci / address
+        dev.mkdir(parents=True)
+        (dev / "vendor").write_text("0x10de\n")
+        (dev / "device").write_text("0x2999\n")  # not in pci_ids.py
+        (dev / "class").write_text(cls + "\n")
+        if driver:
+            (tmp_path / "sys/bus/pci/drivers" / driver).mkdir(parents=True)
+            (dev / "driver").symlink_to(tmp_path / "sys/bus/pci/drivers" / driver)
+    data.mkdir(parents=True)
+    (data / "+pci:0000:00:04.0").write_text("I:123\nE:ID_MODEL_FROM_DATABASE=GA100 [A100 "
+                                           "SXM4 80GB]\nE:ID_VENDOR_FROM_DATABASE=NVIDIA\n")
+
+    gpus, switches = discover(sys_pci=str(pci), udev_data=str(data))
+
+    assert [(g.pci_address, g.driver, g.name) for g in gpus] == [
+        ("0000:00:04.0", "vfio-pci", "GA100 [A100 SXM4 80GB]"),
+        ("0000:00:05.0", None, "10de:2999")]
+    assert switches == []
 
 
 # --- boot on a GPU VM under umockdev ----------------------------------------------------------------

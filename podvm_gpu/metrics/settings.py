@@ -93,7 +93,8 @@ class MetricsSettings:
                                                         f"not {profile!r}")
         if not isinstance(listen, str):
             raise MetricsConfigError("metrics.listen", "must be a string HOST:PORT")
-        if listen:
+        # the default is valid: every boot builds these settings, and need not import ipaddress
+        if listen and listen != DEFAULT_LISTEN:
             try:
                 parse_listen(listen)
             except ValueError as err:
