@@ -26,9 +26,13 @@ The order, and what depends on what (contract section 3):
                             a usable GPU (fabric Completed/Success, CC ready state as decided).
 ==========================  =================================================================
 
-A failure in one of the three parallel steps stops the other two (their tool calls are ended;
-daemons are never touched), nothing is installed, and the boot ends failed as any other; when
-more than one of them failed, the reason is that of the earliest in the order above.
+A failure in one of the three parallel steps stops the steps after it in the order above at
+once (their tool calls are ended; daemons are never touched); a step before it runs to its own
+end first, as it would have in a sequential boot, and only then are the others stopped. So the
+reason is always that of the earliest step that fails in the order above, whichever failed
+first in time (a missing nvidia-smi fails the fabric wait and the CC step together), and a
+boot fails no later than its sequential order would have made it. Nothing is installed, and the
+boot ends failed as any other.
 """
 
 from __future__ import annotations
@@ -135,6 +139,8 @@ class Steps:
     def __init__(self, ctx: BootContext, run: Run):
         self.ctx, self.run = ctx, run
         self.threads: list[threading.Thread] = []
+        self._ended = threading.Semaphore(0)  # released once by each parallel branch's end
+        self._done: set[str] = set()  # the parallel steps whose branch has ended
         ctx.stopping = threading.Event()
 
     def write(self) -> None:
@@ -165,14 +171,22 @@ class Steps:
                         for step, func in started]
         for thread in self.threads:
             thread.start()
+        steps = [step for step, _ in started]
+        for _ in self.threads:
+            # Each branch's end is released at once; the wait wakes every 0.05 s all the same:
+            # the kernel may hand SIGTERM to a step's thread, and then only a main thread that
+            # wakes up runs the handler (a plain join() sat out a hung call's whole timeout
+            # before the boot noticed the signal).
+            while not self._ended.acquire(timeout=0.05):
+                pass
+            failed = next((s for s in steps if s.result == StepResult.FAILED), None)
+            if failed is not None and all(s.name in self._done
+                                          for s in steps[:steps.index(failed)]):
+                self.stop(f"{failed.name} failed")  # the module docstring says why not sooner
         for thread in self.threads:
-            # Joined in short slices: the kernel may hand SIGTERM to a step's thread, and then
-            # only a main thread that wakes up runs the handler (a plain join() sat out a hung
-            # call's whole timeout before the boot noticed the signal).
-            while thread.is_alive():
-                thread.join(0.05)
-        failed = [s for s, _ in started if s.result == StepResult.FAILED]
-        if failed:  # the earliest in the step order, whichever failed first in time
+            thread.join()  # each has released its end: nothing left but its return
+        failed = [s for s in steps if s.result == StepResult.FAILED]
+        if failed:  # the earliest in the step order (the steps before it had ended)
             return f"{failed[0].name}: {failed[0].message}"
         cdi = started[-1][0]
         cdi.message = ""
@@ -200,8 +214,11 @@ class Steps:
                 return None
             return value
 
-        if self.one(step, keep, final=step.name != "cdi") is not None:
-            self.stop(f"{step.name} failed")
+        try:
+            self.one(step, keep, final=step.name != "cdi")
+        finally:
+            self._done.add(step.name)
+            self._ended.release()
 
     def one(self, step: Step, func, started: bool = True, final: bool = True) -> str | None:
         """Run ``func(ctx)`` as ``step`` and record it; the failure reason, or None.

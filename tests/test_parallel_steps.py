@@ -1,0 +1,119 @@
+"""The three steps after persistenced run at once (pipeline.py): the fabric wait, the CC step and
+the spec's generation. What must hold (issue 12): the spec is installed only when all three
+succeeded; a failure ends the boot as a sequential boot would, with the reason of the earliest
+step in the step order that failed, whichever failed first in time; a failure stops the steps
+after it at once. Each test is the 8 x H200 + 4 NVSwitch field case (P03) through the scenario
+harness with tool times and answers changed.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from scenarios.world import DATA, SHARED, World, load_case
+
+UNKNOWN_CC = "CC status: PENDING\n"  # not on, not off: the CC step fails closed
+
+
+def p03():
+    name = "P03-hgx-h200-8gpu-4nvswitch-ready.yaml"
+    return copy.deepcopy(load_case(next(p for p in (SHARED / "cases" / name,
+                                                    DATA / "cases" / name) if p.exists())))
+
+
+def rule(case, argv: list[str]) -> dict:
+    return next(r for r in case.tools if r["argv"] == argv)
+
+
+def steps_of(run) -> dict[str, dict]:
+    return {s["name"]: s for s in run.status["steps"]}
+
+
+def unavailable(world) -> bool:
+    text = (world.layout.root + "/var/run/cdi/nvidia.yaml")
+    with open(text, encoding="utf-8") as f:
+        return "unavailable" in f.read()
+
+
+def boot(case):
+    with World(case) as world:
+        run = world.run("boot")
+        return run, world.calls(), unavailable(world)
+
+
+def test_a_cc_failure_waits_for_the_fabric_as_a_sequential_boot_would():
+    case = p03()
+    rule(case, ["nvidia-smi", "conf-compute", "-f"])["stdout"] = UNKNOWN_CC
+    rule(case, ["nv-fabricmanager"])["delay_s"] = 2.0  # the fabric completes 2 s after start
+
+    run, calls, spec_unavailable = boot(case)
+
+    assert run.status["state"] == "failed"
+    assert run.status["reason"].startswith("confidential-computing: unknown CC status"), \
+        run.status["reason"]
+    steps = steps_of(run)
+    assert steps["fabricmanager"]["result"] == "ok", steps["fabricmanager"]
+    assert steps["fabricmanager"]["duration_s"] >= 2.0
+    assert spec_unavailable
+
+
+def test_when_both_fail_the_fabrics_reason_wins_though_cc_failed_first():
+    case = p03()
+    rule(case, ["nvidia-smi", "conf-compute", "-f"])["stdout"] = UNKNOWN_CC  # fails at once
+    fm = rule(case, ["nv-fabricmanager"])
+    fm["delay_s"], fm["effects"] = 1.5, [{"fabric": "insufficient-resources"}]
+
+    run, _calls, spec_unavailable = boot(case)
+
+    assert run.status["reason"].startswith("fabricmanager: "), run.status["reason"]
+    assert "insufficient" in run.status["reason"].lower() or "unhealthy" in run.status["reason"]
+    steps = steps_of(run)
+    assert steps["confidential-computing"]["result"] == "failed"
+    assert spec_unavailable
+
+
+def test_a_fabric_failure_stops_a_slow_generation_at_once():
+    case = p03()
+    rule(case, ["nv-fabricmanager"])["effects"] = [{"fabric": "insufficient-resources"}]
+    rule(case, ["nvidia-ctk", "cdi", "generate"])["delay_s"] = 60
+
+    run, calls, spec_unavailable = boot(case)
+
+    assert run.status["reason"].startswith("fabricmanager: "), run.status["reason"]
+    assert run.wall_s < 20, run.wall_s  # not the 60 s of the generation
+    cdi = steps_of(run)["cdi"]
+    assert cdi["result"] == "skipped" and "fabricmanager failed" in cdi["message"], cdi
+    (generate,) = [c for c in calls if c.argv[:3] == ["nvidia-ctk", "cdi", "generate"]]
+    assert generate.rc is None or generate.signals, generate  # ended by the agent, not finished
+    assert spec_unavailable
+
+
+def test_a_failed_generation_waits_for_the_fabric_then_names_cdi():
+    case = p03()
+    rule(case, ["nv-fabricmanager"])["delay_s"] = 2.0
+    gen = rule(case, ["nvidia-ctk", "cdi", "generate"])
+    gen["rc"], gen["effects"], gen["stderr"] = 1, [], "level=error msg=\"failed to initialize NVML\"\n"
+
+    run, _calls, spec_unavailable = boot(case)
+
+    assert run.status["reason"].startswith("cdi: nvidia-ctk cdi generate failed (exit 1)"), \
+        run.status["reason"]
+    assert steps_of(run)["fabricmanager"]["result"] == "ok"
+    assert spec_unavailable
+
+
+def test_the_generation_runs_while_the_fabric_trains_and_the_spec_waits_for_it():
+    case = p03()
+    rule(case, ["nv-fabricmanager"])["delay_s"] = 2.0
+    rule(case, ["nvidia-ctk", "cdi", "generate"])["delay_s"] = 1.0
+
+    run, calls, spec_unavailable = boot(case)
+
+    assert run.status["state"] == "ready", run.status["reason"]
+    (fm,) = [c for c in calls if c.argv == ["nv-fabricmanager"] or
+             c.argv[:1] == ["nv-fabricmanager"] and "--version" not in c.argv]
+    (generate,) = [c for c in calls if c.argv[:3] == ["nvidia-ctk", "cdi", "generate"]]
+    assert generate.started < fm.started + 2.0  # generated before the fabric completed
+    assert generate.ended is not None and generate.ended < fm.started + 2.0
+    assert not spec_unavailable
+    assert run.status["cdi"]["devices"]
