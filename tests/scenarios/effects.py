@@ -145,6 +145,16 @@ def option_value(argv: list[str], name: str) -> str | None:
     return None
 
 
+def yaml_spec_as_json(text: str) -> str:
+    """A captured YAML spec as nvidia-ctk 1.20 prints it with ``--format=json``: the same object
+    in compact JSON on one line, keys in the YAML's order, no trailing newline
+    (fixtures/nvidia-ctk: ``spec-1gpu.json`` is exactly this of ``spec-1gpu.yaml``). The world
+    renders them when it is made (``json_specs`` of world.json): the fakes run without PyYAML."""
+    import yaml
+
+    return json.dumps(yaml.safe_load(text), separators=(",", ":"))
+
+
 def spec_output_path(argv: list[str]) -> str | None:
     """Where ``nvidia-ctk cdi generate`` with this argv writes its spec; None means stdout.
 
@@ -404,7 +414,10 @@ class Effects:
         for directory in self.world["fixture_dirs"]:
             candidate = os.path.join(directory, base)
             if os.path.isfile(candidate):
-                self._emit_spec(_read(candidate))
+                text = _read(candidate)
+                if option_value(self.argv, "--format") == "json":  # rendered by the world
+                    text = self.world.get("json_specs", {}).get(base, text)
+                self._emit_spec(text)
                 return
         raise EffectError(f"write_spec: no fixture {base!r} in {self.world['fixture_dirs']}")
 

@@ -56,6 +56,14 @@ def test_spec_goes_where_nvidia_ctk_would_write_it(argv, path):
     assert fx.spec_output_path(["nvidia-ctk", "cdi", "generate", *argv]) == path
 
 
+def test_format_json_prints_the_captured_yaml_spec_exactly_as_the_real_nvidia_ctk_did():
+    fixtures = DATA / "fixtures" / "nvidia-ctk"
+
+    text = fx.yaml_spec_as_json((fixtures / "spec-1gpu.yaml").read_text())
+
+    assert text == (fixtures / "spec-1gpu.json").read_text()  # real 1.20.0 --format=json
+
+
 def test_host_paths_get_the_dev_root_or_driver_root_nvidia_ctk_got():
     yaml_text = "    - path: /dev/nvidia0\n      hostPath: /dev/nvidia0\n  - hostPath: /usr/lib/libcuda.so\n"
     assert fx.prefix_host_paths(yaml_text, "/d", "/r") == (

@@ -121,6 +121,24 @@ class Case:
         return list(dict.fromkeys(str(d) for d in dirs if d.is_dir()))
 
 
+def json_specs(case: Case) -> dict[str, str]:
+    """The ``--format=json`` text of every YAML fixture the case's ``write_spec`` effects name
+    (:func:`scenarios.effects.yaml_spec_as_json`), by fixture name."""
+    out = {}
+    for rule in case.tools:
+        for effect in rule.get("effects") or []:
+            name = effect.get("write_spec") if isinstance(effect, dict) else None
+            if not isinstance(name, str) or not name.endswith(".yaml"):
+                continue
+            base = name.removeprefix("fixtures/nvidia-ctk/")
+            for directory in case.fixture_dirs:
+                candidate = Path(directory) / base
+                if candidate.is_file():
+                    out[base] = fx.yaml_spec_as_json(candidate.read_text())
+                    break
+    return out
+
+
 def case_files() -> list[Path]:
     """Every case file to run; a later folder wins for the same file name (see module docstring)."""
     folders = [DATA / "cases", SHARED / "cases"]
@@ -367,7 +385,8 @@ class World:
         Path(kmsg).write_text(kmsg_records(case.kernel_log))
         self._config = {"case_id": case.id, "rules": case.tools, "pci": case.pci,
                         "pci_late": case.pci_late, "vmbus": case.vmbus,
-                        "fixture_dirs": case.fixture_dirs, "python": sys.executable}
+                        "fixture_dirs": case.fixture_dirs, "python": sys.executable,
+                        "json_specs": json_specs(case)}
         Path(layout.config).write_text(json.dumps(self._config, indent=1))
         Path(layout.state).write_text(json.dumps(fx.initial_state(case.pci, case.pci_late),
                                                  indent=1))
