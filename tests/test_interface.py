@@ -10,9 +10,11 @@ names, the config defaults, the exit codes (by running the command), the unavail
 from __future__ import annotations
 
 import copy
+import fcntl
 import io
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -76,13 +78,20 @@ def ticked(cell: str) -> str:
     return m.group(1)
 
 
-def podvm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """The installed ``podvm-gpu`` (what systemd runs; ``python -m podvm_gpu`` without one),
-    with no tool on PATH: a boot on a machine with a GPU can never run a real modprobe."""
+def product() -> list[str]:
+    """The installed ``podvm-gpu`` (what systemd runs), else ``python -m podvm_gpu``."""
     script = Path(sys.executable).parent / "podvm-gpu"
-    argv = [str(script)] if script.is_file() else [sys.executable, "-m", "podvm_gpu"]
-    return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=timeout,
-                          env=product_env(PATH="/nonexistent"))
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "podvm_gpu"]
+
+
+# No tool on PATH: a boot on a machine with a GPU can never run a real modprobe.
+ENV = product_env(PATH="/nonexistent")
+
+
+def podvm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run the product with ``args``; its exit status and output."""
+    return subprocess.run([*product(), *args], capture_output=True, text=True, timeout=timeout,
+                          env=ENV)
 
 
 def status_of(root: Path) -> dict:
@@ -103,6 +112,7 @@ def test_a_real_cpu_boot_writes_a_status_and_prints_a_document_the_schema_accept
     doc = status_of(tmp_path)
     assert_status_conforms(doc)
     assert json.loads(done.stdout) == doc, "boot --json prints the document it wrote"
+    assert json.loads(podvm("status", "--root", str(tmp_path), "--json").stdout) == doc
     if not HOST_HAS_NVIDIA:
         assert (done.returncode, doc["state"]) == (0, "no-gpu"), done.stderr
         assert [(s["name"], s["result"]) for s in doc["steps"]] == [("detect", "ok")]
@@ -330,6 +340,22 @@ def test_the_config_table_has_every_key_with_its_default_and_nothing_else():
         assert written == default, f"{key}: the doc says {written!r}, the code {default!r}"
 
 
+def test_config_json_prints_every_key_in_force_as_the_doc_says(tmp_path):
+    done = podvm("config", "--root", str(tmp_path), "--json")
+    doc = json.loads(done.stdout)
+
+    assert list(doc) == ["config", "valid", "compiled", "settings"] and doc["valid"] is True
+    assert '`{"config": <path>, "valid": true, "compiled": <path or null>, "settings"' in \
+        section("1.4")
+    flat = {}
+    for name, value in doc["settings"].items():
+        if isinstance(value, dict) and name not in ("timeouts", "tools"):  # a section
+            flat.update({f"{name}.{key}": item for key, item in value.items()})
+        else:
+            flat[name] = value
+    assert flat == config_keys()
+
+
 def test_the_doc_gives_the_tool_timeouts_and_names_the_code_uses():
     row = next(r for r in table_rows(section("7")) if r[0] == "`timeouts`")
     pairs = dict(re.findall(r"([a-z-]+) (\d+)", row[3]))
@@ -450,3 +476,33 @@ def test_version_exits_0_as_the_table_says():
     done = podvm("--version")
     assert (done.returncode, done.stdout.split()[0]) == (exit_table()[("--version", "always")],
                                                          "podvm-gpu")
+
+
+def test_a_boot_that_cannot_get_the_lock_exits_as_the_table_says(tmp_path):
+    """The lock held (by this test) past a budget of 0.3 s, then held while a SIGTERM arrives:
+    both boots end without writing anything."""
+    _config("budget_s: 0.3\n")(tmp_path)
+    lock = tmp_path / "run/podvm-gpu/boot.lock"
+    lock.parent.mkdir(parents=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        waited = podvm("boot", "--root", str(tmp_path))
+        proc = subprocess.Popen([*product(), "boot", "--root", str(tmp_path)], text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+        deadline = time.monotonic() + 10
+        err = ""
+        while "another boot holds" not in err:  # its stderr says it waits: signal it now
+            assert time.monotonic() < deadline and proc.poll() is None, err
+            err += proc.stderr.readline()
+        proc.send_signal(signal.SIGTERM)
+        out, rest = proc.communicate(timeout=10)
+    table = exit_table()
+
+    assert waited.returncode == table[("boot", "another boot held the lock for longer than "
+                                               "`budget_s` (nothing written)")], waited.stderr
+    assert "this one ends without writing anything" in waited.stderr
+    assert proc.returncode == table[("boot", "SIGTERM or SIGINT before the lock was held "
+                                             "(nothing written)")], err + rest
+    assert "stopped by SIGTERM before this boot began (nothing written)" in rest
+    assert sorted(p.name for p in lock.parent.iterdir()) == ["boot.lock"], "nothing written"
+    assert not (tmp_path / "var").exists()
