@@ -167,6 +167,7 @@ class Run:
         from podvm_gpu.unavailable import remove_spec, write_unavailable_spec
 
         self.status.warnings.extend(cdi_dir.disable_duplicates(self.root))
+        self.status.cdi = None  # the ready spec, if one was installed, is replaced or removed
         if self.write_spec:
             write_unavailable_spec(self.root, state, reason)
         else:

@@ -733,7 +733,7 @@ def run_check(root_dir: str, config_path: str | None, json_out: bool, image: boo
     path = config_path or root.resolve(CONFIG_PATH)
     config_note = None
     try:
-        config = load_config(path)
+        config = load_config(path, required=config_path is not None)
     except ConfigError as err:
         config, config_note = Config(), Check("config", FAIL, str(err), "fix the config file")
     runner = Runner(config.tools, timeouts_for(config), read_only=True)

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from boot import image, real_driver
+from schemas import assert_status_conforms
 
 pytestmark = pytest.mark.slow
 HERE = image.HERE
@@ -40,6 +41,7 @@ def test_the_real_module_finds_no_gpu_and_boot_fails_in_modules_quoting_modprobe
     record = booted.record
     assert record is not None, f"the kata-agent stand-in never ran:\n{booted.console[-4000:]}"
     status = record["status"]
+    assert_status_conforms(status)
     assert status["state"] == "failed", status
     failed = [s["name"] for s in status["steps"] if s.get("result") == "failed"]
     assert failed == ["modules"], status["steps"]
@@ -88,6 +90,7 @@ def test_the_real_persistenced_under_systemd_is_started_without_the_option_it_la
     record = boot.record
     assert record is not None, f"the kata-agent stand-in never ran:\n{boot.console[-4000:]}"
     status = record["status"]
+    assert_status_conforms(status)
     assert status["state"] == "failed", status
     assert status["reason"].startswith(
         "persistenced: nvidia-persistenced exited with status 1 during the wait: Failed to query "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import yaml
 
 from boot.image import Boot
+from schemas import assert_status_conforms
 
 
 def kata_agent_started_after_the_agent_finished(boot: Boot, failed: bool = False) -> dict:
@@ -23,6 +24,7 @@ def kata_agent_started_after_the_agent_finished(boot: Boot, failed: bool = False
     standin_started = int(record["standin_unit"]["InactiveExitTimestampMonotonic"])
     assert 0 < agent_exited <= standin_started, (agent, record["standin_unit"])
     assert record["status"]["finished_at"] is not None
+    assert_status_conforms(record["status"])  # the document a real systemd boot left
     assert record["cdi_dir"] == ["nvidia.yaml"], "no temporary or second spec file beside the final one"
     systemd_says = [e["MESSAGE"] for e in boot.agent_journal if e.get("UNIT") == "podvm-gpu.service"]
     if not failed:
