@@ -28,6 +28,7 @@ MAX_GPUS = 64  # far above any VM size sold (8 GPUs, 16 at most), still a bound
 TOOLS = ("modprobe", "nvidia-ctk", "nvidia-persistenced", "nvidia-smi", "nv-fabricmanager",
          "nvidia-modprobe", "systemctl", "ldconfig", "modinfo", "systemd-run", "journalctl")
 MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
+OPTIONAL_MODULES = ("nvidia_modeset",)  # loaded after the required ones, may fail (modules.py)
 
 
 class _Invalid(Exception):
@@ -132,6 +133,17 @@ def _module(value: object, loc: list) -> str:
     if value not in MODULES:
         raise _Invalid(loc, f"unknown module {value!r} ({', '.join(MODULES)})")
     return value
+
+
+def _optional_modules(value: object, loc: list) -> tuple[str, ...]:
+    """The modules that may fail with a warning: a sublist of ``OPTIONAL_MODULES`` (``[]``: none
+    is loaded). Another name would be ignored by the modules step, so it is an error here."""
+    names = string_list(value, loc)
+    for i, name in enumerate(names):
+        if name not in OPTIONAL_MODULES:
+            raise _Invalid([*loc, i], f"not an optional module: {name!r} (only "
+                           f"{', '.join(OPTIONAL_MODULES)}; nvidia and nvidia_uvm are required)")
+    return names
 
 
 def _parameter_name(value: object, loc: list) -> str:
@@ -256,7 +268,7 @@ class ModulesConfig(Section):
     become ``modprobe <module> KEY=VALUE``; ``optional`` modules may fail with a warning."""
 
     FIELDS = {"parameters": (mapping(_module, mapping(_parameter_name, _parameter_value)), {}),
-              "optional": (string_list, ("nvidia_modeset",))}
+              "optional": (_optional_modules, OPTIONAL_MODULES)}
     __slots__ = tuple(FIELDS)
 
 

@@ -31,7 +31,6 @@ from podvm_gpu.record import REQUIRED, Record
 
 DEFAULT_CDI_TIMEOUT_S = 100.0
 FAILS_AT_ONCE_FROM = (3, 32, 0)  # kata-agent's first release that fails at once (2026-06)
-AGENT_CONFIG = "/etc/agent-config.toml"  # where cloud-api-adaptor's images put it
 
 
 class CdiWait(Record):

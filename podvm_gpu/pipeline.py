@@ -187,6 +187,11 @@ class Steps:
             thread.join()  # each has released its end: nothing left but its return
         failed = [s for s in steps if s.result == StepResult.FAILED]
         if failed:  # the earliest in the step order (the steps before it had ended)
+            for step in steps:
+                if step.result == StepResult.RUNNING:  # the spec, generated: it stays out
+                    step.result = StepResult.SKIPPED
+                    step.message = f"spec generated and valid, not installed: {failed[0].name} failed"
+                    self.run.log.step(step)
             return f"{failed[0].name}: {failed[0].message}"
         cdi = started[-1][0]
         cdi.message = ""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from podvm_gpu.context import BootContext
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, PERSISTENCED_COMM,
                                PERSISTENCED_PID, daemon_pid, module_loaded)
-from podvm_gpu.steps import cdi_step, modules, nodes
+from podvm_gpu.steps import cdi_step, fabric, modules, nodes
 
 
 def plan(ctx: BootContext) -> list[list[str]]:
@@ -35,7 +35,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
     if daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM) is None:
         argvs.append(["nvidia-persistenced", *cfg.persistenced.args])
     if ctx.nvswitches and daemon_pid(root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
-        argvs.append(["nv-fabricmanager", "-c", cfg.fabricmanager.config_file])
+        argvs.append(fabric.fabricmanager_argv(ctx))
     argvs.append(["nvidia-smi", "-q", "-d", "FABRIC"])
     argvs.append(["nvidia-smi", "conf-compute", "-f"])
     argvs.append(cdi_step.generate_argv(ctx))

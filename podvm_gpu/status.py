@@ -169,7 +169,7 @@ def run_status(root_dir: str, json_out: bool = False, wait: bool = False,
         doc = wait_for_final(root, timeout) if wait else load_status(root)
     except StatusUnreadable as err:
         if json_out:
-            print(json.dumps({"state": None, "error": f"unreadable status file: {err}"}))
+            print(json.dumps({"state": None, "error": f"unreadable status file: {err}"}, indent=2))
         else:
             print(f"unreadable status file: {err}")
         return 3

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from schemas import assert_status_conforms
 from scenarios.fake_tool import argv_matches
 from scenarios.world import DATA, SHARED, World, load_case
 
@@ -112,6 +113,7 @@ def test_a_signal_in_any_step_ends_the_boot_failed_within_2_s_naming_signal_and_
         assert "Traceback" not in run.stderr
         status = run.status
         assert status["state"] == "failed" and status["finished_at"], status
+        assert_status_conforms(status)
         # After persistenced three steps run at once: the reason names the earliest in flight
         # and the others; each is failed with the signal.
         reason = status["reason"]
@@ -236,6 +238,7 @@ def test_a_spec_that_cannot_be_written_still_ends_with_a_final_failed_status(tmp
     assert "Traceback" not in done.stderr
     status = status_of(tmp_path)
     assert status["state"] == "failed" and status["finished_at"]
+    assert_status_conforms(status)
     assert status["reason"].startswith("detect: no NVIDIA GPU on PCI")
     assert "cdi: cannot write /var/run/cdi/nvidia.yaml: Too many levels of symbolic links" \
         in status["reason"]

@@ -423,3 +423,20 @@ def test_boot_dry_run_json_prints_one_document_and_writes_nothing(tmp_path, podv
         assert [g["pci_address"] for g in doc["gpus"]] == ["0000:00:04.0"]
         assert ["modprobe", "nvidia"] in doc["commands"]
     assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("with_file", [False, True])
+def test_dry_run_plans_the_fabric_manager_exactly_as_boot_starts_it(tmp_path, podvm, empty_path,
+                                                                    with_file):
+    """-c only with a config file the root has (steps/fabric.py), in the plan as in the run."""
+    cfg = tmp_path / "usr/share/nvidia/nvswitch/fabricmanager.cfg"
+    if with_file:
+        cfg.parent.mkdir(parents=True)
+        cfg.write_text("LOG_LEVEL=4\n")
+
+    done = podvm(["boot", "--dry-run", "--json", "--root", str(tmp_path)],
+                 tree="hgx-h200-8gpu-4nvswitch", env={"PATH": empty_path})
+
+    commands = json.loads(done.stdout)["commands"]
+    fm = [c for c in commands if c[0] == "nv-fabricmanager" and "--version" not in c]
+    assert fm == [["nv-fabricmanager", "-c", str(cfg)] if with_file else ["nv-fabricmanager"]]

@@ -426,3 +426,15 @@ def test_compiling_an_invalid_config_writes_nothing(tmp_path):
     with pytest.raises(ConfigError):
         compile_config(str(path))
     assert not Path(f"{path}.compiled.json").exists()
+
+
+def test_an_optional_module_the_agent_does_not_load_is_a_config_error(tmp_path):
+    # the modules step loads only nvidia_modeset of this list: another name would be ignored
+    path = tmp_path / "config.yaml"
+    path.write_text("modules:\n  optional: [nvidia_modeset, nvidia_drm]\n")
+
+    with pytest.raises(ConfigError, match=r"modules\.optional\.1: not an optional module: "
+                                          r"'nvidia_drm'"):
+        load_config(str(path))
+    path.write_text("modules: {optional: []}\n")
+    assert load_config(str(path)).modules.optional == ()

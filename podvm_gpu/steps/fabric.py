@@ -114,6 +114,16 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None) -> list[FabricState
         time.sleep(min(cfg.poll_s, max(end - time.monotonic(), 0.01)))
 
 
+def fabricmanager_argv(ctx: BootContext) -> list[str]:
+    """``nv-fabricmanager [-c CONFIG]``: the configured file when the root has it (under
+    ``--root``, its path in the root); without it the daemon takes its built-in defaults."""
+    argv = ["nv-fabricmanager"]
+    cfg_file = ctx.config.fabricmanager.config_file
+    if ctx.root.exists(cfg_file):
+        argv += ["-c", cfg_file if ctx.root.is_host else ctx.root.resolve(cfg_file)]
+    return argv
+
+
 def run(ctx: BootContext) -> str:
     """Start the fabric manager where it belongs and wait for the fabric."""
     root = ctx.root
@@ -134,11 +144,7 @@ def run(ctx: BootContext) -> str:
     pid = daemon_pid(root, FABRICMANAGER_PID, FABRICMANAGER_COMM)
     daemon = None
     if pid is None:
-        argv = ["nv-fabricmanager"]
-        cfg_file = ctx.config.fabricmanager.config_file
-        if root.exists(cfg_file):
-            argv += ["-c", cfg_file if root.is_host else root.resolve(cfg_file)]
-        daemon = start(ctx, argv, LOG_PATH)
+        daemon = start(ctx, fabricmanager_argv(ctx), LOG_PATH)
     started = time.monotonic()
     states = wait_for_fabric(ctx, daemon)
     how = f"started ({daemon.where})" if daemon is not None else f"already running (pid {pid})"

@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 
 from podvm_gpu import kmod
+from podvm_gpu.config import OPTIONAL_MODULES
 from podvm_gpu.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host import kmsg
@@ -40,7 +41,7 @@ from podvm_gpu.host.fs import Root
 from podvm_gpu.readers import kernel_release, modprobe_overrides, module_kernels, module_loaded
 
 REQUIRED = ("nvidia", "nvidia_uvm")
-OPTIONAL = ("nvidia_modeset",)
+OPTIONAL = OPTIONAL_MODULES  # the config names which of them to load
 CAP_SYS_MODULE = 16  # linux/capability.h
 # "modprobe: ERROR: could not insert 'nvidia_current': No such device"
 _COULD_NOT_INSERT = re.compile(r"could not insert '(?P<module>[^']+)': (?P<error>.+)$", re.M)

@@ -1,7 +1,8 @@
 """Judging a product run against a case's ``expect`` block, and the report a failing test shows.
 
 Keys: shared/cases/README.md and EFFECTS.md ("Expect keys"). Beyond them the harness holds the
-product to two contract rules every case shares: a ``check`` run changes nothing (contract
+product to the interface every case shares: the final status.json conforms to
+docs/status.schema.json; a ``check`` run changes nothing (contract
 section 5: no effect applied by its tool calls, no file under the root created, changed or
 removed), and after a boot no other spec in ``/var/run/cdi`` defines kind ``nvidia.com/gpu``
 (section 3, step 9). A fake tool that could not apply an effect fails the test too.
@@ -20,6 +21,8 @@ import yaml
 from jsonschema import Draft7Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
+
+from schemas import STATUS_SCHEMA, problems as schema_problems
 
 from .fake_tool import argv_matches
 from .world import CDI_PATH, DATA, Call, Run, World
@@ -51,6 +54,8 @@ def judge_boot(world: World, run: Run, expect: dict) -> list[str]:
         problems.append(run.status_error)
     else:
         problems += _status_problems(status, expect)
+        problems += [f"status.json breaks docs/{STATUS_SCHEMA}: {p}"
+                     for p in schema_problems(status, STATUS_SCHEMA)]
     if "max_wall_s" in expect and run.wall_s > expect["max_wall_s"]:
         problems.append(f"took {run.wall_s:.2f} s, more than max_wall_s {expect['max_wall_s']}")
     for entry in expect.get("not_called") or []:
