@@ -36,6 +36,9 @@ _SIGNAL_NAMES = {_signal.SIGTERM: "SIGTERM", _signal.SIGINT: "SIGINT"}
 _KMSG_PRIORITY = {State.FAILED: (3 << 3) | 3, State.READY: (3 << 3) | 5,
                   State.NO_GPU: (3 << 3) | 5}
 _KMSG_MAX = 900  # a kernel record holds about 1 KiB
+# A reason (and a step's message, a warning) is one line for the status file, the unavailable
+# spec's env and the console, whatever a tool printed: longer ones are cut.
+REASON_MAX = 1000
 
 
 class Log:
@@ -133,6 +136,8 @@ class Run:
         line, the report. A spec that cannot be written makes the end ``failed`` with the write
         error named, and the status is still written. Returns 0 for no-gpu, else 1."""
         reason = " ".join(reason.split())
+        if len(reason) > REASON_MAX:
+            reason = reason[:REASON_MAX - 4].rstrip() + " ..."
         if self.dry_run:
             return self._dry_run_end(state, reason)
         if self.signals:

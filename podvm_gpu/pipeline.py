@@ -14,10 +14,10 @@ import signal
 import time
 import traceback
 
-from podvm_gpu.boot import Log, Run
+from podvm_gpu.boot import REASON_MAX, Log, Run
 from podvm_gpu.config import Config, timeouts_for
 from podvm_gpu.context import BootContext
-from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.jsontext import dumps
@@ -57,7 +57,7 @@ def describe_command_error(err: CommandError) -> str:
     if err.returncode is None:
         return str(err)
     last = err.last_line()
-    return f"{cmd} failed (exit {err.returncode})" + (f": {last}" if last else "")
+    return f"{cmd} failed ({exit_text(err.returncode)})" + (f": {last}" if last else "")
 
 
 def run_pipeline(run: Run, config: Config | None) -> int:
@@ -126,7 +126,7 @@ def _run_step(ctx: BootContext, name: str, func, status_file: StatusFile, log: L
         step.message = f"internal error: {type(err).__name__}: {err}"
         log(Log.ERR, traceback.format_exc().replace("\n", " | "))
     step.duration_s = time.monotonic() - t0
-    step.message = " ".join(step.message.split())
+    step.message = one_line(step.message, REASON_MAX)
     log.step(step)
     status_file.write(ctx.status)
     if step.result == StepResult.FAILED:

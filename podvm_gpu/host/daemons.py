@@ -29,7 +29,7 @@ import os
 import subprocess
 import time
 
-from podvm_gpu.errors import CommandError
+from podvm_gpu.errors import CommandError, one_line
 from podvm_gpu.host.proc import Runner
 
 SD_BOOTED_DIR = "/run/systemd/system"
@@ -149,7 +149,7 @@ class SpawnedDaemon(Daemon):
                 lines = [ln.strip() for ln in f.read()[-65536:].splitlines() if ln.strip()]
         except OSError:
             return ""
-        return lines[-1] if lines else ""
+        return one_line(lines[-1]) if lines else ""
 
 
 class UnitDaemon(Daemon):
@@ -218,7 +218,7 @@ def journal_lines(runner: Runner, unit: str, identifier: str, since: float,
         time.sleep(0.2)
     errors = [e["MESSAGE"] for e in entries if str(e.get("PRIORITY", "6")) <= "3"]
     chosen = errors or [e["MESSAGE"] for e in entries]
-    unique = list(dict.fromkeys(" ".join(m.split()) for m in chosen if m.strip()))
+    unique = list(dict.fromkeys(one_line(m) for m in chosen if m.strip()))
     return "; ".join(unique[-most:])
 
 

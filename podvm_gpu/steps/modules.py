@@ -41,7 +41,7 @@ def explain_failure(ctx: BootContext, module: str, err: CommandError) -> str:
         return f"modprobe {module} timed out after {err.timeout_s:g} s"
     if err.returncode is None:
         return f"cannot load {module}: {err}"
-    said = err.last_line() or f"exit {err.returncode}"
+    said = err.said()
     said = said if said.startswith("modprobe:") else f"modprobe: {said}"
     text = f"{err.stderr}\n{err.stdout}"
     lower = text.lower()

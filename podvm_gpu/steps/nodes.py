@@ -15,7 +15,7 @@ import os
 import stat
 
 from podvm_gpu.context import BootContext
-from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.errors import CommandError, StepFailed, exit_text
 from podvm_gpu.host.fs import Root, ensure_dir, is_char_device
 from podvm_gpu.readers import CTL_MINOR, NVIDIA_MAJOR_NAME, UVM_MAJOR_NAME, char_majors, gpu_minor
 
@@ -96,7 +96,12 @@ def run(ctx: BootContext) -> str:
         try:
             ctx.runner.run(argv)
         except CommandError as err:
-            said = "timed out" if err.timed_out else err.tool_message()
+            if err.timed_out:
+                said = f"timed out after {err.timeout_s:g} s"
+            elif err.returncode is None:  # not found, not executable
+                said = err.tool_message()
+            else:
+                said = f"{exit_text(err.returncode)}: {err.tool_message()}"
             if NVIDIA_MAJOR_NAME not in majors:
                 raise StepFailed("cannot create /dev/nvidiactl: no 'nvidia' major in /proc/devices "
                                  "(the nvidia module did not register its control device); "
