@@ -51,7 +51,10 @@ def required_nodes(root: Root, minors: dict[str, int]) -> list[Node]:
 
 def node_problem(root: Root, node: Node) -> str | None:
     """Why ``node`` is not right under the root (missing, not a char device, wrong numbers)."""
-    numbers = is_char_device(root.resolve(node.path))
+    path = root.resolve(node.path, follow_last=False)
+    if os.path.islink(path):  # a container gets what the link names, not a checked node
+        return f"{node.path} is a symlink, not a character device"
+    numbers = is_char_device(path, follow=False)
     if numbers is None:
         return f"{node.path} is missing or not a character device"
     if node.major is not None and numbers != (node.major, node.minor):
@@ -121,7 +124,8 @@ def run(ctx: BootContext) -> str:
                 use_modprobe = False
                 ctx.warn(f"device-nodes: nvidia-modprobe -c {minor} failed ({err}); "
                          "made the GPU nodes with mknod")
-        if is_char_device(root.resolve(node.path)) is None and node.major is not None:
+        if is_char_device(root.resolve(node.path, follow_last=False), follow=False) is None \
+                and node.major is not None:
             make_node(root, node)
     nodes = required_nodes(root, ctx.minors)
     for node in nodes:
