@@ -34,8 +34,11 @@ from podvm_gpu.readers import (char_majors, gpu_minor, loaded_modules, parse_cc_
 from podvm_gpu.status import StatusUnreadable, exit_code_for, load_status, run_status
 from podvm_gpu.steps.cdi_step import mig_problem
 
-FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-FILES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Random inputs on every run (new ones each time); a failure prints the falsifying example and
+# a @reproduce_failure blob, and .hypothesis/ keeps it for the next local run.
+FAST = settings(max_examples=300, deadline=None, print_blob=True,
+                suppress_health_check=[HealthCheck.too_slow])
+FILES = settings(FAST, max_examples=150)
 
 # Any text a file or a tool may hold: unicode, invalid UTF-8 decoded with replacement, control
 # characters, markup.
@@ -168,8 +171,8 @@ def oracle_kind(data: bytes):
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError):
-        try:
-            doc = yaml.safe_load(text)
+        try:  # libyaml, as the Go readers are native too (the pure-Python one is slow when deep)
+            doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         except (yaml.YAMLError, ValueError, RecursionError):
             return None
     kind = doc.get("kind") if isinstance(doc, dict) else None

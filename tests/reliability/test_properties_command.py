@@ -36,7 +36,7 @@ from scenarios.world import World
 from podvm_gpu.config import load_config
 from podvm_gpu.errors import ConfigError
 
-COMMAND = settings(max_examples=25, deadline=None,
+COMMAND = settings(max_examples=25, deadline=None, print_blob=True,
                    suppress_health_check=[HealthCheck.too_slow,
                                           HealthCheck.function_scoped_fixture])
 WORLDS = settings(COMMAND, max_examples=12)
