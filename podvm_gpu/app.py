@@ -22,6 +22,8 @@ COMMANDS = {
               "status yet (or --wait timed out).",
     "check": "Read-only diagnosis of a running VM (or, with --image, of an image root): exit 0 "
              "when no check failed, 1 when one did.",
+    "metrics": "Boot and GPU metrics in the Prometheus text format, once, over HTTP (--serve, "
+               "--listen) or as a node-exporter textfile (--textfile).",
 }
 
 
@@ -67,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub[name].add_argument("--config", metavar="FILE", type=_config, default=None,
                                help=f"config file (env {CONFIG_ENV}; default "
                                     "<root>/etc/podvm-gpu/config.yaml)")
-        sub[name].add_argument("--json", dest="json_out", action="store_true",
-                               help="one JSON document on stdout")
+        if name != "metrics":  # metrics prints its own machine format
+            sub[name].add_argument("--json", dest="json_out", action="store_true",
+                                   help="one JSON document on stdout")
     sub["boot"].add_argument("--dry-run", action="store_true",
                              help="detect and plan, print the commands, change nothing")
     sub["status"].add_argument("--wait", action="store_true",
@@ -78,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub["check"].add_argument("--image", action="store_true",
                               help="check an image (build time, no GPU needed) instead of a "
                                    "running VM")
+    sub["metrics"].add_argument("--serve", action="store_true",
+                                help="serve over HTTP at the config's metrics.listen")
+    sub["metrics"].add_argument("--listen", metavar="ADDR:PORT",
+                                help="serve over HTTP at ADDR:PORT (an IP address)")
+    sub["metrics"].add_argument("--openmetrics", action="store_true",
+                                help="print the OpenMetrics format")
+    sub["metrics"].add_argument("--textfile", action="store_true",
+                                help="write the textfile (with --serve: every interval)")
     return parser
 
 
@@ -112,6 +123,10 @@ def run_app(args: list[str]) -> int:
         from podvm_gpu.status import run_status
 
         return run_status(ns.root, ns.json_out, ns.wait, ns.timeout)
+    if ns.command == "metrics":
+        from podvm_gpu.cli import run_metrics
+
+        return run_metrics(ns.root, ns.config, ns.listen, ns.serve, ns.openmetrics, ns.textfile)
     from podvm_gpu.check import run_check
 
     return run_check(ns.root, ns.config, ns.json_out, ns.image)

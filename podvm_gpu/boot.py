@@ -3,8 +3,10 @@ a boot ends.
 
 This module is imported on every pod VM boot, GPU or not, so it imports only the standard
 library's cheapest modules and the package's stdlib-only modules at the top. pyudev comes in
-only when the sysfs pre-scan finds an NVIDIA PCI function, PyYAML only when a config file is
-there, the GPU pipeline only when a GPU is.
+only when the sysfs pre-scan finds an NVIDIA PCI function or a GPU on its way (a Hyper-V PCI
+pass-through channel without its PCI device, or fewer GPUs than the config expects: see
+:mod:`podvm_gpu.late`), PyYAML only when a config file is there, the GPU pipeline only when a GPU
+is.
 
 Every boot that gets its lock ends in a final state written to status.json, whatever happens:
 a step's failure, the budget, a bug, SIGTERM or SIGINT (systemd's stop, shutdown,
@@ -23,6 +25,7 @@ import time
 
 from podvm_gpu.host.fs import Root, ensure_dir, folder_trust_problems
 from podvm_gpu.host.sysfs import scan_nvidia
+from podvm_gpu.host.vmbus import channels_without_pci
 from podvm_gpu.model import State, Status, Step, StepResult
 from podvm_gpu.status import CDI_SPEC_PATH, STATUS_PATH, StatusFile
 
@@ -76,6 +79,7 @@ class Interrupted(BaseException):
         super().__init__(signum)
         self.signum = signum
         self.name = _SIGNAL_NAMES.get(signum, f"signal {signum}")
+        self.steps: list = []  # the steps in flight when it arrived, where the pipeline knows
 
 
 class Signals:
@@ -123,10 +127,12 @@ class Run:
         self.status_file = StatusFile(root, enabled=not dry_run)
         self.signals: Signals | None = None
         self.write_spec = True  # the config's unavailable_spec
+        self.metrics = None  # the config's metrics settings, when there is a config
 
     def running_step(self) -> Step:
-        """The step in flight (the last one still ``running``), else the last step."""
-        return next((s for s in reversed(self.status.steps) if s.result == StepResult.RUNNING),
+        """The step in flight (the earliest one still ``running``: several run at once after
+        persistenced), else the last step."""
+        return next((s for s in self.status.steps if s.result == StepResult.RUNNING),
                     self.status.steps[-1])
 
     def end(self, state: str, reason: str) -> int:
@@ -187,8 +193,20 @@ class Run:
                 pass
             self.status.state, self.status.reason = state, reason
         tell_console(self.root, state, reason or self._ready_line())
+        if self.metrics is not None and self.metrics.textfile:
+            self._write_metrics_textfile()
         report(self.status, self.json_out)
         return 0 if state in (State.READY, State.NO_GPU) else 1
+
+    def _write_metrics_textfile(self) -> None:
+        """The boot's metrics for node-exporter's textfile collector (config metrics.textfile),
+        after the status: they are read from it. A failure is a log line, not a failed boot."""
+        from podvm_gpu.metrics.command import write_boot_textfile
+
+        try:
+            write_boot_textfile(self.root, self.metrics)
+        except (OSError, ImportError) as err:
+            self.log(Log.WARNING, f"metrics: cannot write {self.metrics.textfile_path}: {err}")
 
     def _ready_line(self) -> str:
         gpus = self.status.gpus
@@ -210,14 +228,16 @@ class Run:
 
     def interrupted(self, signal: Interrupted) -> int:
         """End the boot ``failed`` after SIGTERM/SIGINT, naming the signal and the step in
-        flight; the daemons the boot started are left alone (they are not its children)."""
-        step = self.running_step()
-        step.result = StepResult.FAILED
-        step.message = f"interrupted by {signal.name} (the unit was stopped, the VM is shutting " \
-                       "down, or TimeoutStartSec= passed)"
-        step.duration_s = time.monotonic() - self.started - sum(
-            s.duration_s for s in self.status.steps if s is not step)
-        return self.fail(f"{step.name}: {step.message}")
+        flight (the earliest, when several ran at once; the others are named too and fail
+        alike); the daemons the boot started are left alone (they are not its children)."""
+        steps = signal.steps or [self.running_step()]
+        message = f"interrupted by {signal.name} (the unit was stopped, the VM is shutting " \
+                  "down, or TimeoutStartSec= passed)"
+        for step in steps:
+            step.result, step.message = StepResult.FAILED, message
+            step.duration_s = time.monotonic() - step.started
+        also = f"; also in flight: {', '.join(s.name for s in steps[1:])}" if steps[1:] else ""
+        return self.fail(f"{steps[0].name}: {message}{also}")
 
     def fail_unexpectedly(self, err: Exception) -> int:
         """End the boot ``failed`` after an error no step handled (a broken install, a bug),
@@ -390,6 +410,7 @@ def run_boot(root_dir: str = "/", config: str | None = None, json_out: bool = Fa
 def _boot(run: Run, config: str | None) -> int:
     root, log = run.root, run.log
     scanned, nvidia = scan_nvidia()
+    coming = channels_without_pci()  # [] off Hyper-V (one failed listdir) and on most VMs there
     try:
         config_path = config_path_for(root, config)
         # an entry where the config goes (a dangling link too) is a config that must be read
@@ -409,7 +430,7 @@ def _boot(run: Run, config: str | None) -> int:
     elif present is not False:
         config_error = f"{config_path}: cannot resolve: {_oserror(present)}"
     if settings is not None:
-        run.write_spec = settings.unavailable_spec
+        run.write_spec, run.metrics = settings.unavailable_spec, settings.metrics
     budget = settings.budget_s if settings is not None else DEFAULT_BUDGET_S
     if not run.dry_run:
         untrusted = untrusted_root(root)
@@ -437,6 +458,12 @@ def _boot(run: Run, config: str | None) -> int:
     except OSError as err:
         # nothing can be recorded; the spec and the console line still say why
         return run.fail(f"status: cannot write {STATUS_PATH}: {_oserror(err)}")
+    late = None
+    if config_error is None and (coming or settings is not None and settings.detect.expected_gpus):
+        late = _late_wait(run, settings, coming, nvidia)
+    if late is not None and not run.dry_run:
+        _wait(run, detect, late)
+        scanned, nvidia = scan_nvidia()
     if nvidia:
         from podvm_gpu.host.udev import discover
 
@@ -450,7 +477,14 @@ def _boot(run: Run, config: str | None) -> int:
                            if switches else ""))
     else:
         detect.message = f"{len(gpus)} GPU(s), {len(switches)} NVSwitch(es)"
+    if late is not None:
+        detect.message += f"; {late.outcome()}" if not run.dry_run else \
+            f"; a boot would wait up to {late.limit()} for {late.awaited()}"
+        if not run.dry_run and late.missing_parts():
+            detect.result, detect.message = StepResult.FAILED, late.failure()
     log.step(detect)
+    if detect.result == StepResult.FAILED:  # a GPU was announced but never came: not no-gpu
+        return run.fail(f"detect: {detect.message}")
     if config_error is not None:
         step = Step("config", StepResult.FAILED, message=config_error)
         run.status.steps.append(step)
@@ -461,6 +495,35 @@ def _boot(run: Run, config: str | None) -> int:
     from podvm_gpu.pipeline import run_pipeline  # a GPU is there: the full path
 
     return run_pipeline(run, settings)
+
+
+def _late_wait(run: Run, settings, coming: list, nvidia: list[str]):
+    """The wait for GPUs that appear late (:mod:`podvm_gpu.late`), or None when none is coming:
+    ``coming`` are the VMBus PCI pass-through channels without their PCI device, ``nvidia`` the
+    NVIDIA functions on PCI now; the config's ``detect`` section (defaults without a config)
+    gives the limit and the expected count. Imports the config and wait modules only here."""
+    from podvm_gpu.config import DetectConfig
+    from podvm_gpu.host.sysfs import nvidia_gpus
+    from podvm_gpu.late import plan_wait
+
+    detect = settings.detect if settings is not None else DetectConfig()
+    budget = settings.budget_s if settings is not None else DEFAULT_BUDGET_S
+    gpus_now = len(nvidia_gpus(nvidia)) if detect.expected_gpus else 0
+    return plan_wait(coming, detect.expected_gpus, gpus_now, detect.late_gpu_wait_s,
+                     run.started + budget - time.monotonic())
+
+
+def _wait(run: Run, detect: Step, late) -> None:
+    """Wait for what ``late`` expects, the detect step saying so in the status meanwhile."""
+    from podvm_gpu.host.udev import wait_for_pci
+
+    detect.message = f"waiting up to {late.limit()} for {late.awaited()}"
+    run.log(Log.INFO, f"detect: {detect.message}")
+    try:
+        run.status_file.write(run.status)
+    except OSError:
+        pass  # the status was written a moment ago; the final write reports a failure
+    late.run(wait_for_pci)
 
 
 def report(status: Status, json_out: bool) -> None:

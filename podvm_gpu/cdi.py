@@ -20,13 +20,12 @@ the tests cross-check it against the official schema with ``jsonschema``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
 from dataclasses import dataclass, field
 from typing import Any, Callable
-
-import yaml
 
 from podvm_gpu.errors import CdiSpecError
 from podvm_gpu.host.fs import Root, is_char_device
@@ -271,8 +270,10 @@ def _load(text: str | bytes) -> Any:
             raise
         except ValueError:
             pass
+    import yaml  # only for a YAML answer: nvidia-ctk is asked for JSON
+
     try:
-        return yaml.load(text, Loader=_StrictLoader)
+        return yaml.load(text, Loader=_strict_loader())
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         what = " ".join(p for p in (err.context, err.problem) if p) or "invalid"
@@ -291,24 +292,28 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-# libyaml's parser when PyYAML has it: several times faster on an 8-GPU spec.
-_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+@functools.cache
+def _strict_loader():
+    """A safe loader that rejects duplicate keys, as the Go package's strict unmarshal does;
+    on libyaml's parser when PyYAML has it (several times faster on an 8-GPU spec). Made on
+    first use: PyYAML is imported only for a YAML spec."""
+    import yaml
 
+    class StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                # "<<" merge keys may repeat; merged keys are overridden by design.
+                if isinstance(key_node, yaml.ScalarNode) and \
+                        key_node.tag != "tag:yaml.org,2002:merge":
+                    key = (key_node.tag, key_node.value)
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {_q(key_node.value)}", key_node.start_mark)
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
 
-class _StrictLoader(_SafeLoader):  # type: ignore[misc, valid-type]
-    """A safe loader that rejects duplicate keys, as the Go package's strict unmarshal does."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            # "<<" merge keys may repeat; merged keys are overridden by design.
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
-                key = (key_node.tag, key_node.value)
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {_q(key_node.value)}", key_node.start_mark)
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+    return StrictLoader
 
 
 # --- the schema's shape (schema/schema.json, schema/defs.json) -------------------------------
@@ -832,6 +837,8 @@ def render_spec_yaml(raw: dict) -> str:
     Raises:
         yaml.representer.RepresenterError: ``raw`` holds something that is not plain data.
     """
+    import yaml
+
     return yaml.safe_dump(raw, sort_keys=False, default_flow_style=False, width=1_000_000)
 
 

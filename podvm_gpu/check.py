@@ -5,7 +5,8 @@ Every check reports ``pass``, ``warn``, ``fail`` or ``skip`` with a detail line 
 found and, on ``warn``/``fail``, a hint saying what to do next. It reuses boot's readers and
 validators and never loads a module, starts a daemon or writes a file: the runner is read-only
 (it refuses to spawn) and the only commands run are queries with timeouts (``nvidia-smi``
-queries, ``nv-fabricmanager --version``, ``modinfo -F version``).
+queries, ``nv-fabricmanager --version``, ``modinfo -F version|firmware FILE`` and, on the root
+``/``, ``modprobe -S <release> --show-depends <module>``, which prints what it would load).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import re
 import sys
 import tomllib
 
-from podvm_gpu import cdi_dir, readers, units
+from podvm_gpu import cdi_dir, kmod, readers, units
 from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
 from podvm_gpu.config import Config, load_config, timeouts_for
 from podvm_gpu.errors import CommandError, ConfigError
@@ -25,6 +26,7 @@ from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.host.sysfs import scan_nvidia
+from podvm_gpu.host.vmbus import channels_without_pci
 from podvm_gpu.model import State
 from podvm_gpu.status import CDI_SPEC_PATH, StatusUnreadable, load_status, read_status
 from podvm_gpu.steps import modules as modules_step, nodes as nodes_step
@@ -34,8 +36,8 @@ PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 VM_CHECKS = ("pci", "drivers", "modules", "versions", "device-nodes", "persistenced",
              "fabricmanager", "confidential-computing", "cdi-spec", "cdi-duplicates", "status",
              "cdi-refresh-units", "kata-agent-ordering")
-IMAGE_CHECKS = ("unit", "kata-agent-ordering", "tools", "modules", "versions", "cdi-refresh-units",
-                "trust")
+IMAGE_CHECKS = ("unit", "kata-agent-ordering", "tools", "modules", "versions", "firmware",
+                "cdi-refresh-units", "trust")
 CONFIG_PATH = "/etc/podvm-gpu/config.yaml"
 NO_GPU = "no NVIDIA GPU found on PCI"
 # Boot's steps in order (contract section 3), for checks of steps a failed boot never reached.
@@ -62,6 +64,7 @@ class VmChecks:
     def __init__(self, root: Root, config: Config, runner: Runner):
         self.root, self.config, self.runner = root, config, runner
         self.scanned, nvidia = scan_nvidia()
+        self.coming = _safely(channels_without_pci, [])
         self.gpus, self.nvswitches = [], []
         if nvidia:  # pyudev only where there is something NVIDIA to look at
             from podvm_gpu.host.udev import discover
@@ -100,8 +103,33 @@ class VmChecks:
             return Check(name, SKIP, "nvidia module not loaded (see modules)")
         return None
 
+    def _not_arrived(self) -> Check | None:
+        """A fail when a device the VM announced is not on PCI: a VMBus PCI pass-through channel
+        without its PCI device, or fewer GPUs than ``detect.expected_gpus``."""
+        if self.coming:
+            # a channel without a driver first: its cause is in the image, not the host
+            channel = min(self.coming, key=lambda c: c.driver is not None)
+            more = f" (and {len(self.coming) - 1} more such channel(s))" if len(self.coming) > 1 \
+                else ""
+            hint = ("no driver is bound to the channel: load hv_pci (modprobe pci-hyperv; put it "
+                    "in the initramfs)" if channel.driver is None else
+                    "the host has not delivered the device: see dmesg | grep hv_pci, then "
+                    "restart or redeploy the VM")
+            return Check("pci", FAIL, f"{channel.describe()} has no PCI device{more}: Hyper-V "
+                         "announced a pass-through device (a GPU) that is not on PCI", hint)
+        expected = self.config.detect.expected_gpus
+        if len(self.gpus) < expected:
+            return Check("pci", FAIL, f"{len(self.gpus)} of the {expected} GPU(s) the image "
+                         "expects (detect.expected_gpus) are on PCI",
+                         "the VM has fewer GPUs than the image serves: check the VM size, or "
+                         "lower detect.expected_gpus")
+        return None
+
     def check_pci(self) -> Check:
+        missing = self._not_arrived()
         if not self.gpus:
+            if missing:
+                return missing
             extra = f"; {len(self.nvswitches)} NVSwitch(es)" if self.nvswitches else ""
             return Check("pci", SKIP, f"{NO_GPU} ({self.scanned} devices scanned{extra}): "
                          "a CPU VM, GPU requests get the unavailable spec")
@@ -111,6 +139,8 @@ class VmChecks:
         if gone:
             return Check("pci", FAIL, f"GPU(s) {', '.join(gone)} found at boot are gone from PCI",
                          "the GPU fell off the bus or was hot-removed: replace the VM")
+        if missing:
+            return missing
         fatal = [f for f in kmsg.findings(kmsg.since_driver_load(self.messages)) if f.fatal]
         if fatal:
             return Check("pci", FAIL, f"{len(self.gpus)} GPU(s) on PCI, but {fatal[0].describe()}",
@@ -147,27 +177,28 @@ class VmChecks:
             version = readers.kernel_module_version(root) or "unknown version"
             return Check("modules", PASS, f"nvidia {version} and nvidia_uvm loaded")
         release = readers.kernel_release(root)
-        have = readers.module_kernels(root, "nvidia")
         detail = f"{', '.join(missing)} not loaded"
-        if release and release not in have:
-            return Check("modules", FAIL, f"{detail}: no nvidia module for the running kernel "
-                         f"{release}" + (f" (modules exist for {', '.join(have)})" if have else ""),
+        resolved = [kmod.resolve(root, release, m, self.runner) for m in missing] if release else []
+        lost = [r for r in resolved if not r.found and not r.blocked]
+        if release and lost:
+            return Check("modules", FAIL, f"{detail}: "
+                         f"{modules_step.not_found_cause(root, release, lost[0].name)}",
                          f"install the nvidia modules for kernel {release} (DKMS or a prebuilt "
-                         "package), or boot the kernel the image has modules for")
+                         "package) and the modprobe.d rules of the driver package, or boot the "
+                         "kernel the image has modules for")
         overrides = [o for m in missing for o in readers.modprobe_overrides(root, m)]
         if overrides:
             return Check("modules", FAIL, f"{detail}: modprobe.d overrides it: {'; '.join(overrides)}",
                          "remove that line from the image, then reboot")
-        lockdown = modules_step.lockdown_mode(root.read_text("/sys/kernel/security/lockdown") or "")
-        found = kmsg.findings(self.messages)
-        if lockdown and lockdown != "none" or any(f.kind == "lockdown" for f in found):
-            return Check("modules", FAIL, f"{detail}: kernel lockdown={lockdown or '?'} rejects "
-                         "the unsigned module",
+        evidence = modules_step.refusal_evidence(root, self.messages, "nvidia")
+        if evidence:
+            return Check("modules", FAIL, f"{detail}: loading refused: {'; '.join(evidence)}",
                          "sign the nvidia modules with a key the kernel trusts (MOK), or boot "
-                         "without lockdown/module.sig_enforce")
-        for f in found:
+                         "without what refuses them")
+        found = kmsg.findings(self.messages)
+        for f in reversed(found):
             if f.kind in ("unsupported-pci-id", "open-module-unsupported", "gsp-firmware", "bar",
-                          "needs-reset", "fell-off-bus", "bound-elsewhere"):
+                          "needs-reset", "fell-off-bus", "bound-elsewhere", "no-device"):
                 hint = ("install a driver branch that supports this GPU" if f.kind ==
                         "unsupported-pci-id" else "see the kernel message; fix the VM or image")
                 return Check("modules", FAIL, f"{detail}: {f.describe()}", hint)
@@ -278,6 +309,10 @@ class VmChecks:
         if skip:
             return skip
         done = self.runner.run(["nvidia-smi", "conf-compute", "-f"], check=False)
+        no_driver = readers.nvsmi_no_driver(done.returncode, done.output)
+        if no_driver:
+            return Check("confidential-computing", FAIL, no_driver,
+                         "see the modules and device-nodes checks and the kernel log")
         if "no cc capable" in done.output.lower():
             return Check("confidential-computing", SKIP, "the GPUs do not support CC")
         mode = readers.parse_cc_mode(done.output)
@@ -469,19 +504,92 @@ def image_kernels(root: Root) -> list[str]:
 def module_file_version(runner: Runner, path: str) -> str | None:
     """A module file's version: ``modinfo -F version FILE``, else the ``version=`` string of its
     ``.modinfo`` section read from the file itself (uncompressed modules only)."""
+    values = _modinfo(runner, path, "version")
+    return readers.version_in(values[0]) if values else None
+
+
+def _modinfo(runner: Runner, path: str, field: str) -> list[str]:
+    """``modinfo -F FIELD FILE`` (one value a line), else the file's own ``.modinfo`` strings."""
     try:
-        done = runner.run(["modinfo", "-F", "version", path], check=False)
-        if done.returncode == 0 and readers.version_in(done.stdout):
-            return readers.version_in(done.stdout)
+        done = runner.run(["modinfo", "-F", field, path], check=False)
+        values = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+        if done.returncode == 0 and values:
+            return values
     except CommandError:
         pass
-    try:
-        with open(path, "rb") as f:
-            data = f.read(64 << 20)
-    except OSError:
-        return None
-    m = re.search(rb"(?:^|\0)version=(\d+\.\d+(?:\.\d+)?)\0", data)
-    return m.group(1).decode() if m else None
+    return kmod.modinfo_fields(path, field)
+
+
+# The firmware loader's search path (drivers/base/firmware_loader/main.c) and the compressed
+# forms kernel 6.1 reads (CONFIG_FW_LOADER_COMPRESS: .xz, .zst).
+_FIRMWARE_DIRS = ("/lib/firmware/updates/{release}", "/lib/firmware/updates", "/lib/firmware/{release}",
+                  "/lib/firmware")
+_FIRMWARE_SUFFIXES = ("", ".xz", ".zst")
+
+
+def firmware_present(root: Root, release: str, name: str) -> str | None:
+    """The host path of firmware file ``name`` (as a module names it) where the kernel finds it,
+    or None."""
+    for folder in _FIRMWARE_DIRS:
+        for suffix in _FIRMWARE_SUFFIXES:
+            path = f"{folder.format(release=release)}/{name}{suffix}"
+            if os.path.isfile(root.resolve(path)):
+                return path
+    return None
+
+
+def _modules_check(root: Root, kernels: list[str], found: dict[str, dict[str, kmod.Resolution]]) -> Check:
+    if not kernels:
+        return Check("modules", FAIL, "no kernel in the image (/boot/vmlinuz-*, /lib/modules)",
+                     "install a kernel")
+    for release in kernels:
+        for name, res in found[release].items():
+            if res.blocked:
+                return Check("modules", FAIL, f"kernel {release}: modprobe {name} loads nothing: "
+                             f"{res.blocked}", "remove that line from the image")
+    lacking = [(k, name) for k in kernels for name, res in found[k].items() if not res.found]
+    if lacking:
+        release, name = lacking[0]
+        why = kmod.unreached(root, release, name)
+        if why:
+            return Check("modules", FAIL, f"kernel {release}: modprobe {name} finds no module: {why}",
+                         f"run depmod {release} in the image" if "depmod" in why else
+                         "install the driver package's modprobe.d rules (Debian: "
+                         "/etc/modprobe.d/nvidia.conf, set up with libcuda1) or add "
+                         f"'install {name} modprobe -i <file name> $CMDLINE_OPTS'")
+        kernels_lacking = sorted({k for k, _ in lacking})
+        return Check("modules", FAIL, f"no {name} module for kernel(s) {', '.join(kernels_lacking)} "
+                     f"(/lib/modules/{release})",
+                     "build the nvidia modules (DKMS) for every kernel in the image")
+
+    def shown(res: kmod.Resolution) -> str:
+        via = f" via {res.rules[0].split(': ', 1)[-1]}" if res.rules else ""
+        return f"{res.file}{via}" if res.file else "built in"
+
+    return Check("modules", PASS, "; ".join(
+        f"{k}: nvidia -> {shown(found[k]['nvidia'])}" for k in kernels) +
+        f" ({next(iter(found[kernels[0]].values())).source})")
+
+
+def _firmware_check(root: Root, runner: Runner, found: dict[str, dict[str, kmod.Resolution]]) -> Check:
+    """The firmware files the nvidia module asks for (``modinfo -F firmware``, the GSP images of
+    535) must be where the kernel's loader finds them, or the driver fails on GSP GPUs."""
+    asked: list[tuple[str, str, str]] = []
+    for release, resolved in found.items():
+        res = resolved.get("nvidia")
+        if res and res.file:
+            asked += [(release, res.file, name) for name in _modinfo(runner, root.resolve(res.file),
+                                                                      "firmware")]
+    missing = [(k, f, n) for k, f, n in asked if firmware_present(root, k, n) is None]
+    if missing:
+        release, module, name = missing[0]
+        return Check("firmware", FAIL, f"{module} asks for firmware {name}, not under /lib/firmware"
+                     + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+                     "install the driver's GSP firmware package (Debian: firmware-nvidia-gsp)")
+    if not asked:
+        return Check("firmware", PASS, "the nvidia module asks for no firmware files")
+    names = sorted({n for _, _, n in asked})
+    return Check("firmware", PASS, f"{', '.join(names)} present under /lib/firmware")
 
 
 def image_checks(root: Root, config: Config, runner: Runner) -> list[Check]:
@@ -510,20 +618,12 @@ def image_checks(root: Root, config: Config, runner: Runner) -> list[Check]:
                      "install nvidia-container-toolkit, the driver's persistenced and kmod")
                if missing else Check("tools", PASS, f"{', '.join(IMAGE_TOOLS)} present"))
     kernels = image_kernels(root)
-    files = {k: readers.module_file(root, k) for k in kernels}
-    lacking = [k for k, f in files.items() if f is None]
-    if not kernels:
-        out.append(Check("modules", FAIL, "no kernel in the image (/boot/vmlinuz-*, /lib/modules)",
-                         "install a kernel"))
-    elif lacking:
-        out.append(Check("modules", FAIL, "no nvidia module for kernel(s) "
-                         f"{', '.join(lacking)} (/lib/modules/{lacking[0]})",
-                         "build the nvidia modules (DKMS) for every kernel in the image"))
-    else:
-        out.append(Check("modules", PASS, "nvidia module present for " + ", ".join(
-            f"{k} ({root.host_path(f)})" for k, f in files.items())))
+    # what `modprobe nvidia` and `modprobe nvidia_uvm` load for each kernel (kmod.py)
+    found = {k: {m: kmod.resolve(root, k, m, runner) for m in modules_step.REQUIRED} for k in kernels}
+    out.append(_modules_check(root, kernels, found))
     lib = readers.find_nvml(root)
-    module_versions = {k: module_file_version(runner, f) for k, f in files.items() if f}
+    files = {k: r["nvidia"].file for k, r in found.items() if r["nvidia"].file}
+    module_versions = {k: module_file_version(runner, root.resolve(f)) for k, f in files.items()}
     if lib is None:
         out.append(Check("versions", FAIL, f"{readers.NVML_SONAME} not in the loader's directories",
                          "install the user-space driver (libnvidia-ml) in the image"))
@@ -532,11 +632,12 @@ def image_checks(root: Root, config: Config, runner: Runner) -> list[Check]:
         if wrong:
             k, v = next(iter(wrong.items()))
             shown = v or "of unknown version"
-            out.append(Check("versions", FAIL, f"module {root.host_path(files[k])} is {shown}, "
+            out.append(Check("versions", FAIL, f"module {files[k]} is {shown}, "
                              f"user space {lib.path} is {lib.version}",
                              f"rebuild the image with matching driver {lib.version} modules"))
         else:
             out.append(Check("versions", PASS, f"modules and user space all {lib.version}"))
+    out.append(_firmware_check(root, runner, found))
     out.append(refresh_units_check(root))
     out.append(trust_check(root, config))
     return out

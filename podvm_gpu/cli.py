@@ -1,9 +1,10 @@
 """The ``podvm-gpu`` command line (contract section 1).
 
-``boot`` runs on every pod VM boot, on the critical path before kata-agent, and ``status`` is
-what scripts poll, so their plain forms (``boot [--root DIR] [--config FILE] [--json]
-[--dry-run]``, ``status [--root DIR] [--config FILE] [--json] [--wait] [--timeout S]``) are
-parsed here by hand with the standard library only. Every other form, ``--help`` and usage
+``boot`` runs on every pod VM boot, on the critical path before kata-agent, ``status`` is
+what scripts poll and ``metrics`` what a textfile collector may run, so their plain forms
+(``boot [--root DIR] [--config FILE] [--json] [--dry-run]``, ``status ... [--json] [--wait]
+[--timeout S]``, ``metrics ... [--serve | --listen ADDR:PORT] [--openmetrics] [--textfile]``)
+are parsed here by hand with the standard library only. Every other form, ``--help`` and usage
 errors (exit 2) go through the argparse parser in :mod:`podvm_gpu.app`, which says what is wrong.
 """
 
@@ -17,6 +18,8 @@ _COMMON = {"--root": "root_dir", "--config": "config"}
 _FORMS = {
     "boot": ({"--json": "json_out", "--dry-run": "dry_run"}, _COMMON),
     "status": ({"--json": "json_out", "--wait": "wait"}, {**_COMMON, "--timeout": "timeout"}),
+    "metrics": ({"--serve": "serve", "--openmetrics": "openmetrics", "--textfile": "textfile"},
+                {**_COMMON, "--listen": "listen"}),
 }
 
 
@@ -113,7 +116,36 @@ def _run_fast(command: str, kwargs: dict, args: list[str]) -> int | None:
         from podvm_gpu.boot import run_boot
 
         return run_boot(**kwargs)
+    if command == "metrics":
+        return run_metrics(**kwargs)
     from podvm_gpu.status import run_status
 
     del kwargs["config"]
     return run_status(**kwargs)
+
+
+def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
+                serve: bool = False, openmetrics: bool = False, textfile: bool = False) -> int:
+    """``podvm-gpu metrics``: the ``metrics:`` settings of the config, then print, serve or
+    write the textfile (podvm_gpu.metrics). Exit 0, 1 when it cannot, 2 for a bad config."""
+    from podvm_gpu.host.fs import Root
+    from podvm_gpu.metrics.command import run
+
+    root = Root(root_dir)
+    if config is not None or os.path.lexists(root.resolve("/etc/podvm-gpu/config.yaml",
+                                                          follow_last=False)):
+        from podvm_gpu.config import load_config
+        from podvm_gpu.errors import ConfigError
+
+        try:
+            settings = load_config(config or root.resolve("/etc/podvm-gpu/config.yaml"),
+                                   required=True).metrics
+        except (ConfigError, OSError) as err:
+            print(f"podvm-gpu: error: {err}", file=sys.stderr)
+            return 2
+    else:
+        from podvm_gpu.metrics.settings import MetricsSettings
+
+        settings = MetricsSettings()
+    return run(root, settings, listen=listen, serving=serve or listen is not None,
+               openmetrics=openmetrics, textfile=textfile)

@@ -24,6 +24,7 @@ from podvm_gpu.host.fs import folder_trust_problems
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_SECONDS = 3600.0  # no wait or budget in a pod VM boot is longer than an hour
+MAX_GPUS = 64  # far above any VM size sold (8 GPUs, 16 at most), still a bound
 # The external tools of contract section 1 (and the ones this project added); config keys that
 # name a tool must be one of them.
 TOOLS = ("modprobe", "nvidia-ctk", "nvidia-persistenced", "nvidia-smi", "nv-fabricmanager",
@@ -60,6 +61,18 @@ def seconds(minimum: float, inclusive: bool):
         if value < minimum or (value == minimum and not inclusive) or value > MAX_SECONDS:
             raise _Invalid(loc, f"must be {bound} and at most {MAX_SECONDS:g} s, not {value:g}")
         return float(value)
+
+    return check
+
+
+def count(maximum: int):
+    """A validator of a whole number from 0 to ``maximum``."""
+    def check(value: object, loc: list) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Invalid(loc, f"must be a whole number, not {_kind(value)}")
+        if not 0 <= value <= maximum:
+            raise _Invalid(loc, f"must be from 0 to {maximum}, not {value}")
+        return value
 
     return check
 
@@ -149,7 +162,10 @@ class Section:
 
     def __init__(self, **values: object):
         for name, (_check, default) in self.FIELDS.items():
-            value = values[name] if name in values else default
+            # a function as the default makes it (the metrics settings' class lives in the
+            # metrics package, which imports this module)
+            value = values[name] if name in values else default() if callable(default) \
+                else default
             object.__setattr__(self, name, dict(value) if isinstance(value, dict) else value)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -230,6 +246,44 @@ class ModulesConfig(Section):
     __slots__ = tuple(FIELDS)
 
 
+class DetectConfig(Section):
+    """GPUs that appear after boot started (Hyper-V's vPCI, hot-plug).
+
+    ``expected_gpus``: the NVIDIA GPUs every VM of this image has (0: no expectation); set it in
+    an image that serves GPU VMs only, and boot waits for that many on PCI. Boot also waits,
+    without any setting, for the PCI device of each VMBus PCI pass-through channel that has
+    none yet. ``late_gpu_wait_s``: the longest of either wait, cut to what the boot budget has
+    left. Nothing in the guest bounds the arrival otherwise: hv_pci waits for each answer of the
+    host without a time limit (``wait_for_response`` in pci-hyperv.c gives up only when the
+    channel is rescinded). The default, 60 s, is a judgement, not a measurement: a quarter of
+    the default budget, it leaves 180 s for the setup of the GPUs that arrive (a 1-GPU setup
+    takes seconds; persistenced's own wait is 45 s for one GPU). A VM without such a channel
+    and without ``expected_gpus`` never waits.
+    """
+
+    FIELDS = {"expected_gpus": (count(MAX_GPUS), 0),
+              "late_gpu_wait_s": (seconds(0, True), 60.0)}
+    __slots__ = tuple(FIELDS)
+
+
+def _metrics(value: object, loc: list):
+    """The ``metrics:`` section: the exporter's own settings class checks it (README, Metrics)."""
+    from podvm_gpu.metrics.settings import MetricsConfigError, MetricsSettings
+
+    try:
+        return MetricsSettings.from_mapping(value)
+    except MetricsConfigError as err:
+        raise _Invalid([*loc, *err.key_path.split(".")[1:]], err.message) from None
+    except TypeError as err:  # a key the settings class does not take
+        raise _Invalid(loc, str(err)) from None
+
+
+def _default_metrics():
+    from podvm_gpu.metrics.settings import MetricsSettings
+
+    return MetricsSettings()
+
+
 class Config(Section):
     """The whole config; ``Config()`` is the defaults."""
 
@@ -241,7 +295,9 @@ class Config(Section):
               "confidential_computing": (ConfidentialComputingConfig,
                                          ConfidentialComputingConfig()),
               "modules": (ModulesConfig, ModulesConfig()),
-              "unavailable_spec": (boolean, True)}
+              "detect": (DetectConfig, DetectConfig()),
+              "unavailable_spec": (boolean, True),
+              "metrics": (_metrics, _default_metrics)}
     __slots__ = tuple(FIELDS)
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from podvm_gpu.boot import REASON_MAX
 from podvm_gpu.config import Config
-from podvm_gpu.errors import StepFailed, one_line
+from podvm_gpu.errors import Cancelled, StepFailed, one_line
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.model import PciDevice, Status
@@ -18,9 +17,9 @@ from podvm_gpu.model import PciDevice, Status
 HARMLESS_CALL_S = 10.0
 
 
-@dataclasses.dataclass
 class BootContext:
-    """Facts and handles for one boot run.
+    """Facts and handles for one boot run (a plain class: ``dataclasses`` costs the GPU path
+    several milliseconds of import).
 
     Attributes:
         root: the root every host path is taken under.
@@ -31,17 +30,27 @@ class BootContext:
         gpus, nvswitches: what detect found, sorted by PCI address.
         driver_version: the kernel module's version once the versions step has read it.
         minors: PCI address -> device minor of ``/dev/nvidia<minor>``, from the driver.
+        stopping: a ``threading.Event`` set when the steps in flight must stop (pipeline.py),
+            or None; ``stopped_because`` says why.
     """
 
-    root: Root
-    config: Config
-    runner: Runner
-    status: Status
-    deadline: float
-    gpus: list[PciDevice] = dataclasses.field(default_factory=list)
-    nvswitches: list[PciDevice] = dataclasses.field(default_factory=list)
-    driver_version: str | None = None
-    minors: dict[str, int] = dataclasses.field(default_factory=dict)
+    def __init__(self, root: Root, config: Config, runner: Runner, status: Status,
+                 deadline: float, gpus: list[PciDevice] | None = None,
+                 nvswitches: list[PciDevice] | None = None):
+        self.root, self.config, self.runner, self.status = root, config, runner, status
+        self.deadline = deadline
+        self.gpus = list(gpus or [])
+        self.nvswitches = list(nvswitches or [])
+        self.driver_version: str | None = None
+        self.minors: dict[str, int] = {}
+        self.stopping = None
+        self.stopped_because = ""
+
+    def check_stop(self) -> None:
+        """Raise :class:`Cancelled` when the steps in flight must stop (another failed, the
+        boot is ending); waits call it between polls."""
+        if self.stopping is not None and self.stopping.is_set():
+            raise Cancelled(self.stopped_because or "the boot is ending")
 
     def remaining(self) -> float:
         """Seconds left in the boot budget (may be negative)."""

@@ -136,6 +136,11 @@ class CommandError(PodvmGpuError):
         return f"{cmd}: {exit_text(self.returncode)}" + (f": {tail}" if tail else "")
 
 
+class Cancelled(PodvmGpuError):
+    """A step was stopped because another one failed or the boot is ending; ``str(err)`` says
+    why. Its tool call in flight was ended; no daemon is ever stopped this way."""
+
+
 class StepFailed(PodvmGpuError):
     """A boot step failed; ``str(err)`` is the cause, without the step name (the runner adds it)."""
 

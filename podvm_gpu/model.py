@@ -111,6 +111,7 @@ class Step:
         self.name = name
         self.result = result
         self.started_at = now_iso()
+        self.started = time.monotonic()  # for the duration of a step that never returned
         self.duration_s = 0.0
         self.message = message
 

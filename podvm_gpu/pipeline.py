@@ -1,43 +1,65 @@
-"""The GPU side of ``podvm-gpu boot``: steps 2 to 10 in order, once detect found a GPU.
+"""The GPU side of ``podvm-gpu boot``: steps 2 to 10, once detect found a GPU.
 
 Each step is recorded in the status file before it starts and after it ends, with its result
 and duration. The first failure ends the boot with state ``failed``, a one-line reason that names
 the step and the cause (plus what the kernel log says about the GPUs), the unavailable CDI spec
 and exit status 1. A budget (``budget_s``) bounds the whole run: every command's timeout and every
 wait is cut to it, and an interval timer stops anything that still runs past it.
+
+The order, and what depends on what (contract section 3):
+
+==========================  =================================================================
+``drivers``                 first: with another driver bound, modprobe can only fail.
+``modules``                 after drivers; every later step needs the loaded driver.
+``versions``                after modules (reads the loaded module's version); before any NVML
+                            client, which fails on a mismatch. The fabric manager's version too,
+                            before persistenced starts initialising GPUs for nothing (C23).
+``device-nodes``            after modules (majors and minors come from the driver).
+``persistenced``            after the nodes; before every NVML client (nvidia-smi, the fabric
+                            wait, nvidia-ctk): without it each client initialises the GPUs again,
+                            slow, and harmful in confidential-computing mode (C20).
+``fabricmanager``     }     after persistenced; independent of each other, so they run at the
+``confidential-computing``  same time: the fabric wait is tens of seconds on HGX machines,
+``cdi`` (generate)    }     and nvidia-ctk's generation does not need the fabric or the ready
+                            state, only the driver and persistenced.
+``cdi`` (install)           only once all three succeeded: the spec a CDI reader sees must mean
+                            a usable GPU (fabric Completed/Success, CC ready state as decided).
+==========================  =================================================================
+
+A failure in one of the three parallel steps stops the other two (their tool calls are ended;
+daemons are never touched), nothing is installed, and the boot ends failed as any other; when
+more than one of them failed, the reason is that of the earliest in the order above.
 """
 
 from __future__ import annotations
 
-import shlex
-import signal
+import _signal
+import threading
 import time
-import traceback
 
-from podvm_gpu.boot import REASON_MAX, Log, Run
+from podvm_gpu.boot import REASON_MAX, Interrupted, Log, Run
 from podvm_gpu.config import Config, timeouts_for
 from podvm_gpu.context import BootContext
-from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
+from podvm_gpu.errors import Cancelled, CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.proc import Runner
-from podvm_gpu.jsontext import dumps
 from podvm_gpu.model import Step, StepResult
 from podvm_gpu.steps import (Skipped, cc, cdi_step, drivers, fabric, modules, nodes, persistenced,
                              versions)
 
-STEPS = (
+SEQUENTIAL = (
     ("drivers", drivers.run),
     ("modules", modules.run),
     ("versions", versions.run),
     ("device-nodes", nodes.run),
-    # persistenced before every NVML client: without it each client re-initialises the GPUs
-    # (slow, and harmful in confidential-computing mode).
     ("persistenced", persistenced.run),
+)
+PARALLEL = (
     ("fabricmanager", fabric.run),
     ("confidential-computing", cc.run),
-    ("cdi", cdi_step.run),
+    ("cdi", cdi_step.generate),
 )
-
+STEP_NAMES = tuple(name for name, _ in SEQUENTIAL + PARALLEL)
 _ALARM_GRACE_S = 2.0  # after the budget, let the step in flight report its own timeout first
 
 
@@ -74,64 +96,177 @@ def run_pipeline(run: Run, config: Config | None) -> int:
     ctx = BootContext(run.root, config, runner, run.status, deadline, gpus=gpus,
                       nvswitches=switches)
     if run.dry_run:
-        from podvm_gpu.plan import plan
-
-        commands = plan(ctx)
-        if run.json_out:
-            print(dumps({"dry_run": True, "gpus": [g.to_dict() for g in gpus],
-                         "nvswitches": [s.to_dict() for s in switches], "commands": commands}))
-        else:
-            for argv in commands:
-                print(shlex.join(argv))
-        return 0
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, max(ctx.remaining(), 0) + _ALARM_GRACE_S)
+        return _dry_run(run, ctx)
+    steps = Steps(ctx, run)
+    previous = _signal.signal(_signal.SIGALRM, _on_alarm)
+    _signal.setitimer(_signal.ITIMER_REAL, max(ctx.remaining(), 0) + _ALARM_GRACE_S)
     try:
-        for name, func in STEPS:
-            reason = _run_step(ctx, name, func, run.status_file, run.log)
-            if reason is not None:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                return _fail(run, reason)
+        reason = steps.run_all()
+    except BudgetExpired:  # while the parallel steps ran: the earliest in flight is blamed
+        step = steps.in_flight()
+        steps.stop("the boot budget is spent", wait_s=0.5)
+        step.result = StepResult.FAILED
+        step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent"
+        reason = f"{step.name}: {step.message}"
+    except BaseException as err:
+        # SIGTERM, SIGINT, a bug: the step in flight is the one the end names; end the other
+        # steps' tools and give them a moment to record it
+        if isinstance(err, Interrupted):
+            err.steps = steps.running()
+        steps.stop("the boot is ending", wait_s=1.0)
+        raise
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        _signal.setitimer(_signal.ITIMER_REAL, 0)
+        _signal.signal(_signal.SIGALRM, previous)
+    if reason is not None:
+        return _fail(run, reason)
     for finding in kmsg.findings(kmsg.read_kernel_log(run.root)):
         ctx.warn(f"kernel log: {finding.describe()}")
     return run.end_ready()
 
 
-def _run_step(ctx: BootContext, name: str, func, status_file: StatusFile, log: Log) -> str | None:
-    """Run one step and record it; return the boot's failure reason, or None when it passed."""
-    step = Step(name)
-    ctx.status.steps.append(step)
-    status_file.write(ctx.status)
-    t0 = time.monotonic()
-    try:
-        if ctx.remaining() <= 0:
-            raise StepFailed(f"timed out: the boot budget of {ctx.config.budget_s:g} s was spent "
-                             "before this step")
-        step.message = func(ctx) or ""
-        step.result = StepResult.OK
-    except Skipped as skip:
-        step.result, step.message = StepResult.SKIPPED, str(skip)
-    except StepFailed as err:
-        step.result, step.message = StepResult.FAILED, str(err)
-    except CommandError as err:
-        step.result, step.message = StepResult.FAILED, describe_command_error(err)
-    except BudgetExpired:
-        step.result = StepResult.FAILED
-        step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent"
-    except Exception as err:  # a bug must still end in 'failed' with the unavailable spec
-        step.result = StepResult.FAILED
-        step.message = f"internal error: {type(err).__name__}: {err}"
-        log(Log.ERR, traceback.format_exc().replace("\n", " | "))
-    step.duration_s = time.monotonic() - t0
-    step.message = one_line(step.message, REASON_MAX)
-    log.step(step)
-    status_file.write(ctx.status)
-    if step.result == StepResult.FAILED:
-        return f"{name}: {step.message}"
-    return None
+class Steps:
+    """Runs the steps in their order, the parallel ones on threads of their own, and records each.
+
+    The status file is written by one thread at a time; signals (SIGTERM, SIGINT, the budget's
+    timer) reach the main thread only, which then stops the others through :meth:`stop`.
+    """
+
+    def __init__(self, ctx: BootContext, run: Run):
+        self.ctx, self.run = ctx, run
+        self.threads: list[threading.Thread] = []
+        ctx.stopping = threading.Event()
+
+    def write(self) -> None:
+        self.run.status_file.write(self.ctx.status)  # one writer at a time (StatusFile)
+
+    def stop(self, why: str, wait_s: float = 0.0) -> None:
+        """Stop every step still running: waits end, tool calls in flight are killed, new ones
+        refused; wait up to ``wait_s`` for the steps' threads to record it. Daemons are not the
+        runner's children and are left alone."""
+        self.ctx.stopped_because = self.ctx.stopped_because or why
+        self.ctx.stopping.set()
+        self.ctx.runner.cancel(why)
+        end = time.monotonic() + wait_s
+        for thread in self.threads:
+            if wait_s > 0 and thread is not threading.current_thread():
+                thread.join(max(end - time.monotonic(), 0))
+
+    def run_all(self) -> str | None:
+        """The boot's failure reason, or None when every step passed (and the spec is in)."""
+        for name, func in SEQUENTIAL:
+            reason = self.one(self.start(name), func)
+            if reason is not None:
+                return reason
+        started = [(self.start(name), func) for name, func in PARALLEL]
+        results: dict[str, object] = {}
+        self.threads = [threading.Thread(target=self._branch, args=(step, func, results),
+                                         name=f"step-{step.name}", daemon=True)
+                        for step, func in started]
+        for thread in self.threads:
+            thread.start()
+        for thread in self.threads:
+            # Joined in short slices: the kernel may hand SIGTERM to a step's thread, and then
+            # only a main thread that wakes up runs the handler (a plain join() sat out a hung
+            # call's whole timeout before the boot noticed the signal).
+            while thread.is_alive():
+                thread.join(0.05)
+        failed = [s for s, _ in started if s.result == StepResult.FAILED]
+        if failed:  # the earliest in the step order, whichever failed first in time
+            return f"{failed[0].name}: {failed[0].message}"
+        cdi = started[-1][0]
+        cdi.message = ""
+        return self.one(cdi, lambda ctx: cdi_step.install(ctx, results["cdi"]), started=False)
+
+    def in_flight(self) -> Step:
+        """The earliest step still running (several run at once after persistenced)."""
+        return self.run.running_step()
+
+    def running(self) -> list[Step]:
+        """Every step still running, in the step order."""
+        return [s for s in self.ctx.status.steps if s.result == StepResult.RUNNING]
+
+    def start(self, name: str) -> Step:
+        step = Step(name)
+        self.ctx.status.steps.append(step)
+        self.write()
+        return step
+
+    def _branch(self, step: Step, func, results: dict) -> None:
+        def keep(ctx):
+            value = func(ctx)
+            if isinstance(value, cdi_step.Generated):  # installed later: the step runs on
+                results[step.name] = value
+                return None
+            return value
+
+        if self.one(step, keep, final=step.name != "cdi") is not None:
+            self.stop(f"{step.name} failed")
+
+    def one(self, step: Step, func, started: bool = True, final: bool = True) -> str | None:
+        """Run ``func(ctx)`` as ``step`` and record it; the failure reason, or None.
+
+        ``started=False`` continues a step whose first part ran before (its time adds up);
+        ``final=False`` leaves a step that succeeded ``running`` (the cdi step between its
+        generation and its installation).
+        """
+        ctx = self.ctx
+        t0 = time.monotonic()
+        earlier = step.duration_s
+        try:
+            if ctx.remaining() <= 0:
+                raise StepFailed(f"timed out: the boot budget of {ctx.config.budget_s:g} s was "
+                                 "spent before this step")
+            message = func(ctx) or ""
+            step.message = message if started or not step.message else \
+                f"{step.message}; {message}"
+            step.result = StepResult.OK if final else StepResult.RUNNING
+            if not final:
+                step.message = "spec generated and valid; installed once the fabric and the " \
+                               "confidential-computing steps succeed"
+        except Skipped as skip:
+            step.result, step.message = StepResult.SKIPPED, str(skip)
+        except Cancelled as why:
+            if step.result != StepResult.RUNNING:
+                return None  # the main thread has given the step its end (a signal's)
+            step.result, step.message = StepResult.SKIPPED, f"stopped: {why}"
+        except StepFailed as err:
+            step.result, step.message = StepResult.FAILED, str(err)
+        except CommandError as err:
+            step.result, step.message = StepResult.FAILED, describe_command_error(err)
+        except BudgetExpired:
+            step.result = StepResult.FAILED
+            step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent"
+        except Exception as err:  # a bug must still end in 'failed' with the unavailable spec
+            import traceback
+
+            step.result = StepResult.FAILED
+            step.message = f"internal error: {type(err).__name__}: {err}"
+            self.run.log(Log.ERR, traceback.format_exc().replace("\n", " | "))
+        step.duration_s = earlier + time.monotonic() - t0
+        step.message = one_line(step.message, REASON_MAX)
+        if step.result != StepResult.RUNNING:
+            self.run.log.step(step)
+        self.write()
+        if step.result == StepResult.FAILED:
+            return f"{step.name}: {step.message}"
+        return None
+
+
+def _dry_run(run: Run, ctx: BootContext) -> int:
+    from podvm_gpu.jsontext import dumps
+    from podvm_gpu.plan import plan
+
+    commands = plan(ctx)
+    if run.json_out:
+        print(dumps({"dry_run": True, "gpus": [g.to_dict() for g in ctx.gpus],
+                     "nvswitches": [s.to_dict() for s in ctx.nvswitches], "commands": commands}))
+    else:
+        import shlex
+
+        for argv in commands:
+            print(shlex.join(argv))
+    return 0
 
 
 def _fail(run: Run, reason: str) -> int:

@@ -28,8 +28,9 @@ def plan(ctx: BootContext) -> list[list[str]]:
     if any(nodes.node_problem(root, n) for n in required[:3]):
         argv = ["nvidia-ctk", "system", "create-device-nodes", "--control-devices"]
         argvs.append(argv if root.is_host else [*argv, f"--dev-root={root.path}"])
+    use_modprobe = root.is_host and ctx.runner.which("nvidia-modprobe") is not None
     for node in required[3:]:
-        if nodes.node_problem(root, node):
+        if use_modprobe and nodes.node_problem(root, node):  # else mknod, no command
             argvs.append(["nvidia-modprobe", "-c", str(node.minor)])
     if daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM) is None:
         argvs.append(["nvidia-persistenced", *cfg.persistenced.args])

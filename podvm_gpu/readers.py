@@ -9,11 +9,12 @@ labels, never by column positions).
 
 from __future__ import annotations
 
-import dataclasses
+import collections
 import glob
 import os
 import re
 
+from podvm_gpu import kmod
 from podvm_gpu.host.fs import Root
 
 NVIDIA_MAJOR_NAME = "nvidia"  # /proc/devices name of the driver's character major (195)
@@ -79,42 +80,27 @@ def kernel_module_version(root: Root) -> str | None:
 
 
 def modprobe_overrides(root: Root, module: str) -> list[str]:
-    """``install``/``blacklist`` lines for ``module`` in modprobe.d, as ``file: line`` strings.
+    """``install``/``blacklist`` lines for ``module`` in modprobe.d, as ``file: line`` strings,
+    in kmod's reading order (links resolved inside the root, podvm_gpu/kmod.py).
 
-    An ``install nvidia /bin/true`` line makes ``modprobe nvidia`` exit 0 without loading it.
+    An ``install nvidia /bin/true`` line makes ``modprobe nvidia`` exit 0 without loading it;
+    ``blacklist`` makes ``modprobe -b`` (udev's autoload) exit 0 without loading it.
     """
-    hits = []
-    names = {module, module.replace("_", "-")}
-    for folder in ("/etc/modprobe.d", "/run/modprobe.d", "/usr/lib/modprobe.d", "/lib/modprobe.d"):
-        for path in sorted(glob.glob(os.path.join(root.resolve(folder), "*.conf"))):
-            try:
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    lines = f.read().splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                words = line.split("#", 1)[0].split()
-                if len(words) >= 2 and words[0] in ("install", "blacklist") and words[1] in names:
-                    hits.append(f"{folder}/{os.path.basename(path)}: {' '.join(words)}")
-    return hits
-
-
-def module_file(root: Root, release: str, module: str = "nvidia") -> str | None:
-    """The real path of ``<module>.ko[.xz|.zst|.gz]`` under ``/lib/modules/<release>``, or None."""
-    for dirpath, _dirs, files in os.walk(root.resolve(f"/lib/modules/{release}")):
-        for f in files:
-            if f.split(".ko")[0] == module and ".ko" in f:
-                return os.path.join(dirpath, f)
-    return None
+    wanted = kmod.norm(module)
+    return [rule.where for rule in kmod.read_rules(root)
+            if rule.command in ("install", "blacklist") and kmod.norm(rule.name) == wanted]
 
 
 def module_kernels(root: Root, module: str = "nvidia") -> list[str]:
-    """Kernel releases under ``/lib/modules`` that have ``<module>.ko`` (any compression)."""
+    """Kernel releases under ``/lib/modules`` that have the module: a file ``modprobe <module>``
+    reaches, or a file whose internal name is ``module`` under another file name
+    (podvm_gpu/kmod.py; any compression)."""
     try:
         releases = sorted(os.listdir(root.resolve("/lib/modules")))
     except OSError:
         return []
-    return [release for release in releases if module_file(root, release, module)]
+    return [release for release in releases if kmod.read_resolve(root, release, module).file
+            or kmod.files_named(root, release, module)]
 
 
 # --- the user-space driver: where the loader finds libnvidia-ml.so.1 ----------------------
@@ -156,13 +142,13 @@ def loader_dirs(root: Root) -> list[str]:
     return list(dict.fromkeys(dirs))
 
 
-@dataclasses.dataclass(frozen=True)
-class Library:
-    """Where ``libnvidia-ml.so.1`` is (host path of the link), its target and the version in it."""
+# Immutable records as named tuples, not frozen dataclasses: ``import dataclasses`` pulls in
+# ``inspect``, several milliseconds of start-up for ``podvm-gpu metrics`` (model.py says the same).
+class Library(collections.namedtuple("Library", "path target version")):
+    """Where ``libnvidia-ml.so.1`` is (host path of the link), its target and the version in it
+    (``str``, ``str``, ``str`` or None)."""
 
-    path: str
-    target: str
-    version: str | None
+    __slots__ = ()
 
 
 def _library_at(root: Root, host_path: str) -> Library | None:
@@ -224,13 +210,28 @@ def daemon_pid(root: Root, pid_file: str, comm: str) -> int | None:
 
 # --- nvidia-smi texts ----------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class FabricState:
-    """One GPU's NVLink fabric state from ``nvidia-smi -q`` (``Fabric`` section)."""
+# nvidia-smi's exit status when it cannot reach the kernel driver (no module, no /dev/nvidiactl,
+# no permission): every subcommand, 535.261.03 as the field's newer drivers, prints on stdout
+# "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that
+# the latest NVIDIA driver is installed and running." (tests/data/nvidia-535.261.03/plain).
+NVSMI_NO_DRIVER_RC = 9
 
-    gpu: str
-    state: str
-    status: str
+
+def nvsmi_no_driver(returncode: int | None, output: str) -> str | None:
+    """A one-line cause when nvidia-smi exited 9 (it cannot talk to the driver), quoting what it
+    printed; None for any other exit. After the modules step this is a failure, never an
+    "unknown" state: the driver that boot loaded does not answer."""
+    if returncode != NVSMI_NO_DRIVER_RC:
+        return None
+    said = " ".join(output.split()) or "no output"
+    return f"nvidia-smi cannot communicate with the NVIDIA driver (exit 9: {said})"
+
+
+class FabricState(collections.namedtuple("FabricState", "gpu state status")):
+    """One GPU's NVLink fabric state from ``nvidia-smi -q`` (``Fabric`` section): the GPU's PCI
+    address, the ``State`` and the ``Status`` line, as text."""
+
+    __slots__ = ()
 
     @property
     def supported(self) -> bool:
@@ -305,3 +306,22 @@ def parse_ready_state(text: str) -> str | None:
     if value == "ready":
         return "ready"
     return value
+
+
+# --- nvidia-persistenced --help ----------------------------------------------------------
+
+# An option line of the help text: two spaces, then options separated by ", ", each maybe with
+# an argument ("-u USERNAME, --user=USERNAME", "--persistence-mode, --no-persistence-mode").
+_UNRECOGNIZED = re.compile(r'unrecognized option: "(-[^"\s]+)"')
+
+
+def unrecognized_option(said: str) -> str | None:
+    """The option an installed ``nvidia-persistenced`` refused, from what it printed, or None.
+
+    nvidia-persistenced 535.171.04 (Debian 12) does not offer ``--uvm-persistence-mode``: given
+    it, the daemon prints ``nvidia-persistenced: unrecognized option: "--uvm-persistence-mode"``
+    and ``ERROR: Invalid commandline, ...`` on stderr and exits 0 without starting
+    (tests/data/nvidia-535.261.03/plain/nvidia-persistenced-agent-default-args).
+    """
+    m = _UNRECOGNIZED.search(said or "")
+    return m.group(1) if m else None

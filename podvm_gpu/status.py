@@ -5,6 +5,7 @@ Standard library only: the CPU fast path writes it.
 
 from __future__ import annotations
 
+import _thread
 import os
 import time
 
@@ -29,19 +30,23 @@ class StatusFile:
         self.root = root
         self.path = STATUS_PATH
         self.enabled = enabled
+        # steps that run at the same time write through one lock (one temporary name each);
+        # _thread, not threading: the CPU fast path writes the status too
+        self._lock = _thread.allocate_lock()
 
     def write(self, status: Status) -> None:
-        """Write ``status`` (mode 0644).
+        """Write ``status`` (mode 0644); one writer at a time.
 
         Raises:
             OSError: the run directory cannot be resolved, created or written.
         """
         if not self.enabled:
             return
-        # resolved on every write: a link planted meanwhile is followed chroot-style only
-        self.path = self.root.resolve(STATUS_PATH, follow_last=False)
-        ensure_dir(os.path.dirname(self.path))
-        atomic_write(self.path, dumps(status.to_dict()) + "\n")
+        with self._lock:
+            # resolved on every write: a link planted meanwhile is followed chroot-style only
+            self.path = self.root.resolve(STATUS_PATH, follow_last=False)
+            ensure_dir(os.path.dirname(self.path))
+            atomic_write(self.path, dumps(status.to_dict()) + "\n")
 
     def finish(self, status: Status, state: State, reason: str | None) -> None:
         """Set the final state, reason and finish time, then write."""

@@ -8,6 +8,7 @@
 #   /opt/podvm-gpu                  venv with the agent (installed with pip --no-index)
 #   /usr/local/bin/podvm-gpu        link for engineers
 #   /usr/lib/systemd/system/podvm-gpu.service, enabled (multi-user.target.wants)
+#   /usr/lib/systemd/system/podvm-gpu-metrics.service, disabled (the image enables it if wanted)
 #   /usr/lib/systemd/system/kata-agent.service.d/10-podvm-gpu.conf
 #   /usr/lib/systemd/system-preset/40-podvm-gpu.preset
 #   nvidia-cdi-refresh.path/.service masked: only the agent writes /var/run/cdi/nvidia.yaml
@@ -32,6 +33,7 @@ mkdir -p /usr/local/bin
 ln -sfn "$prefix/bin/podvm-gpu" /usr/local/bin/podvm-gpu
 
 install -D -m 0644 "$bundle/podvm-gpu.service" "$unitdir/podvm-gpu.service"
+install -D -m 0644 "$bundle/podvm-gpu-metrics.service" "$unitdir/podvm-gpu-metrics.service"
 install -D -m 0644 "$bundle/10-podvm-gpu.conf" "$unitdir/kata-agent.service.d/10-podvm-gpu.conf"
 install -D -m 0644 "$bundle/podvm-gpu.preset" /usr/lib/systemd/system-preset/40-podvm-gpu.preset
 

@@ -79,3 +79,38 @@ def empty_path(tmp_path) -> str:
     folder = tmp_path / "empty-bin"
     folder.mkdir()
     return str(folder)
+
+
+# --- the metrics exporter: the fake libnvidia-ml.so.1, Debian's real one, promtool ---------------
+# Used by test_metrics*.py.
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_libs(tmp_path_factory) -> dict:
+    """The fake NVML built with gcc: ``{"current": path, "535": path}`` (tests/fake_nvml)."""
+    if shutil.which("gcc") is None:
+        _missing_tool("gcc (Debian packages gcc, libc6-dev)")
+    import fake_nvml
+
+    out = tmp_path_factory.mktemp("fake-nvml")
+    return {"current": fake_nvml.build(out), "535": fake_nvml.build(out, 535)}
+
+
+
+@pytest.fixture(scope="session")
+def promtool(tmp_path_factory) -> str:
+    """Debian 12's ``promtool`` (package ``prometheus``), unpacked alone from its .deb: installing
+    the package would start a Prometheus server on a systemd host."""
+    import debian_packages
+
+    deb = debian_packages.fetch("prometheus")
+    out = debian_packages.unpack(deb, tmp_path_factory.mktemp("promtool"), "./usr/bin/promtool")
+    return str(out / "usr/bin/promtool")
+
+
+@pytest.fixture(scope="session")
+def real_nvml_deb() -> Path:
+    """The .deb of Debian 12's real ``libnvidia-ml1`` (non-free, the 535 branch)."""
+    import debian_packages
+
+    return debian_packages.fetch("libnvidia-ml1")

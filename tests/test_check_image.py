@@ -55,8 +55,28 @@ def test_an_image_with_driver_units_and_tools_passes(tmp_path):
     assert code == 0, checks
     assert {name: c["result"] for name, c in checks.items()} == {
         "unit": "pass", "kata-agent-ordering": "pass", "tools": "pass", "modules": "pass",
-        "versions": "pass", "cdi-refresh-units": "pass", "trust": "pass"}
+        "versions": "pass", "firmware": "pass", "cdi-refresh-units": "pass", "trust": "pass"}
     assert VERSION in checks["versions"]["detail"]
+    assert f"nvidia/{VERSION}/gsp_ga10x.bin" in checks["firmware"]["detail"]
+
+
+def test_missing_gsp_firmware_fails_naming_the_file_the_module_asks_for(tmp_path):
+    root = make_image(tmp_path)
+    (root / f"lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin").unlink()
+    code, checks = check_image(root)
+    assert code == 1
+    assert checks["firmware"]["result"] == "fail"
+    assert f"nvidia/{VERSION}/gsp_ga10x.bin" in checks["firmware"]["detail"]
+    assert "/updates/dkms/nvidia.ko" in checks["firmware"]["detail"]
+
+
+def test_compressed_firmware_counts(tmp_path):
+    """The kernel's loader reads .xz and .zst firmware (CONFIG_FW_LOADER_COMPRESS)."""
+    root = make_image(tmp_path)
+    plain = root / f"lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"
+    plain.rename(plain.with_name(plain.name + ".zst"))
+    code, checks = check_image(root)
+    assert checks["firmware"]["result"] == "pass", checks["firmware"]
 
 
 def test_a_kernel_without_the_nvidia_module_fails_naming_its_folder(tmp_path):
@@ -113,3 +133,15 @@ def test_a_config_others_may_write_fails_the_image_and_one_owned_by_the_builder_
     assert code == 1 and checks["trust"]["result"] == "fail", checks["trust"]
     assert "/usr/bin/nvidia-ctk: it is writable by group or others (mode 0777)" in \
         checks["trust"]["detail"]
+
+
+def test_a_module_that_modules_dep_does_not_list_fails_asking_for_depmod(tmp_path):
+    """kmod looks modules up in modules.dep: a module installed after the last depmod is not
+    found by modprobe (as Debian's real kmod 30 shows, tests/test_kmod.py)."""
+    root = make_image(tmp_path)
+    kernel = next((root / "lib/modules").iterdir())
+    (kernel / "modules.dep").write_text("kernel/drivers/net/virtio_net.ko:\n")
+    code, checks = check_image(root)
+    assert code == 1
+    assert "is not in modules.dep" in checks["modules"]["detail"], checks["modules"]
+    assert checks["modules"]["hint"] == f"run depmod {kernel.name} in the image"

@@ -73,6 +73,36 @@ def test_the_fixed_keys_are_read(config_file):
     assert timeouts_for(config)["modprobe"] == DEFAULT_TIMEOUTS["modprobe"]
 
 
+def test_the_detect_section_defaults_to_no_expectation_and_a_60_s_late_gpu_wait(fs):
+    detect = load_config(PATH).detect
+
+    assert (detect.expected_gpus, detect.late_gpu_wait_s) == (0, 60)
+
+
+def test_the_detect_section_is_read(config_file):
+    detect = load_config(config_file("detect:\n  expected_gpus: 8\n  late_gpu_wait_s: 0\n")).detect
+
+    assert (detect.expected_gpus, detect.late_gpu_wait_s) == (8, 0)  # 0: look once, no wait
+
+
+@pytest.mark.parametrize("text, key, words", [
+    ("detect: {expected_gpus: -1}\n", "detect.expected_gpus", "from 0 to 64, not -1"),
+    ("detect: {expected_gpus: 65}\n", "detect.expected_gpus", "from 0 to 64, not 65"),
+    ("detect: {expected_gpus: true}\n", "detect.expected_gpus", "whole number, not a boolean"),
+    ("detect: {expected_gpus: 1.5}\n", "detect.expected_gpus", "whole number, not a number"),
+    ("detect: {expected_gpus: '2'}\n", "detect.expected_gpus", "whole number, not a string"),
+    ("detect: {late_gpu_wait_s: -1}\n", "detect.late_gpu_wait_s", "at least 0"),
+    ("detect: {late_gpu_wait_s: 3601}\n", "detect.late_gpu_wait_s", "at most 3600"),
+    ("detect: {late_gpu_wait_s: .inf}\n", "detect.late_gpu_wait_s", "finite"),
+    ("detect: {gpus: 1}\n", "detect.gpus", "unknown key"),
+    ("detect: 8\n", "detect", "must be a mapping of settings"),
+])
+def test_a_bad_detect_value_names_the_key(config_file, text, key, words):
+    message = load_error(text, config_file)
+
+    assert f"{PATH}: {key}: " in message and words in message, message
+
+
 def test_the_config_is_frozen():
     with pytest.raises(AttributeError):
         Config().budget_s = 1  # type: ignore[misc]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from boot import image, nvidia_image
+from boot import image, nvidia_image, real_driver
 
 PACKER_DIR = Path(__file__).resolve().parents[1] / "packer"
 TEMPLATE = PACKER_DIR / "podvm-gpu.pkr.hcl"
@@ -63,6 +63,9 @@ def image_dir(tmp_path):
     image.require_root()
     with image.writable_view(image.base_rootfs(), tmp_path / "image") as root:
         nvidia_image.add_nvidia_driver(root)
+        for kernel in root.glob("lib/modules/*"):  # as DKMS does after installing modules
+            done = image.nspawn(root, "depmod", kernel.name)
+            assert done.returncode == 0, done.stderr
         image.install_nvidia_package_units(root)
         yield root
 
@@ -90,3 +93,23 @@ def test_null_build_fails_when_the_image_has_no_nvidia_modules(image_dir, tmp_pa
     output = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)
     assert re.search(r"fail\s+modules", output), output[-6000:]
     assert (image_dir / "opt/podvm-gpu/bin/podvm-gpu").exists(), "it failed at the check, not earlier"
+
+
+@pytest.mark.slow
+def test_null_build_over_the_real_driver_image_ends_with_the_image_check_passing(tmp_path):
+    """Real: Debian 12's NVIDIA 535 packages in the image (tests/boot/real_driver.py), the
+    installer, the image's own kmod answering the check inside nspawn; stubs: nvidia-ctk and
+    nvidia-cdi-hook. Debian's enabled nvidia-persistenced.service is disabled by the install."""
+    image.require_root()
+    with image.writable_view(real_driver.nvidia_rootfs(), tmp_path / "image") as root:
+        real_driver.add_toolkit_standins(root)
+        wants = root / "etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service"
+        assert wants.is_symlink(), "Debian enables its persistenced unit"
+        done = null_build(root, tmp_path)
+        output = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)
+        assert done.returncode == 0, output[-6000:] + done.stderr[-3000:]
+        # the table wraps long details onto the next line
+        assert re.search(r"pass\s+modules\s+6\.1\.0-\S+: nvidia ->", output), output[-6000:]
+        assert "/updates/dkms/nvidia-current.ko" in output
+        assert re.search(r"pass\s+firmware", output) and re.search(r"OK: \d+ pass, 0 warn, 0 fail", output), output[-6000:]
+        assert not wants.exists()

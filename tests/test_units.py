@@ -27,6 +27,7 @@ BUDGET_S = 240  # the agent's default budget (contract section 3)
 # Unit files and drop-ins -> where the installer (or the boot tests) put them.
 INSTALLED = {
     SYSTEMD / "podvm-gpu.service": f"{UNIT_DIR}/podvm-gpu.service",
+    SYSTEMD / "podvm-gpu-metrics.service": f"{UNIT_DIR}/podvm-gpu-metrics.service",
     SYSTEMD / "kata-agent.service.d/10-podvm-gpu.conf": f"{UNIT_DIR}/kata-agent.service.d/10-podvm-gpu.conf",
     BOOT / "units/kata-agent.service": "/etc/systemd/system/kata-agent.service",
     BOOT / "gpu/podvm-gpu.service.d/50-fake-gpu.conf": "/etc/systemd/system/podvm-gpu.service.d/50-fake-gpu.conf",
@@ -116,7 +117,8 @@ def seconds(timespan: str) -> float:
     return int(re.search(r"μs:\s*(\d+)", out).group(1)) / 1e6
 
 
-@pytest.mark.parametrize("unit", ["podvm-gpu.service", "kata-agent.service", "nvidia-persistenced.service",
+@pytest.mark.parametrize("unit", ["podvm-gpu.service", "podvm-gpu-metrics.service", "kata-agent.service",
+                                  "nvidia-persistenced.service",
                                   "nvidia-cdi-refresh.service", "nvidia-cdi-refresh.path",
                                   PERSISTENCED.unit, FABRICMANAGER.unit])
 def test_unit_verifies_without_any_warning(root, unit):
@@ -204,6 +206,7 @@ def test_hardening_leaves_what_gpu_setup_needs(agent):
 
 @pytest.mark.parametrize("unit, path, most", [
     ("podvm-gpu.service", f"{UNIT_DIR}/podvm-gpu.service", 4.0),
+    ("podvm-gpu-metrics.service", f"{UNIT_DIR}/podvm-gpu-metrics.service", 2.5),
     (PERSISTENCED.unit, f"{DAEMON_DIR}/{PERSISTENCED.unit}", 3.5),
     (FABRICMANAGER.unit, f"{DAEMON_DIR}/{FABRICMANAGER.unit}", 3.5)])
 def test_exposure_score(root, unit, path, most):
@@ -222,10 +225,11 @@ def test_kata_agent_drop_in_wants_and_orders_after_the_agent_without_requiring_i
         assert hard not in unit, f"{hard}= would keep kata-agent from reporting a failed GPU setup"
 
 
-def test_preset_enables_the_agent_and_disables_the_units_it_replaces():
+def test_preset_enables_the_agent_and_disables_the_metrics_and_the_units_it_replaces():
     lines = [line for line in (SYSTEMD / "podvm-gpu.preset").read_text().splitlines()
              if line and not line.startswith("#")]
-    assert lines == ["enable podvm-gpu.service", "disable nvidia-persistenced.service",
+    assert lines == ["enable podvm-gpu.service", "disable podvm-gpu-metrics.service",
+                     "disable nvidia-persistenced.service",
                      "disable nvidia-fabricmanager.service", "disable nvidia-cdi-refresh.path",
                      "disable nvidia-cdi-refresh.service"]
 
@@ -241,3 +245,29 @@ def test_gpu_test_drop_in_only_swaps_the_command_and_environment():
 def test_scripts_parse_as_posix_sh(script):
     done = subprocess.run(["sh", "-n", str(SYSTEMD / script)], capture_output=True, text=True, timeout=30)
     assert (done.returncode, done.stderr) == (0, "")
+
+
+@pytest.fixture(scope="module")
+def metrics() -> dict[str, dict[str, list[str]]]:
+    return parse_unit(SYSTEMD / "podvm-gpu-metrics.service")
+
+
+def test_metrics_unit_serves_at_the_configs_address_after_the_boot_and_restarts(metrics):
+    assert metrics["Service"]["Type"] == ["simple"]
+    assert metrics["Service"]["ExecStart"] == ["/opt/podvm-gpu/bin/podvm-gpu metrics --serve"]
+    assert metrics["Service"]["Restart"] == ["on-failure"], "an address not yet up is retried"
+    assert "podvm-gpu.service" in metrics["Unit"]["After"], "a scrape is never the first NVML client"
+    for hard in ("Requires", "BindsTo", "Requisite", "Wants"):
+        assert hard not in metrics["Unit"], f"{hard}=: the exporter reports a failed boot, it needs none"
+    assert "Before" not in metrics["Unit"], "nothing in the boot waits for the exporter"
+
+
+def test_metrics_unit_sandbox_leaves_the_kernel_log_nvml_and_the_textfile(metrics):
+    service = metrics["Service"]
+    assert service["CapabilityBoundingSet"] == ["CAP_SYSLOG"], "/dev/kmsg with dmesg_restrict=1"
+    assert service["DevicePolicy"] == ["closed"]
+    assert service["DeviceAllow"] == ["/dev/kmsg r", "char-nvidia* rw"]
+    assert service["ReadWritePaths"] == ["-/run/podvm-gpu"], "the textfile, optional"
+    for key in ("ProtectKernelLogs", "ProtectProc", "ProcSubset", "PrivateNetwork", "PrivateDevices",
+                "User", "DynamicUser"):
+        assert key not in service, key

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -54,8 +55,11 @@ class DaemonUnit:
 
     def settings(self) -> list[str]:
         """Every setting the unit gets, in order."""
+        # RemainAfterExit: a daemon whose first process exits 0 without leaving a daemon (an
+        # option it does not know) leaves its unit "active (exited)" to be read, instead of
+        # an inactive unit that systemd unloads at once
         return ["Type=forking", "TimeoutStartSec=infinity", "TimeoutStopSec=30",
-                "Restart=no", *self.properties]
+                "Restart=no", "RemainAfterExit=yes", *self.properties]
 
     def unit_file(self, argv: list[str]) -> str:
         """The unit as a unit file (what ``systemctl cat`` shows for the transient unit), for
@@ -125,7 +129,8 @@ class Daemon:
     where = ""
 
     def exit_status(self) -> int | None:
-        """None while it runs or initialises; its exit status once it has exited."""
+        """None while it runs or initialises; its exit status once it has exited (0 for a daemon
+        whose first process handed over to the daemon and left, as a forking daemon does)."""
         raise NotImplementedError
 
     def last_words(self) -> str:
@@ -149,7 +154,8 @@ class SpawnedDaemon(Daemon):
                 lines = [ln.strip() for ln in f.read()[-65536:].splitlines() if ln.strip()]
         except OSError:
             return ""
-        return one_line(lines[-1]) if lines else ""
+        # as summarize_journal: the last 3, each one bounded line
+        return "; ".join(dict.fromkeys(one_line(line) for line in lines[-3:]))
 
 
 class UnitDaemon(Daemon):
@@ -158,8 +164,8 @@ class UnitDaemon(Daemon):
 
     _POLL_S = 0.5  # systemctl costs a process; the readiness check itself is cheaper
 
-    def __init__(self, runner: Runner, spec: DaemonUnit, since: float):
-        self.runner, self.spec, self.since = runner, spec, since
+    def __init__(self, runner: Runner, spec: DaemonUnit, since: float, since_us: int = 0):
+        self.runner, self.spec, self.since, self.since_us = runner, spec, since, since_us
         self.where = f"unit {spec.unit}"
         self._checked = 0.0
         self._status: int | None = None
@@ -169,54 +175,91 @@ class UnitDaemon(Daemon):
             return self._status
         self._checked = time.monotonic()
         props = unit_properties(self.runner, self.spec.unit)
-        if props.get("ActiveState") in ("failed", "inactive"):
-            code = props.get("ExecMainStatus", "")
-            self._status = int(code) if code.isdigit() and code != "0" else 1
+        if main_process_gone(props, self.since_us):
+            self._status = exit_status_of(props)
         return self._status
 
     def last_words(self) -> str:
         return journal_lines(self.runner, self.spec.unit, self.spec.tool, self.since)
 
 
+def main_process_gone(props: dict[str, str], since_us: int = 0) -> bool:
+    """Whether a daemon's unit (its ``systemctl show``) has no daemon any more: failed, stopped
+    after it ran, or active with only RemainAfterExit's record left ("exited"), for a run whose
+    main process started at ``since_us`` (CLOCK_MONOTONIC, microseconds, as systemd counts) or
+    later. A unit whose start job is still queued (systemd-run --no-block) has not run yet, and
+    the record of an earlier run of the same name is not this one's."""
+    # InactiveExit, not ExecMainStart: a forking daemon's first process is the unit's control
+    # process (the ExecMain* fields stay 0 when no daemon remained)
+    started = props.get("InactiveExitTimestampMonotonic", "0")
+    if not started.isdigit() or int(started) == 0 or int(started) < since_us:
+        return False
+    state, sub = props.get("ActiveState"), props.get("SubState")
+    return state in ("failed", "inactive") or state == "active" and sub == "exited"
+
+
+def exit_status_of(props: dict[str, str]) -> int:
+    """The exit status of a daemon unit's first process: ``status=`` of its ``ExecStart`` record
+    (the control process of a forking daemon), else ExecMainStatus, else 1 for a failed unit."""
+    m = re.search(r"\bstatus=(\d+)", props.get("ExecStart", ""))
+    if m:
+        return int(m.group(1))
+    code = props.get("ExecMainStatus", "")
+    if code.isdigit() and code != "0":
+        return int(code)
+    return 1 if props.get("ActiveState") == "failed" else 0
+
+
 def unit_properties(runner: Runner, unit: str) -> dict[str, str]:
     """``systemctl show`` of a unit: ActiveState, SubState, Result, ExecMainStatus, MainPID,
-    LoadState; ``{}`` when systemctl cannot tell."""
+    LoadState, InactiveExitTimestampMonotonic (0 before it first started), ExecStart (with the
+    first process's ``status=``); ``{}`` when systemctl cannot tell."""
     try:
         done = runner.run(["systemctl", "show", unit, "-p",
-                           "ActiveState,SubState,Result,ExecMainStatus,MainPID,LoadState"],
-                          check=False)
+                           "ActiveState,SubState,Result,ExecMainStatus,MainPID,LoadState,"
+                           "InactiveExitTimestampMonotonic,ExecStart"], check=False)
     except CommandError:
         return {}
     return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
 
 
-def journal_lines(runner: Runner, unit: str, identifier: str, since: float,
-                  most: int = 3) -> str:
-    """The daemon's messages since ``since`` (a ``time.time()`` value) from the journal: its
-    unit's stdout and stderr and its syslog lines (nvidia-persistenced reports its real errors
-    only to syslog: "Check syslog for more details"), errors first, at most ``most`` lines
-    joined by ``; ``. A message of a process that exited before journald read its cgroup lacks
-    the unit's name, so the syslog identifier is matched too."""
+def journal_lines(runner: Runner, unit: str, identifier: str, since: float) -> str:
+    """The daemon's messages since ``since`` (a ``time.time()`` value) from the journal, as
+    :func:`summarize_journal` gives them: its unit's stdout and stderr and its syslog lines. A
+    message of a process that exited before journald read its cgroup lacks the unit's name, so
+    the syslog identifier is matched too."""
     argv = ["journalctl", "--no-pager", "-q", "-o", "json", "-n", "50",
             f"--since=@{since - 1:.0f}", f"_SYSTEMD_UNIT={unit}", "+",
             f"SYSLOG_IDENTIFIER={identifier}"]
-    entries: list[dict] = []
+    said = ""
     for attempt in range(2):  # journald may not have stored the last line yet
         try:
             done = runner.run(argv, check=False)
         except CommandError:
             return ""
-        for line in done.stdout.splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(entry, dict) and isinstance(entry.get("MESSAGE"), str):
-                entries.append(entry)
-        if entries or attempt:
+        said = summarize_journal(done.stdout)
+        if said or attempt:
             break
         time.sleep(0.2)
-    errors = [e["MESSAGE"] for e in entries if str(e.get("PRIORITY", "6")) <= "3"]
+    return said
+
+
+def summarize_journal(journal_json: str, most: int = 3) -> str:
+    """A daemon's last words from ``journalctl -o json`` output (one JSON object a line): its
+    messages at error priority or worse first (nvidia-persistenced says why it failed only to
+    syslog, at err: "Failed to query NVIDIA devices. ..."; stderr says "Check syslog for more
+    details"), else every message; the last ``most``, without repeats, joined by ``; ``.
+    Lines that are not JSON objects with a text message are skipped."""
+    entries = []
+    for line in journal_json.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("MESSAGE"), str):
+            entries.append(entry)
+    errors = [e["MESSAGE"] for e in entries
+              if str(e.get("PRIORITY", "6")).isdigit() and int(str(e.get("PRIORITY"))) <= 3]
     chosen = errors or [e["MESSAGE"] for e in entries]
     unique = list(dict.fromkeys(one_line(m) for m in chosen if m.strip()))
     return "; ".join(unique[-most:])
@@ -249,13 +292,16 @@ def start_daemon(runner: Runner, argv: list[str], log_path: str,
     if path is None:
         raise CommandError(argv, None, message=runner.why_missing(argv[0]))
     state = unit_properties(runner, spec.unit)
-    if state.get("ActiveState") in ("active", "activating", "reloading"):
+    if state.get("ActiveState") in ("active", "activating", "reloading") and \
+            not main_process_gone(state):
         return UnitDaemon(runner, spec, time.time())  # an earlier boot's daemon: wait on it
     if state.get("ActiveState") == "failed":
         runner.run(["systemctl", "reset-failed", spec.unit], check=False)
-    since = time.time()
+    elif main_process_gone(state):  # "active (exited)": its daemon is gone, the record stays
+        runner.run(["systemctl", "stop", spec.unit], check=False)
+    since, since_us = time.time(), time.monotonic_ns() // 1000
     runner.run(["systemd-run", "--no-block", "--quiet", f"--unit={spec.unit}",
                 f"--description={spec.description}",
                 *(f"--property={setting}" for setting in spec.settings()),
                 "--", path, *argv[1:]])
-    return UnitDaemon(runner, spec, since)
+    return UnitDaemon(runner, spec, since, since_us)

@@ -10,7 +10,6 @@ splits long messages over several ``NVRM:`` records; they are joined into one be
 from __future__ import annotations
 
 import collections
-import dataclasses
 import errno
 import os
 import re
@@ -148,22 +147,21 @@ def join_nvrm(messages: list[str]) -> list[str]:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Finding:
+# A named tuple rather than a frozen dataclass: ``import dataclasses`` pulls in ``inspect``,
+# several milliseconds of start-up for ``podvm-gpu metrics``, which reads the log too.
+class Finding(collections.namedtuple("Finding", "kind summary message code", defaults=(None,))):
     """One thing the kernel log says about the GPUs.
 
     Attributes:
         kind: ``xid``, ``fell-off-bus``, ``gsp-firmware``, ``bar``, ``needs-reset``,
             ``open-module-unsupported``, ``unsupported-pci-id``, ``bound-elsewhere``,
-            ``api-mismatch``, ``lockdown``.
+            ``api-mismatch``, ``lockdown``, ``no-device``.
         summary: one line naming the facts (Xid code and PCI address, versions, ...).
         message: the joined kernel message, quoted as it was.
+        code: the Xid code for ``xid``, else None.
     """
 
-    kind: str
-    summary: str
-    message: str
-    code: int | None = None
+    __slots__ = ()
 
     @property
     def fatal(self) -> bool:
@@ -186,44 +184,87 @@ _DRIVER_BANNER = "NVRM: loading NVIDIA UNIX"
 _KEYWORDS = ("nvrm", "xid", "firmware", "bar", "reset", "lockdown", "fallen", "nvidia", "gsp")
 
 
+class _Lazy:
+    """A regular expression compiled on its first search: a CPU VM's log (and most of any log)
+    never reaches one, and compiling all of them costs milliseconds at every start-up."""
+
+    __slots__ = ("source", "flags", "_compiled")
+
+    def __init__(self, source: str, flags: int = 0):
+        self.source = source
+        self.flags = flags
+        self._compiled: re.Pattern | None = None
+
+    def search(self, text: str) -> re.Match | None:
+        if self._compiled is None:
+            self._compiled = re.compile(self.source, self.flags)
+        return self._compiled.search(text)
+
+
 # Every gap between two parts of a pattern is bounded ({0,200}): an unbounded one makes the
 # search quadratic on a long message that repeats the first part (a hostile or broken log).
-_PATTERNS: list[tuple[str, re.Pattern, str]] = [
-    ("xid", re.compile(r"Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]{1,16})\): (?P<code>\d{1,5})"),
-     "Xid {code} on GPU {pci}"),
-    ("fell-off-bus", re.compile(r"GPU (?:at PCI:)?(?P<pci>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:"
+XID_PATTERN = _Lazy(r"Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]{1,16})\): (?P<code>\d{1,5})")
+_PATTERNS: list[tuple[str, _Lazy, str]] = [
+    ("xid", XID_PATTERN, "Xid {code} on GPU {pci}"),
+    ("fell-off-bus", _Lazy(r"GPU (?:at PCI:)?(?P<pci>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:"
                                 r"[0-9A-Fa-f]{2}(?:\.[0-7])?):.{0,200}fallen off the bus", re.I),
      "GPU {pci} has fallen off the bus"),
-    ("fell-off-bus", re.compile(r"fallen off the bus", re.I), "a GPU has fallen off the bus"),
-    ("gsp-firmware", re.compile(r"(?P<path>(?<!\S)\S{0,200}gsp\S{0,200}\.bin)\b.{0,200}"
+    ("fell-off-bus", _Lazy(r"fallen off the bus", re.I), "a GPU has fallen off the bus"),
+    ("gsp-firmware", _Lazy(r"(?P<path>(?<!\S)\S{0,200}gsp\S{0,200}\.bin)\b.{0,200}"
                                 r"(?:not found|failed|missing)", re.I),
      "GSP firmware missing ({path})"),
-    ("gsp-firmware", re.compile(r"firmware.{0,200}(?:not found|failed|missing)|No firmware image "
+    ("gsp-firmware", _Lazy(r"firmware.{0,200}(?:not found|failed|missing)|No firmware image "
                                 r"found", re.I),
      "GSP firmware missing"),
-    ("bar", re.compile(r"BAR\s{0,3}\d{1,2}.{0,200}(?:not assigned|invalid|is 0M)|I/O region "
+    ("bar", _Lazy(r"BAR\s{0,3}\d{1,2}.{0,200}(?:not assigned|invalid|is 0M)|I/O region "
                        r"assigned to your NVIDIA device is invalid", re.I),
      "a PCI BAR of the GPU was not assigned by the VM"),
-    ("needs-reset", re.compile(r"(?:needs|requires?) (?:a )?(?:GPU )?reset|reset required", re.I),
+    ("needs-reset", _Lazy(r"(?:needs|requires?) (?:a )?(?:GPU )?reset|reset required", re.I),
      "a GPU needs a reset before the driver can take it"),
-    ("open-module-unsupported", re.compile(
+    ("open-module-unsupported", _Lazy(
         r"GPU (?P<pci>\S{1,32}) \(PCI ID: (?P<id>[0-9A-Fa-f:]{1,16})\).{0,200}not supported by "
         r"open\s+nvidia\.ko", re.I),
      "the open kernel module does not support GPU {pci} (PCI ID {id}); it needs the proprietary one"),
-    ("unsupported-pci-id", re.compile(
+    ("unsupported-pci-id", _Lazy(
         r"GPU (?P<pci>\S{1,32}) \(PCI ID: (?P<id>[0-9A-Fa-f:]{1,16})\).{0,200}not supported by "
         r"the\s+NVIDIA (?P<version>\S{1,32}) driver release", re.I),
      "the installed driver {version} does not support GPU {pci} (PCI ID {id})"),
-    ("bound-elsewhere", re.compile(r"GPU (?P<pci>\S{1,32}) is already bound to (?P<driver>[\w-]{1,32})",
+    ("bound-elsewhere", _Lazy(r"GPU (?P<pci>\S{1,32}) is already bound to (?P<driver>[\w-]{1,32})",
                                    re.I),
      "GPU {pci} is already bound to {driver}"),
-    ("api-mismatch", re.compile(
+    ("api-mismatch", _Lazy(
         r"API mismatch: the client has the version (?P<client>\S{1,32}?),? but\s+this kernel "
         r"module has the version (?P<kernel>[0-9.]{1,32}?)\.?\s", re.I),
      "user-space driver {client} does not match kernel module {kernel}"),
-    ("lockdown", re.compile(r"Lockdown: .{0,200}(?:unsigned module|module loading)", re.I),
+    ("lockdown", _Lazy(r"Lockdown: .{0,200}(?:unsigned module|module loading)", re.I),
      "kernel lockdown restricts unsigned module loading"),
+    # 535.261.03 (Debian 12), proprietary and open module alike, when no GPU is there for it:
+    # the module's init fails (modprobe: "No such device") after this line.
+    ("no-device", re.compile(r"^NVRM: No NVIDIA GPU found\.?$"),
+     "the nvidia module found no NVIDIA GPU to drive"),
 ]
+
+
+# Every kind a Finding can have, in pattern order.
+KINDS = tuple(dict.fromkeys(kind for kind, _pattern, _template in _PATTERNS))
+
+
+def xid_records(messages: list[str]) -> list[tuple[str, int]]:
+    """``(pci, code)`` of every Xid record in the kernel log, oldest first, repeats included.
+
+    Args:
+        messages: records as :func:`read_kernel_log` returns them.
+
+    ``pci`` is as the driver prints it, ``0000:01:00`` (domain:bus:device, no function). Unlike
+    :func:`findings`, a repeated Xid counts each time (the metrics count them).
+    """
+    records = []
+    for msg in messages:
+        if "Xid" in msg:
+            m = XID_PATTERN.search(msg)
+            if m:
+                records.append((m.group("pci").lower(), int(m.group("code"))))
+    return records
 
 
 def findings(messages: list[str]) -> list[Finding]:

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 
-from podvm_gpu.errors import CommandError
+from podvm_gpu.errors import Cancelled, CommandError
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -61,6 +61,16 @@ class Runner:
         self.read_only = read_only
         self.trust_tool_paths = trust_tool_paths
         self.calls: list[list[str]] = []
+        self.cancelled = ""  # why calls are refused and the ones in flight were ended
+        self._live: set[subprocess.Popen] = set()
+
+    def cancel(self, why: str) -> None:
+        """End every call in flight (its process group is killed) and refuse new ones with
+        :class:`Cancelled`: another step failed, or the boot is ending. The daemons started
+        with :meth:`spawn` are not calls and are never touched."""
+        self.cancelled = self.cancelled or why
+        for proc in list(self._live):
+            _kill_group(proc)
 
     def which(self, tool: str) -> str | None:
         """The path of ``tool``: the configured absolute path if it is an executable, else a
@@ -119,8 +129,11 @@ class Runner:
             CommandError: the tool is missing, cannot start, ran out of time (the whole process
                 group is killed; ``timed_out`` is set and partial output kept), or exited non-zero
                 with ``check``.
+            Cancelled: the runner was cancelled before or during the call.
         """
         tool = argv[0]
+        if self.cancelled:
+            raise Cancelled(self.cancelled)
         limit = self.timeout_for(tool, timeout)
         wanted = timeout if timeout is not None else self.timeouts.get(tool, DEFAULT_TIMEOUT_S)
         self.calls.append(list(argv))
@@ -137,17 +150,26 @@ class Runner:
                                     errors="replace", env=self.env, start_new_session=True)
         except OSError as err:
             raise CommandError(argv, None, message=f"{tool}: cannot run: {err.strerror}") from err
+        self._live.add(proc)
+        if self.cancelled:  # cancelled while it started: cancel() did not see it
+            _kill_group(proc)
         try:
             out, err = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             out, err = _drain(proc)
+            if self.cancelled:
+                raise Cancelled(self.cancelled) from None
             raise CommandError(argv, None, out, err, timed_out=True, timeout_s=limit,
                                budget_spent=limit < wanted) from None
         except BaseException:  # the budget's timer, or a signal: leave no client behind
             _kill_group(proc)
             proc.wait()
             raise
+        finally:
+            self._live.discard(proc)
+        if self.cancelled:
+            raise Cancelled(self.cancelled)
         done = Completed(list(argv), proc.returncode, out, err, time.monotonic() - started)
         if check and proc.returncode != 0:
             raise CommandError(argv, proc.returncode, out, err)

@@ -1,4 +1,5 @@
-"""A plain sysfs pre-scan for NVIDIA PCI functions, used by the CPU fast path.
+"""A plain sysfs pre-scan for NVIDIA PCI functions, used by the CPU fast path and by the wait for
+GPUs that appear late.
 
 Contract section 3 step 1, speed note: importing pyudev costs several times Python's own start-up,
 so boot first reads ``/sys/bus/pci/devices/*/vendor`` directly and imports pyudev only when a
@@ -10,10 +11,13 @@ from __future__ import annotations
 
 import os
 
+from podvm_gpu.model import classify
+
 PCI_DEVICES = "/sys/bus/pci/devices"
 
 
-def _read(path: str) -> str:
+def read_attribute(path: str) -> str:
+    """A sysfs attribute's text without the trailing newline; ``""`` when it cannot be read."""
     try:
         with open(path, encoding="ascii", errors="replace") as f:
             return f.read().strip()
@@ -36,5 +40,13 @@ def scan_nvidia(sys_pci: str = PCI_DEVICES) -> tuple[int, list[str]]:
         names = os.listdir(sys_pci)
     except OSError:
         return 0, []
-    nvidia = [n for n in names if _read(f"{sys_pci}/{n}/vendor").lower() == "0x10de"]
+    nvidia = [n for n in names if read_attribute(f"{sys_pci}/{n}/vendor").lower() == "0x10de"]
     return len(names), sorted(nvidia)
+
+
+def nvidia_gpus(addresses: list[str], sys_pci: str = PCI_DEVICES) -> list[str]:
+    """The addresses among ``addresses`` (NVIDIA functions, from :func:`scan_nvidia`) whose class
+    makes them GPUs (:func:`podvm_gpu.model.classify`; an NVSwitch or an audio function is not)."""
+    return [a for a in addresses
+            if classify(read_attribute(f"{sys_pci}/{a}/vendor"),
+                        read_attribute(f"{sys_pci}/{a}/class")) == "gpu"]

@@ -1,4 +1,5 @@
-"""PCI discovery through pyudev (contract section 3, step 1).
+"""PCI discovery through pyudev (contract section 3, step 1), and the wait for PCI devices that
+appear late (:func:`wait_for_pci`).
 
 pyudev reads the real ``/sys`` (or the one umockdev fakes); PCI devices are never taken under
 ``--root``. Only NVIDIA GPUs and NVSwitches are returned; the emulated VGA, audio functions and
@@ -6,6 +7,8 @@ bridges are ignored by :func:`podvm_gpu.model.classify`.
 """
 
 from __future__ import annotations
+
+import time
 
 import pyudev
 
@@ -54,3 +57,44 @@ def discover(context: pyudev.Context | None = None) -> tuple[list[PciDevice], li
         (gpus if kind == "gpu" else switches).append(pci)
     key = lambda d: d.pci_address  # noqa: E731
     return sorted(gpus, key=key), sorted(switches, key=key)
+
+
+POLL_S = 0.25  # the re-check interval when no udev monitor can be had
+
+
+def wait_for_pci(ready, timeout_s: float, recheck_s: float = 1.0) -> tuple[bool, str]:
+    """Wait until ``ready()`` is true, at most ``timeout_s`` seconds, woken by PCI uevents.
+
+    A pyudev monitor on subsystem ``pci`` (udevd's events, which come after udev has processed
+    the device) wakes the wait as soon as a PCI device is added; ``ready`` is asked again on
+    every event and at least every ``recheck_s`` seconds anyway, so a missed event (udevd not
+    running yet) costs at most that. Where no monitor can be had (no netlink socket allowed,
+    no udev), ``ready`` is polled every :data:`POLL_S` seconds instead.
+
+    Args:
+        ready: a cheap check of sysfs, e.g. "every pass-through channel has its PCI device".
+        timeout_s: the longest wait, seconds.
+        recheck_s: the longest sleep between two checks while a monitor is open.
+
+    Returns:
+        ``(ready() at the end, how the wait watched)``, the second for messages:
+        ``"udev events watched"`` or ``"sysfs polled every 0.25 s: no udev monitor (<error>)"``.
+    """
+    deadline = time.monotonic() + timeout_s
+    try:
+        monitor = pyudev.Monitor.from_netlink(pyudev.Context())
+        monitor.filter_by("pci")
+        monitor.start()
+        how = "udev events watched"
+    except OSError as err:
+        monitor, how = None, f"sysfs polled every {POLL_S:g} s: no udev monitor ({err})"
+    while True:
+        if ready():  # asked once after the monitor started: nothing added before is missed
+            return True, how
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False, how
+        if monitor is None:
+            time.sleep(min(POLL_S, left))
+        else:
+            monitor.poll(timeout=min(recheck_s, left))

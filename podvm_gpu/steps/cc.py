@@ -1,7 +1,8 @@
 """Step 8, ``confidential-computing``: check the GPUs' CC mode and ready state.
 
 ``nvidia-smi conf-compute -f`` gives the mode, ``-grs`` the ready state, ``-srs 1`` sets it. A GPU
-without CC support (exit 6, "No CC capable devices found") makes the step ``skipped``. Not ready
+without CC support (exit 6, "No CC capable devices found") makes the step ``skipped``; exit 9
+(nvidia-smi cannot reach the driver) fails it. Not ready
 with ``set_ready_state: true``: set it and check again; with ``false``: ``ok`` with a warning that
 the attestation flow is left to set it. A value the agent does not know is never read as off.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from podvm_gpu.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host import kmsg
-from podvm_gpu.readers import parse_cc_mode, parse_ready_state
+from podvm_gpu.readers import nvsmi_no_driver, parse_cc_mode, parse_ready_state
 from podvm_gpu.steps import Skipped
 
 _CONFIDENTIAL_VM_SIGNS = ("Memory Encryption Features active", "SEV-SNP", "Intel TDX", "tdx: Guest")
@@ -55,6 +56,9 @@ def run(ctx: BootContext) -> str:
     """Check (and where allowed set) the ready state."""
     done = _smi(ctx, "-f")
     text = done.output
+    no_driver = nvsmi_no_driver(done.returncode, text)
+    if no_driver:  # not an unknown mode: the driver loaded earlier does not answer
+        raise StepFailed(no_driver)
     if "no cc capable" in text.lower():
         raise Skipped("the GPUs do not support confidential computing (No CC capable devices found)")
     mode = parse_cc_mode(text)

@@ -1,11 +1,17 @@
 """Step 9, ``cdi``: generate the CDI spec, validate it, install it atomically.
 
-``nvidia-ctk cdi generate --output=`` writes the spec on stdout (an output name without an
-extension would get ``.yaml`` appended, making a temporary name in ``/var/run/cdi`` a file CDI
-readers scan). The spec's content decides (contract section 8), not nvidia-ctk's exit code or its
-warnings: it prints many harmless ones, and exits 0 when it leaves out the uvm nodes or names a
-missing hook. Boot owns kind ``nvidia.com/gpu`` in ``/var/run/cdi``: another file there that
-defines it would make kata-agent drop every device both define, so it is renamed aside.
+``nvidia-ctk cdi generate --format=json --output=`` writes the spec on stdout (an output name
+without an extension would get ``.yaml`` appended, making a temporary name in ``/var/run/cdi`` a
+file CDI readers scan). JSON because the standard library reads it at once where PyYAML costs
+its import on every GPU boot; JSON is YAML, so the CDI readers take it from ``nvidia.yaml`` as
+it is, and a YAML answer is read too. The spec's content decides (contract section 8), not
+nvidia-ctk's exit code or its warnings: it prints many harmless ones, and exits 0 when it leaves
+out the uvm nodes or names a missing hook. Boot owns kind ``nvidia.com/gpu`` in
+``/var/run/cdi``: another file there that defines it would make kata-agent drop every device both
+define, so it is renamed aside.
+
+The step is in two parts (pipeline.py): :func:`generate` runs beside the fabric wait and the
+confidential-computing step, :func:`install` only once they have all succeeded.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ ESSENTIAL = r"libcuda\.so|libnvidia-ml\.so|/dev/nvidia|nvidia-cdi-hook|NVML|nvml
 
 
 def generate_argv(ctx: BootContext) -> list[str]:
-    """``nvidia-ctk cdi generate --output=`` (spec on stdout), with the roots when not ``/``."""
-    argv = ["nvidia-ctk", "cdi", "generate", "--output="]
+    """``nvidia-ctk cdi generate --format=json --output=`` (spec on stdout), with the roots
+    when not ``/``."""
+    argv = ["nvidia-ctk", "cdi", "generate", "--format=json", "--output="]
     if not ctx.root.is_host:
         argv += [f"--driver-root={ctx.root.path}", f"--dev-root={ctx.root.path}"]
     return argv
@@ -72,8 +79,20 @@ def mig_problem(ctx: BootContext) -> str | None:
     return None
 
 
+class Generated:
+    """A generated spec that passed validation: its text (as nvidia-ctk wrote it) and model."""
+
+    def __init__(self, text: str, spec):
+        self.text, self.spec = text, spec
+
+
 def run(ctx: BootContext) -> str:
-    """Generate, validate and install the spec; record it in the status.
+    """Generate, validate and install the spec in one go (see :func:`generate`, :func:`install`)."""
+    return install(ctx, generate(ctx))
+
+
+def generate(ctx: BootContext) -> Generated:
+    """Generate and validate the spec; nothing is written.
 
     Raises:
         StepFailed: nvidia-ctk failed or timed out (its last error, the driver version, and the
@@ -106,6 +125,16 @@ def run(ctx: BootContext) -> str:
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise StepFailed("the generated spec is not usable: " + "; ".join(problems[:3]) + more)
+    return Generated(text, spec)
+
+
+def install(ctx: BootContext, generated: Generated) -> str:
+    """Rename other specs of the kind aside, install the spec atomically, record it.
+
+    Raises:
+        StepFailed: the spec cannot be written.
+    """
+    text, spec = generated.text, generated.spec
     for warning in cdi_dir.disable_duplicates(ctx.root):
         ctx.warn(warning)
     try:

@@ -14,7 +14,7 @@ from podvm_gpu.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, FabricState, daemon_pid,
-                               parse_fabric)
+                               nvsmi_no_driver, parse_fabric)
 from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.persistenced import start
 
@@ -84,9 +84,13 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None) -> list[FabricState
     end = time.monotonic() + limit
     states: list[FabricState] = []
     while True:
+        ctx.check_stop()
         try:
             states = query(ctx)
         except CommandError as err:
+            no_driver = nvsmi_no_driver(err.returncode, err.stdout + err.stderr)
+            if no_driver:
+                raise StepFailed(no_driver) from err
             if err.returncode is None and not err.timed_out:  # not there, cannot run
                 raise StepFailed(f"cannot query the NVLink fabric: {err}") from err
             if err.timed_out or time.monotonic() >= end:
@@ -117,6 +121,9 @@ def run(ctx: BootContext) -> str:
         try:  # a probe: the fabric may be managed outside the VM (shared-NVSwitch)
             states = query(ctx, timeout=ctx.harmless_timeout("nvidia-smi"))
         except CommandError as err:
+            no_driver = nvsmi_no_driver(err.returncode, err.stdout + err.stderr)
+            if no_driver:  # the loaded driver does not answer: every later client fails too
+                raise StepFailed(no_driver) from err
             if err.budget_spent:
                 raise StepFailed(f"timed out: the boot budget was spent in {err}") from err
             raise Skipped(f"no NVSwitch; fabric state unknown ({err})") from err

@@ -1,22 +1,54 @@
 """Step 3, ``modules``: load ``nvidia`` (with its parameters), ``nvidia_uvm``, then the optional
 modules (``nvidia_modeset``), skipping loaded ones.
 
-A failure names the module and the cause read from modprobe's message, the kernel log and the
-system's state: signature/lockdown rejection, a PCI id the driver branch does not support, no
-module for the running kernel, another driver owning the device, or modprobe exiting 0 without
-the module being loaded (an ``install <module> /bin/true`` line). modprobe failures are
+``modprobe nvidia`` loads whatever kmod resolves the name to: ``nvidia.ko`` of NVIDIA's packages,
+or Debian's ``nvidia-current.ko`` through the ``install`` rules of ``/etc/modprobe.d/nvidia.conf``
+(podvm_gpu/kmod.py). Either way the kernel lists the module as ``nvidia`` (its internal name),
+which is what "loaded" is checked against.
+
+A failure names the module and a cause read from evidence only: modprobe's own message (the
+innermost ``could not insert`` line: Debian's install rule adds two lines about itself after it),
+the kernel log, and the system's state. Causes of a refused load and their evidence, as the real
+kmod 30 and kernel 6.1 of Debian 12 leave it (tests/data/nvidia-535.261.03/):
+
+- kernel lockdown: ``/sys/kernel/security/lockdown`` not ``[none]`` and ``Lockdown: modprobe:
+  unsigned module loading is restricted; see man kernel_lockdown.7`` (``Operation not permitted``);
+- ``module.sig_enforce=1``: ``Loading of unsigned module is rejected`` (``Key was rejected by
+  service``);
+- ``module_blacklist=nvidia`` on the kernel command line: ``Module nvidia is blacklisted``
+  (``Operation not permitted``); ``modprobe.blacklist=`` does not stop ``modprobe nvidia``;
+- ``kernel.modules_disabled=1``: ``/proc/sys/kernel/modules_disabled`` is 1, nothing in the
+  kernel log (``Operation not permitted``);
+- an ``install nvidia /bin/false`` line: ``Error running install command '/bin/false' for
+  module nvidia``;
+- no capability to load modules (a container, a unit without ``CAP_SYS_MODULE``): bit 16 missing
+  from ``CapEff`` in ``/proc/self/status``.
+
+When none of them is there the reason says so instead of guessing. modprobe failures are
 permanent, so nothing is retried, and the modules after a failed one are skipped.
 """
 
 from __future__ import annotations
 
+import re
+
+from podvm_gpu import kmod
 from podvm_gpu.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host import kmsg
+from podvm_gpu.host.fs import Root
 from podvm_gpu.readers import kernel_release, modprobe_overrides, module_kernels, module_loaded
 
 REQUIRED = ("nvidia", "nvidia_uvm")
 OPTIONAL = ("nvidia_modeset",)
+CAP_SYS_MODULE = 16  # linux/capability.h
+# "modprobe: ERROR: could not insert 'nvidia_current': No such device"
+_COULD_NOT_INSERT = re.compile(r"could not insert '(?P<module>[^']+)': (?P<error>.+)$", re.M)
+# "modprobe: ERROR: ../libkmod/libkmod-module.c:1047 command_do() Error running install command
+# '/bin/false' for module nvidia: retcode 1"
+_INSTALL_FAILED = re.compile(r"Error running install command '(?P<command>[^']*)' for module "
+                             r"(?P<module>\S+): retcode (?P<rc>\d+)")
+_REFUSED = ("operation not permitted", "key was rejected by service", "required key not available")
 
 
 def modprobe_argv(module: str, parameters: dict[str, object]) -> list[str]:
@@ -35,42 +67,109 @@ def lockdown_mode(text: str) -> str | None:
     return None
 
 
+def modprobe_said(err: CommandError) -> str:
+    """modprobe's own message, one line: the first ``could not insert`` line (the module the
+    kernel refused; with Debian's install rules the later lines only report the rule's exit),
+    else the last line."""
+    text = f"{err.stderr}\n{err.stdout}"
+    for line in text.splitlines():
+        if _COULD_NOT_INSERT.search(line):
+            return line.strip()
+    said = err.said()  # its last line; a signal that ended it named first
+    return said if said.startswith("modprobe:") else f"modprobe: {said}"
+
+
+def refusal_evidence(root: Root, messages: list[str], module: str) -> list[str]:
+    """What in the system refuses to load ``module`` (see the module docstring): the causes a
+    kernel-log line confirms when there are any (the kernel names the one that refused), else
+    the states that could refuse it. Empty when nothing is there.
+
+    Args:
+        messages: the kernel log (:func:`podvm_gpu.host.kmsg.read_kernel_log`).
+        module: the module's name (``nvidia``); the blacklist is matched with ``-``/``_`` alike.
+    """
+    confirmed: list[str] = []
+    alone: list[str] = []
+    cmdline = root.read_text("/proc/cmdline") or ""
+    lockdown = lockdown_mode(root.read_text("/sys/kernel/security/lockdown") or "")
+    lockdown_line = next((f for f in reversed(kmsg.findings(messages)) if f.kind == "lockdown"), None)
+    if lockdown_line:
+        confirmed.append(f"{lockdown_line.describe()}, lockdown={lockdown or '?'}")
+    elif lockdown and lockdown != "none":
+        alone.append(f"kernel lockdown={lockdown} (/sys/kernel/security/lockdown)")
+    sig_line = next((m for m in reversed(messages) if re.match(r"Loading of .{1,80} is rejected", m)),
+                    None)
+    enforced = ((root.read_text("/sys/module/module/parameters/sig_enforce") or "").strip() == "Y"
+                or re.search(r"(?:^|\s)module\.sig_enforce=(?:1|y|Y)\b", cmdline) is not None)
+    if sig_line:
+        confirmed.append(f"module signature enforcement rejects it (kernel: \"{sig_line}\")")
+    elif enforced:
+        alone.append("module.sig_enforce=1 (modules need a signature the kernel trusts)")
+    wanted = kmod.norm(module)
+    blacklist_line = next((m for m in reversed(messages)
+                           if re.fullmatch(rf"Module {re.escape(wanted)} is blacklisted", kmod.norm(m))), None)
+    listed = [name for value in re.findall(r"(?:^|\s)module_blacklist=(\S+)", cmdline)
+              for name in value.split(",") if kmod.norm(name) == wanted]
+    if blacklist_line:
+        confirmed.append(f"module_blacklist= on the kernel command line (kernel: \"{blacklist_line}\")")
+    elif listed:
+        alone.append(f"module_blacklist={listed[0]} on the kernel command line")
+    if (root.read_text("/proc/sys/kernel/modules_disabled") or "").strip() == "1":
+        alone.append("kernel.modules_disabled=1 (no module can be loaded until reboot)")
+    caps = re.search(r"^CapEff:\s*([0-9a-fA-F]+)", root.read_text("/proc/self/status") or "", re.M)
+    if caps and not int(caps.group(1), 16) >> CAP_SYS_MODULE & 1:
+        alone.append("this process lacks CAP_SYS_MODULE (CapEff in /proc/self/status)")
+    return confirmed or alone
+
+
 def explain_failure(ctx: BootContext, module: str, err: CommandError) -> str:
-    """The cause of a failed ``modprobe <module>``, one line, most specific first."""
+    """The cause of a failed ``modprobe <module>``, one line, most specific first (see the module
+    docstring for the evidence each cause needs)."""
     if err.timed_out:
         return f"modprobe {module} timed out after {err.timeout_s:g} s"
     if err.returncode is None:
         return f"cannot load {module}: {err}"
-    said = err.said()
-    said = said if said.startswith("modprobe:") else f"modprobe: {said}"
+    said = modprobe_said(err)
     text = f"{err.stderr}\n{err.stdout}"
     lower = text.lower()
     root = ctx.root
-    if "operation not permitted" in lower or "key was rejected" in lower \
-            or "required key not available" in lower:
-        lockdown = lockdown_mode(root.read_text("/sys/kernel/security/lockdown") or "")
-        cmdline = root.read_text("/proc/cmdline") or ""
-        if lockdown and lockdown != "none":
-            policy = f"module signature policy (lockdown={lockdown})"
-        elif "sig_enforce=1" in cmdline or "key was rejected" in lower:
-            policy = "module signature policy (module.sig_enforce=1)"
-        else:
-            policy = "the kernel (permission denied)"
-        return (f"{module} rejected by {policy}: the module is unsigned or signed with a key the "
-                f"kernel does not trust; sign it (MOK/DKMS) or boot without lockdown; {said}")
     release = kernel_release(root)
     if "not found in directory" in lower or "module " + module + " not found" in lower:
-        have = [k for k in module_kernels(root, "nvidia") if k != release]
-        elsewhere = f"; the image has nvidia modules for {', '.join(have)}" if have else ""
-        return (f"no {module} module for the running kernel {release or '(unknown)'}{elsewhere}; "
+        return f"{not_found_cause(root, release, module)}; {said}"
+    install = _INSTALL_FAILED.search(text)
+    if install and not _COULD_NOT_INSERT.search(text.split(install.group(0))[0]):
+        rule = kmod.read_resolve(root, release, module).blocked if release else None
+        where = f" ({rule})" if rule else ""
+        return (f"modprobe.d runs '{install.group('command').strip()}' instead of loading {module}"
+                f"{where}; modprobe: {install.group(0)}")
+    messages = kmsg.read_kernel_log(root)
+    insert = _COULD_NOT_INSERT.search(text)
+    if insert and insert.group("error").strip().lower() in _REFUSED:
+        evidence = refusal_evidence(root, messages, module)
+        if evidence:
+            return f"{module} refused: {'; '.join(evidence)}; {said}"
+        return (f"{module} refused, and none of kernel lockdown, module.sig_enforce, "
+                f"module_blacklist=, kernel.modules_disabled or a missing CAP_SYS_MODULE shows why; "
                 f"{said}")
-    findings = kmsg.findings(kmsg.read_kernel_log(root))
-    for kind in ("unsupported-pci-id", "bound-elsewhere", "open-module-unsupported",
-                 "gsp-firmware", "bar", "needs-reset", "fell-off-bus", "lockdown"):
-        for f in findings:
+    findings = kmsg.findings(messages)
+    for kind in ("unsupported-pci-id", "bound-elsewhere", "open-module-unsupported", "gsp-firmware",
+                 "bar", "needs-reset", "fell-off-bus", "lockdown", "no-device"):
+        for f in reversed(findings):
             if f.kind == kind:
                 return f"{module}: {f.describe()}; {said}"
     return f"{module} failed to load: {said}"
+
+
+def not_found_cause(root: Root, release: str, module: str) -> str:
+    """Why kmod finds no ``module``: a file that holds it but that modprobe does not reach
+    (:func:`podvm_gpu.kmod.unreached`), or no module for this kernel at all (and the kernels
+    that have one)."""
+    why = kmod.unreached(root, release, module) if release else None
+    if why:
+        return f"no {module} module that modprobe can find for the running kernel {release}: {why}"
+    have = [k for k in module_kernels(root, "nvidia") if k != release]
+    elsewhere = f"; the image has nvidia modules for {', '.join(have)}" if have else ""
+    return f"no {module} module for the running kernel {release or '(unknown)'}{elsewhere}"
 
 
 def run(ctx: BootContext) -> str:

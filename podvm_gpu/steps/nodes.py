@@ -2,7 +2,9 @@
 and ``/dev/nvidia<minor>`` for every GPU, as character devices with the driver's numbers.
 
 The control nodes come from ``nvidia-ctk system create-device-nodes --control-devices``; each
-GPU's node from ``nvidia-modprobe -c <minor>`` where present, else ``mknod`` with the major from
+GPU's node from ``nvidia-modprobe -c <minor>`` where present and the root is ``/`` (it writes
+the real ``/dev`` only; without a loaded driver it exits 1 silently, 535.161.07), else ``mknod``
+with the major from
 ``/proc/devices`` and the minor from ``/proc/driver/nvidia/gpus/<pci>/information``. Nodes are
 mode 0666, as the driver's own nodes are. When every node is already right nothing is run, so a
 second boot changes nothing.
@@ -110,7 +112,9 @@ def run(ctx: BootContext) -> str:
                                  "(the nvidia module did not register its control device); "
                                  f"nvidia-ctk: {said}") from err
             raise StepFailed(f"nvidia-ctk system create-device-nodes failed: {said}") from err
-    use_modprobe = ctx.runner.which("nvidia-modprobe") is not None
+    # nvidia-modprobe makes its nodes in the real /dev and has no option for another root, so
+    # under --root it would write outside the root; there mknod does the job.
+    use_modprobe = root.is_host and ctx.runner.which("nvidia-modprobe") is not None
     for pci, minor in sorted(ctx.minors.items(), key=lambda kv: kv[1]):
         node = Node(f"/dev/nvidia{minor}", majors.get(NVIDIA_MAJOR_NAME), minor)
         if node_problem(root, node) is None:

@@ -19,9 +19,14 @@ from podvm_gpu.context import BootContext
 from podvm_gpu.errors import StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon, start_daemon
 from podvm_gpu.host.fs import ensure_dir
-from podvm_gpu.readers import PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET, daemon_pid
+from podvm_gpu.readers import (PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET,
+                               daemon_pid, unrecognized_option)
 
-POLL_S = 0.05
+POLL_S = 0.01  # a stat and two small reads: the socket is seen within 10 ms, at ~1% of a core
+# A forking daemon's first process exits 0 once the daemon has started (nvidia-persistenced's
+# waits for its child's initialisation); a daemon whose child writes its pid file a moment after
+# gets this long before an exit 0 with no daemon counts as a refusal to start.
+STARTED_GRACE_S = 0.5
 LOG_PATH = "/run/podvm-gpu/nvidia-persistenced.log"
 
 
@@ -30,6 +35,15 @@ def start(ctx: BootContext, argv: list[str], log_host_path: str) -> Daemon:
     log_path = ctx.root.resolve(log_host_path, follow_last=False)
     ensure_dir(os.path.dirname(log_path))
     return start_daemon(ctx.runner, argv, log_path, warn=ctx.warn)
+
+
+class NotStarted(StepFailed):
+    """The daemon's first process exited 0 but no daemon runs: it refused to start (an option
+    it does not know, with nvidia-persistenced 535.171.04). ``said`` is its last words."""
+
+    def __init__(self, message: str, said: str):
+        super().__init__(message)
+        self.said = said
 
 
 def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: float,
@@ -43,16 +57,26 @@ def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: 
         running: a callable that returns the daemon's pid from its pid file, or None.
 
     Raises:
+        NotStarted: the daemon's first process exited 0 and no daemon runs (a forking daemon's
+            first process exits 0 only once the daemon has started).
         StepFailed: the daemon exited non-zero (its exit code and last messages: from its
             journal under systemd), or the wait timed out (the wait used; the daemon is left
             running).
     """
     limit = ctx.wait_limit(wait_s)
     end = time.monotonic() + limit
+    exited_0 = None
     while True:
+        ctx.check_stop()
         if ready():
             return
         code = daemon.exit_status() if daemon is not None else None
+        if code == 0 and running() is None:
+            exited_0 = exited_0 or time.monotonic()
+            if time.monotonic() - exited_0 >= STARTED_GRACE_S:
+                said = daemon.last_words()
+                raise NotStarted(f"{what} exited 0 without starting"
+                                 + (f": {said}" if said else ""), said)
         if code not in (None, 0):
             said = daemon.last_words()
             raise StepFailed(f"{what} {ended_text(code)} during the wait"
@@ -83,19 +107,35 @@ def run(ctx: BootContext) -> str:
     wait_s = cfg.ready_timeout_s + cfg.per_gpu_s * ctx.gpu_count
     rule = f"{cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x {ctx.gpu_count} GPU(s)"
     pid = daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM)
-    daemon = None
-    if pid is None:
-        daemon = start(ctx, ["nvidia-persistenced", *cfg.args], LOG_PATH)
-    started = time.monotonic()
 
     def ready() -> bool:
         # the socket alone could be left from an earlier daemon; it must be running too
         return os.path.exists(socket) and daemon_pid(
             root, PERSISTENCED_PID, PERSISTENCED_COMM) is not None
 
-    wait_for(ctx, ready, daemon, "nvidia-persistenced", wait_s, rule,
-             running=lambda: daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM))
-    took = time.monotonic() - started
-    if daemon is None:
+    def running():
+        return daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM)
+
+    started = time.monotonic()
+    if pid is not None:
+        wait_for(ctx, ready, None, "nvidia-persistenced", wait_s, rule, running=running)
         return f"already running (pid {pid})"
-    return f"started ({daemon.where}), ready in {took:.2f} s (wait up to {wait_s:g} s)"
+    args, dropped = list(cfg.args), []
+    while True:
+        daemon = start(ctx, ["nvidia-persistenced", *args], LOG_PATH)
+        try:
+            wait_for(ctx, ready, daemon, "nvidia-persistenced", wait_s, rule, running=running)
+            break
+        except NotStarted as err:
+            # The installed daemon lacks an option of the config's (535.171.04 has no
+            # --uvm-persistence-mode) and said so: start it again without that one, once each.
+            option = unrecognized_option(err.said)
+            if option is None or option not in args:
+                raise
+            args.remove(option)
+            dropped.append(option)
+            ctx.warn(f"persistenced: the installed nvidia-persistenced does not offer {option} "
+                     f"(it said: {err.said}); started without it")
+    took = time.monotonic() - started
+    without = f", without {', '.join(dropped)} (not offered)" if dropped else ""
+    return f"started ({daemon.where}{without}), ready in {took:.2f} s (wait up to {wait_s:g} s)"

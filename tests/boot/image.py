@@ -66,36 +66,150 @@ def require_root() -> None:
 
 
 def rootfs_key() -> str:
+    """The base image's cache key: its recipe (package names; the base variant's only key)."""
     recipe = json.dumps([SUITE, MIRROR, sorted(PACKAGES), DPKG_OPTS, "minbase"])
     return hashlib.sha256(recipe.encode()).hexdigest()[:16]
 
 
-def base_rootfs() -> Path:
-    """The cached minbase rootfs; built with mmdebstrap when the cache lacks it (about a minute)."""
+_KEYS: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One cached test image: its packages, archive components and cache folder prefix.
+
+    ``prefix`` + key names the folder in the cache; only folders with this prefix are pruned
+    when this variant is built, so variants never delete each other. ``by_versions`` keys the
+    cache on the package versions apt resolves (:func:`resolved_versions`) instead of the
+    package names, for images whose packages change under the same names (a driver update).
+    """
+
+    name: str
+    prefix: str
+    packages: tuple[str, ...]
+    components: tuple[str, ...] = ("main",)
+    by_versions: bool = False
+
+    def key(self) -> str:
+        """The cache key; versions are resolved once per test session (an apt-get update and a
+        simulated install, about 5 s)."""
+        if not self.by_versions:
+            return rootfs_key()
+        if self.name not in _KEYS:
+            recipe = [SUITE, MIRROR, list(self.components), DPKG_OPTS, "minbase",
+                      resolved_versions(self.packages, self.components)]
+            _KEYS[self.name] = hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:16]
+        return _KEYS[self.name]
+
+    def argv(self, target: Path) -> list[str]:
+        return ["mmdebstrap", "--variant=minbase", f"--components={','.join(self.components)}",
+                "--include=" + ",".join(self.packages), *[f"--dpkgopt={o}" for o in DPKG_OPTS],
+                SUITE, str(target), MIRROR]
+
+
+# The folder name of the base image predates variants: kept, so existing caches stay valid.
+BASE = Variant("base", "rootfs-", tuple(PACKAGES))
+# A stale folder of a variant is pruned only when unused this long: another checkout (with
+# another recipe) may still boot from it.
+STALE_S = 3 * 24 * 3600
+USED_STAMP = ".podvm-gpu-test-used"
+
+
+def _apt_options(folder: Path, components: tuple[str, ...]) -> list[str]:
+    """apt-get options for a private apt state under folder: its own sources, lists and empty
+    dpkg status; the host's sources, preferences and installed packages play no part."""
+    for sub in ("lists/partial", "cache/archives/partial", "parts"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    (folder / "sources.list").write_text(
+        f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {MIRROR} {SUITE} "
+        f"{' '.join(components)}\n")
+    (folder / "status").touch()
+    settings = {"Dir::Etc::SourceList": folder / "sources.list", "Dir::Etc::SourceParts": folder / "parts",
+                "Dir::Etc::Preferences": "/dev/null", "Dir::Etc::PreferencesParts": folder / "parts",
+                "Dir::State::Lists": folder / "lists", "Dir::State::status": folder / "status",
+                "Dir::Cache": folder / "cache", "Debug::NoLocking": "1", "APT::Architecture": "amd64"}
+    return [arg for k, v in settings.items() for arg in ("-o", f"{k}={v}")]
+
+
+def resolved_versions(packages: tuple[str, ...], components: tuple[str, ...]) -> list[str]:
+    """``name=version`` of every package apt would install for ``packages`` from the mirror
+    (``apt-get -s install`` against an empty system), sorted.
+
+    The package lists live in the cache (``.apt-<hash>``) and are refreshed with ``apt-get
+    update`` (a second call fetches only the unchanged InRelease, about 4 s); when the mirror
+    cannot be reached the lists of the last update are used. The simulated install (10-15 s on
+    a busy machine) runs once per state of the lists: its answer is kept beside them, under the
+    hash of the InRelease files, which change whenever any package of the suite does.
+    """
+    folder = CACHE / (".apt-" + hashlib.sha256(json.dumps([MIRROR, SUITE, components]).encode()).hexdigest()[:12])
+    options = _apt_options(folder, components)
+    update = subprocess.run(["apt-get", *options, "-qq", "update"], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=300)
+    releases = sorted((folder / "lists").glob("*Release"))
+    if update.returncode != 0 and not releases:
+        pytest.fail(f"apt-get update against {MIRROR} failed:\n{update.stderr[-2000:]}")
+    state = hashlib.sha256(json.dumps(sorted(packages)).encode())
+    for release in releases:
+        state.update(release.read_bytes())
+    answer = folder / f"resolved-{state.hexdigest()[:16]}.json"
+    if answer.exists():
+        return json.loads(answer.read_text())
+    done = subprocess.run(["apt-get", *options, "-s", "--no-install-recommends", "install", *packages],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        pytest.fail(f"apt cannot resolve {' '.join(packages)}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    # "Inst libc6 (2.36-9+deb12u10 Debian:12.11/stable [amd64])"
+    found = sorted(f"{words[1]}={words[2].lstrip('(')}" for words in map(str.split, done.stdout.splitlines())
+                   if len(words) > 2 and words[0] == "Inst")
+    assert found, f"apt-get -s printed no Inst lines:\n{done.stdout[-2000:]}"
+    for stale in folder.glob("resolved-*.json"):  # other package lists may still use theirs
+        if time.time() - stale.stat().st_mtime > STALE_S:
+            stale.unlink()
+    answer.write_text(json.dumps(found))
+    return found
+
+
+def variant_rootfs(variant: Variant) -> Path:
+    """The variant's cached rootfs, built with mmdebstrap when the cache lacks it.
+
+    One lock per variant, so building one does not hold up boots of another. After a build,
+    this variant's other folders (older package lists or versions) unused for STALE_S are removed.
+    """
     require_root()
     require_tools("mmdebstrap")
     CACHE.mkdir(parents=True, exist_ok=True)
-    target = CACHE / f"rootfs-{rootfs_key()}"
-    with open(CACHE / ".lock", "w") as lock:
+    key = variant.key()
+    target = CACHE / f"{variant.prefix}{key}"
+    with open(CACHE / (".lock" if variant is BASE else f".lock-{variant.name}"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "usr/bin/python3").exists():
-            partial = CACHE / f".partial-{rootfs_key()}"
+            partial = CACHE / f".partial-{variant.name}-{key}"
             shutil.rmtree(partial, ignore_errors=True)
-            argv = ["mmdebstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES),
-                    *[f"--dpkgopt={o}" for o in DPKG_OPTS], SUITE, str(partial), MIRROR]
+            argv = variant.argv(partial)
             started = time.monotonic()
             done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=900)
+                                  timeout=1500)
             if done.returncode != 0:
                 pytest.fail(f"mmdebstrap failed ({done.returncode}):\n{done.stderr[-3000:]}")
             (partial / ".podvm-gpu-test-build.json").write_text(json.dumps(
                 {"mmdebstrap_s": round(time.monotonic() - started, 1), "argv": argv}))
             shutil.rmtree(target, ignore_errors=True)
             partial.rename(target)
-            for stale in CACHE.glob("rootfs-*"):
-                if stale != target:  # an older package list
-                    shutil.rmtree(stale, ignore_errors=True)
+        (target / USED_STAMP).touch()
+        for stale in CACHE.glob(f"{variant.prefix}*"):
+            if stale != target and stale.name[len(variant.prefix):].isalnum() and _unused_for(stale) > STALE_S:
+                shutil.rmtree(stale, ignore_errors=True)
     return target
+
+
+def _unused_for(folder: Path) -> float:
+    stamp = folder / USED_STAMP
+    return time.time() - (stamp if stamp.exists() else folder).stat().st_mtime
+
+
+def base_rootfs() -> Path:
+    """The cached minbase rootfs (about a minute to build)."""
+    return variant_rootfs(BASE)
 
 
 _bundle: Path | None = None
@@ -151,6 +265,15 @@ def install_agent(rootfs: Path, bundle_dir: Path) -> None:
     assert done.returncode == 0, f"install-into-root.sh failed:\n{done.stdout}\n{done.stderr}"
 
 
+def nspawn(rootfs: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a command inside an image tree (systemd-nspawn, no boot), as image builds do."""
+    require_tools("systemd-nspawn")
+    # --pipe: plain pipes, no pseudo-terminal (tools format their output for a terminal)
+    return subprocess.run(["systemd-nspawn", "--quiet", "--pipe", "--register=no", "--keep-unit",
+                           f"--directory={rootfs}", *argv], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
 def install_file(src: Path, rootfs: Path, path: str, mode: int = 0o644) -> None:
     dest = rootfs / path.lstrip("/")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -203,7 +326,7 @@ class Boot:
     journal: str
     agent_journal: list[dict] = field(default_factory=list)
     calls: list[list[str]] = field(default_factory=list)
-    files: dict[str, str] = field(default_factory=dict)  # every RESULTS file found, by path
+    files: dict[str, str] = field(default_factory=dict)  # every file fetched: RESULTS and extra
 
     def agent_time_s(self) -> float:
         """From the journal: systemd's "Starting" to its "Finished" line for podvm-gpu.service."""
@@ -230,13 +353,14 @@ def _run(argv: list[str], timeout_s: float) -> tuple[int, str, float]:
     return returncode, console, time.monotonic() - started
 
 
-def _results(returncode: int, console: str, wall_s: float, fetch, artifacts: Path) -> Boot:
-    """Collect RESULTS from the booted image with fetch(path) -> text or None; copy them to artifacts
-    (pytest keeps them for a failed run)."""
+def _results(returncode: int, console: str, wall_s: float, fetch, artifacts: Path,
+             extra: tuple[str, ...] = ()) -> Boot:
+    """Collect RESULTS and ``extra`` from the booted image with fetch(path) -> text or None; copy
+    them to artifacts (pytest keeps them for a failed run)."""
     artifacts.mkdir(parents=True, exist_ok=True)
     (artifacts / "console.txt").write_text(console)
     files = {}
-    for path in RESULTS:
+    for path in [*RESULTS, *extra]:
         text = fetch(path)
         if text is not None:
             files[path] = text
@@ -268,12 +392,15 @@ def boot(rootfs: Path, artifacts: Path, timeout_s: float = 120) -> Boot:
     return _results(returncode, console, wall_s, fetch, artifacts)
 
 
-def boot_qemu(rootfs: Path, artifacts: Path, timeout_s: float = 300) -> Boot:
+def run_qemu(rootfs: Path, artifacts: Path, paths: list[str], append: str = "",
+             timeout_s: float = 300) -> tuple[int, str, float, dict[str, str]]:
     """Boot rootfs as a VM: its kernel and initrd, the tree as an ext4 disk (mke2fs -d), no network.
 
     TCG (about 20 s to power-off on the CPU path here): /dev/kvm exists on this machine, but a
     KVM guest dies there with an internal error, so KVM is opt-in (env PODVM_GPU_TEST_KVM=1).
-    The results are read back from the disk with debugfs after the stand-in powered off.
+    ``append`` is added to the kernel command line. After power-off, the files at ``paths`` are
+    read back from the disk with debugfs. Returns (exit code, console, wall seconds,
+    {path: text} of the paths that exist).
     """
     require_tools("qemu-system-x86_64", "mke2fs", "debugfs")
     kernels = sorted(rootfs.glob("boot/vmlinuz-*"))
@@ -281,22 +408,31 @@ def boot_qemu(rootfs: Path, artifacts: Path, timeout_s: float = 300) -> Boot:
     release = kernels[-1].name.removeprefix("vmlinuz-")
     disk = artifacts.parent / "disk.img"
     disk.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", "-L", "root", "-d", str(rootfs), str(disk), "2G"],
+    subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", "-L", "root", "-d", str(rootfs), str(disk), "3G"],
                    check=True, capture_output=True, timeout=300)
     accel = "kvm" if os.environ.get("PODVM_GPU_TEST_KVM") == "1" else "tcg"
     argv = ["qemu-system-x86_64", "-machine", "q35", "-accel", accel, "-m", "1024", "-smp", "2",
             "-nographic", "-no-reboot", "-nic", "none",
             "-kernel", str(kernels[-1]), "-initrd", str(rootfs / f"boot/initrd.img-{release}"),
-            "-append", "root=/dev/vda rw console=ttyS0 panic=-1",
+            "-append", f"root=/dev/vda rw console=ttyS0 panic=-1 {append}".strip(),
             "-drive", f"file={disk},format=raw,if=virtio"]
     returncode, console, wall_s = _run(argv, timeout_s)
-
-    def fetch(path: str) -> str | None:
-        done = subprocess.run(["debugfs", "-R", f"cat {path}", str(disk)], capture_output=True, text=True,
-                              errors="replace", timeout=60)
-        return None if "not found" in done.stderr else done.stdout
-
+    files = {}
     try:
-        return _results(returncode, console, wall_s, fetch, artifacts)
+        for path in paths:
+            done = subprocess.run(["debugfs", "-R", f"cat {path}", str(disk)], capture_output=True,
+                                  text=True, errors="replace", timeout=60)
+            if "not found" not in done.stderr:
+                files[path] = done.stdout
     finally:
         disk.unlink()
+    return returncode, console, wall_s, files
+
+
+def boot_qemu(rootfs: Path, artifacts: Path, timeout_s: float = 300,
+              extra: tuple[str, ...] = ()) -> Boot:
+    """Boot rootfs as a VM (:func:`run_qemu`) until the kata-agent stand-in powers it off;
+    ``extra`` files are read back too."""
+    returncode, console, wall_s, files = run_qemu(rootfs, artifacts, [*RESULTS, *extra],
+                                                  timeout_s=timeout_s)
+    return _results(returncode, console, wall_s, files.get, artifacts, extra)

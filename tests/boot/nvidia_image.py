@@ -1,9 +1,13 @@
 """Stand-ins for what the NVIDIA packages put into a GPU pod VM image, for ``check --image``.
 
 nvidia modules under ``/lib/modules/<release>`` for each kernel in ``/boot``, that
-``modinfo`` reads a version from (minimal ELF objects with a ``.modinfo`` section, as DKMS
-builds have), the user-space driver (``libnvidia-ml.so.<version>`` and its ``.so.1`` link),
+``modinfo`` reads a version and the GSP firmware files from (minimal ELF objects with a
+``.modinfo`` section, as DKMS builds have; ``nvidia.ko`` names the two firmware files the real
+535 module names, tests/data/nvidia-535.261.03/plain/modinfo-F-firmware-nvidia-current), those
+firmware files, the user-space driver (``libnvidia-ml.so.<version>`` and its ``.so.1`` link),
 and the toolkit and daemon commands as stubs. Nothing here runs; the image check only looks.
+This is the plain ``nvidia.ko`` layout of NVIDIA's own packages; Debian's is in the real-driver
+image (tests/boot/real_driver.py).
 """
 
 from __future__ import annotations
@@ -17,10 +21,17 @@ MODULES = ["nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm"]
 COMMANDS = ["nvidia-ctk", "nvidia-persistenced", "nvidia-smi", "nvidia-cdi-hook", "nvidia-modprobe"]
 
 
+def firmware_files(version: str) -> list[str]:
+    """The GSP firmware the nvidia module of ``version`` asks for, as 535 names it."""
+    return [f"nvidia/{version}/gsp_tu10x.bin", f"nvidia/{version}/gsp_ga10x.bin"]
+
+
 def kernel_module(name: str, version: str) -> bytes:
     """An x86-64 ELF relocatable object whose only content is a ``.modinfo`` section."""
-    modinfo = b"".join(f"{k}={v}".encode() + b"\0" for k, v in
-                       (("version", version), ("license", "Dual MIT/GPL"), ("name", name.replace("-", "_"))))
+    fields = [("version", version), ("license", "Dual MIT/GPL"), ("name", name.replace("-", "_"))]
+    if name == "nvidia":
+        fields += [("firmware", f) for f in firmware_files(version)]
+    modinfo = b"".join(f"{k}={v}".encode() + b"\0" for k, v in fields)
     shstrtab = b"\0.modinfo\0.shstrtab\0"
     ehsize, shentsize = 64, 64
     modinfo_off = ehsize
@@ -40,7 +51,7 @@ def kernel_module(name: str, version: str) -> bytes:
 
 def add_nvidia_driver(rootfs: Path, version: str = VERSION) -> None:
     """Modules for every kernel the image has (a stand-in kernel when it has none), as DKMS
-    builds them, plus the user-space driver and the commands."""
+    builds them, plus their firmware, the user-space driver and the commands."""
     boot = rootfs / "boot"
     boot.mkdir(exist_ok=True)
     kernels = [k.name.removeprefix("vmlinuz-") for k in boot.glob("vmlinuz-*")]
@@ -52,6 +63,10 @@ def add_nvidia_driver(rootfs: Path, version: str = VERSION) -> None:
         dkms.mkdir(parents=True, exist_ok=True)
         for name in MODULES:
             (dkms / f"{name}.ko").write_bytes(kernel_module(name, version))
+    for name in firmware_files(version):
+        path = rootfs / "lib/firmware" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
     libdir = rootfs / "usr/lib/x86_64-linux-gnu"
     for lib in ("libnvidia-ml", "libcuda"):
         (libdir / f"{lib}.so.{version}").write_bytes(b"")

@@ -16,10 +16,11 @@ import os
 import re
 import stat
 
+from . import testbed
+
 NVIDIA_VENDOR = 0x10DE
 GPU_CLASSES = (0x0300, 0x0302)  # top 16 bits of the 24-bit class: VGA and 3D controller
 NVSWITCH_CLASS = 0x0680
-SYS_PCI_PARENT = "/devices/pci0000:00"  # where the umockdev tree puts every PCI device
 
 # `fabric` states -> (State, Status, CliqueId, ClusterUUID) as nvidia-smi labels them.
 FABRIC_STATES = {
@@ -80,6 +81,7 @@ class Layout:
         self.calls = os.path.join(directory, "calls.jsonl")  # one JSON event per line
         self.tree = os.path.join(directory, "pci.umockdev")  # rewritten before every product run
         self.out = os.path.join(directory, "out")  # the product's stdout and stderr per run
+        self.tmp = os.path.join(directory, "tmp")  # TMPDIR of umockdev-run: its live testbeds
 
 
 class EffectError(Exception):
@@ -209,16 +211,25 @@ def validate_effect(effect: object) -> None:
         raise EffectError("load_module: version must be a string (quote it), major an integer")
 
 
-def initial_state(pci: list[dict]) -> dict:
-    """The state of a new world: bindings as the case's ``pci`` gives them, nothing applied yet."""
+def initial_state(pci: list[dict], pci_late: list[dict] = ()) -> dict:
+    """The state of a new world: bindings as the case's ``pci`` and ``pci_late`` give them,
+    nothing applied yet, no late device arrived."""
     return {
         "run": None,  # the product run in progress: boot, rerun or check
-        "bindings": {dev["address"]: dev.get("driver") for dev in pci},
+        "bindings": {dev["address"]: dev.get("driver") for dev in [*pci, *pci_late]},
+        "arrived": [],  # addresses of pci_late devices in the testbed (all of them after boot)
+        "arrivals": [],  # [{"address", "at_s", "testbeds", "monitors"}] each live arrival
         "applied": [],  # effect marks, see effect_mark
         "fabric": None,  # a FABRIC_STATES key once a fabric effect applied
         "cc_ready_state": None,
         "daemons": [],  # [{"tool": ..., "pid": ...}] stand-ins started by daemon_ready / fabric
     }
+
+
+def present_pci(world: dict, state: dict) -> list[dict]:
+    """The PCI devices the VM has now: the case's ``pci`` plus the ``pci_late`` ones arrived."""
+    return world["pci"] + [dev for dev in world.get("pci_late", [])
+                           if dev["address"] in state["arrived"]]
 
 
 @contextlib.contextmanager
@@ -337,19 +348,33 @@ class Effects:
         _write(path, "\n".join(lines) + "\n")
 
     def _bind_gpus(self) -> None:
-        """Bind every NVIDIA GPU no other driver holds to ``nvidia``, minors in PCI-address order."""
+        """Bind every NVIDIA GPU on PCI that no other driver holds to ``nvidia``.
+
+        Minors: a GPU that has its ``information`` file keeps its minor; the others get the next
+        free ones in PCI-address order (from 0 at the first load). A late GPU that arrives after
+        the module loaded is bound with the next free minor too (:meth:`bind_arrival`).
+        """
         bindings = self.state["bindings"]
         gpus = sorted(
-            (dev for dev in self.world["pci"]
+            (dev for dev in present_pci(self.world, self.state)
              if is_nvidia_gpu(dev) and bindings.get(dev["address"]) in (None, "nvidia")),
             key=lambda dev: dev["address"])
-        for minor, dev in enumerate(gpus):
+        information = self.path("/proc/driver/nvidia/gpus/{}/information")
+        taken = {_device_minor(information.format(dev["address"])) for dev in gpus} - {None}
+        free = (minor for minor in range(len(gpus) + len(taken)) if minor not in taken)
+        for dev in gpus:
             address = dev["address"]
-            _write(self.path(f"/proc/driver/nvidia/gpus/{address}/information"),
-                   _gpu_information(dev, minor))
+            if _device_minor(information.format(address)) is None:
+                _write(information.format(address), _gpu_information(dev, next(free)))
             if bindings.get(address) != "nvidia":
                 bindings[address] = "nvidia"
-                _bind_live(address, "nvidia")
+                _bind_live(self.layout, dev, "nvidia")
+
+    def bind_arrival(self) -> None:
+        """A late device arrived: once ``load_module: nvidia`` applied, the driver binds a new
+        GPU as the kernel probes a new device."""
+        if "load_module=nvidia" in self.state["applied"]:
+            self._bind_gpus()
 
     # -- device nodes ----------------------------------------------------------------------------
 
@@ -471,19 +496,20 @@ def _device_minor(information: str) -> int | None:
     return None
 
 
-def _bind_live(address: str, driver: str) -> None:
-    """Bind a device in the running umockdev testbed too, so the product's next look sees it.
-
-    Inside ``umockdev-run`` (``UMOCKDEV_DIR`` set) the mocked ``/sys`` is a directory tree; the
-    next product run gets a fresh testbed from the rewritten tree file anyway.
-    """
-    testbed = os.environ.get("UMOCKDEV_DIR")
-    device = os.path.join(testbed or "", "sys" + SYS_PCI_PARENT, address)
-    if not testbed or not os.path.isdir(device) or os.path.lexists(os.path.join(device, "driver")):
-        return
-    os.symlink(f"../../../bus/pci/drivers/{driver}", os.path.join(device, "driver"))
-    with open(os.path.join(device, "uevent"), "a") as f:
-        f.write(f"DRIVER={driver}\n")
+def _bind_live(layout: Layout, dev: dict, driver: str) -> None:
+    """Bind a device in the world's running umockdev testbeds too (``umockdev-run`` makes them
+    under ``layout.tmp``), so the product sees the binding in the same run; the next run gets a
+    fresh testbed from the rewritten tree file anyway. Every live testbed is the same VM (a
+    second boot started beside the first has its own), so each gets the binding."""
+    devpath = testbed.pci_devpath(dev)
+    for bed in testbed.live_testbeds(layout.tmp):
+        device = os.path.join(bed, "sys" + devpath)
+        if not os.path.isdir(device) or os.path.lexists(os.path.join(device, "driver")):
+            continue
+        os.symlink(f"{testbed.up_to_sys(devpath)}bus/pci/drivers/{driver}",
+                   os.path.join(device, "driver"))
+        with open(os.path.join(device, "uevent"), "a") as f:
+            f.write(f"DRIVER={driver}\n")
 
 
 def _read(path: str) -> str:

@@ -71,7 +71,8 @@ def judge_boot(world: World, run: Run, expect: dict) -> list[str]:
 
 
 def _status_problems(status: dict, expect: dict) -> list[str]:
-    """``state``, ``reason_contains``, ``gpus`` and ``nvswitches`` against status.json."""
+    """``state``, ``reason_contains``, ``gpus``, ``nvswitches`` and ``step_messages`` (the
+    harness's own: substrings of a step's message) against status.json."""
     problems = []
     if "state" in expect and status.get("state") != expect["state"]:
         problems.append(f"status.json state {status.get('state')!r}, expected {expect['state']!r}")
@@ -84,6 +85,15 @@ def _status_problems(status: dict, expect: dict) -> list[str]:
         if key in expect and len(status.get(key) or []) != expect[key]:
             problems.append(f"status.json lists {len(status.get(key) or [])} {key}, "
                             f"expected {expect[key]}")
+    steps = {step.get("name"): step.get("message") or "" for step in status.get("steps") or []
+             if isinstance(step, dict)}
+    for name, words in (expect.get("step_messages") or {}).items():
+        if name not in steps:
+            problems.append(f"status.json has no step {name!r} (steps: {sorted(steps)})")
+            continue
+        missing = [word for word in words if str(word).lower() not in steps[name].lower()]
+        if missing:
+            problems.append(f"step {name} message {steps[name]!r} lacks {missing}")
     return problems
 
 
@@ -272,7 +282,11 @@ def report(world: World, run: Run, problems: list[str]) -> str:
     lines.append(_indent(json.dumps(run.status, indent=2) if run.status else str(run.status_error)))
     lines += ["", "stdout (last 20 lines):", _indent(_tail(run.stdout, 20)),
               "", "stderr (last 40 lines):", _indent(_tail(run.stderr, 40)),
-              "", "calls (all runs of this world):"]
+              "", "late PCI devices added during this run:"]
+    lines += [f"  {a['address']} at {a['at_s']:.2f} s: added to {a['testbeds']} testbed(s), "
+              f"add uevent to {a['monitors']} libudev monitor(s)" for a in run.arrivals] or \
+        ["  (none)"]
+    lines += ["", "calls (all runs of this world):"]
     lines += [f"  [{call.run}] {shlex.join(call.argv)} -> {describe_call(call)}" for call in world.calls()]
     return "\n".join(lines)
 

@@ -38,8 +38,9 @@ from . import effects as fx
 UNMATCHED_RC = 127
 NO_DRIVER_RC = 9
 NO_DEVICE_RC = 6
+# On stdout, with an empty line after it, as the real 535.261.03 prints it (tests/data/nvidia-*)
 NVSMI_NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-                   "Make sure that the latest NVIDIA driver is installed and running.\n")
+                   "Make sure that the latest NVIDIA driver is installed and running.\n\n")
 SMI_LABEL_WIDTH = 42  # nvidia-smi -q pads every label so the colons line up in this column
 _GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
 _QUERY_FIELDS = {"fabric.state": 0, "fabric.status": 1, "fabric.clique_id": 2,
@@ -101,7 +102,7 @@ def fabric_labels(world: dict, state: dict) -> tuple[str, str, str, str]:
     """
     if state["fabric"]:
         return fx.FABRIC_STATES[state["fabric"]]
-    if any(fx.is_nvswitch(dev) for dev in world["pci"]):
+    if any(fx.is_nvswitch(dev) for dev in fx.present_pci(world, state)):
         return fx.FABRIC_STATES["not-started"]
     return fx.FABRIC_NOT_SUPPORTED
 
@@ -156,7 +157,7 @@ class World:
 
     def nvidia_gpus(self, state: dict) -> list[str]:
         """Addresses of the GPUs bound to nvidia, in index (PCI-address) order."""
-        return sorted(dev["address"] for dev in self.config["pci"]
+        return sorted(dev["address"] for dev in fx.present_pci(self.config, state)
                       if fx.is_nvidia_gpu(dev) and state["bindings"].get(dev["address"]) == "nvidia")
 
 

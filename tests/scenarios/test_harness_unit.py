@@ -1,5 +1,6 @@
 """The scenario harness's own tricky parts: rule matching, spec output paths, kmsg records, the
-nvidia-smi Fabric merge, effects on a real temporary root, and the umockdev tree under umockdev-run."""
+nvidia-smi Fabric merge, effects on a real temporary root, the umockdev tree under umockdev-run,
+and VMBus channels and late PCI devices (a device added to the live testbed, its uevent)."""
 
 import json
 import os
@@ -10,10 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from scenarios import effects as fx
+from scenarios import testbed
 from scenarios.fake_tool import argv_matches, find_rule, merge_fabric, owned_query
-from scenarios.world import DATA, SHARED, kmsg_priority, kmsg_records, umockdev_tree
+from scenarios.world import (DATA, OWN_CASES, SHARED, CaseError, World, kmsg_priority, kmsg_records,
+                             load_case, umockdev_tree)
 
 GPU = {"address": "0000:00:05.0", "vendor": "0x10de", "device": "0x2331", "class": "0x030200",
        "driver": None, "subsystem_vendor": "0x10de", "subsystem_device": "0x1626"}
@@ -155,3 +159,128 @@ def test_project_copy_of_shared_cases_and_fixtures_is_unchanged():
             original = SHARED / folder / copy.name
             if original.exists():
                 assert copy.read_bytes() == original.read_bytes(), f"{copy} differs from {original}"
+
+
+# --- VMBus channels and late PCI devices (EFFECTS.md "vmbus:", "pci_late:") ----------------------
+
+CHANNEL = {"instance": "47505500-0001-0000-3130-444532333331",
+           "class_id": "{44c4f61d-4444-4400-9d52-802e27ede19f}", "driver": "hv_pci"}
+LATE_GPU = {**GPU, "address": "0001:00:00.0", "vmbus": CHANNEL["instance"], "after_s": 1}
+UNDER_UMOCKDEV = """
+import json, os, pyudev, sys
+out = {}
+if sys.argv[1] == "listen":
+    monitor = pyudev.Monitor.from_netlink(pyudev.Context())
+    monitor.filter_by("pci")
+    monitor.start()
+    print("listening", flush=True)
+    first = monitor.poll(timeout=10)
+    out["event"] = first and [first.action, first.subsystem, first.sys_name,
+                              first.properties.get("PCI_SLOT_NAME")]
+    out["second"] = (lambda d: d and d.sys_name)(monitor.poll(timeout=1))
+out["sysfs"] = {n: os.readlink(f"/sys/bus/pci/devices/{n}") for n in os.listdir("/sys/bus/pci/devices")}
+out["udev"] = {d.sys_name: [d.parent.subsystem, d.parent.sys_name, d.parent.driver, d.driver,
+                            d.attributes.asstring("class")]
+               for d in pyudev.Context().list_devices(subsystem="pci")}
+out["class_id"] = open(f"/sys/bus/vmbus/devices/{sys.argv[2]}/class_id").read()
+print(json.dumps(out))
+"""
+
+
+def test_a_function_behind_its_vmbus_channel_sits_below_it_as_the_kernel_puts_it(tmp_path):
+    tree = tmp_path / "tree"
+    tree.write_text(umockdev_tree([{**LATE_GPU, "driver": None}], {LATE_GPU["address"]: "nvidia"},
+                                  [CHANNEL]))
+    done = subprocess.run(["umockdev-run", "-d", str(tree), "--", sys.executable, "-c",
+                           UNDER_UMOCKDEV, "look", CHANNEL["instance"]], capture_output=True,
+                          text=True, timeout=30, check=True)
+    out = json.loads(done.stdout.splitlines()[-1])
+    devpath = testbed.pci_devpath(LATE_GPU)
+
+    assert devpath == (f"/devices/LNXSYSTM:00/LNXSYBUS:00/ACPI0004:00/VMBUS:00/{CHANNEL['instance']}"
+                       "/pci0001:00/0001:00:00.0")
+    assert out["sysfs"] == {"0001:00:00.0": f"../../..{devpath}"}
+    assert out["udev"] == {"0001:00:00.0": ["vmbus", CHANNEL["instance"], "hv_pci", "nvidia",
+                                            "0x030200"]}
+    assert out["class_id"] == "{44c4f61d-4444-4400-9d52-802e27ede19f}\n"
+    driver = os.path.normpath(os.path.join("/sys" + devpath, testbed.pci_record(
+        LATE_GPU, "nvidia").split("L: driver=")[1].strip()))
+    assert driver == "/sys/bus/pci/drivers/nvidia"
+
+
+def test_a_device_added_to_the_live_testbed_reaches_a_pci_monitor_and_another_subsystem_not(
+        tmp_path):
+    """The monitor's socket filter drops a message whose subsystem hash is not pci's: the hash
+    is libudev's MurmurHash2, or no event would pass the filter at all."""
+    tree = tmp_path / "tree"
+    tree.write_text(umockdev_tree([], {}, [CHANNEL]))
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    process = subprocess.Popen(["umockdev-run", "-d", str(tree), "--", sys.executable, "-c",
+                                UNDER_UMOCKDEV, "listen", CHANNEL["instance"]],
+                               stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout.readline() == "listening\n"
+        [bed] = testbed.live_testbeds(str(tmp_path))
+        record = testbed.pci_record(LATE_GPU, None)
+        devpath = testbed.add_live_device(bed, record)  # no PCI device before: bus/pci is made
+        properties = testbed.parse_record(record)[1]
+        other = [p if not p.startswith("SUBSYSTEM=") else "SUBSYSTEM=usb" for p in properties]
+        assert testbed.send_uevent(bed, testbed.uevent_message(devpath, "add", other, 1)) == 1
+        assert testbed.send_uevent(bed, testbed.uevent_message(devpath, "add", properties, 2)) == 1
+        out = json.loads(process.communicate(timeout=30)[0])
+    finally:
+        process.kill()
+
+    assert out["event"] == ["add", "pci", "0001:00:00.0", "0001:00:00.0"]
+    assert out["second"] is None  # the usb one never came
+    assert out["udev"] == {"0001:00:00.0": ["vmbus", CHANNEL["instance"], "hv_pci", None,
+                                            "0x030200"]}
+
+
+def test_a_gpu_that_arrives_after_the_driver_loaded_is_bound_with_the_next_free_minor(tmp_path):
+    early = {**GPU, "address": "0000:00:05.0"}
+    late = {**GPU, "address": "0000:00:03.0"}  # sorts first, but the driver probes it later
+    layout = fx.Layout(str(tmp_path))
+    os.makedirs(layout.root)
+    Path(layout.state).write_text(json.dumps(fx.initial_state([early], [late])))
+    world = {"pci": [early], "pci_late": [late], "fixture_dirs": [], "python": sys.executable}
+    with fx.locked_state(layout) as state:
+        fx.Effects(layout, world, state, ["/w/bin/modprobe", "nvidia"]).apply(
+            {"load_module": "nvidia", "version": "550.54.15"})
+        state["arrived"].append(late["address"])
+        fx.Effects(layout, world, state, []).bind_arrival()
+    state = json.loads(Path(layout.state).read_text())
+    gpus = Path(layout.root, "proc/driver/nvidia/gpus")
+
+    assert state["bindings"] == {early["address"]: "nvidia", late["address"]: "nvidia"}
+    assert "Device Minor: \t 0" in (gpus / early["address"] / "information").read_text()
+    assert "Device Minor: \t 1" in (gpus / late["address"] / "information").read_text()
+
+
+@pytest.mark.parametrize("extra, problem", [
+    ({"vmbus": [{"instance": "x", "class_id": "{y}", "speed": 1}]}, "vmbus entry"),
+    ({"pci_late": [{**LATE_GPU, "vmbus": "nowhere"}]}, "which the case's vmbus list lacks"),
+    ({"pci_late": [{**LATE_GPU, "vmbus": None, "after_s": "soon"}]}, "after_s must be a number"),
+    ({"pci": [GPU], "pci_late": [{**GPU, "after_s": 1}]}, "listed twice"),
+    ({"pci": [{**GPU, "after_s": 1}]}, "pci entry"),
+])
+def test_a_case_with_bad_vmbus_or_pci_late_entries_is_refused(tmp_path, extra, problem):
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump({"id": "X1", "vmbus": [CHANNEL], **extra}))
+
+    with pytest.raises(CaseError, match=problem):
+        load_case(path)
+
+
+def test_a_late_device_comes_only_while_boot_runs_and_later_phases_have_it_from_the_start():
+    """S16 without its config: the product ends no-gpu before after_s, so nothing arrives during
+    the boot; check then has the GPU on PCI from the start."""
+    case = load_case(OWN_CASES / "S16-expected-gpu-hot-plugged-late.yaml")
+    del case.files["etc/podvm-gpu/config.yaml"]
+    with World(case) as world:
+        boot = world.run("boot")
+        check = world.run("check")
+
+    assert boot.status["state"] == "no-gpu" and boot.arrivals == [] and boot.wall_s < 2
+    pci = next(c for c in json.loads(check.stdout)["checks"] if c["name"] == "pci")
+    assert pci["result"] == "pass" and "0000:00:05.0" in pci["detail"], pci

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -31,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from . import effects as fx
+from . import testbed
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
@@ -46,11 +48,14 @@ DEFAULT_LIMIT_S = 60  # for a run without max_wall_s (check): a hung run is stil
 GRACE_S = 10  # how long past max_wall_s a run may go before the harness ends it
 
 CASE_KEYS = {"id", "title", "source", "bug", "note", "pci", "files", "symlinks", "kernel_log",
-             "tools", "expect"}
-PCI_KEYS = {"address", "vendor", "device", "class", "driver", "subsystem_vendor", "subsystem_device"}
+             "tools", "expect", "vmbus", "pci_late"}
+PCI_KEYS = {"address", "vendor", "device", "class", "driver", "subsystem_vendor", "subsystem_device",
+            "vmbus"}
+PCI_LATE_KEYS = PCI_KEYS | {"after_s"}
+VMBUS_KEYS = {"instance", "class_id", "device_id", "driver"}
 RULE_KEYS = {"argv", "rc", "stdout", "stderr", "delay_s", "effects", "only_before"}
 BOOT_EXPECT_KEYS = {"state", "exit", "reason_contains", "max_wall_s", "not_called", "cdi", "gpus",
-                    "nvswitches", "cdi_devices", "not_killed"}
+                    "nvswitches", "cdi_devices", "not_killed", "step_messages"}
 CHECK_EXPECT_KEYS = {"exit", "fails", "warns"}
 EXPECT_KEYS = {"boot": BOOT_EXPECT_KEYS, "rerun": BOOT_EXPECT_KEYS, "check": CHECK_EXPECT_KEYS}
 CDI_EXPECTATIONS = ("ready-spec", "unavailable", "absent")
@@ -91,6 +96,8 @@ class Case:
     path: Path
     id: str
     pci: list[dict]
+    vmbus: list[dict]
+    pci_late: list[dict]
     files: dict
     symlinks: dict
     kernel_log: list[str]
@@ -99,7 +106,8 @@ class Case:
 
     @property
     def gpu_count(self) -> int:
-        return sum(fx.is_nvidia_gpu(dev) for dev in self.pci)
+        """NVIDIA GPUs of the VM, the late ones included (a ready boot has waited for them)."""
+        return sum(fx.is_nvidia_gpu(dev) for dev in self.pci + self.pci_late)
 
     @property
     def phases(self) -> list[str]:
@@ -146,11 +154,9 @@ def load_case(path: Path) -> Case:
     if not isinstance(data, dict) or "id" not in data:
         raise CaseError(f"{path}: not a case (a mapping with an id)")
     problems = [f"unknown key {key!r}" for key in set(data) - CASE_KEYS]
-    pci = data.get("pci") or []
-    for dev in pci:
-        if not {"address", "vendor", "device", "class"} <= set(dev) or set(dev) - PCI_KEYS:
-            problems.append(f"pci entry {dev!r} needs address, vendor, device, class only "
-                            f"plus {sorted(PCI_KEYS - {'address', 'vendor', 'device', 'class'})}")
+    pci, pci_late = data.get("pci") or [], data.get("pci_late") or []
+    vmbus = data.get("vmbus") or []
+    problems += _device_problems(pci, pci_late, vmbus)
     tools = [_rule(rule, problems) for rule in data.get("tools") or []]
     expect = data.get("expect") or {}
     for phase, block in expect.items():
@@ -162,9 +168,38 @@ def load_case(path: Path) -> Case:
             problems.append(f"expect.{phase}.cdi must be one of {CDI_EXPECTATIONS}")
     if problems:
         raise CaseError(f"{path}: " + "; ".join(problems))
-    return Case(path=path, id=str(data["id"]), pci=pci, files=data.get("files") or {},
+    return Case(path=path, id=str(data["id"]), pci=pci, vmbus=vmbus, pci_late=pci_late,
+                files=data.get("files") or {},
                 symlinks=data.get("symlinks") or {}, kernel_log=data.get("kernel_log") or [],
                 tools=tools, expect=expect)
+
+
+def _device_problems(pci: list[dict], pci_late: list[dict], vmbus: list[dict]) -> list[str]:
+    """What is wrong with a case's ``pci``, ``pci_late`` and ``vmbus`` entries (EFFECTS.md)."""
+    problems = []
+    required = {"address", "vendor", "device", "class"}
+    for key, entries, allowed in (("pci", pci, PCI_KEYS), ("pci_late", pci_late, PCI_LATE_KEYS)):
+        for dev in entries:
+            if not isinstance(dev, dict) or not required <= set(dev) or set(dev) - allowed:
+                problems.append(f"{key} entry {dev!r} needs address, vendor, device, class only "
+                                f"plus {sorted(allowed - required)}")
+    instances = [str(ch.get("instance")) for ch in vmbus if isinstance(ch, dict)]
+    for ch in vmbus:
+        if not isinstance(ch, dict) or not {"instance", "class_id"} <= set(ch) or \
+                set(ch) - VMBUS_KEYS:
+            problems.append(f"vmbus entry {ch!r} needs instance and class_id only plus "
+                            f"{sorted(VMBUS_KEYS - {'instance', 'class_id'})}")
+    for dev in [d for d in pci + pci_late if isinstance(d, dict)]:
+        if dev.get("vmbus") and str(dev["vmbus"]) not in instances:
+            problems.append(f"{dev.get('address')} sits behind VMBus channel {dev['vmbus']!r}, "
+                            "which the case's vmbus list lacks")
+        if "after_s" in dev and (isinstance(dev["after_s"], bool)
+                                 or not isinstance(dev["after_s"], (int, float))):
+            problems.append(f"pci_late {dev.get('address')}: after_s must be a number of seconds")
+    addresses = [str(d.get("address")) for d in pci + pci_late if isinstance(d, dict)]
+    problems += [f"PCI address {a} is listed twice" for a in sorted(set(addresses))
+                 if addresses.count(a) > 1]
+    return problems
 
 
 def _rule(rule: dict, problems: list[str]) -> dict:
@@ -204,31 +239,12 @@ def kmsg_records(messages: list[str]) -> str:
                    for seq, message in enumerate(messages))
 
 
-def umockdev_tree(pci: list[dict], bindings: dict) -> str:
-    """The PCI devices as a umockdev-record text file, each bound to its driver in ``bindings``."""
-    blocks = []
-    for dev in pci:
-        address = dev["address"]
-        vendor, device, cls = (int(str(dev[key]), 16) for key in ("vendor", "device", "class"))
-        driver = bindings.get(address)
-        lines = [f"P: {fx.SYS_PCI_PARENT}/{address}", "E: SUBSYSTEM=pci"]
-        if driver:
-            lines.append(f"E: DRIVER={driver}")
-        lines += [f"E: PCI_CLASS={cls:X}", f"E: PCI_ID={vendor:04X}:{device:04X}"]
-        subsystem = [dev.get("subsystem_vendor"), dev.get("subsystem_device")]
-        if all(subsystem):
-            sub_vendor, sub_device = (int(str(value), 16) for value in subsystem)
-            lines.append(f"E: PCI_SUBSYS_ID={sub_vendor:04X}:{sub_device:04X}")
-        lines += [f"E: PCI_SLOT_NAME={address}",
-                  f"A: vendor=0x{vendor:04x}\\n", f"A: device=0x{device:04x}\\n",
-                  f"A: class=0x{cls:06x}\\n"]
-        if all(subsystem):
-            lines += [f"A: subsystem_vendor=0x{sub_vendor:04x}\\n",
-                      f"A: subsystem_device=0x{sub_device:04x}\\n"]
-        if driver:
-            lines.append(f"L: driver=../../../bus/pci/drivers/{driver}")
-        blocks.append("\n".join(lines) + "\n")
-    return "\n".join(blocks)
+def umockdev_tree(pci: list[dict], bindings: dict, vmbus: list[dict] = ()) -> str:
+    """The VMBus channels, then the PCI devices (each bound to its driver in ``bindings``), as a
+    umockdev-record text file (``testbed.py``)."""
+    records = [testbed.vmbus_record(channel) for channel in vmbus]
+    records += [testbed.pci_record(dev, bindings.get(dev["address"])) for dev in pci]
+    return "\n".join(records)
 
 
 def product_command() -> list[str]:
@@ -276,6 +292,31 @@ class Run:
     alive_at_exit: set[int]  # pids of the world's processes alive when the product exited
     daemons: list[dict]  # stand-ins started so far: {"tool", "pid"}
     root_changes: list[str]  # check only: files under the root it created, changed or removed
+    arrivals: list[dict] = dataclasses.field(default_factory=list)  # pci_late devices added live
+
+
+class LateArrivals(threading.Thread):
+    """Adds the ``pci_late`` devices that have not arrived to the world's live testbeds, each
+    ``after_s`` seconds after the product started, until :attr:`stop` is set (the run ended).
+
+    Args:
+        world: the world whose testbeds (``layout.tmp``) get the devices.
+        started: the product's start, ``time.monotonic()``.
+        devices: the ``pci_late`` entries to add.
+    """
+
+    def __init__(self, world: World, started: float, devices: list[dict]):
+        super().__init__(name=f"late-pci-{world.case.id}", daemon=True)
+        self.world, self.started = world, started
+        self.devices = sorted(devices, key=lambda dev: float(dev.get("after_s", 0)))
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        for dev in self.devices:
+            if self.stop.wait(max(0.0, self.started + float(dev.get("after_s", 0))
+                                  - time.monotonic())):
+                return
+            self.world.arrive(dev, time.monotonic() - self.started)
 
 
 class World:
@@ -305,7 +346,7 @@ class World:
 
     def _build(self) -> None:
         layout, case = self.layout, self.case
-        for directory in (layout.root, layout.bin, layout.out):
+        for directory in (layout.root, layout.bin, layout.out, layout.tmp):
             os.makedirs(directory)
         # Links first, so a file below a linked folder (var/run -> /run) lands where the link says.
         for link, target in case.symlinks.items():
@@ -322,10 +363,12 @@ class World:
         kmsg = self.path("/dev/kmsg")
         os.makedirs(os.path.dirname(kmsg), exist_ok=True)
         Path(kmsg).write_text(kmsg_records(case.kernel_log))
-        config = {"case_id": case.id, "rules": case.tools, "pci": case.pci,
-                  "fixture_dirs": case.fixture_dirs, "python": sys.executable}
-        Path(layout.config).write_text(json.dumps(config, indent=1))
-        Path(layout.state).write_text(json.dumps(fx.initial_state(case.pci), indent=1))
+        self._config = {"case_id": case.id, "rules": case.tools, "pci": case.pci,
+                        "pci_late": case.pci_late, "vmbus": case.vmbus,
+                        "fixture_dirs": case.fixture_dirs, "python": sys.executable}
+        Path(layout.config).write_text(json.dumps(self._config, indent=1))
+        Path(layout.state).write_text(json.dumps(fx.initial_state(case.pci, case.pci_late),
+                                                 indent=1))
         Path(layout.calls).touch()
         tools = dict.fromkeys(DEFAULT_TOOLS)
         tools.update(dict.fromkeys(rule["argv"][0] for rule in case.tools))
@@ -356,9 +399,11 @@ class World:
             raise RuntimeError("umockdev-run not found: install the Debian package umockdev")
         with fx.locked_state(self.layout) as state:
             state["run"] = phase
-            bindings = dict(state["bindings"])
-        # umockdev-run builds a fresh testbed from the file on every run: write today's bindings.
-        Path(self.layout.tree).write_text(umockdev_tree(self.case.pci, bindings))
+            if phase != "boot":  # rerun and check have every late device from the start
+                state["arrived"] = [dev["address"] for dev in self.case.pci_late]
+            coming = [dev for dev in self.case.pci_late if dev["address"] not in state["arrived"]]
+            arrivals_before = len(state["arrivals"])
+        self._write_tree()
         command = "check" if phase == "check" else "boot"
         argv = [umockdev_run, "-d", self.layout.tree, "--", *product_command(), command,
                 "--root", self.layout.root, "--json"]
@@ -369,7 +414,7 @@ class World:
         err = Path(self.layout.out, f"{phase}.stderr")
         for attempt in (1, 2):
             calls_before = len(self.calls())
-            rc, wall = self._run_once(argv, out, err, limit, during)
+            rc, wall = self._run_once(argv, out, err, limit, during, coming)
             if not _umockdev_crash(rc, wall, out, err, len(self.calls()) - calls_before):
                 break
             # umockdev-run (its preload) very rarely dies of SIGSEGV before the product starts:
@@ -381,22 +426,26 @@ class World:
         status, status_error = self._status()
         with fx.locked_state(self.layout) as state:
             daemons = list(state["daemons"])
+            arrivals = state["arrivals"][arrivals_before:]
         after = self._root_snapshot() if phase == "check" else {}
         return Run(phase=phase, argv=argv, rc=rc, wall_s=wall, limit_s=limit,
                    stdout=out.read_text(errors="replace"), stderr=err.read_text(errors="replace"),
                    status=status, status_error=status_error,
                    calls=[call for call in self.calls() if call.run == phase],
-                   alive_at_exit=alive, daemons=daemons,
+                   alive_at_exit=alive, daemons=daemons, arrivals=arrivals,
                    root_changes=sorted(path for path in before.keys() | after.keys()
                                        if before.get(path) != after.get(path)))
 
     def _run_once(self, argv: list[str], out: Path, err: Path, limit: float,
-                  during=None) -> tuple[int | None, float]:
-        """One product run, output to files; (exit status or None when ended at ``limit``, wall)."""
+                  during=None, coming: list[dict] = ()) -> tuple[int | None, float]:
+        """One product run, output to files; (exit status or None when ended at ``limit``, wall).
+        The ``coming`` late devices arrive during it (:class:`LateArrivals`)."""
         # Output goes to files, not pipes: a hung tool that inherited them must not hold the run.
         with out.open("wb") as stdout, err.open("wb") as stderr:
             started = time.monotonic()
             process = self.start_product(argv, stdout, stderr)
+            late = LateArrivals(self, started, list(coming))
+            late.start()
             try:
                 if during is not None:
                     during(process)
@@ -405,7 +454,42 @@ class World:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
                 rc = None
+            finally:
+                late.stop.set()
+                late.join()
             return rc, time.monotonic() - started
+
+    def arrive(self, dev: dict, at_s: float) -> None:
+        """A ``pci_late`` device arrives: it is added to every live testbed (bus link last),
+        each testbed's open libudev monitors get its ``add`` uevent, the state counts it as
+        present from now on (the tree of later runs has it), and a loaded nvidia driver binds
+        it. What happened is kept in the state's ``arrivals``."""
+        with fx.locked_state(self.layout) as state:
+            record = testbed.pci_record(dev, state["bindings"].get(dev["address"]))
+            _, properties, _, _ = testbed.parse_record(record)
+            beds = testbed.live_testbeds(self.layout.tmp)
+            reached, added = 0, 0
+            for bed in beds:
+                try:
+                    devpath = testbed.add_live_device(bed, record)
+                except OSError:  # the run ended meanwhile and umockdev removed its testbed
+                    continue
+                added += 1
+                seqnum = 1000 + len(state["arrivals"])
+                reached += testbed.send_uevent(bed, testbed.uevent_message(
+                    devpath, "add", properties, seqnum))
+            state["arrived"].append(dev["address"])
+            fx.Effects(self.layout, self._config, state, []).bind_arrival()
+            state["arrivals"].append({"address": dev["address"], "at_s": round(at_s, 3),
+                                      "testbeds": added, "monitors": reached})
+
+    def _write_tree(self) -> None:
+        """umockdev-run builds a fresh testbed from the tree file on every run: write the VMBus
+        channels and the devices present now with today's bindings."""
+        with fx.locked_state(self.layout) as state:
+            bindings = dict(state["bindings"])
+            present = fx.present_pci(self._config, state)
+        Path(self.layout.tree).write_text(umockdev_tree(present, bindings, self.case.vmbus))
 
     def start_product(self, argv: list[str], stdout, stderr) -> subprocess.Popen:
         """Start one product process (``argv`` as :meth:`run` builds it) in this world."""
@@ -414,9 +498,7 @@ class World:
 
     def product_argv(self, command: str = "boot") -> list[str]:
         """The argv :meth:`run` uses for ``command``, with today's PCI tree written."""
-        with fx.locked_state(self.layout) as state:
-            bindings = dict(state["bindings"])
-        Path(self.layout.tree).write_text(umockdev_tree(self.case.pci, bindings))
+        self._write_tree()
         return [shutil.which("umockdev-run") or "umockdev-run", "-d", self.layout.tree, "--",
                 *product_command(), command, "--root", self.layout.root, "--json"]
 
@@ -425,6 +507,7 @@ class World:
         env = {key: value for key, value in os.environ.items()
                if key not in ("PODVM_GPU_ROOT", "PODVM_GPU_CONFIG")}
         env["PATH"] = self.layout.bin
+        env["TMPDIR"] = self.layout.tmp  # umockdev-run makes its testbed there (LateArrivals)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         return env
 

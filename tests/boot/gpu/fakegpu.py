@@ -2,8 +2,9 @@
 """Fake NVIDIA tools for the GPU boot test: one 1 x H100 PCIe VM where every tool succeeds.
 
 One multi-call script, installed in the test rootfs as ``/srv/gpu/bin/fakegpu`` with links named
-``modprobe``, ``nvidia-ctk``, ``nvidia-modprobe``, ``nvidia-persistenced``, ``nvidia-smi`` and
-``nv-fabricmanager``; the GPU test's drop-in puts ``/srv/gpu/bin`` first on the agent's PATH.
+``modprobe``, ``nvidia-ctk``, ``nvidia-persistenced``, ``nvidia-smi`` and ``nv-fabricmanager``
+(no ``nvidia-modprobe``: under a root the agent makes GPU nodes with mknod); the GPU test's
+drop-in puts ``/srv/gpu/bin`` first on the agent's PATH.
 Each tool changes the fake root (``/srv/gpu/root``, the agent's ``PODVM_GPU_ROOT``) the way the
 real one changes a VM, with the world shape of field case P02 and the vocabulary of
 ``shared/cases/EFFECTS.md``. PCI devices come from umockdev (``/sys`` is mocked for the agent and
@@ -196,17 +197,6 @@ def nvidia_ctk(args):
     return fail("nvidia-ctk", args)
 
 
-def nvidia_modprobe(args):
-    table = majors()
-    if "-c" in args:
-        minor = int(option(args, "-c"))
-        mknod(ROOT, f"nvidia{minor}", table["nvidia"], minor)
-    if "-u" in args:
-        mknod(ROOT, "nvidia-uvm", table["nvidia-uvm"], 0)
-        mknod(ROOT, "nvidia-uvm-tools", table["nvidia-uvm"], 1)
-    return 0
-
-
 def online_memory():
     """What the real daemon does on Grace-based GPUs (nvidia-numa.c): have GPU memory onlined
     through memory hotplug in sysfs. Here the current value is written back, which changes
@@ -318,9 +308,8 @@ def nv_fabricmanager(args):
     return 1
 
 
-TOOLS = {"modprobe": modprobe, "nvidia-ctk": nvidia_ctk, "nvidia-modprobe": nvidia_modprobe,
-         "nvidia-persistenced": nvidia_persistenced, "nvidia-smi": nvidia_smi,
-         "nv-fabricmanager": nv_fabricmanager}
+TOOLS = {"modprobe": modprobe, "nvidia-ctk": nvidia_ctk, "nvidia-persistenced": nvidia_persistenced,
+         "nvidia-smi": nvidia_smi, "nv-fabricmanager": nv_fabricmanager}
 
 
 def main():

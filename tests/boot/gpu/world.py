@@ -19,7 +19,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 KERNEL = "6.8.0-1015-example"
 VERSION = "550.54.15"
-TOOLS = ["modprobe", "nvidia-ctk", "nvidia-modprobe", "nvidia-persistenced", "nvidia-smi", "nv-fabricmanager"]
+# No nvidia-modprobe: the agent does not run it under a root (the real one writes the real /dev).
+TOOLS = ["modprobe", "nvidia-ctk", "nvidia-persistenced", "nvidia-smi", "nv-fabricmanager"]
 
 PROC_DEVICES = """Character devices:
   1 mem

@@ -1,0 +1,319 @@
+"""Every start-up and GPU-path benchmark of podvm-gpu in one table (issue 12), and bench/results.json.
+
+Usage: ``python bench/run.py [--pairs N] [--python PYTHON] [--runs N] [--only NAME ...]``.
+
+The product is measured as an image has it: a fresh venv made with ``--python`` (default
+Debian's ``/usr/bin/python3``) and a plain install of this checkout with its dependencies.
+Ratios are against ``-c pass`` of that venv's interpreter, measured alternately with the command
+in the same run, medians of ``--pairs`` pairs (default 20). Roots live on tmpfs (/dev/shm), as
+/run does on a VM: on a disk each atomic write's fsyncs cost milliseconds.
+
+Rows:
+- ``boot`` on this CPU machine (no NVIDIA function on its PCI), without and with a config file;
+- ``status`` and ``status --json`` of a final status; ``--help``; ``check`` of a CPU VM;
+- ``status --wait``: from the final write (an ``os.replace``) to the waiting process's exit,
+  median of ``--runs``; and the CPU time it used while it waited 1 s (no busy loop);
+- the GPU path of the shared cases P02 (1 x H100) and P03 (8 x H200 + 4 NVSwitch) through the
+  scenario harness (tests/scenarios) with tools that take fixed times (modprobe 0.3 s each,
+  nvidia-persistenced ready 1 s per GPU after its start, the fabric Completed 5 s after
+  nv-fabricmanager's start, ``nvidia-ctk cdi generate`` 1.5 s) and record their own start and
+  end: wall, the sum of the tools' times, the critical path (the longest chain of tool times
+  that truly depend on each other, pipeline.py's order) and the agent's own time, which is the
+  wall minus the critical path minus ``umockdev-run``'s own start-up (measured alone).
+
+Prints the table (figure, goal, verdict), writes bench/results.json; exits 3 when a goal is
+missed (CI reports that and goes on: its machines are noisy), 1 on a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") else None
+CONFIG = ("# what an image sets: a longer budget and CC ready state by the agent\n"
+          "budget_s: 200\npersistenced:\n  per_gpu_s: 20\n"
+          "confidential_computing:\n  set_ready_state: true\n")
+GOALS = {  # name -> (what, goal, unit)
+    "boot": ("CPU fast path, no config file", 1.5, "x"),
+    "boot-config": ("CPU fast path, with a valid config file", 2.5, "x"),
+    "status": ("status", 2.0, "x"),
+    "status-json": ("status --json", 2.0, "x"),
+    "status-wait": ("status --wait: final write to exit", 50.0, "ms"),
+    "help": ("--help", 5.0, "x"),
+    "check": ("check on a CPU VM", 8.0, "x"),
+    "gpu-1": ("GPU path, agent's own time, 1 GPU (P02)", 100.0, "ms"),
+    "gpu-8": ("GPU path, agent's own time, 8 GPUs + 4 NVSwitch (P03)", 200.0, "ms"),
+}
+
+
+# --- the product as an image has it -----------------------------------------------------------
+
+def fresh_venv(python: str) -> str:
+    """A throw-away venv of ``python`` with this checkout installed (dependencies too); its
+    ``podvm-gpu``."""
+    venv = tempfile.mkdtemp(prefix="podvm-gpu-bench-")
+    subprocess.run([python, "-m", "venv", "--without-pip", venv], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", os.path.join(venv, "bin", "python"),
+                    "install", "-q", "--disable-pip-version-check", str(REPO)], check=True)
+    return os.path.join(venv, "bin", "podvm-gpu")
+
+
+def interpreter_of(script: str) -> str:
+    with open(script, encoding="utf-8") as f:
+        first = f.readline().strip()
+    if not first.startswith("#!"):
+        raise SystemExit(f"{script}: no shebang line")
+    return first[2:].split()[0]
+
+
+def new_root(config: bool = False, status: str | None = None) -> str:
+    root = tempfile.mkdtemp(dir=SCRATCH)
+    if config:
+        os.makedirs(f"{root}/etc/podvm-gpu")
+        Path(f"{root}/etc/podvm-gpu/config.yaml").write_text(CONFIG)
+    if status:
+        os.makedirs(f"{root}/run/podvm-gpu")
+        Path(f"{root}/run/podvm-gpu/status.json").write_text(json.dumps(
+            {"version": 1, "state": status, "reason": None, "warnings": [], "steps": []}))
+    return root
+
+
+def wall(argv: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def ratio_rows(script: str, pairs: int, only: set[str]) -> dict[str, dict]:
+    """The start-up rows: each command against ``-c pass``, alternately."""
+    python = interpreter_of(script)
+    cpu_vm = new_root()
+    subprocess.run([script, "boot", "--root", cpu_vm], check=True, capture_output=True)
+    commands = {
+        "boot": lambda: [script, "boot", "--root", new_root()],
+        "boot-config": lambda: [script, "boot", "--root", new_root(config=True)],
+        "status": lambda: [script, "status", "--root", ready],
+        "status-json": lambda: [script, "status", "--json", "--root", ready],
+        "help": lambda: [script, "--help"],
+        "check": lambda: [script, "check", "--root", cpu_vm],
+    }
+    ready = new_root(status="ready")
+    commands = {k: v for k, v in commands.items() if not only or k in only}
+    for make in commands.values():  # warm the page cache and the bytecode
+        for _ in range(2):
+            wall(make())
+    base = {k: [] for k in commands}
+    runs = {k: [] for k in commands}
+    for _ in range(pairs):
+        for name, make in commands.items():
+            argv = make()
+            base[name].append(wall([python, "-c", "pass"]))
+            runs[name].append(wall(argv))
+    rows = {}
+    for name in commands:
+        b, r = statistics.median(base[name]), statistics.median(runs[name])
+        rows[name] = {"value": round(r / b, 2), "median_ms": round(r * 1000, 1),
+                      "pass_ms": round(b * 1000, 1), "pairs": pairs}
+    return rows
+
+
+def status_wait_row(script: str, runs: int) -> dict:
+    """``status --wait``: time from the final write to the process's exit; CPU while waiting."""
+    latencies, cpu = [], []
+    tick = os.sysconf("SC_CLK_TCK")
+    for _ in range(runs):
+        root = new_root(status="running")
+        proc = subprocess.Popen([script, "status", "--wait", "--timeout", "30", "--root", root],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.3)  # started and waiting
+        before = _cpu_ticks(proc.pid)
+        time.sleep(1.0)
+        cpu.append((_cpu_ticks(proc.pid) - before) / tick)
+        path = f"{root}/run/podvm-gpu/status.json"
+        Path(path + ".new").write_text(json.dumps({"version": 1, "state": "ready", "reason": None,
+                                                   "warnings": [], "steps": []}))
+        t0 = time.perf_counter()
+        os.replace(path + ".new", path)
+        proc.wait(timeout=30)
+        latencies.append(time.perf_counter() - t0)
+    return {"value": round(statistics.median(latencies) * 1000, 1), "runs": runs,
+            "worst_ms": round(max(latencies) * 1000, 1),
+            "cpu_while_waiting_s_per_s": round(statistics.median(cpu), 3)}
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+# --- the GPU path with timed tools ----------------------------------------------------------
+
+MODPROBE_S, PER_GPU_S, FABRIC_S, GENERATE_S = 0.3, 1.0, 5.0, 1.5
+WRAPPER = """#!/bin/sh
+# bench/run.py: the tool's start and end, then its exit status
+s=$(/bin/date +%s.%N)
+{real} "$@"
+rc=$?
+echo "$s $(/bin/date +%s.%N) $rc {tool} $*" >> {log}
+exit $rc
+"""
+
+
+def timed_case(name: str):
+    """A shared case with the benchmark's fixed tool times (module docstring)."""
+    from scenarios.world import DATA, SHARED, load_case
+
+    path = next(p for p in (SHARED / "cases" / name, DATA / "cases" / name) if p.exists())
+    case = copy.deepcopy(load_case(path))
+    gpus = case.gpu_count
+    for rule in case.tools:
+        argv = rule["argv"]
+        if argv[0] == "modprobe":
+            rule["delay_s"] = MODPROBE_S
+        elif argv == ["nvidia-persistenced"]:
+            rule["delay_s"] = PER_GPU_S * gpus  # ready (socket) at the end of the delay
+        elif argv == ["nv-fabricmanager"]:
+            rule["delay_s"] = FABRIC_S  # its fabric effect lands at the end of the delay
+        elif argv[:3] == ["nvidia-ctk", "cdi", "generate"]:
+            rule["delay_s"] = GENERATE_S
+    return case
+
+
+def wrap_tools(world) -> str:
+    """Put a timing wrapper in front of every fake tool of ``world``; the timing log's path."""
+    bin_dir = Path(world.layout.bin)
+    real_dir = bin_dir / ".real"
+    real_dir.mkdir()
+    log = Path(world.layout.dir) / "timing.log"
+    for tool in [p for p in bin_dir.iterdir() if p.is_file()]:
+        real = real_dir / tool.name
+        tool.rename(real)
+        tool.write_text(WRAPPER.format(real=real, tool=tool.name, log=log))
+        tool.chmod(0o755)
+    return str(log)
+
+
+def critical_path(calls: list[tuple[float, float, list[str]]], nvswitch: bool) -> float:
+    """The longest chain of tool times that depend on each other (pipeline.py): the sequential
+    steps' calls one after another (modules, versions, device nodes, persistenced from its
+    start to ready), then the longest of the three parallel branches: the fabric (the fabric
+    manager from its start to the fabric's readiness, plus the one query that saw it; without
+    NVSwitch the one probe), the CC step's calls, and the spec's generation."""
+    def took(c):
+        return c[1] - c[0]
+
+    sequential = [c for c in calls if c[2][0] in ("modprobe", "nvidia-modprobe",
+                                                  "nvidia-persistenced")
+                  or c[2][:2] == ["nv-fabricmanager", "--version"]
+                  or c[2][:3] == ["nvidia-ctk", "system", "create-device-nodes"]]
+    queries = [c for c in calls if c[2][:2] == ["nvidia-smi", "-q"]]
+    fm = [c for c in calls if c[2][0] == "nv-fabricmanager" and "--version" not in c[2]]
+    if nvswitch and fm:
+        ready = fm[0][1]
+        seeing = [q for q in queries if q[0] >= ready]
+        fabric = took(fm[0]) + (took(seeing[0]) if seeing else 0.0)
+    else:
+        fabric = took(queries[0]) if queries else 0.0
+    cc = sum(took(c) for c in calls if c[2][:2] == ["nvidia-smi", "conf-compute"])
+    cdi = sum(took(c) for c in calls if c[2][:3] == ["nvidia-ctk", "cdi", "generate"])
+    return sum(took(c) for c in sequential) + max(fabric, cc, cdi)
+
+
+def gpu_row(script: str, case_name: str, runs: int) -> dict:
+    from scenarios.world import World
+
+    os.environ["PODVM_GPU_CMD"] = script
+    walls, tools, paths, own = [], [], [], []
+    for _ in range(runs):
+        case = timed_case(case_name)
+        with World(case) as world:
+            log = wrap_tools(world)
+            t0 = time.time()
+            run = world.run("boot")
+            t1 = time.time()
+            if (run.status or {}).get("state") != "ready":
+                raise SystemExit(f"{case_name}: the timed boot did not end ready: "
+                                 f"{(run.status or {}).get('reason')}\n{run.stderr[-2000:]}")
+            calls = []
+            for line in Path(log).read_text().splitlines():
+                start, end, _rc, *argv = line.split()
+                calls.append((float(start), float(end), argv))
+            bare = statistics.median(wall([shutil.which("umockdev-run"), "-d", world.layout.tree,
+                                           "--", "true"]) for _ in range(3))
+        path = critical_path(calls, nvswitch=any(d for d in case.pci
+                                                 if str(d["class"]).lower().startswith("0x0680")))
+        walls.append(t1 - t0)
+        tools.append(sum(c[1] - c[0] for c in calls))
+        paths.append(path)
+        own.append(t1 - t0 - path - bare)
+    return {"value": round(statistics.median(own) * 1000, 1), "runs": runs,
+            "wall_s": round(statistics.median(walls), 3),
+            "tools_s": round(statistics.median(tools), 3),
+            "critical_path_s": round(statistics.median(paths), 3)}
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=5, help="runs of status --wait and GPU rows")
+    parser.add_argument("--python", default="/usr/bin/python3" if os.path.exists(
+        "/usr/bin/python3") else sys.executable)
+    parser.add_argument("--only", nargs="*", default=[], choices=list(GOALS))
+    parser.add_argument("--json", default=str(REPO / "bench" / "results.json"))
+    args = parser.parse_args()
+    only = set(args.only)
+    script = fresh_venv(args.python)
+    rows = ratio_rows(script, args.pairs, only)
+    if not only or "status-wait" in only:
+        rows["status-wait"] = status_wait_row(script, max(args.runs * 4, 20))
+    for name, case in (("gpu-1", "P02-one-h100-pcie-ready.yaml"),
+                       ("gpu-8", "P03-hgx-h200-8gpu-4nvswitch-ready.yaml")):
+        if not only or name in only:
+            rows[name] = gpu_row(script, case, args.runs)
+    missed = []
+    print(f"interpreter  {interpreter_of(script)} ({args.python})")
+    print(f"{'benchmark':<58} {'figure':>10} {'goal':>8}  verdict")
+    for name, (what, goal, unit) in GOALS.items():
+        if name not in rows:
+            continue
+        row = rows[name]
+        ok = row["value"] <= goal
+        row.update(goal=goal, unit=unit, what=what, ok=ok)
+        missed += [] if ok else [name]
+        figure = f"{row['value']:.2f}{unit}" if unit == "x" else f"{row['value']:.0f} {unit}"
+        print(f"{what:<58} {figure:>10} {'<= ' + str(goal) + unit if unit == 'x' else '<= ' + str(int(goal)) + ' ' + unit:>8}  {'ok' if ok else 'OVER GOAL'}")
+    for name in ("gpu-1", "gpu-8"):
+        if name in rows:
+            r = rows[name]
+            print(f"  {name}: wall {r['wall_s']} s, tools {r['tools_s']} s, critical path "
+                  f"{r['critical_path_s']} s, agent {r['value']} ms (median of {r['runs']})")
+    if "status-wait" in rows:
+        r = rows["status-wait"]
+        print(f"  status --wait: worst {r['worst_ms']} ms; CPU while waiting "
+              f"{r['cpu_while_waiting_s_per_s']} s per s")
+    for name in ("boot", "boot-config", "status", "help", "check"):
+        if name in rows:
+            r = rows[name]
+            print(f"  {name}: {r['median_ms']} ms against -c pass {r['pass_ms']} ms")
+    Path(args.json).write_text(json.dumps({"python": args.python, "rows": rows}, indent=2) + "\n")
+    shutil.rmtree(os.path.dirname(os.path.dirname(script)), ignore_errors=True)
+    return 3 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

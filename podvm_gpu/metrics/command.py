@@ -1,0 +1,223 @@
+"""Entry points of the exporter: print once, serve over HTTP, write the textfile.
+
+Importing this module costs nothing beyond the standard library: prometheus-client and the
+exporter are imported by the functions that need them, so the boot can import
+:func:`write_boot_textfile` and the settings without paying for them when the textfile is off.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from podvm_gpu.host.fs import Root, atomic_write, ensure_dir
+from podvm_gpu.metrics.settings import MetricsSettings, parse_listen
+
+# A scrape client that sends nothing must not hold a server thread for ever.
+_CLIENT_TIMEOUT_S = 30
+
+
+def print_once(root: Root, settings: MetricsSettings, openmetrics: bool = False,
+               out=None) -> int:
+    """Print the metrics once: Prometheus text format 0.0.4, or OpenMetrics 1.0.0.
+
+    Args:
+        root: the :class:`Root` to read under.
+        settings: the :class:`MetricsSettings`.
+        openmetrics: True for OpenMetrics.
+        out: a binary stream, stdout's by default.
+
+    Returns:
+        0 when printed (the GPUs' and the boot's state are in the metrics), 1 when the output
+        could not be written.
+    """
+    from podvm_gpu.metrics.exporter import Exporter, render
+
+    exporter = Exporter(root, settings)
+    try:
+        text = render(exporter.families(), openmetrics)
+    finally:
+        exporter.close()
+    stream = out if out is not None else sys.stdout.buffer
+    try:
+        stream.write(text)
+        stream.flush()
+    except OSError as err:
+        print(f"podvm-gpu metrics: cannot write the metrics: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def write_textfile(root: Root, settings: MetricsSettings, exporter=None) -> str:
+    """Write every metric to ``settings.textfile_path`` under the root, atomically (mode 0644),
+    in the Prometheus text format node-exporter's textfile collector reads.
+
+    Args:
+        exporter: an ``Exporter`` to reuse (``serve``); a new one otherwise.
+
+    Returns:
+        The real path written.
+
+    Raises:
+        OSError: the directory cannot be made or written.
+    """
+    from podvm_gpu.metrics.exporter import Exporter, render
+
+    own = exporter is None
+    exporter = exporter or Exporter(root, settings)
+    try:
+        return _write(root, settings, render(exporter.families()))
+    finally:
+        if own:
+            exporter.close()
+
+
+def write_boot_textfile(root: Root, settings: MetricsSettings) -> str | None:
+    """For the boot's end: write the boot's, the daemons' and the kernel log's metrics (no NVML)
+    to the textfile when ``settings.textfile`` is on; nothing (None) when it is off.
+
+    Costs the import of prometheus-client (about 0.1 s) only when on, so a boot with the
+    textfile off, the default, pays nothing for it.
+
+    Returns:
+        The real path written, or None.
+
+    Raises:
+        OSError: the directory cannot be made or written.
+    """
+    if not settings.textfile:
+        return None
+    from podvm_gpu.metrics.exporter import Exporter, render
+
+    return _write(root, settings, render(Exporter(root, settings).families(with_nvml=False)))
+
+
+def _write(root: Root, settings: MetricsSettings, text: bytes) -> str:
+    path = root.resolve(settings.textfile_path, follow_last=False)
+    ensure_dir(os.path.dirname(path))
+    atomic_write(path, text)
+    return path
+
+
+def make_server(root: Root, settings: MetricsSettings, listen: str, exporter=None):
+    """An HTTP server for ``listen`` (``HOST:PORT``; port 0: any free one) that answers
+    ``GET /metrics`` with one scrape, negotiated by the ``Accept`` header as prometheus-client
+    does (OpenMetrics when asked, else text 0.0.4) and gzipped when accepted.
+
+    Returns:
+        The ``http.server.ThreadingHTTPServer``, bound, not yet serving.
+
+    Raises:
+        ValueError: ``listen`` is not ``HOST:PORT``.
+        OSError: the address cannot be bound (in use, not an address of this VM).
+    """
+    import gzip
+    import socket
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from podvm_gpu.metrics.exporter import Exporter, Families, type_dcgm_counters
+    from podvm_gpu.metrics.prom import choose_encoder, gzip_accepted
+
+    host, port = parse_listen(listen, allow_any_port=True)
+    exporter = exporter or Exporter(root, settings, keep_open=True)
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = _CLIENT_TIMEOUT_S
+
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+                self.send_error(404, "only /metrics is here")
+                return
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            body = encoder(Families(exporter.families()))
+            if content_type.startswith("text/plain"):
+                body = type_dcgm_counters(body)
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            if gzip_accepted(self.headers.get("Accept-Encoding", "")):
+                body = gzip.compress(body)
+                self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format, *args) -> None:  # noqa: A002 (the base class's name)
+            pass  # a scrape every 15 s must not fill the journal
+
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    server = Server((host, port), Handler)
+    server.exporter = exporter
+    return server
+
+
+def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
+          stop: threading.Event | None = None) -> int:
+    """Serve the metrics over HTTP at ``listen`` (default ``settings.listen``; ``""``: no HTTP
+    server) and, when ``settings.textfile`` is on, rewrite the textfile every
+    ``settings.textfile_interval_s`` seconds; until ``stop`` is set (or the process is stopped).
+
+    Returns:
+        1 when there is nothing to do or the address cannot be bound (the message says why),
+        0 when ``stop`` ended it.
+    """
+    from podvm_gpu.metrics.exporter import Exporter
+
+    listen = settings.listen if listen is None else listen
+    if not listen and not settings.textfile:
+        print("podvm-gpu metrics: nothing to serve: no listen address and the textfile is off",
+              file=sys.stderr)
+        return 1
+    stop = stop or threading.Event()
+    exporter = Exporter(root, settings, keep_open=True)
+    server = None
+    if listen:
+        try:
+            server = make_server(root, settings, listen, exporter)
+        except (OSError, ValueError) as err:
+            print(f"podvm-gpu metrics: cannot listen on {listen}: {err}", file=sys.stderr)
+            return 1
+        host, port = server.server_address[:2]
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        print(f"podvm-gpu metrics: serving http://{where}/metrics", file=sys.stderr, flush=True)
+        threading.Thread(target=server.serve_forever, name="podvm-gpu-http", daemon=True).start()
+    try:
+        while not stop.is_set():
+            if settings.textfile:
+                try:
+                    write_textfile(root, settings, exporter)
+                except OSError as err:
+                    print(f"podvm-gpu metrics: cannot write {settings.textfile_path}: {err}",
+                          file=sys.stderr, flush=True)
+            stop.wait(settings.textfile_interval_s if settings.textfile else None)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        exporter.close()
+    return 0
+
+
+def run(root: Root, settings: MetricsSettings, *, listen: str | None = None, serving: bool = False,
+        openmetrics: bool = False, textfile: bool = False) -> int:
+    """What ``podvm-gpu metrics [--listen ADDR:PORT | --serve] [--openmetrics] [--textfile]``
+    does, for the CLI to call after it parsed the line and loaded the settings.
+
+    Returns:
+        The exit code (0 done, 1 could not serve, print or write).
+    """
+    if serving:
+        if textfile:
+            settings = MetricsSettings(**{**settings.to_dict(), "textfile": True})
+        return serve(root, settings, listen)
+    if textfile:
+        try:
+            path = write_textfile(root, settings)
+        except OSError as err:
+            print(f"podvm-gpu metrics: cannot write {settings.textfile_path}: {err}", file=sys.stderr)
+            return 1
+        print(f"podvm-gpu metrics: wrote {root.host_path(path)}", file=sys.stderr)
+        return 0
+    return print_once(root, settings, openmetrics)

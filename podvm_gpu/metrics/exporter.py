@@ -1,0 +1,144 @@
+"""One scrape: read the boot's status, the daemons, the kernel log and NVML under a root, and
+render the families with prometheus-client (Prometheus text 0.0.4 or OpenMetrics 1.0).
+"""
+
+from __future__ import annotations
+
+import os
+
+from podvm_gpu.host import kmsg
+from podvm_gpu.host.fs import Root
+from podvm_gpu.metrics import families as fam
+from podvm_gpu.metrics.prom import generate_latest, generate_openmetrics
+from podvm_gpu.metrics.reading import NvmlReading, cc_safe
+from podvm_gpu.metrics.settings import MetricsSettings
+from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, PERSISTENCED_COMM,
+                               PERSISTENCED_PID, daemon_pid)
+from podvm_gpu.status import StatusUnreadable, load_status
+
+
+def nvml_gate(status: dict | None, persistenced_up: bool) -> tuple[str, str] | None:
+    """Why NVML must not be called now, as ``(reason, message)``; None when it may.
+
+    Only a ``ready`` boot has the driver loaded and nvidia-persistenced started, and without
+    persistenced every NVML client initialises the GPUs again (field case C20), so a scrape must
+    never be the first NVML client.
+    """
+    state = (status or {}).get("state")
+    if status is None:
+        return "no-status", "no readable status.json: the boot has not run or its file is garbled"
+    if state == "running":
+        return "boot-running", "the boot is still running"
+    if state == "no-gpu":
+        return "no-gpu", status.get("reason") or "no NVIDIA GPU in this VM"
+    if state != "ready":
+        return "boot-failed", f"the boot failed: {status.get('reason') or 'no reason given'}"
+    if not persistenced_up:
+        return "persistenced-not-running", ("nvidia-persistenced is not running; NVML would "
+                                            "initialise the GPUs again on every scrape")
+    return None
+
+
+def hostname(root: Root) -> str:
+    """The VM's host name (dcgm-exporter's ``Hostname`` label): the root's kernel host name."""
+    name = (root.read_text("/proc/sys/kernel/hostname") or "").strip()
+    return name or os.uname().nodename
+
+
+class Exporter:
+    """The metrics of a root, as a prometheus-client collector (``collect()``).
+
+    Args:
+        root: the :class:`Root`.
+        settings: the :class:`MetricsSettings` (profile, NVML bound).
+        keep_open: True when serving (NVML stays initialised between scrapes).
+    """
+
+    def __init__(self, root: Root, settings: MetricsSettings, keep_open: bool = False):
+        self.root = root
+        self.settings = settings
+        self.keep_open = keep_open
+        self.reader = None  # made when NVML may first be called: its module costs start-up
+        self.hostname = hostname(root)
+
+    def collect(self):
+        """Every family of one scrape (prometheus-client's collector protocol)."""
+        return self.families(with_nvml=True)
+
+    def families(self, with_nvml: bool = True) -> list:
+        """The families of one scrape.
+
+        Args:
+            with_nvml: False for the boot's own textfile: no NVML, no GPU families.
+        """
+        try:
+            status, status_error = load_status(self.root), None
+        except StatusUnreadable as err:
+            status, status_error = None, str(err)
+        out = fam.boot_families(status, status_error)
+        persistenced = daemon_pid(self.root, PERSISTENCED_PID, PERSISTENCED_COMM) is not None
+        daemons = {"nvidia-persistenced": persistenced}
+        if status and status.get("nvswitches"):
+            daemons["nv-fabricmanager"] = daemon_pid(self.root, FABRICMANAGER_PID,
+                                                     FABRICMANAGER_COMM) is not None
+        out.append(fam.daemon_family(daemons))
+        messages = kmsg.read_kernel_log(self.root)
+        found = kmsg.findings(messages)
+        xids = kmsg.xid_records(messages)
+        out += fam.kernel_families(len(messages), [f.kind for f in found],
+                                   sum(f.fatal for f in found), xids)
+        if not with_nvml:
+            return out
+        gate = nvml_gate(status, persistenced)
+        if gate is not None:
+            reading = NvmlReading(False, *gate)
+        else:
+            if self.reader is None:
+                from podvm_gpu.metrics.nvml import NvmlReader
+
+                self.reader = NvmlReader(self.root, self.settings.nvml_timeout_s, self.keep_open)
+            reading = self.reader.read(self.settings.profile)
+        profile = fam.CC_SAFE if cc_safe(self.settings.profile, reading.cc_mode) else fam.FULL
+        out += fam.nvml_families(reading, profile, self.settings.profile)
+        last_xid = {fam.pci_bus_id(pci): code for pci, code in xids}
+        out += fam.dcgm_families(reading, self.hostname, last_xid, profile)
+        return out
+
+    def close(self) -> None:
+        """Shut NVML down (unless a call still hangs)."""
+        if self.reader is not None:
+            self.reader.close()
+
+
+class Families:
+    """A collector that yields families made already (prometheus-client renders collectors)."""
+
+    def __init__(self, families: list):
+        self._families = families
+
+    def collect(self):
+        return self._families
+
+
+def render(families: list, openmetrics: bool = False) -> bytes:
+    """The exposition of ``families``: Prometheus text 0.0.4, or OpenMetrics 1.0.0.
+
+    In the text format the DCGM counters are typed ``counter``, as dcgm-exporter types them
+    (``families`` makes them ``unknown`` so that their samples keep the DCGM names); in
+    OpenMetrics they stay ``unknown``: an OpenMetrics counter's samples must end in ``_total``.
+    """
+    if openmetrics:
+        return generate_openmetrics(Families(families))
+    return type_dcgm_counters(generate_latest(Families(families)))
+
+
+def type_dcgm_counters(text: bytes) -> bytes:
+    """Replace the ``# TYPE <name> untyped`` line of each DCGM counter by ``... counter``.
+
+    Only those exact lines, as prometheus-client writes them, change; every sample line stays as
+    prometheus-client wrote it.
+    """
+    for name in fam.DCGM_COUNTERS:
+        text = text.replace(f"# TYPE {name} untyped\n".encode(), f"# TYPE {name} counter\n".encode())
+    return text
+

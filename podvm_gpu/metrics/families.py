@@ -1,0 +1,272 @@
+"""The metric families of one scrape, built with prometheus-client's metric families.
+
+Two groups:
+
+- ``DCGM_FI_*``: the quantities NVIDIA's dcgm-exporter exports, under its names, types and labels
+  (``etc/default-counters.csv`` of NVIDIA/dcgm-exporter for names and types; its
+  ``rendermetrics`` template for the labels ``gpu``, ``UUID``, ``pci_bus_id``,
+  ``device="nvidia<gpu>"``, ``modelName``, ``Hostname`` (every release so far; its unreleased
+  main renames it ``hostname``) and ``DCGM_FI_DRIVER_VERSION``, a label-type field of the
+  default counters file), so its dashboards and alerts work unchanged. Fields the default file
+  leaves out but DCGM defines (the temperature thresholds, ``DCGM_FI_DEV_ROW_REMAP_PENDING``)
+  are gauges as DCGM's field list has them.
+- ``podvm_gpu_*``: the agent's own, in Prometheus naming (promtool's lint passes on them).
+
+A DCGM counter is made as an ``unknown`` family, the only kind whose samples prometheus-client
+writes under the family's own name: a counter family gets ``_total`` appended, and the DCGM names
+(``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL``, ``DCGM_FI_DEV_PCIE_REPLAY_COUNTER``) do not end in it.
+``render`` then types them ``counter`` in the Prometheus text format as dcgm-exporter does.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from podvm_gpu.metrics.prom import GaugeMetricFamily, InfoMetricFamily, Metric
+from podvm_gpu.metrics.reading import CC_MODES
+from podvm_gpu.model import State
+
+FULL = "full"
+CC_SAFE = "cc-safe"
+
+# DCGM field -> (type as in dcgm-exporter, help, profile that exports it). Types: the default
+# counters file; help: this project's own words, in dcgm-exporter's units.
+DCGM_FIELDS: dict[str, tuple[str, str, str]] = {
+    "DCGM_FI_DEV_GPU_TEMP": ("gauge", "GPU temperature (C).", CC_SAFE),
+    "DCGM_FI_DEV_SLOWDOWN_TEMP": ("gauge", "Temperature at which the GPU slows down (C).", CC_SAFE),
+    "DCGM_FI_DEV_SHUTDOWN_TEMP": ("gauge", "Temperature at which the GPU shuts down (C).", CC_SAFE),
+    "DCGM_FI_DEV_GPU_MAX_OP_TEMP": ("gauge", "Maximum operating temperature of the GPU (C).", CC_SAFE),
+    "DCGM_FI_DEV_XID_ERRORS": ("gauge", "Code of the last Xid the kernel log reports for the GPU "
+                                        "since boot (0: none).", CC_SAFE),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("counter", "Corrected (single-bit) ECC errors since the "
+                                                 "driver loaded.", CC_SAFE),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("counter", "Uncorrected (double-bit) ECC errors since the "
+                                                 "driver loaded.", CC_SAFE),
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": ("counter", "Corrected ECC errors over the GPU's life.", CC_SAFE),
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": ("counter", "Uncorrected ECC errors over the GPU's life.", CC_SAFE),
+    "DCGM_FI_DEV_RETIRED_SBE": ("counter", "Pages retired for repeated single-bit errors.", CC_SAFE),
+    "DCGM_FI_DEV_RETIRED_DBE": ("counter", "Pages retired for double-bit errors.", CC_SAFE),
+    "DCGM_FI_DEV_RETIRED_PENDING": ("counter", "1 when pages wait to be retired at the next "
+                                               "reset.", CC_SAFE),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("counter", "Memory rows remapped for correctable "
+                                                         "errors.", CC_SAFE),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("counter", "Memory rows remapped for "
+                                                           "uncorrectable errors.", CC_SAFE),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("gauge", "1 when a row remapping failed.", CC_SAFE),
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": ("gauge", "1 when a row remapping waits for a reset.", CC_SAFE),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("counter", "PCIe replays (retries).", CC_SAFE),
+    "DCGM_FI_DEV_SM_CLOCK": ("gauge", "SM clock (MHz).", FULL),
+    "DCGM_FI_DEV_MEM_CLOCK": ("gauge", "Memory clock (MHz).", FULL),
+    "DCGM_FI_DEV_POWER_USAGE": ("gauge", "Power draw (W).", FULL),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("counter", "Energy used since the driver loaded "
+                                                        "(mJ).", FULL),
+    "DCGM_FI_DEV_GPU_UTIL": ("gauge", "GPU utilisation (%).", FULL),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("gauge", "Memory utilisation (%).", FULL),
+    "DCGM_FI_DEV_ENC_UTIL": ("gauge", "Encoder utilisation (%).", FULL),
+    "DCGM_FI_DEV_DEC_UTIL": ("gauge", "Decoder utilisation (%).", FULL),
+    "DCGM_FI_DEV_FB_FREE": ("gauge", "Frame buffer memory free (MiB).", FULL),
+    "DCGM_FI_DEV_FB_USED": ("gauge", "Frame buffer memory used (MiB).", FULL),
+    "DCGM_FI_DEV_FB_RESERVED": ("gauge", "Frame buffer memory reserved by the driver (MiB).", FULL),
+}
+DCGM_COUNTERS = frozenset(name for name, (kind, _, _) in DCGM_FIELDS.items() if kind == "counter")
+DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
+               "DCGM_FI_DRIVER_VERSION")
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device")  # the agent's per-GPU series; join on these
+DAEMONS = ("nvidia-persistenced", "nv-fabricmanager")
+
+
+def pci_bus_id(address: str) -> str:
+    """NVML's form of a PCI address, as DCGM's ``pci_bus_id`` label has it: 8-digit domain,
+    upper-case hex, function ``.0`` when not given.
+
+    Args:
+        address: ``0000:01:00`` (the kernel log's Xid), ``0000:01:00.0`` (sysfs) or NVML's own.
+    """
+    head, _, function = address.partition(".")
+    parts = head.split(":")
+    if len(parts) != 3:
+        return address
+    try:
+        domain, bus, device = (int(p, 16) for p in parts)
+        fn = int(function or "0", 16)
+    except ValueError:
+        return address
+    return f"{domain:08X}:{bus:02X}:{device:02X}.{fn:X}"
+
+
+def _gauge(name: str, doc: str, value: float | None = None, labels: tuple[str, ...] = ()):
+    """A gauge family; with ``value``, its one unlabelled sample."""
+    family = GaugeMetricFamily(name, doc, labels=list(labels) or None)
+    if value is not None:
+        family.add_metric([], value)
+    return family
+
+
+def _seconds_between(start: str | None, end: str | None) -> float | None:
+    try:
+        return (datetime.datetime.fromisoformat(end)
+                - datetime.datetime.fromisoformat(start)).total_seconds()
+    except (TypeError, ValueError):
+        return None
+
+
+def boot_families(status: dict | None, status_error: str | None) -> list[Metric]:
+    """The boot's own families from ``status.json`` (None: no status file yet).
+
+    Args:
+        status: the status document (contract section 4), or None.
+        status_error: why the file could not be read (garbled), or None.
+    """
+    state = status.get("state") if status else None
+    states = _gauge("podvm_gpu_boot_state", "1 for the state of the last boot in status.json "
+                    "(all 0: no status file yet or unreadable).", labels=("state",))
+    for s in State.ALL:
+        states.add_metric([s], 1 if state == s else 0)
+    out: list[Metric] = [states]
+    reason = status.get("reason") if status else status_error
+    if reason:
+        info = InfoMetricFamily("podvm_gpu_boot_reason", "Why the boot ended as it did "
+                                "(status.json's reason), or why the status is unreadable.")
+        info.add_metric([], {"reason": reason})
+        out.append(info)
+    if not status:
+        return out
+    duration = _seconds_between(status.get("started_at"), status.get("finished_at"))
+    if duration is not None:
+        out.append(_gauge("podvm_gpu_boot_duration_seconds", "Wall time of the last boot (absent "
+                          "while it runs).", duration))
+    steps = _gauge("podvm_gpu_boot_step_duration_seconds", "Wall time of each boot step, with "
+                   "its result.", labels=("step", "result"))
+    for step in status.get("steps") or []:
+        if isinstance(step, dict) and isinstance(step.get("duration_s"), (int, float)):
+            steps.add_metric([str(step.get("name")), str(step.get("result"))], step["duration_s"])
+    out.append(steps)
+    out.append(_gauge("podvm_gpu_gpus", "NVIDIA GPUs the last boot found on PCI.",
+                      len(status.get("gpus") or [])))
+    out.append(_gauge("podvm_gpu_nvswitches", "NVSwitches the last boot found on PCI.",
+                      len(status.get("nvswitches") or [])))
+    cdi = status.get("cdi") if isinstance(status.get("cdi"), dict) else {}
+    out.append(_gauge("podvm_gpu_cdi_devices", "Devices in the nvidia.com/gpu CDI spec the boot "
+                      "installed (0: the unavailable spec or none).",
+                      len(cdi.get("devices") or [])))
+    return out
+
+
+def daemon_family(running: dict[str, bool]) -> Metric:
+    """``podvm_gpu_daemon_up``: daemon name -> running, for the daemons that apply here."""
+    family = _gauge("podvm_gpu_daemon_up", "1 when the daemon the boot started is running "
+                    "(pid file and process name).", labels=("daemon",))
+    for name, up in running.items():
+        family.add_metric([name], 1 if up else 0)
+    return family
+
+
+def kernel_families(records: int, finding_kinds: list[str], fatal: int,
+                    xids: list[tuple[str, int]]) -> list[Metric]:
+    """Families from the kernel log since boot.
+
+    Args:
+        records: how many of the kernel's own records were read (0: the log is unreadable).
+        finding_kinds: the kind of every distinct finding (``kmsg.findings``).
+        fatal: how many of them leave a GPU unusable until it is reset.
+        xids: every Xid record, ``(pci, code)``, oldest first (``kmsg.xid_records``).
+    """
+    from podvm_gpu.host.kmsg import KINDS
+
+    events = _gauge("podvm_gpu_kernel_events", "Distinct GPU problems the kernel log reports since "
+                    "boot, by kind (gauges: the kernel's ring buffer can drop old records).",
+                    labels=("kind",))
+    for kind in KINDS:
+        events.add_metric([kind], finding_kinds.count(kind))
+    counts: dict[tuple[str, int], int] = {}
+    for pci, code in xids:
+        key = (pci_bus_id(pci), code)
+        counts[key] = counts.get(key, 0) + 1
+    per_gpu = _gauge("podvm_gpu_xid_events", "Xid records in the kernel log since boot, by GPU "
+                     "and Xid code.", labels=("pci_bus_id", "xid"))
+    for (pci, code), count in sorted(counts.items()):
+        per_gpu.add_metric([pci, str(code)], count)
+    readable = _gauge("podvm_gpu_kernel_log_records", "Records of the kernel itself read from the "
+                      "kernel log (0: unreadable, e.g. without CAP_SYSLOG under "
+                      "kernel.dmesg_restrict=1: then no GPU problem can show).", records)
+    return [readable, events, _gauge("podvm_gpu_kernel_fatal_events", "Of those, the ones after which a GPU "
+                           "is unusable until it is reset (Xid 48, 62, 79, 95, 119, 120, 140, "
+                           "fallen off the bus, ...).", fatal), per_gpu]
+
+
+def nvml_families(reading, profile: str, configured: str) -> list[Metric]:
+    """The families of the NVML state, the CC mode and the active profile.
+
+    Args:
+        reading: the scrape's ``nvml.NvmlReading``.
+        profile: the active profile, ``full`` or ``cc-safe``.
+        configured: the configured one, ``auto``, ``full`` or ``cc-safe``.
+    """
+    out: list[Metric] = [_gauge("podvm_gpu_nvml_up", "1 when NVML answered this scrape within the "
+                                "bound.", 1 if reading.up else 0)]
+    if not reading.up:
+        info = InfoMetricFamily("podvm_gpu_nvml_error", "Why NVML did not answer: a reason word "
+                                "and NVML's message.")
+        info.add_metric([], {"reason": reading.reason or "error", "message": reading.message or ""})
+        out.append(info)
+    if reading.gpu_count is not None:
+        out.append(_gauge("podvm_gpu_nvml_gpus", "GPUs NVML sees.", reading.gpu_count))
+    if reading.gpus:
+        up = _gauge("podvm_gpu_nvml_gpu_up", "1 when the GPU answers NVML (0: lost, needs a "
+                    "reset).", labels=GPU_LABELS)
+        down = InfoMetricFamily("podvm_gpu_nvml_gpu_error", "Why a GPU does not answer NVML.",
+                                labels=("gpu", "reason", "message"))
+        for gpu in reading.gpus:
+            up.add_metric(_gpu_labels(gpu), 1 if gpu.up else 0)
+            if not gpu.up:
+                down.add_metric([str(gpu.index), gpu.reason or "error", gpu.message or ""], {})
+        out.append(up)
+        if down.samples:
+            out.append(down)
+    if reading.cc_mode in CC_MODES:
+        modes = _gauge("podvm_gpu_cc_mode", "1 for the GPUs' confidential-computing mode (NVML).",
+                       labels=("mode",))
+        for mode in CC_MODES:
+            modes.add_metric([mode], 1 if reading.cc_mode == mode else 0)
+        out.append(modes)
+    if reading.cc_ready is not None:
+        out.append(_gauge("podvm_gpu_cc_ready_state", "1 when the GPUs accept work in CC mode "
+                          "(ready state), 0 when not ready.", 1 if reading.cc_ready else 0))
+    info = InfoMetricFamily("podvm_gpu_metrics_profile", "The profile of this scrape (cc-safe: "
+                            "no utilisation, clocks, power or memory use) and the configured one.")
+    info.add_metric([], {"profile": profile, "configured": configured})
+    out.append(info)
+    return out
+
+
+def _gpu_labels(gpu) -> list[str]:
+    return [str(gpu.index), gpu.uuid, gpu.pci_bus_id, f"nvidia{gpu.index}"]
+
+
+def dcgm_families(reading, hostname: str, last_xid: dict[str, int], profile: str) -> list[Metric]:
+    """The DCGM-compatible families of the GPUs that answered.
+
+    Args:
+        reading: the scrape's ``nvml.NvmlReading``.
+        hostname: the ``Hostname`` label (the pod VM's host name).
+        last_xid: NVML-form PCI bus id -> last Xid code in the kernel log.
+        profile: ``full`` or ``cc-safe``; a ``full``-only field is never in ``cc-safe``.
+    """
+    families: dict[str, Metric] = {}
+    for gpu in reading.gpus:
+        if not gpu.up:
+            continue
+        labels = dict(zip(DCGM_LABELS, _gpu_labels(gpu) + [gpu.name, hostname,
+                                                           reading.driver_version or ""]))
+        values = dict(gpu.values)
+        values["DCGM_FI_DEV_XID_ERRORS"] = last_xid.get(gpu.pci_bus_id.upper(), 0)
+        for name, value in values.items():
+            kind, doc, needs = DCGM_FIELDS[name]
+            if needs == FULL and profile != FULL:
+                continue
+            family = families.get(name)
+            if family is None:
+                # counters as "unknown": see the module's docstring
+                family = families[name] = Metric(name, doc, "gauge" if kind == "gauge" else "unknown")
+            family.add_sample(name, labels, value)
+    return [families[name] for name in DCGM_FIELDS if name in families]

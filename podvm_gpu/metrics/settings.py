@@ -1,0 +1,148 @@
+"""Settings of the metrics exporter: the ``metrics:`` section of ``/etc/podvm-gpu/config.yaml``.
+
+Plain Python (no pydantic): ``podvm-gpu metrics`` once must start fast, and the config loader
+hands this module the section's mapping as YAML parsed it. Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+
+from podvm_gpu.errors import ConfigError
+
+PROFILES = ("auto", "full", "cc-safe")
+# dcgm-exporter's default port: scrape configs written for it find the pod VM's exporter too.
+# Loopback by default: a pod VM's other interfaces face the cloud network (README, "Metrics").
+DEFAULT_LISTEN = "127.0.0.1:9400"
+DEFAULT_TEXTFILE_PATH = "/run/podvm-gpu/metrics.prom"
+MAX_SECONDS = 3600.0
+
+
+class MetricsConfigError(ConfigError):
+    """A value of the ``metrics:`` section is wrong.
+
+    Attributes:
+        key_path: the dotted key, e.g. ``metrics.listen``.
+        message: what is wrong with it.
+    The string form is ``<key_path>: <message>``; the config loader puts the file name in front.
+    """
+
+    def __init__(self, key_path: str, message: str):
+        self.key_path = key_path
+        self.message = message
+        super().__init__(f"{key_path}: {message}")
+
+
+def parse_listen(value: str, allow_any_port: bool = False) -> tuple[str, int]:
+    """``HOST:PORT`` -> ``(host, port)``; an IPv6 host is written in brackets (``[::1]:9400``).
+
+    Args:
+        value: the address; the host is an IP address (no names: nothing resolves at boot),
+            ``0.0.0.0`` or ``[::]`` for every interface; the port is 1-65535.
+        allow_any_port: also accept port 0 (the kernel picks a free one; tests).
+
+    Raises:
+        ValueError: the text is not of that shape.
+    """
+    import ipaddress  # only for an address set in the config or on the command line
+
+    host, sep, port = value.rpartition(":")
+    lowest = 0 if allow_any_port else 1
+    if not sep or not port.isdigit() or not lowest <= int(port) < 65536:
+        raise ValueError(f"{value!r} is not HOST:PORT with a port {lowest}-65535")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
+        host = host[1:-1]
+    try:
+        version = ipaddress.ip_address(host).version
+    except ValueError as err:
+        raise ValueError(f"{value!r}: the host must be an IP address ({err})") from err
+    if bracketed and version != 6:
+        raise ValueError(f"{value!r}: only an IPv6 address goes in brackets")
+    if not bracketed and version != 4:
+        raise ValueError(f"{value!r}: write an IPv6 address in brackets, [{host}]:{port}")
+    return host, int(port)
+
+
+class MetricsSettings:
+    """What the exporter does; every value has a default.
+
+    Attributes:
+        profile: ``auto`` (``cc-safe`` when NVML reports the GPUs in confidential-computing
+            mode, or cannot tell; ``full`` otherwise), ``full`` or ``cc-safe``.
+        listen: ``HOST:PORT`` that ``serve`` listens on; ``""`` for no HTTP server.
+        textfile: True: the boot writes :attr:`textfile_path` at its end and ``serve`` rewrites
+            it every :attr:`textfile_interval_s` seconds (node-exporter's textfile collector).
+        textfile_path: absolute path in the VM, default ``/run/podvm-gpu/metrics.prom``.
+        textfile_interval_s: seconds between two textfile writes of ``serve``.
+        nvml_timeout_s: the longest a scrape waits for NVML, seconds; an NVML call on a wedged
+            GPU can block for minutes (field case C26), so a scrape answers without it then.
+
+    Raises:
+        MetricsConfigError: a value has the wrong type or range (the key is named).
+    """
+
+    __slots__ = ("profile", "listen", "textfile", "textfile_path", "textfile_interval_s",
+                 "nvml_timeout_s")
+
+    def __init__(self, profile: str = "auto", listen: str = DEFAULT_LISTEN, textfile: bool = False,
+                 textfile_path: str = DEFAULT_TEXTFILE_PATH, textfile_interval_s: float = 30.0,
+                 nvml_timeout_s: float = 5.0):
+        if profile not in PROFILES:
+            raise MetricsConfigError("metrics.profile", f"must be one of {', '.join(PROFILES)}, "
+                                                        f"not {profile!r}")
+        if not isinstance(listen, str):
+            raise MetricsConfigError("metrics.listen", "must be a string HOST:PORT")
+        if listen:
+            try:
+                parse_listen(listen)
+            except ValueError as err:
+                raise MetricsConfigError("metrics.listen", str(err)) from err
+        if not isinstance(textfile, bool):
+            raise MetricsConfigError("metrics.textfile", "must be true or false")
+        if not isinstance(textfile_path, str) or not textfile_path.startswith("/") \
+                or textfile_path.endswith("/"):
+            raise MetricsConfigError("metrics.textfile_path", "must be an absolute file path")
+        self.profile = profile
+        self.listen = listen
+        self.textfile = textfile
+        self.textfile_path = textfile_path
+        self.textfile_interval_s = _seconds("metrics.textfile_interval_s", textfile_interval_s)
+        self.nvml_timeout_s = _seconds("metrics.nvml_timeout_s", nvml_timeout_s)
+
+    @classmethod
+    def from_mapping(cls, section: object) -> MetricsSettings:
+        """The settings from the ``metrics:`` mapping of the config file (None: all defaults).
+
+        Raises:
+            MetricsConfigError: the section is not a mapping, has an unknown key or a bad value.
+        """
+        if section is None:
+            return cls()
+        if not isinstance(section, dict):
+            raise MetricsConfigError("metrics", "must be a mapping")
+        for key in section:
+            if key not in cls.__slots__:
+                raise MetricsConfigError(f"metrics.{key}", "unknown key")
+        return cls(**section)
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __eq__(self, other: object) -> bool:  # as config.Section: settings are values
+        return isinstance(other, MetricsSettings) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.to_dict().items()))
+
+    def __repr__(self) -> str:
+        return f"MetricsSettings({self.to_dict()})"
+
+
+def _seconds(key: str, value: object) -> float:
+    # YAML's true would otherwise read as 1 second
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MetricsConfigError(key, "must be a number of seconds")
+    if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+        raise MetricsConfigError(key, f"must be more than 0 and at most {MAX_SECONDS:g} s")
+    return float(value)
