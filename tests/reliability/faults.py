@@ -65,6 +65,7 @@ CAUSE = {
     "not-executable": re.compile(r"not executable"),
 }
 
+DAEMON_TOOLS = ("nvidia-persistenced", "nv-fabricmanager")
 OUTPUT_NOT_READ = "boot does not read its output: what it did is checked in the system instead"
 
 
@@ -400,7 +401,10 @@ def judge_cell(cell: Cell, world: World, run: Run) -> list[str]:
     if cell.command is not None and not hits:
         problems.append("the fault was never hit: no call matched the cell's argv")
     hung = {pid for pid, fault in hits if fault == "hang"}
-    daemons = {d["pid"] for d in run.daemons}
+    # the daemon stand-ins, and a daemon the boot started that is still starting them: boot
+    # never waits for or kills a daemon it leaves behind
+    daemons = {d["pid"] for d in run.daemons} | {
+        c.pid for c in run.calls if c.argv[0] in DAEMON_TOOLS and "--version" not in c.argv}
     if cell.command is not None and cell.command.daemon:
         # a daemon initialising GPUs is never killed, even one that never gets ready
         if dead := hung - run.alive_at_exit:
