@@ -24,6 +24,8 @@ COMMANDS = {
              "when no check failed, 1 when one did.",
     "metrics": "Boot and GPU metrics in the Prometheus text format, once, over HTTP (--serve, "
                "--listen) or as a node-exporter textfile (--textfile).",
+    "config": "Validate the config file and print the settings in force; with --compile also "
+              "write its compiled form (image builds: boot then skips PyYAML). Exit 0 valid, 1 not.",
 }
 
 
@@ -81,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub["check"].add_argument("--image", action="store_true",
                               help="check an image (build time, no GPU needed) instead of a "
                                    "running VM")
+    sub["config"].add_argument("--compile", action="store_true",
+                               help="write <config>.compiled.json, which boot reads instead of "
+                                    "parsing the YAML while the YAML is unchanged")
     sub["metrics"].add_argument("--serve", action="store_true",
                                 help="serve over HTTP at the config's metrics.listen")
     sub["metrics"].add_argument("--listen", metavar="ADDR:PORT",
@@ -123,6 +128,8 @@ def run_app(args: list[str]) -> int:
         from podvm_gpu.status import run_status
 
         return run_status(ns.root, ns.json_out, ns.wait, ns.timeout)
+    if ns.command == "config":
+        return run_config(ns.root, ns.config, ns.json_out, ns.compile)
     if ns.command == "metrics":
         from podvm_gpu.cli import run_metrics
 
@@ -130,3 +137,30 @@ def run_app(args: list[str]) -> int:
     from podvm_gpu.check import run_check
 
     return run_check(ns.root, ns.config, ns.json_out, ns.image)
+
+
+def run_config(root_dir: str, config: str | None, json_out: bool, compile_: bool) -> int:
+    """``podvm-gpu config``: validate, print the settings in force, optionally compile."""
+    from podvm_gpu.config import compile_config, load_config
+    from podvm_gpu.errors import ConfigError
+    from podvm_gpu.host.fs import Root
+    from podvm_gpu.jsontext import dumps
+
+    root = Root(root_dir)
+    path = config or root.resolve("/etc/podvm-gpu/config.yaml")
+    try:
+        settings, compiled = (compile_config(path) if compile_ else
+                              (load_config(path, required=config is not None), None))
+    except (ConfigError, OSError) as err:
+        if json_out:
+            print(dumps({"config": path, "valid": False, "error": str(err)}))
+        else:
+            print(f"podvm-gpu: error: {err}", file=sys.stderr)
+        return 1
+    if json_out:
+        print(dumps({"config": path, "valid": True, "compiled": compiled,
+                     "settings": settings.to_dict()}))
+    else:
+        print(f"{path}: valid" + (f"; compiled to {compiled}" if compiled else ""))
+        print(dumps(settings.to_dict()))
+    return 0

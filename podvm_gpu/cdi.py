@@ -24,8 +24,7 @@ import functools
 import json
 import os
 import stat
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from podvm_gpu.record import REQUIRED, Record
 
 from podvm_gpu.errors import CdiSpecError
 from podvm_gpu.host.fs import Root, is_char_device
@@ -55,8 +54,7 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # --- the typed model -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class DeviceNode:
+class DeviceNode(Record):
     """One ``deviceNodes`` entry (CDI spec, DeviceNode).
 
     ``path`` is the path in the container; ``host_path`` the node on the host (CDI 0.5.0), as
@@ -65,80 +63,93 @@ class DeviceNode:
     permission bits as an integer (``438`` = 0o666). Unknown keys are kept in ``extra``.
     """
 
-    path: str
-    host_path: str | None = None
-    type: str | None = None
-    major: int | None = None
-    minor: int | None = None
-    file_mode: int | None = None
-    permissions: str | None = None
-    uid: int | None = None
-    gid: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    FIELDS = (
+        ("path", REQUIRED),  # str
+        ("host_path", None),  # str | None
+        ("type", None),  # str | None
+        ("major", None),  # int | None
+        ("minor", None),  # int | None
+        ("file_mode", None),  # int | None
+        ("permissions", None),  # str | None
+        ("uid", None),  # int | None
+        ("gid", None),  # int | None
+        ("extra", dict),  # dict[str, object]
+    )
+    NOT_COMPARED = ('extra',)
 
 
-@dataclass(frozen=True)
-class Mount:
+class Mount(Record):
     """One ``mounts`` entry (CDI spec, Mount); ``type`` needs cdiVersion 0.4.0."""
 
-    host_path: str
-    container_path: str
-    options: list[str] = field(default_factory=list)
-    type: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    FIELDS = (
+        ("host_path", REQUIRED),  # str
+        ("container_path", REQUIRED),  # str
+        ("options", list),  # list[str]
+        ("type", None),  # str | None
+        ("extra", dict),  # dict[str, object]
+    )
+    NOT_COMPARED = ('extra',)
 
 
-@dataclass(frozen=True)
-class Hook:
+class Hook(Record):
     """One ``hooks`` entry (CDI spec, Hook): an OCI hook, ``hook_name`` one of :data:`HOOK_NAMES`.
 
     ``timeout`` is in seconds, None when absent.
     """
 
-    hook_name: str
-    path: str
-    args: list[str] = field(default_factory=list)
-    env: list[str] = field(default_factory=list)
-    timeout: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    FIELDS = (
+        ("hook_name", REQUIRED),  # str
+        ("path", REQUIRED),  # str
+        ("args", list),  # list[str]
+        ("env", list),  # list[str]
+        ("timeout", None),  # int | None
+        ("extra", dict),  # dict[str, object]
+    )
+    NOT_COMPARED = ('extra',)
 
 
-@dataclass(frozen=True)
-class NetDevice:
+class NetDevice(Record):
     """One ``netDevices`` entry (CDI 1.1.0): a host interface moved into the container."""
 
-    host_interface_name: str
-    name: str
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    FIELDS = (
+        ("host_interface_name", REQUIRED),  # str
+        ("name", REQUIRED),  # str
+        ("extra", dict),  # dict[str, object]
+    )
+    NOT_COMPARED = ('extra',)
 
 
-@dataclass(frozen=True)
-class IntelRdt:
+class IntelRdt(Record):
     """``intelRdt`` (CDI 0.7.0; ``schemata``/``enable_monitoring`` need 1.1.0)."""
 
-    clos_id: str | None = None
-    l3_cache_schema: str | None = None
-    mem_bw_schema: str | None = None
-    schemata: list[str] | None = None
-    enable_monitoring: bool | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    FIELDS = (
+        ("clos_id", None),  # str | None
+        ("l3_cache_schema", None),  # str | None
+        ("mem_bw_schema", None),  # str | None
+        ("schemata", None),  # list[str] | None
+        ("enable_monitoring", None),  # bool | None
+        ("extra", dict),  # dict[str, object]
+    )
+    NOT_COMPARED = ('extra',)
 
 
-@dataclass(frozen=True)
-class ContainerEdits:
+class ContainerEdits(Record):
     """``containerEdits`` of the spec or of one device (CDI spec, ContainerEdits).
 
     ``env`` holds ``NAME=VALUE`` strings. ``additional_gids`` needs cdiVersion 0.7.0.
     """
 
-    env: list[str] = field(default_factory=list)
-    device_nodes: list[DeviceNode] = field(default_factory=list)
-    hooks: list[Hook] = field(default_factory=list)
-    mounts: list[Mount] = field(default_factory=list)
-    net_devices: list[NetDevice] = field(default_factory=list)
-    intel_rdt: IntelRdt | None = None
-    additional_gids: list[int] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    FIELDS = (
+        ("env", list),  # list[str]
+        ("device_nodes", list),  # list[DeviceNode]
+        ("hooks", list),  # list[Hook]
+        ("mounts", list),  # list[Mount]
+        ("net_devices", list),  # list[NetDevice]
+        ("intel_rdt", None),  # IntelRdt | None
+        ("additional_gids", list),  # list[int]
+        ("extra", dict),  # dict[str, object]
+    )
+    NOT_COMPARED = ('extra',)
 
     def is_empty(self) -> bool:
         """True when the edits change nothing (pkg/cdi/container-edits.go, isEmpty)."""
@@ -146,31 +157,35 @@ class ContainerEdits:
                     or self.net_devices or self.additional_gids or self.intel_rdt is not None)
 
 
-@dataclass(frozen=True)
-class Device:
+class Device(Record):
     """One CDI device: ``name`` is the part after ``=`` in ``nvidia.com/gpu=<name>``."""
 
-    name: str
-    container_edits: ContainerEdits
-    annotations: dict[str, str] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    FIELDS = (
+        ("name", REQUIRED),  # str
+        ("container_edits", REQUIRED),  # ContainerEdits
+        ("annotations", dict),  # dict[str, str]
+        ("extra", dict),  # dict[str, object]
+    )
+    NOT_COMPARED = ('extra',)
 
 
-@dataclass(frozen=True)
-class Spec:
+class Spec(Record):
     """A parsed, valid CDI spec (build it with :func:`parse_spec`).
 
     ``container_edits`` is None when the spec has no spec-level edits. ``raw`` is the parsed
     document (a dict, unknown keys included), e.g. for :func:`render_spec_yaml`.
     """
 
-    cdi_version: str
-    kind: str
-    devices: list[Device]
-    container_edits: ContainerEdits | None = None
-    annotations: dict[str, str] = field(default_factory=dict)
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    FIELDS = (
+        ("cdi_version", REQUIRED),  # str
+        ("kind", REQUIRED),  # str
+        ("devices", REQUIRED),  # list[Device]
+        ("container_edits", None),  # ContainerEdits | None
+        ("annotations", dict),  # dict[str, str]
+        ("raw", dict),  # dict[str, object]
+        ("extra", dict),  # dict[str, object]
+    )
+    NOT_COMPARED = ('raw', 'extra')
 
     @property
     def vendor(self) -> str:
@@ -208,6 +223,7 @@ class Spec:
     def hooks(self) -> list[Hook]:
         """Every hook of the spec-level edits, then of each device's edits, in order."""
         return [h for e in self._all_edits() for h in e.hooks]
+
 
 
 # --- parsing ---------------------------------------------------------------------------------
@@ -255,17 +271,20 @@ def parse_spec(text: str | bytes, *, source: str = "<spec>") -> Spec:
     return _build_spec(raw)
 
 
-def _load(text: str | bytes) -> Any:
+def _load(text: str | bytes) -> object:
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8-sig")
         except UnicodeDecodeError as err:
             raise _Invalid(f"not UTF-8 text (byte {err.start})") from None
-    if text.lstrip().startswith("{"):
+    body = text
+    while body.startswith("#"):  # comment lines before a JSON document (the unavailable spec)
+        body = body.partition("\n")[2]
+    if body.lstrip().startswith("{"):
         # JSON (nvidia-ctk --format=json) is read with the JSON parser: faster, and exact about
         # numbers. YAML in flow style also starts with "{", so fall back to YAML.
         try:
-            return json.loads(text, object_pairs_hook=_json_object)
+            return json.loads(body, object_pairs_hook=_json_object)
         except _Invalid:
             raise
         except ValueError:
@@ -283,8 +302,8 @@ def _load(text: str | bytes) -> Any:
         raise _Invalid(f"not YAML or JSON: {_one_line(str(err))}") from None
 
 
-def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _json_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
     for key, value in pairs:
         if key in out:
             raise _Invalid(f"duplicate key {_q(key)} in a JSON object")
@@ -318,25 +337,25 @@ def _strict_loader():
 
 # --- the schema's shape (schema/schema.json, schema/defs.json) -------------------------------
 
-_Check = Callable[[Any, str], None]
+_Check = object  # a check: (value, where) -> None, raising _Invalid
 
 
 def _at(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
-def _string(value: Any, where: str) -> None:
+def _string(value: object, where: str) -> None:
     if not isinstance(value, str):
         raise _Invalid(f"{where}: expected a string, got {_describe(value)}")
 
 
-def _boolean(value: Any, where: str) -> None:
+def _boolean(value: object, where: str) -> None:
     if not isinstance(value, bool):
         raise _Invalid(f"{where}: expected true or false, got {_describe(value)}")
 
 
 def _integer(low: int, high: int) -> _Check:
-    def check(value: Any, where: str) -> None:
+    def check(value: object, where: str) -> None:
         # Stricter than draft-07, which also takes 1.0: Go's decoder rejects it for an int field.
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise _Invalid(f"{where}: expected an integer from {low} to {high}, "
@@ -349,7 +368,7 @@ _INT64 = _integer(_INT64_MIN, _INT64_MAX)
 
 
 def _list_of(item: _Check) -> _Check:
-    def check(value: Any, where: str) -> None:
+    def check(value: object, where: str) -> None:
         if not isinstance(value, list):
             raise _Invalid(f"{where}: expected a list, got {_describe(value)}")
         for i, v in enumerate(value):
@@ -357,7 +376,7 @@ def _list_of(item: _Check) -> _Check:
     return check
 
 
-def _string_map(value: Any, where: str) -> None:
+def _string_map(value: object, where: str) -> None:
     if not isinstance(value, dict):
         raise _Invalid(f"{where}: expected a mapping, got {_describe(value)}")
     for k, v in value.items():
@@ -367,7 +386,7 @@ def _string_map(value: Any, where: str) -> None:
 
 
 def _object(fields: dict[str, _Check], required: tuple[str, ...] = ()) -> _Check:
-    def check(value: Any, where: str) -> None:
+    def check(value: object, where: str) -> None:
         if not isinstance(value, dict):
             raise _Invalid(f"{where or 'the spec'}: expected a mapping, got {_describe(value)}")
         for key in required:
@@ -482,11 +501,11 @@ def minimum_version(raw: dict) -> tuple[str, str]:
     return _FLOOR, f"no feature newer than {_FLOOR}"
 
 
-def _non_empty(value: Any) -> bool:
+def _non_empty(value: object) -> bool:
     return isinstance(value, (list, dict)) and len(value) > 0
 
 
-def _dicts(value: Any) -> list[dict]:
+def _dicts(value: object) -> list[dict]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
@@ -510,7 +529,7 @@ def _is_alnum(c: str) -> bool:
     return _is_letter(c) or ("0" <= c <= "9")
 
 
-def _name_problem(name: str, *, first: Callable[[str], bool], first_rule: str,
+def _name_problem(name: str, *, first, first_rule: str,
                   middle: str) -> str | None:
     """Why ``name`` breaks a CDI name rule (pkg/parser/parser.go), None when it does not."""
     if not name:
@@ -636,7 +655,7 @@ def _check_env(env: list[str], where: str) -> None:
 # --- from the checked document to the typed model --------------------------------------------
 
 
-def _extra(d: dict, known: tuple[str, ...]) -> dict[str, Any]:
+def _extra(d: dict, known: tuple[str, ...]) -> dict[str, object]:
     return {k: v for k, v in d.items() if k not in known}
 
 
@@ -845,7 +864,7 @@ def render_spec_yaml(raw: dict) -> str:
 # --- message helpers -------------------------------------------------------------------------
 
 
-def _q(value: Any) -> str:
+def _q(value: object) -> str:
     """A value quoted for a one-line message: JSON escapes keep line breaks out."""
     return json.dumps(value)
 
@@ -854,7 +873,7 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):

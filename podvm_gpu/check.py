@@ -11,14 +11,11 @@ queries, ``nv-fabricmanager --version``, ``modinfo -F version|firmware FILE`` an
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import re
 import sys
-import tomllib
 
-from podvm_gpu import cdi_dir, kmod, readers, units
+from podvm_gpu import cdi_dir, kata, kmod, readers, units
 from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
 from podvm_gpu.config import Config, load_config, timeouts_for
 from podvm_gpu.errors import CommandError, ConfigError
@@ -27,6 +24,7 @@ from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.host.vmbus import channels_without_pci
+from podvm_gpu.record import REQUIRED, Record
 from podvm_gpu.model import State
 from podvm_gpu.status import CDI_SPEC_PATH, StatusUnreadable, load_status, read_status
 from podvm_gpu.steps import modules as modules_step, nodes as nodes_step
@@ -35,9 +33,9 @@ from podvm_gpu.unavailable import UNAVAILABLE_DEVICE
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 VM_CHECKS = ("pci", "drivers", "modules", "versions", "device-nodes", "persistenced",
              "fabricmanager", "confidential-computing", "cdi-spec", "cdi-duplicates", "status",
-             "cdi-refresh-units", "kata-agent-ordering")
-IMAGE_CHECKS = ("unit", "kata-agent-ordering", "tools", "modules", "versions", "firmware",
-                "cdi-refresh-units", "trust")
+             "cdi-refresh-units", "kata-agent-ordering", "kata-agent-cdi")
+IMAGE_CHECKS = ("unit", "kata-agent-ordering", "kata-agent-cdi", "tools", "modules", "versions", "firmware",
+                "cdi-refresh-units", "trust", "config-compiled")
 CONFIG_PATH = "/etc/podvm-gpu/config.yaml"
 NO_GPU = "no NVIDIA GPU found on PCI"
 # Boot's steps in order (contract section 3), for checks of steps a failed boot never reached.
@@ -45,17 +43,11 @@ _STEP_ORDER = ("drivers", "modules", "versions", "device-nodes", "persistenced",
                "confidential-computing")
 
 
-@dataclasses.dataclass
-class Check:
-    """One check's outcome: ``result`` is pass/warn/fail/skip; ``hint`` says what to do."""
+class Check(Record):
+    """One check's outcome: ``name``, ``result`` (pass/warn/fail/skip), ``detail`` (the fact
+    found) and ``hint`` (what to do); ``to_dict`` is the ``--json`` row."""
 
-    name: str
-    result: str
-    detail: str
-    hint: str = ""
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    FIELDS = (("name", REQUIRED), ("result", REQUIRED), ("detail", REQUIRED), ("hint", ""))
 
 
 class VmChecks:
@@ -399,7 +391,14 @@ class VmChecks:
         return refresh_units_check(self.root)
 
     def check_kata_agent_ordering(self) -> Check:
-        return kata_ordering_check(self.root, self.config)
+        return kata_ordering_check(self.root)
+
+    def check_kata_agent_cdi(self) -> Check:
+        argv = units.exec_start(self.root, units.KATA_UNIT)
+        said = None
+        if self.root.is_host and argv and os.path.isabs(argv[0]):
+            said = kata_agent_version(argv[0])
+        return kata_cdi_check(self.root, argv, self.root.read_text("/proc/cmdline") or "", said)
 
 
 def _safely(fact, default):
@@ -450,7 +449,7 @@ def refresh_units_check(root: Root) -> Check:
                  f"masked: {', '.join(masked)}" if masked else "not enabled")
 
 
-def kata_ordering_check(root: Root, config: Config) -> Check:
+def kata_ordering_check(root: Root) -> Check:
     """kata-agent.service must start after podvm-gpu.service (ordering, not just a target)."""
     if units.unit_file(root, units.KATA_UNIT) is None:
         return Check("kata-agent-ordering", SKIP, f"no {units.KATA_UNIT} installed")
@@ -458,26 +457,55 @@ def kata_ordering_check(root: Root, config: Config) -> Check:
     if not ok:
         return Check("kata-agent-ordering", FAIL, how, f"install the drop-in {units.KATA_UNIT}.d/"
                      f"10-podvm-gpu.conf (After= and Wants={units.AGENT_UNIT})")
-    timeout = kata_cdi_timeout(root)
-    if timeout is not None and timeout < config.budget_s:
-        return Check("kata-agent-ordering", WARN, f"{how}; but kata-agent cdi_timeout {timeout:g} s "
-                     f"is shorter than the boot budget {config.budget_s:g} s",
-                     "raise cdi_timeout or lower budget_s")
     return Check("kata-agent-ordering", PASS, how)
 
 
-def kata_cdi_timeout(root: Root) -> float | None:
-    """kata-agent's ``cdi_timeout`` in seconds: ``agent.cdi_timeout=`` on the kernel command line
-    wins over ``cdi_timeout`` in /etc/agent-config.toml; None when neither sets it."""
-    m = re.search(r"\bagent\.cdi_timeout=(\d+)", root.read_text("/proc/cmdline") or "")
-    if m:
-        return float(m.group(1))
+def kata_agent_version(path: str) -> str | None:
+    """``kata-agent --version`` of the VM's kata-agent (it prints and exits before reading any
+    setting, main.rs), or None when it cannot say within the harmless-call limit."""
+    from podvm_gpu.context import HARMLESS_CALL_S
+
+    runner = Runner({"kata-agent": path}, {"kata-agent": HARMLESS_CALL_S}, read_only=True)
     try:
-        doc = tomllib.loads(root.read_text("/etc/agent-config.toml") or "")
-    except tomllib.TOMLDecodeError:
+        return runner.run(["kata-agent", "--version"]).stdout
+    except CommandError:
         return None
-    value = doc.get("cdi_timeout")
-    return float(value) if isinstance(value, (int, float)) else None
+
+
+def kata_cdi_check(root: Root, argv: list[str] | None, cmdline: str | None,
+                   version_text: str | None) -> Check:
+    """What a GPU request meets on a CPU or failed VM, whose spec is the unavailable one
+    (kata.py): kata-agent's ``cdi_timeout`` read from where that kata-agent reads it, and
+    whether its version fails at once.
+
+    Args:
+        root: the VM's or image's root.
+        argv: kata-agent's ``ExecStart`` argv (None: none found).
+        cmdline: the VM's kernel command line; None for an image (it has none).
+        version_text: what ``kata-agent --version`` printed, or None when not run.
+    """
+    name = "kata-agent-cdi"
+    if units.unit_file(root, units.KATA_UNIT) is None:
+        return Check(name, SKIP, f"no {units.KATA_UNIT} installed")
+    wait = kata.cdi_wait(root, argv, cmdline)
+    if wait.error:
+        hint = ("write it as cdi_timeout = { secs = 100, nanos = 0 }" if "Duration" in wait.error
+                else f"fix {wait.source}")
+        return Check(name, FAIL, f"kata-agent will not start: {wait.error}", hint)
+    timeout = (f"cdi_timeout {wait.seconds:g} s ({wait.source})" if wait.seconds is not None
+               else f"cdi_timeout from {wait.source}")
+    found = kata.version(version_text or "")
+    if found is None:
+        return Check(name, PASS, f"{timeout}; kata-agent's version not known here: 3.32.0 and "
+                     "later fail a GPU request on a CPU or failed VM at once, older ones after "
+                     "cdi_timeout")
+    shown = ".".join(map(str, found))
+    if found >= kata.FAILS_AT_ONCE_FROM:
+        return Check(name, PASS, f"kata-agent {shown} fails a GPU request on a CPU or failed VM "
+                     f"at once (the spec's kind lacks the device); {timeout}")
+    return Check(name, WARN, f"kata-agent {shown} waits {timeout} before it fails a GPU request "
+                 "on a CPU or failed VM, and its error lacks podvm-gpu's reason",
+                 "kata-agent 3.32.0 and later fail at once; podvm-gpu status on the VM says why")
 
 
 # --- check --image ----------------------------------------------------------------------------
@@ -611,7 +639,8 @@ def image_checks(root: Root, config: Config, runner: Runner) -> list[Check]:
                          f"{units.KATA_UNIT} not in the image yet; {how}",
                          "" if ok else f"add Before={units.KATA_UNIT} or the kata-agent drop-in"))
     else:
-        out.append(kata_ordering_check(root, config))
+        out.append(kata_ordering_check(root))
+    out.append(kata_cdi_check(root, units.exec_start(root, units.KATA_UNIT), None, None))
     missing = [t for t in IMAGE_TOOLS if not any(
         os.access(root.resolve(f"{d}/{t}"), os.X_OK) for d in _BIN_DIRS)]
     out.append(Check("tools", FAIL, f"missing: {', '.join(missing)}",
@@ -640,7 +669,29 @@ def image_checks(root: Root, config: Config, runner: Runner) -> list[Check]:
     out.append(_firmware_check(root, runner, found))
     out.append(refresh_units_check(root))
     out.append(trust_check(root, config))
+    out.append(compiled_config_check(root))
     return out
+
+
+def compiled_config_check(root: Root) -> Check:
+    """A config in the image should have its current compiled form: without it every CPU pod VM
+    parses the YAML at boot (about 20 ms, PyYAML's import); a stale one is ignored (config.py)."""
+    from podvm_gpu.config import compiled_state
+
+    try:
+        path = root.resolve(CONFIG_PATH)
+    except OSError as err:
+        return Check("config-compiled", FAIL, f"cannot resolve {CONFIG_PATH}: {err.strerror}",
+                     "fix the links in the image")
+    if not os.path.lexists(path):
+        return Check("config-compiled", SKIP, f"no {CONFIG_PATH} in the image")
+    why = compiled_state(path)
+    if why:
+        shown = why if root.is_host else why.replace(root.path, "", 1)
+        return Check("config-compiled", WARN, f"{shown}: boot parses the YAML itself (PyYAML, "
+                     "about 20 ms on every CPU pod VM)", "run podvm-gpu config --compile in the "
+                     "image after changing the config (the installer does it)")
+    return Check("config-compiled", PASS, f"{CONFIG_PATH}.compiled.json is current")
 
 
 def trust_check(root: Root, config: Config) -> Check:

@@ -20,6 +20,7 @@ _FORMS = {
     "status": ({"--json": "json_out", "--wait": "wait"}, {**_COMMON, "--timeout": "timeout"}),
     "metrics": ({"--serve": "serve", "--openmetrics": "openmetrics", "--textfile": "textfile"},
                 {**_COMMON, "--listen": "listen"}),
+    "check": ({"--json": "json_out", "--image": "image"}, _COMMON),
 }
 
 
@@ -118,6 +119,10 @@ def _run_fast(command: str, kwargs: dict, args: list[str]) -> int | None:
         return run_boot(**kwargs)
     if command == "metrics":
         return run_metrics(**kwargs)
+    if command == "check":
+        from podvm_gpu.check import run_check
+
+        return run_check(kwargs["root_dir"], kwargs["config"], kwargs["json_out"], kwargs["image"])
     from podvm_gpu.status import run_status
 
     del kwargs["config"]

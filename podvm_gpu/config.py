@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import stat
 
 from podvm_gpu.errors import ConfigError, one_line
@@ -30,7 +29,6 @@ MAX_GPUS = 64  # far above any VM size sold (8 GPUs, 16 at most), still a bound
 TOOLS = ("modprobe", "nvidia-ctk", "nvidia-persistenced", "nvidia-smi", "nv-fabricmanager",
          "nvidia-modprobe", "systemctl", "ldconfig", "modinfo", "systemd-run", "journalctl")
 MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
-_PARAMETER_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 class _Invalid(Exception):
@@ -138,7 +136,8 @@ def _module(value: object, loc: list) -> str:
 
 
 def _parameter_name(value: object, loc: list) -> str:
-    if not isinstance(value, str) or not _PARAMETER_NAME.fullmatch(value):
+    # [A-Za-z_][A-Za-z0-9_]*, as modprobe takes a parameter's name (no re: see the docstring)
+    if not isinstance(value, str) or not value.isascii() or not value.isidentifier():
         raise _Invalid(loc, f"{value!r} is not a module parameter name")
     return value
 
@@ -182,6 +181,19 @@ class Section:
         inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.FIELDS)
         return f"{type(self).__name__}({inner})"
 
+    def to_dict(self) -> dict:
+        """The settings as plain data (sections as dicts, tuples as lists), for ``--json``."""
+        def plain(value):
+            if hasattr(value, "to_dict"):
+                return value.to_dict()
+            if isinstance(value, (list, tuple)):
+                return [plain(v) for v in value]
+            if isinstance(value, dict):
+                return {k: plain(v) for k, v in value.items()}
+            return value
+
+        return {n: plain(getattr(self, n)) for n in self.FIELDS}
+
     @classmethod
     def validate(cls, raw: object, loc: list, errors: list[_Invalid]):
         """A section from the mapping ``raw``; every bad key or value is appended to ``errors``
@@ -221,12 +233,15 @@ class PersistencedConfig(Section):
 
 
 class FabricManagerConfig(Section):
-    """nv-fabricmanager: wait ``ready_timeout_s + per_gpu_s * GPUs`` for fabric State Completed."""
+    """nv-fabricmanager: wait ``ready_timeout_s + per_gpu_s * GPUs`` for fabric State Completed,
+    querying it every ``poll_s`` seconds (0.1 s: a fabric that completes is seen within that; one
+    ``nvidia-smi -q -d FABRIC`` runs at a time, so a slow query stretches the interval, never
+    piles up)."""
 
     FIELDS = {"ready_timeout_s": (seconds(0, False), 60.0),
               "per_gpu_s": (seconds(0, True), 5.0),
               "config_file": (absolute_path, "/usr/share/nvidia/nvswitch/fabricmanager.cfg"),
-              "poll_s": (seconds(0, False), 1.0)}
+              "poll_s": (seconds(0, False), 0.1)}
     __slots__ = tuple(FIELDS)
 
 
@@ -325,16 +340,33 @@ def parse_config(text: str, path: str) -> Config:
         ConfigError: not YAML, not a mapping, or a bad key or value; the message names the file
             and the first bad key (``persistenced.per_gpu_s``) and counts the others.
     """
+    return validate(parse_yaml(text, path), path)
+
+
+def parse_yaml(text: str, path: str) -> object:
+    """The config text as PyYAML's safe loader reads it.
+
+    Raises:
+        ConfigError: not YAML (also: nested too deeply, a number of more than 4300 digits).
+    """
     import yaml
 
     try:
-        raw = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (yaml.YAMLError, RecursionError, ValueError) as err:
         # ValueError: a number Python will not read (more than 4300 digits)
         what = " ".join(str(err).split())
         if isinstance(err, RecursionError) or "nesting depth" in what:
             what = "nested too deeply"
         raise ConfigError(f"{path}: not valid YAML: {what[:300]}") from None
+
+
+def validate(raw: object, path: str) -> Config:
+    """The config from the parsed document ``raw`` (None: the defaults).
+
+    Raises:
+        ConfigError: not a mapping, or a bad key or value (see :func:`parse_config`).
+    """
     if raw is None:
         return Config()
     if not isinstance(raw, dict):
@@ -354,8 +386,97 @@ def parse_config(text: str, path: str) -> Config:
     return config
 
 
+# --- the compiled form: the YAML parsed once, at image build ----------------------------------
+# Every CPU pod VM whose image ships a config file validates it at boot; PyYAML's import (it
+# imports re) costs that boot about as much as all the rest of it (bench/run.py: 4x `python -c
+# pass` with the YAML, 1.3x with this). So the image build (install-podvm-gpu.sh, or `podvm-gpu
+# config --compile` after a change) writes, next to the config, the document PyYAML read from it
+# together with the exact text it was read from. Boot uses it only while the config's text is
+# that text, byte for byte, and validates it as it validates the YAML; otherwise it parses the
+# YAML. Nothing is trusted that the YAML would not give.
+
+COMPILED_SUFFIX = ".compiled.json"
+COMPILED_FORMAT = "podvm-gpu config, compiled, 1"
+_NOT_COMPILED = object()
+
+
+def compiled_path(path: str) -> str:
+    """Where the compiled form of the config at ``path`` lives: ``<path>.compiled.json``."""
+    return path + COMPILED_SUFFIX
+
+
+def compile_config(path: str) -> tuple[Config, str]:
+    """Validate the config at ``path`` and write its compiled form beside it (atomically, 0644).
+
+    Returns:
+        The config and the compiled file's path.
+
+    Raises:
+        ConfigError: the config is missing, unreadable or invalid (nothing is written).
+        OSError: the compiled file cannot be written.
+    """
+    from podvm_gpu.host.fs import atomic_write
+    from podvm_gpu.jsontext import dumps
+
+    text = read_config_text(path, required=True)
+    raw = parse_yaml(text, path)
+    config = validate(raw, path)
+    target = compiled_path(path)
+    atomic_write(target, dumps({"format": COMPILED_FORMAT, "source": text, "settings": raw}) + "\n")
+    return config, target
+
+
+def compiled_settings(path: str, text: str, trusted: bool = False) -> object:
+    """The document of the compiled form of the config at ``path`` if it was made from exactly
+    ``text``; :data:`_NOT_COMPILED` when there is none, it is stale, unreadable, not ours, or
+    (``trusted``) another user than root could have written it."""
+    from podvm_gpu.jsontext import loads
+
+    try:
+        fd = os.open(compiled_path(path), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return _NOT_COMPILED
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > 4 * MAX_CONFIG_BYTES or (
+                trusted and untrusted_because(compiled_path(path), info)):
+            return _NOT_COMPILED
+        data = os.read(fd, 4 * MAX_CONFIG_BYTES + 1)
+    except OSError:
+        return _NOT_COMPILED
+    finally:
+        os.close(fd)
+    try:
+        doc = loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return _NOT_COMPILED
+    if not isinstance(doc, dict) or doc.get("format") != COMPILED_FORMAT \
+            or doc.get("source") != text or "settings" not in doc:
+        return _NOT_COMPILED
+    return doc["settings"]
+
+
+def compiled_state(path: str) -> str | None:
+    """``None`` when the config at ``path`` has a current compiled form, else why not (for
+    ``check --image``): missing, or made from another text."""
+    try:
+        text = read_config_text(path)
+    except ConfigError:
+        return None  # the config itself is the problem; the config check says so
+    if text is None:
+        return None
+    if compiled_settings(path, text) is not _NOT_COMPILED:
+        return None
+    if os.path.lexists(compiled_path(path)):
+        return f"{compiled_path(path)} was made from another version of the config"
+    return f"{compiled_path(path)} is missing"
+
+
 def load_config(path: str, *, required: bool = False, trusted: bool = False) -> Config:
     """Load and validate the config file at ``path``; the defaults when there is no file.
+
+    Read through its compiled form when that was made from the same text (see
+    :func:`compile_config`), else parsed with PyYAML; validated in both cases.
 
     Args:
         path: the config file's real path.
@@ -368,7 +489,10 @@ def load_config(path: str, *, required: bool = False, trusted: bool = False) -> 
         ConfigError: see :func:`read_config_text` and :func:`parse_config`.
     """
     text = read_config_text(path, required=required, trusted=trusted)
-    return Config() if text is None else parse_config(text, path)
+    if text is None:
+        return Config()
+    raw = compiled_settings(path, text, trusted)
+    return parse_config(text, path) if raw is _NOT_COMPILED else validate(raw, path)
 
 
 def trust_problems(path: str, info: os.stat_result | None = None, *,

@@ -9,11 +9,11 @@ says so (:func:`exit_text`) rather than showing a negative exit status.
 
 from __future__ import annotations
 
-import re
-
 # NVIDIA's Go tools log with logrus: level=error msg="..." with \" and \n escaped inside msg.
-_LOGRUS_ERROR = re.compile(r'level=(?:error|fatal) msg="((?:[^"\\]|\\.)*)"')
-_LOGRUS_WARNING = re.compile(r'level=warning msg="((?:[^"\\]|\\.)*)"')
+# Compiled where used: this module is imported by every boot with a config file, and ``re``
+# costs that path more than the rest of it.
+_LOGRUS_ERROR = r'level=(?:error|fatal) msg="((?:[^"\\]|\\.)*)"'
+_LOGRUS_WARNING = r'level=warning msg="((?:[^"\\]|\\.)*)"'
 
 
 QUOTE_MAX = 300  # characters of one quoted line of a tool (its last line, its error message)
@@ -115,15 +115,19 @@ class CommandError(PodvmGpuError):
         (:func:`exit_text`)."""
         if self.returncode is None:
             return str(self)
-        found = _LOGRUS_ERROR.findall(self.stderr)
+        import re
+
+        found = re.findall(_LOGRUS_ERROR, self.stderr)
         return (_unescape(found[-1]) if found else self.last_line()) or "no output"
 
     def warnings_about(self, pattern: str) -> list[str]:
         """The ``msg`` of the tool's logrus ``level=warning`` lines that match ``pattern`` (a
         regular expression), unescaped, without repeats: nvidia-ctk prints dozens of harmless
         ones on every run, and the cause of a failure is often one of the others."""
+        import re
+
         wanted = re.compile(pattern)
-        found = [_unescape(m) for m in _LOGRUS_WARNING.findall(self.stderr)]
+        found = [_unescape(m) for m in re.findall(_LOGRUS_WARNING, self.stderr)]
         return list(dict.fromkeys(m for m in found if wanted.search(m)))
 
     def _describe(self) -> str:

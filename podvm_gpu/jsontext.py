@@ -5,15 +5,55 @@ as much as the rest of that path together (it imports ``re`` for its pure-Python
 bench/run.py has the figures). The strings are escaped by the json package's own C accelerator,
 ``_json.encode_basestring_ascii`` (the function ``json.dumps`` uses), and the layout is that of
 ``json.dumps(value, indent=2)``, character for character: tests/test_jsontext.py proves both
-on generated documents. Reading JSON stays with the json package.
+on generated documents. :func:`loads` reads the agent's own compiled config the same way, with
+the accelerator's scanner (the one ``json.loads`` uses); every other JSON is read with the json
+package.
 """
 
 from __future__ import annotations
 
 try:
     from _json import encode_basestring_ascii as _quote
+    from _json import make_scanner as _make_scanner
 except ImportError:  # an interpreter built without the accelerator: the json package's own
     from json.encoder import py_encode_basestring_ascii as _quote
+
+    def _make_scanner(context):  # the error path of loads() does the work
+        raise ValueError("no accelerator")
+
+
+class _Context:
+    """What the scanner asks of a decoder (json.decoder.JSONDecoder's attributes)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    memo: dict = {}
+
+    @staticmethod
+    def parse_constant(name: str):
+        raise ValueError(f"JSON has no {name}")
+
+
+def loads(text: str) -> object:
+    """The JSON value that is ``text`` (one value, surrounded by nothing but whitespace), as
+    ``json.loads`` reads it; NaN and Infinity are refused.
+
+    Raises:
+        ValueError: ``text`` is not one JSON value (``json.JSONDecodeError`` is one).
+    """
+    start = len(text) - len(text.lstrip(" \t\n\r"))
+    try:
+        value, end = _make_scanner(_Context())(text, start)
+        if not text[end:].strip(" \t\n\r"):
+            return value
+    except Exception:  # noqa: S110 - any trouble: the json package says what is wrong
+        pass
+    import json  # the error path (or no accelerator): json's own message
+
+    return json.loads(text, parse_constant=_Context.parse_constant)
 
 
 def dumps(value: object, indent: int = 2) -> str:

@@ -28,14 +28,13 @@ real kmod 30 of Debian 12 (tests/test_kmod.py).
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import os
 import re
-import shlex
 
 from podvm_gpu.errors import CommandError
 from podvm_gpu.host.fs import Root
+from podvm_gpu.record import REQUIRED, Record
 
 CONFIG_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d", "/usr/lib/modprobe.d",
                "/lib/modprobe.d")
@@ -49,18 +48,14 @@ def norm(name: str) -> str:
     return name.replace("-", "_")
 
 
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """One modprobe.d line: ``where`` is ``<host path of the file>: <line>``."""
+class Rule(Record):
+    """One modprobe.d line: ``command`` (install, alias, ...), ``name``, ``rest`` of the line, and
+    ``where``: ``<host path of the file>: <line>``."""
 
-    command: str
-    name: str
-    rest: str
-    where: str
+    FIELDS = (("command", REQUIRED), ("name", REQUIRED), ("rest", REQUIRED), ("where", REQUIRED))
 
 
-@dataclasses.dataclass(frozen=True)
-class Resolution:
+class Resolution(Record):
     """What ``modprobe <name>`` loads.
 
     Attributes:
@@ -73,12 +68,8 @@ class Resolution:
         source: ``modprobe --show-depends`` (the real kmod) or ``modprobe.d and modules.dep``.
     """
 
-    name: str
-    file: str | None
-    rules: tuple[str, ...] = ()
-    blocked: str | None = None
-    builtin: bool = False
-    source: str = "modprobe.d and modules.dep"
+    FIELDS = (("name", REQUIRED), ("file", REQUIRED), ("rules", ()), ("blocked", None),
+              ("builtin", False), ("source", "modprobe.d and modules.dep"))
 
     @property
     def found(self) -> bool:
@@ -172,6 +163,8 @@ def install_targets(command: str) -> list[tuple[str, bool]]:
     targets = []
     for part in re.split(r";|&&|\|\|?", command):
         try:
+            import shlex  # install rules only
+
             words = shlex.split(part)
         except ValueError:
             words = part.split()

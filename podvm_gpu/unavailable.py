@@ -5,8 +5,9 @@ On a VM with no GPU, or when GPU setup failed, kind ``nvidia.com/gpu`` must stil
 only while the kind is absent). The spec holds one device, ``unavailable``, whose edits carry the
 state and reason, so the pod's error names both.
 
-Rendered without PyYAML (the CPU fast path must not import it): every scalar is written as a
-JSON string, which is also a valid YAML double-quoted scalar.
+Written as a YAML comment line and a JSON document, which is YAML too (the CDI readers parse the
+file as YAML): the CPU fast path renders it without PyYAML or the json package
+(:mod:`podvm_gpu.jsontext`), and ``check`` reads it back with the standard library.
 """
 
 from __future__ import annotations
@@ -30,18 +31,11 @@ def render_unavailable_spec(state: str, reason: str) -> str:
         reason: the status reason; folded to one line.
     """
     one_line = " ".join(str(reason).split())
-    q = _json
-    return (
-        "# Written by podvm-gpu: this VM has no usable NVIDIA GPU; see /run/podvm-gpu/status.json\n"
-        f"cdiVersion: {q(UNAVAILABLE_CDI_VERSION)}\n"
-        f"kind: {q(CDI_KIND)}\n"
-        "devices:\n"
-        f"- name: {q(UNAVAILABLE_DEVICE)}\n"
-        "  containerEdits:\n"
-        "    env:\n"
-        f"    - {q('PODVM_GPU_STATE=' + state)}\n"
-        f"    - {q('PODVM_GPU_REASON=' + one_line)}\n"
-    )
+    spec = {"cdiVersion": UNAVAILABLE_CDI_VERSION, "kind": CDI_KIND,
+            "devices": [{"name": UNAVAILABLE_DEVICE, "containerEdits": {
+                "env": [f"PODVM_GPU_STATE={state}", f"PODVM_GPU_REASON={one_line}"]}}]}
+    return ("# Written by podvm-gpu: this VM has no usable NVIDIA GPU; see "
+            "/run/podvm-gpu/status.json\n" + _json(spec) + "\n")
 
 
 def write_unavailable_spec(root: Root, state: str, reason: str) -> str:

@@ -74,9 +74,10 @@ def _settings(text: str, section: str) -> dict[str, list[str]]:
     return out
 
 
-def unit_settings(root: Root, unit: str, section: str = "Unit") -> dict[str, list[str]]:
-    """A section's settings of the unit plus its drop-ins, list values split on spaces."""
-    merged: dict[str, list[str]] = {}
+def _unit_texts(root: Root, unit: str) -> list[str]:
+    """The unit's file (unless masked) and then its drop-ins, in the order systemd applies them:
+    ``<unit>.d/*.conf`` of every unit directory sorted by file name, a name in a higher-priority
+    directory hiding the same name in a lower one."""
     main = unit_file(root, unit)
     texts = []
     if main and not masked(root, unit):
@@ -91,11 +92,45 @@ def unit_settings(root: Root, unit: str, section: str = "Unit") -> dict[str, lis
                 texts.append(f.read())
         except OSError:
             continue
-    for text in texts:
+    return texts
+
+
+def unit_settings(root: Root, unit: str, section: str = "Unit") -> dict[str, list[str]]:
+    """A section's settings of the unit plus its drop-ins, list values split on spaces."""
+    merged: dict[str, list[str]] = {}
+    for text in _unit_texts(root, unit):
         for key, values in _settings(text, section).items():
             reset = values == [] and key not in _NO_RESET
             merged[key] = [] if reset else merged.get(key, []) + values
     return merged
+
+
+def exec_start(root: Root, unit: str) -> list[str] | None:
+    """The argv of the unit's last ``ExecStart=`` after its drop-ins (an empty assignment resets
+    the list, systemd.service(5)), split as systemd quotes (shell-like); the executable's prefix
+    characters (``-@:+!``) are dropped. None when the unit has none or it cannot be split."""
+    import shlex
+
+    lines: list[str] = []
+    for text in _unit_texts(root, unit):
+        current = None
+        for raw in text.splitlines():
+            line = raw.strip()
+            if line.startswith("[") and line.endswith("]"):
+                current = line[1:-1]
+            elif current == "Service" and "=" in line and line[0] not in "#;":
+                key, value = (p.strip() for p in line.split("=", 1))
+                if key == "ExecStart":
+                    lines = lines + [value] if value else []
+    if not lines:
+        return None
+    try:
+        argv = shlex.split(lines[-1])
+    except ValueError:
+        return None
+    if argv:
+        argv[0] = argv[0].lstrip("-@:+!")
+    return argv or None
 
 
 def ordered_before_kata(root: Root) -> tuple[bool, str]:

@@ -37,6 +37,13 @@ install -D -m 0644 "$bundle/podvm-gpu-metrics.service" "$unitdir/podvm-gpu-metri
 install -D -m 0644 "$bundle/10-podvm-gpu.conf" "$unitdir/kata-agent.service.d/10-podvm-gpu.conf"
 install -D -m 0644 "$bundle/podvm-gpu.preset" /usr/lib/systemd/system-preset/40-podvm-gpu.preset
 
+# A config already in the image is checked now (an invalid one fails the build) and compiled:
+# boot then reads it without PyYAML (README, "Config"). After a later change to it, run
+# "podvm-gpu config --compile" again (check --image warns about a stale compiled form).
+if [ -e /etc/podvm-gpu/config.yaml ]; then
+    "$prefix/bin/podvm-gpu" config --compile
+fi
+
 systemctl enable podvm-gpu.service
 systemctl mask nvidia-cdi-refresh.path nvidia-cdi-refresh.service
 for unit in nvidia-persistenced.service nvidia-fabricmanager.service; do

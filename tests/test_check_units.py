@@ -1,6 +1,6 @@
 """systemd units read without systemctl (podvm_gpu.units) and the checks built on them:
-``cdi-refresh-units``, ``kata-agent-ordering`` and kata-agent's ``cdi_timeout``
-(podvm_gpu.check; contract sections 1, 5 and 6).
+``cdi-refresh-units`` and ``kata-agent-ordering`` (podvm_gpu.check; contract sections 1, 5
+and 6). kata-agent's ``cdi_timeout``: tests/test_kata_cdi.py.
 
 Every test lays out unit files, drop-ins and ``.wants`` links under a temp root the way
 ``systemctl enable``/``mask`` and package installs leave them.
@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 
 from podvm_gpu import units
-from podvm_gpu.check import (FAIL, PASS, SKIP, WARN, kata_cdi_timeout, kata_ordering_check,
-                             refresh_units_check)
-from podvm_gpu.config import Config
+from podvm_gpu.check import FAIL, PASS, SKIP, kata_ordering_check, refresh_units_check
 from podvm_gpu.host.fs import Root
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,7 +154,7 @@ def test_settings_of_other_sections_are_not_read_as_unit_settings(tree):
 def test_kata_ordering_skips_without_kata_agent_service(tree):
     tree.install("podvm-gpu.service", AGENT_UNIT)
 
-    check = kata_ordering_check(tree.root, Config())
+    check = kata_ordering_check(tree.root)
 
     assert check.name == "kata-agent-ordering" and check.result == SKIP
 
@@ -168,7 +166,7 @@ def test_kata_ordering_passes_with_the_projects_drop_in(tree):
     dropin.parent.mkdir(parents=True)
     shutil.copy(REPO / "systemd" / "kata-agent.service.d" / "10-podvm-gpu.conf", dropin)
 
-    check = kata_ordering_check(tree.root, Config())
+    check = kata_ordering_check(tree.root)
 
     assert check.result == PASS, check
     assert "After=podvm-gpu.service" in check.detail
@@ -178,7 +176,7 @@ def test_kata_ordering_passes_with_a_drop_in_after(tree):
     tree.install("kata-agent.service", KATA_UNIT)
     tree.dropin("kata-agent.service", "50-gpu.conf", "[Unit]\nAfter=podvm-gpu.service\n")
 
-    assert kata_ordering_check(tree.root, Config()).result == PASS
+    assert kata_ordering_check(tree.root).result == PASS
 
 
 def test_kata_ordering_passes_with_before_in_the_agents_unit(tree):
@@ -187,7 +185,7 @@ def test_kata_ordering_passes_with_before_in_the_agents_unit(tree):
         "After=systemd-modules-load.service\n",
         "After=systemd-modules-load.service\nBefore=kata-agent.service\n"))
 
-    check = kata_ordering_check(tree.root, Config())
+    check = kata_ordering_check(tree.root)
 
     assert check.result == PASS
     assert "Before=kata-agent.service" in check.detail
@@ -199,7 +197,7 @@ def test_kata_ordering_fails_when_both_are_only_pulled_in_by_a_target(tree):
     tree.enable("kata-agent.service")
     tree.enable("podvm-gpu.service")
 
-    check = kata_ordering_check(tree.root, Config())
+    check = kata_ordering_check(tree.root)
 
     assert check.result == FAIL
     assert check.hint  # says what to install
@@ -209,7 +207,7 @@ def test_kata_ordering_fails_when_the_agent_is_only_wanted_not_ordered(tree):
     tree.install("kata-agent.service", KATA_UNIT)
     tree.dropin("kata-agent.service", "10-podvm-gpu.conf", "[Unit]\nWants=podvm-gpu.service\n")
 
-    assert kata_ordering_check(tree.root, Config()).result == FAIL
+    assert kata_ordering_check(tree.root).result == FAIL
 
 
 def test_an_empty_after_in_a_later_drop_in_does_not_remove_the_ordering(tree):
@@ -221,51 +219,7 @@ def test_an_empty_after_in_a_later_drop_in_does_not_remove_the_ordering(tree):
     tree.dropin("kata-agent.service", "99-reset.conf", "[Unit]\nAfter=\n")
 
     assert "podvm-gpu.service" in units.unit_settings(tree.root, "kata-agent.service")["After"]
-    assert kata_ordering_check(tree.root, Config()).result == PASS
-
-
-def ordered_tree(tree: UnitTree) -> UnitTree:
-    tree.install("kata-agent.service", KATA_UNIT)
-    tree.dropin("kata-agent.service", "10-podvm-gpu.conf", "[Unit]\nAfter=podvm-gpu.service\n")
-    return tree
-
-
-def test_cdi_timeout_shorter_than_the_budget_in_agent_config_warns(tree):
-    ordered_tree(tree).file("etc/agent-config.toml", 'server_addr = "vsock://-1:1024"\n'
-                            "cdi_timeout = 100\n")
-
-    check = kata_ordering_check(tree.root, Config())
-
-    assert check.result == WARN
-    assert "100" in check.detail and "240" in check.detail
-
-
-def test_cdi_timeout_on_the_kernel_command_line_wins_over_agent_config(tree):
-    ordered_tree(tree).file("etc/agent-config.toml", "cdi_timeout = 600\n")
-    tree.file("proc/cmdline", "console=ttyS0 agent.cdi_timeout=60 agent.log=debug\n")
-
-    assert kata_cdi_timeout(tree.root) == 60
-    assert kata_ordering_check(tree.root, Config()).result == WARN
-
-
-def test_cdi_timeout_longer_than_the_budget_passes(tree):
-    ordered_tree(tree).file("proc/cmdline", "agent.cdi_timeout=300\n")
-
-    assert kata_ordering_check(tree.root, Config()).result == PASS
-
-
-def test_cdi_timeout_compared_with_the_configured_budget(tree):
-    ordered_tree(tree).file("etc/agent-config.toml", "cdi_timeout = 100\n")
-
-    assert kata_ordering_check(tree.root, Config(budget_s=90)).result == PASS
-
-
-def test_cdi_timeout_unset_or_unreadable_is_none(tree):
-    assert kata_cdi_timeout(tree.root) is None
-    tree.file("etc/agent-config.toml", "cdi_timeout = [not toml\n")
-    assert kata_cdi_timeout(tree.root) is None
-    tree.file("proc/cmdline", "console=ttyS0 xagent.cdi_timeout=5\n")
-    assert kata_cdi_timeout(tree.root) is None
+    assert kata_ordering_check(tree.root).result == PASS
 
 
 # --- cdi-refresh-units ----------------------------------------------------------------------------

@@ -93,7 +93,7 @@ def test_status_has_its_own_hand_parsed_form():
     [],
     ["status", "--verbose"],
     ["status", "--wait=yes"],
-    ["check", "--root", "/vm"],
+    ["check", "--verbose"],
     ["boot", "--verbose"],
     ["boot", "--help"],
     ["boot", "--root"],

@@ -8,6 +8,7 @@ devices (with a config file present, boot always takes the validated path).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 
 import pytest
@@ -358,3 +359,70 @@ def test_a_module_parameter_value_of_two_words_is_rejected(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(str(path))
     assert "modules.parameters" in str(err.value) and "NVreg_X" in str(err.value)
+
+
+# --- the compiled form: the YAML parsed at image build, used while the text is the same ---------
+
+def test_a_compiled_config_is_read_without_pyyaml_and_gives_the_same_settings(tmp_path):
+    from podvm_gpu.config import compile_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("budget_s: 200\npersistenced:\n  per_gpu_s: 20\n"
+                    "modules: {parameters: {nvidia: {NVreg_EnableGpuFirmware: 1}}}\n")
+    config, compiled = compile_config(str(path))
+    assert compiled == f"{path}.compiled.json" and os.stat(compiled).st_mode & 0o777 == 0o644
+
+    code = ("import sys; from podvm_gpu.config import load_config; c = load_config(sys.argv[1]); "
+            "print(c.budget_s, c.persistenced.per_gpu_s, 'yaml' in sys.modules)")
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.split() == ["200.0", "20.0", "False"], done.stderr
+    assert load_config(str(path)) == config
+
+
+@pytest.mark.parametrize("change", ["edited", "compiled-garbled", "compiled-of-another-text"])
+def test_a_stale_or_broken_compiled_form_is_ignored_and_the_yaml_decides(tmp_path, change):
+    from podvm_gpu.config import compile_config, compiled_state
+
+    path = tmp_path / "config.yaml"
+    path.write_text("budget_s: 200\n")
+    _, compiled = compile_config(str(path))
+    if change == "edited":
+        path.write_text("budget_s: 100\n")
+    elif change == "compiled-garbled":
+        Path(compiled).write_text('{"format": "podvm-gpu config, compiled, 1", "sou')
+    else:
+        doc = json.loads(Path(compiled).read_text())
+        doc["settings"] = {"budget_s": 5}  # not what the text says: never believed
+        Path(compiled).write_text(json.dumps(doc))
+        path.write_text("budget_s: 200  \n")
+
+    expected = 100 if change == "edited" else 200
+    assert load_config(str(path)).budget_s == expected
+    assert compiled_state(str(path)) is not None
+
+
+def test_a_compiled_form_of_a_config_that_is_now_invalid_does_not_hide_the_error(tmp_path):
+    """The compiled document is validated like the YAML: rules of a newer agent still apply."""
+    from podvm_gpu.config import COMPILED_FORMAT
+
+    path = tmp_path / "config.yaml"
+    path.write_text("budget_s: 9999\n")
+    Path(f"{path}.compiled.json").write_text(json.dumps(
+        {"format": COMPILED_FORMAT, "source": "budget_s: 9999\n", "settings": {"budget_s": 9999}}))
+
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    assert "budget_s" in str(err.value)
+
+
+def test_compiling_an_invalid_config_writes_nothing(tmp_path):
+    from podvm_gpu.config import compile_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("budget_s: -1\n")
+    with pytest.raises(ConfigError):
+        compile_config(str(path))
+    assert not Path(f"{path}.compiled.json").exists()

@@ -39,3 +39,20 @@ def test_a_float_json_cannot_hold_is_refused(value):
 def test_a_value_json_cannot_hold_is_refused(value):
     with pytest.raises(TypeError):
         dumps(value)
+
+
+@settings(max_examples=400, deadline=None)
+@given(DOCUMENTS)
+def test_loads_reads_back_what_dumps_and_json_dumps_write(doc):
+    from podvm_gpu.jsontext import loads
+
+    assert loads(dumps(doc)) == doc
+    assert loads(json.dumps(doc)) == json.loads(json.dumps(doc))
+
+
+@pytest.mark.parametrize("text", ["", "{", "{} x", "NaN", "[Infinity]", '"\x01"', "[1,]"])
+def test_loads_refuses_what_is_not_one_json_value_as_json_does(text):
+    from podvm_gpu.jsontext import loads
+
+    with pytest.raises(ValueError):
+        loads(text)

@@ -283,7 +283,7 @@ def test_fabric_manager_state_only_on_nvswitch_machines(tmp_path, fake_nvml_libs
 
 def test_library_missing_or_outside_the_loader_path_is_named_without_importing_pynvml(tmp_path, fake_nvml_libs):
     root = make_root(tmp_path / "root", None)
-    probe = ("import sys; from podvm_gpu.host.fs import Root; from podvm_gpu.metrics import "
+    probe = ("import sys; from podvm_gpu.host.fs import Root; from podvm_gpu.metrics.command import "
              "MetricsSettings, print_once; print_once(Root(sys.argv[1]), MetricsSettings()); "
              "print('pynvml' in sys.modules, file=sys.stderr)")
     done = subprocess.run([sys.executable, "-c", probe, str(root)], capture_output=True, text=True,
@@ -442,7 +442,7 @@ def test_textfile_is_written_atomically_with_mode_0644(gpu_root, tmp_path):
 
 
 def test_boot_textfile_is_off_by_default_and_on_costs_no_nvml(gpu_root, tmp_path):
-    probe = ("import json, sys; from podvm_gpu.host.fs import Root; from podvm_gpu.metrics import "
+    probe = ("import json, sys; from podvm_gpu.host.fs import Root; from podvm_gpu.metrics.command import "
              "MetricsSettings, write_boot_textfile; s = MetricsSettings(textfile=sys.argv[2] == 'on');"
              " path = write_boot_textfile(Root(sys.argv[1]), s); print(json.dumps([path, "
              "'prometheus_client.exposition' in sys.modules, 'pynvml' in sys.modules]))")
@@ -486,7 +486,7 @@ def test_fake_library_exports_exactly_what_the_tests_say(fake_nvml_libs):
 
 def test_once_imports_prometheus_client_without_its_init_and_leaves_a_working_package(tmp_path):
     root = make_root(tmp_path / "root", None, state="no-gpu", gpus=0)
-    probe = ("import sys; from podvm_gpu.host.fs import Root; from podvm_gpu.metrics import "
+    probe = ("import sys; from podvm_gpu.host.fs import Root; from podvm_gpu.metrics.command import "
              "MetricsSettings, print_once; print_once(Root(sys.argv[1]), MetricsSettings()); "
              "skipped = 'prometheus_client' not in sys.modules and 'prometheus_client.metrics' not in "
              "sys.modules; import prometheus_client; print(skipped, prometheus_client.Counter.__name__, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from podvm_gpu.errors import ConfigError
-from podvm_gpu.metrics import MetricsConfigError, MetricsSettings
+from podvm_gpu.metrics.settings import MetricsConfigError, MetricsSettings
 from podvm_gpu.metrics.exporter import nvml_gate, render, type_dcgm_counters
 from podvm_gpu.metrics.families import DCGM_COUNTERS, DCGM_FIELDS, dcgm_families, pci_bus_id
 from podvm_gpu.metrics.nvml import GpuReading, NvmlReading, cc_safe, reason_of

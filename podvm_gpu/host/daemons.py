@@ -23,7 +23,6 @@ with the agent's unit). ``PODVM_GPU_SUPERVISOR=spawn|systemd`` forces one way (t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -32,12 +31,12 @@ import time
 
 from podvm_gpu.errors import CommandError, one_line
 from podvm_gpu.host.proc import Runner
+from podvm_gpu.record import REQUIRED, Record
 
 SD_BOOTED_DIR = "/run/systemd/system"
 
 
-@dataclasses.dataclass(frozen=True)
-class DaemonUnit:
+class DaemonUnit(Record):
     """How one daemon runs under systemd.
 
     Attributes:
@@ -48,10 +47,8 @@ class DaemonUnit:
             sandbox, chosen for what the real daemon does (README, "The daemons' units").
     """
 
-    tool: str
-    unit: str
-    description: str
-    properties: tuple[str, ...]
+    FIELDS = (("tool", REQUIRED), ("unit", REQUIRED), ("description", REQUIRED),
+              ("properties", REQUIRED))
 
     def settings(self) -> list[str]:
         """Every setting the unit gets, in order."""

@@ -7,27 +7,22 @@ status and whatever it printed, so a failure can name the step and the cause.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import shutil
 import signal
 import subprocess
 import time
 
 from podvm_gpu.errors import Cancelled, CommandError
+from podvm_gpu.record import REQUIRED, Record
 
 DEFAULT_TIMEOUT_S = 30.0
 
 
-@dataclasses.dataclass
-class Completed:
+class Completed(Record):
     """A finished command: argv as run, exit status, text output, wall time in seconds."""
 
-    argv: list[str]
-    returncode: int
-    stdout: str
-    stderr: str
-    duration_s: float
+    FIELDS = (("argv", REQUIRED), ("returncode", REQUIRED), ("stdout", REQUIRED),
+              ("stderr", REQUIRED), ("duration_s", REQUIRED))
 
     @property
     def output(self) -> str:
@@ -81,8 +76,15 @@ class Runner:
             if not os.access(configured, os.X_OK) or self._untrusted(configured):
                 return None
             return configured
-        found = shutil.which(tool, path=self.env.get("PATH", os.defpath))
+        found = self._on_path(tool)
         return None if found and self._untrusted(found) else found
+
+    def _on_path(self, tool: str) -> str | None:
+        for folder in self.env.get("PATH", os.defpath).split(os.pathsep):
+            candidate = os.path.join(folder or ".", tool)
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                return candidate  # as shutil.which does (whose import costs the GPU path)
+        return None
 
     def _untrusted(self, path: str) -> str | None:
         from podvm_gpu.config import untrusted_because
@@ -97,7 +99,7 @@ class Runner:
             if why:  # boot runs it as root: someone else must not be able to replace it
                 return f"{tool}: {configured} (set in the config) is refused: {why}"
             return f"{tool}: {configured} (set in the config) is not an executable"
-        found = shutil.which(tool, path=self.env.get("PATH", os.defpath))
+        found = self._on_path(tool)
         why = self._untrusted(found) if found else None
         if why:
             return f"{tool}: {found} (on PATH) is refused: {why}"

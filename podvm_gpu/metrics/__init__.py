@@ -6,15 +6,7 @@ through nvidia-ml-py, bounded in time, under dcgm-exporter's names; the agent's 
 ``podvm_gpu_*``; in confidential-computing mode only state and health are read (``cc-safe``).
 README.md, section "Metrics", lists every metric.
 
-Importing this package is cheap (standard library only): prometheus-client, pynvml and the
-exporter are imported by the entry points that need them.
+The package imports nothing itself: its settings are read by every boot whose config has a
+``metrics:`` section (config.py), so the entry points live in ``command`` and are imported from
+there (prometheus-client and pynvml by what needs them).
 """
-
-from podvm_gpu.metrics.command import (print_once, run, serve, write_boot_textfile,
-                                       write_textfile)
-from podvm_gpu.metrics.settings import (DEFAULT_LISTEN, DEFAULT_TEXTFILE_PATH, PROFILES,
-                                        MetricsConfigError, MetricsSettings)
-
-__all__ = ["DEFAULT_LISTEN", "DEFAULT_TEXTFILE_PATH", "PROFILES", "MetricsConfigError",
-           "MetricsSettings", "print_once", "run", "serve", "write_boot_textfile",
-           "write_textfile"]

@@ -12,25 +12,22 @@ second boot changes nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import stat
 
 from podvm_gpu.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, exit_text
 from podvm_gpu.host.fs import Root, ensure_dir, is_char_device
+from podvm_gpu.record import REQUIRED, Record
 from podvm_gpu.readers import CTL_MINOR, NVIDIA_MAJOR_NAME, UVM_MAJOR_NAME, char_majors, gpu_minor
 
 NODE_MODE = 0o666
 
 
-@dataclasses.dataclass(frozen=True)
-class Node:
+class Node(Record):
     """A device node the GPUs need: host path and expected numbers (None: unknown major)."""
 
-    path: str
-    major: int | None
-    minor: int
+    FIELDS = (("path", REQUIRED), ("major", REQUIRED), ("minor", REQUIRED))
 
 
 def gpu_minors(root: Root, gpus) -> dict[str, int]:

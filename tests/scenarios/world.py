@@ -327,7 +327,9 @@ class World:
 
     def __init__(self, case: Case):
         self.case = case
-        self.layout = fx.Layout(tempfile.mkdtemp(prefix="pg", dir="/tmp"))
+        # PODVM_GPU_WORLD_DIR: where worlds live (bench/run.py puts them on tmpfs, as /run is)
+        self.layout = fx.Layout(tempfile.mkdtemp(
+            prefix="pg", dir=os.environ.get("PODVM_GPU_WORLD_DIR") or "/tmp"))
         try:
             self._build()
         except BaseException:
@@ -508,7 +510,9 @@ class World:
                if key not in ("PODVM_GPU_ROOT", "PODVM_GPU_CONFIG")}
         env["PATH"] = self.layout.bin
         env["TMPDIR"] = self.layout.tmp  # umockdev-run makes its testbed there (LateArrivals)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        if not os.environ.get("PODVM_GPU_CMD"):  # an installed product runs its own code
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO),
+                                                              os.environ.get("PYTHONPATH")]))
         return env
 
     def _status(self) -> tuple[dict | None, str | None]:
