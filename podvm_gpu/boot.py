@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from podvm_gpu.host.fs import Root, ensure_dir
+from podvm_gpu.host.fs import Root, ensure_dir, folder_trust_problems
 from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.host.vmbus import channels_without_pci
 from podvm_gpu.model import State, Status, Step, StepResult
@@ -39,6 +39,9 @@ _SIGNAL_NAMES = {_signal.SIGTERM: "SIGTERM", _signal.SIGINT: "SIGINT"}
 _KMSG_PRIORITY = {State.FAILED: (3 << 3) | 3, State.READY: (3 << 3) | 5,
                   State.NO_GPU: (3 << 3) | 5}
 _KMSG_MAX = 900  # a kernel record holds about 1 KiB
+# A reason (and a step's message, a warning) is one line for the status file, the unavailable
+# spec's env and the console, whatever a tool printed: longer ones are cut.
+REASON_MAX = 1000
 
 
 class Log:
@@ -139,6 +142,8 @@ class Run:
         line, the report. A spec that cannot be written makes the end ``failed`` with the write
         error named, and the status is still written. Returns 0 for no-gpu, else 1."""
         reason = " ".join(reason.split())
+        if len(reason) > REASON_MAX:
+            reason = reason[:REASON_MAX - 4].rstrip() + " ..."
         if self.dry_run:
             return self._dry_run_end(state, reason)
         if self.signals:
@@ -329,6 +334,25 @@ def tell_console(root: Root, state: str, reason: str) -> None:
         os.close(fd)
 
 
+def untrusted_root(root: Root) -> str | None:
+    """Why boot must not write under ``root``: a folder on the way to the status file or the
+    spec (the deepest one that exists, and every one above it, the root and its parents
+    included) that another user than root owns or can write. Such a user could swap what
+    follows for a link between boot's checks and its writes and make root write anywhere.
+    None when only root can change them (a sticky folder such as /tmp is fine)."""
+    for host_dir in (os.path.dirname(STATUS_PATH), os.path.dirname(CDI_SPEC_PATH)):
+        try:
+            folder = root.resolve(host_dir)
+        except OSError:
+            continue  # a link loop: the write fails and the boot says so
+        while not os.path.isdir(folder) and folder != root.path:
+            folder = os.path.dirname(folder)
+        problems = folder_trust_problems(folder)
+        if problems:
+            return problems[0][1]
+    return None
+
+
 def remove_leftovers(root: Root) -> None:
     """Remove the temporary files of an earlier boot that was killed mid-write (``.<name>.<pid>
     .tmp`` in the run and spec directories). Called with the lock held, so no other boot is
@@ -360,6 +384,9 @@ def run_boot(root_dir: str = "/", config: str | None = None, json_out: bool = Fa
         json_out: print the final status document on stdout instead of a summary line.
         dry_run: detect and plan, print the commands, change nothing.
     """
+    # Files 0644 and folders 0755 whatever the umask boot was started with, and the tools and
+    # daemons it starts get systemd's default too (a shell's umask 000 would reach them).
+    os.umask(0o022)
     run = Run(Root(root_dir), json_out, dry_run, Log())
     try:
         run.signals = Signals()
@@ -407,6 +434,12 @@ def _boot(run: Run, config: str | None) -> int:
         run.write_spec, run.metrics = settings.unavailable_spec, settings.metrics
     budget = settings.budget_s if settings is not None else DEFAULT_BUDGET_S
     if not run.dry_run:
+        untrusted = untrusted_root(root)
+        if untrusted:
+            # nothing can be written safely, not even a failed status: the journal says why
+            log(Log.ERR, f"refusing to write under {root.path}: {untrusted}; another user could "
+                         "redirect root's writes through it (make it root's, mode go-w)")
+            return 1
         try:
             lock = acquire_lock(root, budget, log)
         except OSError as err:

@@ -18,7 +18,8 @@ import math
 import os
 import stat
 
-from podvm_gpu.errors import ConfigError
+from podvm_gpu.errors import ConfigError, one_line
+from podvm_gpu.host.fs import folder_trust_problems
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_SECONDS = 3600.0  # no wait or budget in a pod VM boot is longer than an hour
@@ -389,7 +390,8 @@ def validate(raw: object, path: str) -> Config:
         raise ConfigError(f"{path}: nested too deeply") from None
     if errors:
         first = errors[0]
-        key = ".".join(str(p) for p in first.loc) or "(top level)"
+        # a key may hold line breaks or be long: the message stays one bounded line
+        key = one_line(".".join(str(p) for p in first.loc), 200) or "(top level)"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         message = " ".join(first.message.split())[:300]
         raise ConfigError(f"{path}: {key}: {message}{more}")
@@ -532,21 +534,8 @@ def trust_problems(path: str, info: os.stat_result | None = None, *,
     if info.st_mode & 0o022:
         problems.append(("mode", f"it is writable by group or others (mode "
                                  f"{stat.S_IMODE(info.st_mode):04o})"))
-    stop = os.path.realpath(stop_at)
-    folder = os.path.dirname(os.path.realpath(path))
-    while True:
-        try:
-            st = os.stat(folder)
-        except OSError as err:
-            return problems + [("mode", f"cannot stat {folder}: {err.strerror}")]
-        if st.st_uid not in owners:
-            problems.append(("owner", f"{folder} above it is owned by uid {st.st_uid}, not root"))
-        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            problems.append(("mode", f"{folder} above it is writable by group or others (mode "
-                                     f"{stat.S_IMODE(st.st_mode):04o})"))
-        if folder in ("/", stop) or not folder.startswith(stop.rstrip("/") + "/"):
-            return problems
-        folder = os.path.dirname(folder)
+    return problems + [(kind, f"above it, {text}") for kind, text in folder_trust_problems(
+        os.path.dirname(os.path.realpath(path)), owners, stop_at)]
 
 
 def untrusted_because(path: str, info: os.stat_result | None = None) -> str | None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 
+from podvm_gpu.boot import REASON_MAX
 from podvm_gpu.config import Config
-from podvm_gpu.errors import Cancelled, StepFailed
+from podvm_gpu.errors import Cancelled, StepFailed, one_line
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.model import PciDevice, Status
@@ -72,8 +73,8 @@ class BootContext:
         return min(self.runner.timeouts.get(tool, HARMLESS_CALL_S), HARMLESS_CALL_S)
 
     def warn(self, text: str) -> None:
-        """Add a one-line warning to the status."""
-        line = " ".join(text.split())
+        """Add a one-line warning to the status (cut as a reason is: boot.REASON_MAX)."""
+        line = one_line(text, REASON_MAX)
         if line not in self.status.warnings:
             self.status.warnings.append(line)
 

@@ -1,7 +1,10 @@
-"""The package's exception types.
+"""The package's exception types, and how a failure is put into words.
 
 One base class, :class:`PodvmGpuError`; everything the program raises on purpose derives from it,
 so the CLI can turn any of them into a clean message and an exit code instead of a traceback.
+A reason is one line for the console, the status file and a container's environment: what a
+tool printed is quoted in bounded pieces (:func:`one_line`), and a process that a signal ended
+says so (:func:`exit_text`) rather than showing a negative exit status.
 """
 
 from __future__ import annotations
@@ -13,8 +16,37 @@ _LOGRUS_ERROR = r'level=(?:error|fatal) msg="((?:[^"\\]|\\.)*)"'
 _LOGRUS_WARNING = r'level=warning msg="((?:[^"\\]|\\.)*)"'
 
 
+QUOTE_MAX = 300  # characters of one quoted line of a tool (its last line, its error message)
+
+
+def one_line(text: str, limit: int = QUOTE_MAX) -> str:
+    """``text`` with its whitespace runs folded to single spaces and cut to ``limit``
+    characters (ending in `` ...`` when cut): a tool may print anything, of any length."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:max(limit - 4, 0)].rstrip() + " ..."
+
+
+def exit_text(returncode: int) -> str:
+    """How a command ended: ``exit 1``, or ``killed by SIGKILL`` for a negative status (what
+    :mod:`subprocess` reports for a process a signal ended; nothing else says so)."""
+    if returncode >= 0:
+        return f"exit {returncode}"
+    import signal  # only on this failure path: it imports enum, which the fast path avoids
+
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"killed by {name}"
+
+
+def ended_text(returncode: int) -> str:
+    """How a daemon ended, after its name: ``exited with status 1`` or ``was killed by SIGKILL``."""
+    return f"exited with status {returncode}" if returncode >= 0 else f"was {exit_text(returncode)}"
+
+
 def _unescape(msg: str) -> str:
-    return " ".join(msg.replace('\\"', '"').replace("\\n", " ").split())
+    return one_line(msg.replace('\\"', '"').replace("\\n", " "))
 
 
 class PodvmGpuError(Exception):
@@ -54,25 +86,39 @@ class CommandError(PodvmGpuError):
         """The program's basename, e.g. ``nvidia-ctk``."""
         return self.argv[0].rsplit("/", 1)[-1] if self.argv else "?"
 
+    @property
+    def signalled(self) -> bool:
+        """True when a signal ended the command (its exit status is negative)."""
+        return self.returncode is not None and self.returncode < 0
+
     def last_line(self) -> str:
-        """The last non-empty line of stderr (else stdout), the usual place of a tool's error."""
+        """The last non-empty line of stderr (else stdout), the usual place of a tool's error,
+        as one bounded line (:func:`one_line`)."""
         for text in (self.stderr, self.stdout):
-            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-            if lines:
-                return lines[-1]
+            for line in reversed(text.splitlines()):
+                if line.strip():
+                    return one_line(line)
         return ""
+
+    def said(self) -> str:
+        """What ended the command, in words: its last line, prefixed by the signal when a
+        signal ended it (a killed tool's last line is not its error), else ``exit N``."""
+        last = self.last_line()
+        if self.signalled:
+            return exit_text(self.returncode) + (f": {last}" if last else "")
+        return last or (exit_text(self.returncode) if self.returncode is not None else "")
 
     def tool_message(self) -> str:
         """The tool's own error: the ``msg`` of its last logrus ``level=error`` line (nvidia-ctk),
-        unescaped, else :meth:`last_line`, else ``exit N``."""
+        unescaped, else :meth:`last_line`, else ``no output``; for a command that never ran,
+        why (not found, not executable). How it ended is the caller's to say
+        (:func:`exit_text`)."""
+        if self.returncode is None:
+            return str(self)
         import re
 
         found = re.findall(_LOGRUS_ERROR, self.stderr)
-        if found:
-            return _unescape(found[-1])
-        if self.returncode is None:  # it never ran: the message says why (not found, ...)
-            return str(self)
-        return self.last_line() or f"exit {self.returncode} with no output"
+        return (_unescape(found[-1]) if found else self.last_line()) or "no output"
 
     def warnings_about(self, pattern: str) -> list[str]:
         """The ``msg`` of the tool's logrus ``level=warning`` lines that match ``pattern`` (a
@@ -91,7 +137,7 @@ class CommandError(PodvmGpuError):
         if self.returncode is None:
             return f"{cmd}: could not be run"
         tail = self.last_line()
-        return f"{cmd}: exit {self.returncode}" + (f": {tail}" if tail else "")
+        return f"{cmd}: {exit_text(self.returncode)}" + (f": {tail}" if tail else "")
 
 
 class Cancelled(PodvmGpuError):

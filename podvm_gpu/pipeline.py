@@ -41,10 +41,10 @@ import _signal
 import threading
 import time
 
-from podvm_gpu.boot import Interrupted, Log, Run
+from podvm_gpu.boot import REASON_MAX, Interrupted, Log, Run
 from podvm_gpu.config import Config, timeouts_for
 from podvm_gpu.context import BootContext
-from podvm_gpu.errors import Cancelled, CommandError, StepFailed
+from podvm_gpu.errors import Cancelled, CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.model import Step, StepResult
@@ -83,7 +83,7 @@ def describe_command_error(err: CommandError) -> str:
     if err.returncode is None:
         return str(err)
     last = err.last_line()
-    return f"{cmd} failed (exit {err.returncode})" + (f": {last}" if last else "")
+    return f"{cmd} failed ({exit_text(err.returncode)})" + (f": {last}" if last else "")
 
 
 def run_pipeline(run: Run, config: Config | None) -> int:
@@ -266,7 +266,7 @@ class Steps:
             step.message = f"internal error: {type(err).__name__}: {err}"
             self.run.log(Log.ERR, traceback.format_exc().replace("\n", " | "))
         step.duration_s = earlier + time.monotonic() - t0
-        step.message = " ".join(step.message.split())
+        step.message = one_line(step.message, REASON_MAX)
         if step.result != StepResult.RUNNING:
             self.run.log.step(step)
         self.write()

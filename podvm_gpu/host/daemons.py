@@ -29,7 +29,7 @@ import re
 import subprocess
 import time
 
-from podvm_gpu.errors import CommandError
+from podvm_gpu.errors import CommandError, one_line
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.record import REQUIRED, Record
 
@@ -151,7 +151,8 @@ class SpawnedDaemon(Daemon):
                 lines = [ln.strip() for ln in f.read()[-65536:].splitlines() if ln.strip()]
         except OSError:
             return ""
-        return "; ".join(dict.fromkeys(lines[-3:]))  # as summarize_journal: the last 3
+        # as summarize_journal: the last 3, each one bounded line
+        return "; ".join(dict.fromkeys(one_line(line) for line in lines[-3:]))
 
 
 class UnitDaemon(Daemon):
@@ -257,7 +258,7 @@ def summarize_journal(journal_json: str, most: int = 3) -> str:
     errors = [e["MESSAGE"] for e in entries
               if str(e.get("PRIORITY", "6")).isdigit() and int(str(e.get("PRIORITY"))) <= 3]
     chosen = errors or [e["MESSAGE"] for e in entries]
-    unique = list(dict.fromkeys(" ".join(m.split()) for m in chosen if m.strip()))
+    unique = list(dict.fromkeys(one_line(m) for m in chosen if m.strip()))
     return "; ".join(unique[-most:])
 
 

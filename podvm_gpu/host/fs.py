@@ -212,10 +212,46 @@ def ensure_dir(path: str, mode: int = 0o755) -> None:
     os.chmod(path, mode)
 
 
-def is_char_device(path: str) -> tuple[int, int] | None:
-    """``(major, minor)`` when ``path`` is a character device, else None."""
+def folder_trust_problems(folder: str, owners: frozenset[int] | None = None,
+                          stop_at: str = "/") -> list[tuple[str, str]]:
+    """What would let another user than root change what is under ``folder``:
+    ``[("owner" | "mode", text), ...]``, empty when nothing does.
+
+    ``folder`` (its real path) and every folder above it up to ``stop_at`` must be owned by one
+    of ``owners`` (root and the user running the agent) and not be writable by its group or
+    others; a folder with the sticky bit (``/tmp``) may be, since nobody but an entry's owner
+    can replace the entry. The rule of OpenSSH's ``safe_path``: whoever can change a folder on
+    the way can swap what follows for a link between a check and a use.
+
+    Args:
+        folder: an existing folder.
+        owners: the uids that may own them (default root and the effective uid).
+        stop_at: the last folder checked (an image root for ``check --image``).
+    """
+    owners = owners if owners is not None else frozenset({0, os.geteuid()})
+    problems: list[tuple[str, str]] = []
+    stop = os.path.realpath(stop_at)
+    folder = os.path.realpath(folder)
+    while True:
+        try:
+            st = os.stat(folder)
+        except OSError as err:
+            return problems + [("mode", f"cannot stat {folder}: {err.strerror}")]
+        if st.st_uid not in owners:
+            problems.append(("owner", f"{folder} is owned by uid {st.st_uid}, not root"))
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            problems.append(("mode", f"{folder} is writable by group or others (mode "
+                                     f"{stat.S_IMODE(st.st_mode):04o})"))
+        if folder in ("/", stop) or not folder.startswith(stop.rstrip("/") + "/"):
+            return problems
+        folder = os.path.dirname(folder)
+
+
+def is_char_device(path: str, follow: bool = True) -> tuple[int, int] | None:
+    """``(major, minor)`` when ``path`` is a character device, else None; with ``follow``
+    False a symlink at ``path`` is not one (``lstat``)."""
     try:
-        st = os.stat(path)
+        st = os.stat(path) if follow else os.lstat(path)
     except OSError:
         return None
     if not stat.S_ISCHR(st.st_mode):

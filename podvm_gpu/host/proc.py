@@ -39,8 +39,9 @@ class Runner:
         deadline: a ``time.monotonic()`` value no call may run past (the boot budget), or None.
         env: the environment for the tools (default: ours, plus ``LC_ALL=C`` for parsable output).
         read_only: when True (``check``), :meth:`spawn` is refused: only queries may run.
-        trust_tool_paths: check that a configured tool path (and every directory above it) only
-            root can change before running it (boot); :func:`podvm_gpu.config.untrusted_because`.
+        trust_tool_paths: check that a tool, configured or found on PATH, and every directory
+            above it, only root can change before running it (boot, which runs them as root);
+            :func:`podvm_gpu.config.untrusted_because`.
     """
 
     def __init__(self, tool_paths: dict[str, str] | None = None,
@@ -67,13 +68,18 @@ class Runner:
             _kill_group(proc)
 
     def which(self, tool: str) -> str | None:
-        """The path of ``tool``: the configured absolute path if it is an executable that only
-        root can change (see :meth:`_missing`), else a PATH lookup."""
+        """The path of ``tool``: the configured absolute path if it is an executable, else a
+        PATH lookup; with ``trust_tool_paths`` only one that root alone can change (see
+        :meth:`why_missing`)."""
         configured = self.tool_paths.get(tool)
         if configured:
             if not os.access(configured, os.X_OK) or self._untrusted(configured):
                 return None
             return configured
+        found = self._on_path(tool)
+        return None if found and self._untrusted(found) else found
+
+    def _on_path(self, tool: str) -> str | None:
         for folder in self.env.get("PATH", os.defpath).split(os.pathsep):
             candidate = os.path.join(folder or ".", tool)
             if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
@@ -93,6 +99,10 @@ class Runner:
             if why:  # boot runs it as root: someone else must not be able to replace it
                 return f"{tool}: {configured} (set in the config) is refused: {why}"
             return f"{tool}: {configured} (set in the config) is not an executable"
+        found = self._on_path(tool)
+        why = self._untrusted(found) if found else None
+        if why:
+            return f"{tool}: {found} (on PATH) is refused: {why}"
         for folder in self.env.get("PATH", os.defpath).split(os.pathsep):
             candidate = os.path.join(folder or ".", tool)
             if os.path.isfile(candidate):  # there, but PATH lookup skips what cannot run

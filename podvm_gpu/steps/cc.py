@@ -10,7 +10,7 @@ the attestation flow is left to set it. A value the agent does not know is never
 from __future__ import annotations
 
 from podvm_gpu.context import BootContext
-from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host import kmsg
 from podvm_gpu.readers import nvsmi_no_driver, parse_cc_mode, parse_ready_state
 from podvm_gpu.steps import Skipped
@@ -25,10 +25,17 @@ def confidential_vm(ctx: BootContext) -> bool:
 
 
 def _smi(ctx: BootContext, *args: str):
+    command = f"nvidia-smi conf-compute {' '.join(args)}"
     try:
         return ctx.runner.run(["nvidia-smi", "conf-compute", *args], check=False)
     except CommandError as err:
-        raise StepFailed(f"nvidia-smi conf-compute {' '.join(args)}: {err}") from err
+        said = str(err)  # a timeout names the command already; "not found" does not
+        raise StepFailed(said if said.startswith(command) else f"{command}: {said}") from err
+
+
+def _said(done) -> str:
+    """``exit N: <what it printed>`` of a finished call, one bounded line."""
+    return f"{exit_text(done.returncode)}: {one_line(done.output) or 'no output'}"
 
 
 def ready_state(ctx: BootContext) -> str:
@@ -40,8 +47,8 @@ def ready_state(ctx: BootContext) -> str:
     done = _smi(ctx, "-grs")
     state = parse_ready_state(done.output)
     if done.returncode != 0 or state not in ("ready", "not-ready"):
-        raise StepFailed(f"cannot read the CC ready state (nvidia-smi conf-compute -grs exit "
-                         f"{done.returncode}: {' '.join(done.output.split()) or 'no output'})")
+        raise StepFailed(f"cannot read the CC ready state (nvidia-smi conf-compute -grs "
+                         f"{_said(done)})")
     return state
 
 
@@ -56,18 +63,20 @@ def run(ctx: BootContext) -> str:
         raise Skipped("the GPUs do not support confidential computing (No CC capable devices found)")
     mode = parse_cc_mode(text)
     if done.returncode != 0 and mode is None:
-        said = " ".join(text.split()) or "no output"
         if confidential_vm(ctx):
             raise StepFailed(f"cannot read the CC mode on a confidential VM (nvidia-smi "
-                             f"conf-compute -f exit {done.returncode}: {said})")
-        ctx.warn(f"confidential-computing: CC mode unknown (nvidia-smi conf-compute -f exit "
-                 f"{done.returncode}: {said}); not a confidential VM, so not required")
-        raise Skipped(f"CC mode unknown on a regular VM (exit {done.returncode})")
+                             f"conf-compute -f {_said(done)})")
+        ctx.warn(f"confidential-computing: CC mode unknown (nvidia-smi conf-compute -f "
+                 f"{_said(done)}); not a confidential VM, so not required")
+        raise Skipped(f"CC mode unknown on a regular VM ({exit_text(done.returncode)})")
     if mode == "off":
         raise Skipped("CC mode is off")
+    if mode is None:
+        raise StepFailed(f"nvidia-smi conf-compute -f printed no CC status ({_said(done)}); "
+                         "not read as off")
     if mode != "on":
-        raise StepFailed(f"unknown CC status {mode!r} from nvidia-smi conf-compute -f "
-                         "(not read as off)")
+        raise StepFailed(f"unknown CC status {one_line(mode, 60)!r} from nvidia-smi "
+                         "conf-compute -f (not read as off)")
     state = ready_state(ctx)
     if state == "ready":
         return "CC on, ready state ready"
@@ -77,8 +86,7 @@ def run(ctx: BootContext) -> str:
         return "CC on, ready state not-ready (left for the attestation flow)"
     done = _smi(ctx, "-srs", "1")
     if done.returncode != 0:
-        raise StepFailed(f"nvidia-smi conf-compute -srs 1 failed (exit {done.returncode}: "
-                         f"{' '.join(done.output.split()) or 'no output'})")
+        raise StepFailed(f"nvidia-smi conf-compute -srs 1 failed ({_said(done)})")
     state = ready_state(ctx)
     if state != "ready":
         raise StepFailed(f"CC ready state still {state} after nvidia-smi conf-compute -srs 1")

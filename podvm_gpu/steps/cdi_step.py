@@ -21,7 +21,7 @@ import os
 from podvm_gpu import cdi_dir
 from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
 from podvm_gpu.context import BootContext
-from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host.fs import atomic_write, ensure_dir
 from podvm_gpu.status import CDI_SPEC_PATH
 
@@ -42,26 +42,40 @@ def generate_argv(ctx: BootContext) -> list[str]:
     return argv
 
 
+# nvidia-smi's exit status for NVML_ERROR_NOT_FOUND: what `mig -lgi` exits with, printing "No GPU
+# instances found", on a GPU in MIG mode without instances (field case C11).
+NOT_FOUND_RC = 6
+
+
 def mig_problem(ctx: BootContext) -> str | None:
-    """Why generation may fail on MIG: MIG mode enabled on a GPU with no GPU instances."""
+    """Why generation may fail on MIG: MIG mode enabled on a GPU with no GPU instances.
+
+    Only a diagnosis after generation failed: each query gets at most the harmless-call time,
+    and "no GPU instances" is said only when ``mig -lgi`` says so (its text or its not-found
+    exit status), never because it failed some other way.
+    """
+    timeout = ctx.harmless_timeout("nvidia-smi")
     try:
         done = ctx.runner.run(["nvidia-smi", "--query-gpu=index,mig.mode.current",
-                               "--format=csv,noheader"])
+                               "--format=csv,noheader"], timeout=timeout)
     except CommandError:
         return None
     enabled = [ln.split(",")[0].strip() for ln in done.stdout.splitlines()
                if "," in ln and ln.split(",", 1)[1].strip().lower() == "enabled"]
     if not enabled:
         return None
+    gpus = one_line(", ".join(enabled), 100)
     try:
-        listing = ctx.runner.run(["nvidia-smi", "mig", "-lgi"], check=False)
-    except CommandError:
-        return f"MIG mode is enabled on GPU {', '.join(enabled)}"
-    text = " ".join(listing.output.split())
-    if listing.returncode != 0 or "no gpu instances" in text.lower():
-        return (f"MIG mode is enabled on GPU {', '.join(enabled)} but no GPU instances exist "
-                f"(nvidia-smi mig -lgi: {text or 'exit ' + str(listing.returncode)}); create GPU "
-                "instances or disable MIG mode")
+        listing = ctx.runner.run(["nvidia-smi", "mig", "-lgi"], check=False, timeout=timeout)
+    except CommandError as err:
+        return f"MIG mode is enabled on GPU {gpus} (nvidia-smi mig -lgi: {err})"
+    said = f"{exit_text(listing.returncode)}: {one_line(listing.output, 200) or 'no output'}"
+    if "no gpu instances" in listing.output.lower() or listing.returncode == NOT_FOUND_RC:
+        return (f"MIG mode is enabled on GPU {gpus} but no GPU instances exist (nvidia-smi mig "
+                f"-lgi {said}); create GPU instances or disable MIG mode")
+    if listing.returncode != 0:
+        return f"MIG mode is enabled on GPU {gpus}; its GPU instances cannot be listed " \
+               f"(nvidia-smi mig -lgi {said})"
     return None
 
 
@@ -93,8 +107,8 @@ def generate(ctx: BootContext) -> Generated:
                              f"(driver {driver})") from err
         if err.returncode is None:  # missing, not executable, or refused to start
             raise StepFailed(f"{err.tool_message()} (driver {driver})") from err
-        cause = f"nvidia-ctk cdi generate failed (exit {err.returncode}): {err.tool_message()} " \
-                f"(driver {driver})"
+        cause = f"nvidia-ctk cdi generate failed ({exit_text(err.returncode)}): " \
+                f"{err.tool_message()} (driver {driver})"
         hints = err.warnings_about(ESSENTIAL)
         if hints:
             cause += "; it warned: " + "; ".join(hints[:2])

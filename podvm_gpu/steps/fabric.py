@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from podvm_gpu.context import BootContext
-from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.errors import CommandError, StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, FabricState, daemon_pid,
                                nvsmi_no_driver, parse_fabric)
@@ -104,7 +104,7 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None) -> list[FabricState
         code = daemon.exit_status() if daemon is not None else None
         if code not in (None, 0):
             said = daemon.last_words()
-            raise StepFailed(f"nv-fabricmanager exited with status {code}"
+            raise StepFailed(f"nv-fabricmanager {ended_text(code)}"
                              + (f": {said}" if said else "") + f"; last seen: {seen(ctx, states)}")
         if time.monotonic() >= end:
             cut = " (cut to the boot budget)" if limit < wanted else ""

@@ -76,7 +76,7 @@ def modprobe_said(err: CommandError) -> str:
     for line in text.splitlines():
         if _COULD_NOT_INSERT.search(line):
             return line.strip()
-    said = err.last_line() or f"exit {err.returncode}"
+    said = err.said()  # its last line; a signal that ended it named first
     return said if said.startswith("modprobe:") else f"modprobe: {said}"
 
 

@@ -16,7 +16,7 @@ import os
 import stat
 
 from podvm_gpu.context import BootContext
-from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.errors import CommandError, StepFailed, exit_text
 from podvm_gpu.host.fs import Root, ensure_dir, is_char_device
 from podvm_gpu.record import REQUIRED, Record
 from podvm_gpu.readers import CTL_MINOR, NVIDIA_MAJOR_NAME, UVM_MAJOR_NAME, char_majors, gpu_minor
@@ -50,7 +50,10 @@ def required_nodes(root: Root, minors: dict[str, int]) -> list[Node]:
 
 def node_problem(root: Root, node: Node) -> str | None:
     """Why ``node`` is not right under the root (missing, not a char device, wrong numbers)."""
-    numbers = is_char_device(root.resolve(node.path))
+    path = root.resolve(node.path, follow_last=False)
+    if os.path.islink(path):  # a container gets what the link names, not a checked node
+        return f"{node.path} is a symlink, not a character device"
+    numbers = is_char_device(path, follow=False)
     if numbers is None:
         return f"{node.path} is missing or not a character device"
     if node.major is not None and numbers != (node.major, node.minor):
@@ -95,7 +98,12 @@ def run(ctx: BootContext) -> str:
         try:
             ctx.runner.run(argv)
         except CommandError as err:
-            said = "timed out" if err.timed_out else err.tool_message()
+            if err.timed_out:
+                said = f"timed out after {err.timeout_s:g} s"
+            elif err.returncode is None:  # not found, not executable
+                said = err.tool_message()
+            else:
+                said = f"{exit_text(err.returncode)}: {err.tool_message()}"
             if NVIDIA_MAJOR_NAME not in majors:
                 raise StepFailed("cannot create /dev/nvidiactl: no 'nvidia' major in /proc/devices "
                                  "(the nvidia module did not register its control device); "
@@ -117,7 +125,8 @@ def run(ctx: BootContext) -> str:
                 use_modprobe = False
                 ctx.warn(f"device-nodes: nvidia-modprobe -c {minor} failed ({err}); "
                          "made the GPU nodes with mknod")
-        if is_char_device(root.resolve(node.path)) is None and node.major is not None:
+        if is_char_device(root.resolve(node.path, follow_last=False), follow=False) is None \
+                and node.major is not None:
             make_node(root, node)
     nodes = required_nodes(root, ctx.minors)
     for node in nodes:

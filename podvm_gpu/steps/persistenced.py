@@ -16,7 +16,7 @@ import os
 import time
 
 from podvm_gpu.context import BootContext
-from podvm_gpu.errors import StepFailed
+from podvm_gpu.errors import StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon, start_daemon
 from podvm_gpu.host.fs import ensure_dir
 from podvm_gpu.readers import (PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET,
@@ -79,7 +79,7 @@ def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: 
                                  + (f": {said}" if said else ""), said)
         if code not in (None, 0):
             said = daemon.last_words()
-            raise StepFailed(f"{what} exited with status {code} during the wait"
+            raise StepFailed(f"{what} {ended_text(code)} during the wait"
                              + (f": {said}" if said else ""))
         if time.monotonic() >= end:
             cut = " (cut to the boot budget)" if limit < wait_s else ""
@@ -90,7 +90,7 @@ def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: 
                 state = f"left running ({daemon.where})"
             elif daemon is not None:
                 said = daemon.last_words()
-                state = f"{what} exited {daemon.exit_status()} and no daemon is running" + (
+                state = f"{what} {ended_text(daemon.exit_status())} and no daemon is running" + (
                     f": {said}" if said else "")
             else:
                 state = "not running"

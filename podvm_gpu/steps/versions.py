@@ -12,7 +12,7 @@ GPUs for a boot that cannot succeed (field case C23).
 from __future__ import annotations
 
 from podvm_gpu.context import BootContext
-from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.errors import CommandError, StepFailed, exit_text
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, NVML_SONAME, daemon_pid,
                                find_nvml, find_nvml_elsewhere, kernel_module_version, version_in)
 
@@ -31,7 +31,7 @@ def fabricmanager_version(ctx: BootContext) -> str:
         if err.returncode is None and not err.timed_out:
             raise StepFailed(f"{err}: an NVSwitch VM needs the fabric manager of driver "
                              f"{ctx.driver_version}") from err
-        said = "timed out" if err.timed_out else f"exit {err.returncode}: " \
+        said = "timed out" if err.timed_out else f"{exit_text(err.returncode)}: " \
             f"{err.last_line() or 'no output'}"
         raise StepFailed(f"cannot tell the fabric manager's version (nv-fabricmanager --version "
                          f"{said})") from err
