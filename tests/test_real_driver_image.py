@@ -62,7 +62,15 @@ def dpkg_remove(root: Path, package: str) -> None:
 def test_the_real_image_passes(root, run_check):
     code, checks = run_check(root)
     assert code == 0, checks
-    assert {c["result"] for c in checks.values()} == {"pass"}, checks
+    # the image has no kata-agent yet (cloud-api-adaptor adds it): nothing to read its
+    # cdi_timeout from; and no config file, so nothing to have compiled
+    assert checks["kata-agent-cdi"]["result"] == "skip", checks["kata-agent-cdi"]
+    assert checks["config-compiled"] == {
+        "name": "config-compiled", "result": "skip",
+        "detail": "no /etc/podvm-gpu/config.yaml in the image", "hint": ""}
+    others = {n: c for n, c in checks.items()
+              if n not in ("kata-agent-cdi", "config-compiled") and c["result"] != "pass"}
+    assert not others, others
     release = sorted(p.name for p in (root / "lib/modules").iterdir())[-1]
     assert f"/lib/modules/{release}/updates/dkms/nvidia-current.ko via install nvidia modprobe -i " \
            "nvidia-current" in checks["modules"]["detail"]

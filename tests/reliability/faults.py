@@ -189,9 +189,9 @@ SCENARIOS = (
         GENERATE,
     ), tools={"modprobe": "modules", "nv-fabricmanager": "versions",
               "nvidia-ctk": "device-nodes", "nvidia-persistenced": "persistenced",
-              # the fabric wait and the CC step run at once and both need nvidia-smi: the one
-              # that fails first stops the other, so either may be named
-              "nvidia-smi": ("fabricmanager", "confidential-computing")}),
+              # the fabric wait and the CC step run at once and both need nvidia-smi: the
+              # earlier in the step order is named, whichever failed first (pipeline.py)
+              "nvidia-smi": "fabricmanager"}),
     # CC on in a TDX guest, set_ready_state: true: -grs says not-ready, -srs 1 sets it.
     Scenario("C21", "C21-cc-ready-state-not-ready.yaml", (
         Command(("nvidia-smi", "conf-compute", "-f"), "confidential-computing"),
