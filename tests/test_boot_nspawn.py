@@ -104,3 +104,20 @@ def test_a_daemon_that_fails_to_start_is_quoted_from_its_journal(rootfs, tmp_pat
         "Failed to query NVIDIA devices. Please ensure that the NVIDIA device files (/dev/nvidia*) "
         "exist, and that user 0 has read and write permissions for those files.")
     assert record["persistenced_unit"]["ActiveState"] == "failed", record["persistenced_unit"]
+
+
+def test_a_daemon_killed_by_a_signal_is_named_so(rootfs, tmp_path):  # noqa: F811
+    """A daemon killed while it initialises (the OOM killer, an operator's ``kill -9``) has
+    no message of its own; the real systemd's record of its unit says ``code=killed ;
+    status=9/KILL``, and the reason must say so, never "exited with status 9"."""
+    world.populate(rootfs, SPEC_TEMPLATE, kill_persistenced=True)
+    boot = image.boot(rootfs, tmp_path / "artifacts")
+
+    record = checks.kata_agent_started_after_the_agent_finished(boot, failed=True)
+    checks.saw_the_failed_boot_and_its_unavailable_spec(
+        record, "persistenced: nvidia-persistenced was killed by SIGKILL during the wait")
+    # nothing of its own to quote: not "status 9", nor systemd's own note from the unit's
+    # process (nspawn: "Failed to configure loopback network device")
+    assert record["status"]["reason"].endswith("killed by SIGKILL during the wait"), \
+        record["status"]["reason"]
+    assert record["persistenced_unit"]["ActiveState"] == "failed", record["persistenced_unit"]

@@ -195,25 +195,50 @@ def main_process_gone(props: dict[str, str], since_us: int = 0) -> bool:
     return state in ("failed", "inactive") or state == "active" and sub == "exited"
 
 
+# ``systemctl show``'s ExecStart record ends ``code=exited ; status=1 }`` or, for a process a
+# signal ended, ``code=killed ; status=9/KILL }`` (systemctl's exec-status printer, systemd
+# 245-257); ExecMainCode is the waitid() si_code: 1 exited, 2 killed, 3 dumped core.
+_EXEC_RECORD = re.compile(r"\bcode=(\w+) ; status=(\d+)")
+_SIGNALLED = ("killed", "dumped")
+_MAIN_CODES = {"1": "exited", "2": "killed", "3": "dumped"}
+
+
+def _returncode(code: str, status: str) -> int:
+    """Popen's convention: the exit status, or minus the signal number."""
+    return -int(status) if code in _SIGNALLED else int(status)
+
+
 def exit_status_of(props: dict[str, str]) -> int:
-    """The exit status of a daemon unit's first process: ``status=`` of its ``ExecStart`` record
-    (the control process of a forking daemon), else ExecMainStatus, else 1 for a failed unit."""
-    m = re.search(r"\bstatus=(\d+)", props.get("ExecStart", ""))
+    """How a daemon unit's processes ended, in Popen's convention (``-9``: killed by SIGKILL).
+
+    The first process (``ExecStart``'s record: a forking daemon's control process) decides when
+    it failed or a signal ended it; then the main process (``ExecMainCode``/``ExecMainStatus``:
+    the daemon after the hand-over, which may die during the wait); 0 when neither failed (the
+    hand-over happened and nothing says the daemon failed), 1 for a failed unit with no record.
+
+    Args:
+        props: :func:`unit_properties` of the unit.
+    """
+    m = _EXEC_RECORD.search(props.get("ExecStart", ""))
+    if m and _returncode(*m.groups()):
+        return _returncode(*m.groups())
+    main_code = _MAIN_CODES.get(props.get("ExecMainCode", ""))
+    main_status = props.get("ExecMainStatus", "")
+    if main_code and main_status.isdigit() and _returncode(main_code, main_status):
+        return _returncode(main_code, main_status)
     if m:
-        return int(m.group(1))
-    code = props.get("ExecMainStatus", "")
-    if code.isdigit() and code != "0":
-        return int(code)
+        return 0
     return 1 if props.get("ActiveState") == "failed" else 0
 
 
 def unit_properties(runner: Runner, unit: str) -> dict[str, str]:
-    """``systemctl show`` of a unit: ActiveState, SubState, Result, ExecMainStatus, MainPID,
-    LoadState, InactiveExitTimestampMonotonic (0 before it first started), ExecStart (with the
-    first process's ``status=``); ``{}`` when systemctl cannot tell."""
+    """``systemctl show`` of a unit: ActiveState, SubState, Result, ExecMainCode,
+    ExecMainStatus, MainPID, LoadState, InactiveExitTimestampMonotonic (0 before it first
+    started), ExecStart (with the first process's ``code=`` and ``status=``); ``{}`` when
+    systemctl cannot tell."""
     try:
         done = runner.run(["systemctl", "show", unit, "-p",
-                           "ActiveState,SubState,Result,ExecMainStatus,MainPID,LoadState,"
+                           "ActiveState,SubState,Result,ExecMainCode,ExecMainStatus,MainPID,LoadState,"
                            "InactiveExitTimestampMonotonic,ExecStart"], check=False)
     except CommandError:
         return {}
@@ -245,7 +270,8 @@ def summarize_journal(journal_json: str, most: int = 3) -> str:
     """A daemon's last words from ``journalctl -o json`` output (one JSON object a line): its
     messages at error priority or worse first (nvidia-persistenced says why it failed only to
     syslog, at err: "Failed to query NVIDIA devices. ..."; stderr says "Check syslog for more
-    details"), else every message; the last ``most``, without repeats, joined by ``; ``.
+    details"), else every message but systemd's own notes from the unit's process before the
+    daemon ran; the last ``most``, without repeats, joined by ``; ``.
     Lines that are not JSON objects with a text message are skipped."""
     entries = []
     for line in journal_json.splitlines():
@@ -257,7 +283,11 @@ def summarize_journal(journal_json: str, most: int = 3) -> str:
             entries.append(entry)
     errors = [e["MESSAGE"] for e in entries
               if str(e.get("PRIORITY", "6")).isdigit() and int(str(e.get("PRIORITY"))) <= 3]
-    chosen = errors or [e["MESSAGE"] for e in entries]
+    # systemd's own lines from the unit's process before it runs the daemon carry the
+    # process's name in parentheses ("(istenced)": "Failed to configure loopback network
+    # device, ignoring"); they are the daemon's words only when they are errors
+    chosen = errors or [e["MESSAGE"] for e in entries
+                        if not str(e.get("SYSLOG_IDENTIFIER", "")).startswith("(")]
     unique = list(dict.fromkeys(one_line(m) for m in chosen if m.strip()))
     return "; ".join(unique[-most:])
 

@@ -34,6 +34,8 @@ PERSISTENCED_DIR = "var/run/nvidia-persistenced"
 FAIL_CDI_GENERATE = os.path.join(HOME, "fail-cdi-generate")
 # A boot test of a daemon that fails to start creates this file (see nvidia_persistenced).
 FAIL_PERSISTENCED = os.path.join(HOME, "fail-persistenced")
+# ... and this one for a daemon that is killed by SIGKILL while it initialises.
+KILL_PERSISTENCED = os.path.join(HOME, "kill-persistenced")
 # What the fake persistenced did: "started PID" and "SIGTERM PID" lines (under /srv, which
 # outlives the boot: the tests read it after power-off).
 PERSISTENCED_EVENTS = os.path.join(HOME, "persistenced-events.log")
@@ -230,8 +232,13 @@ def nvidia_persistenced(args):
         print(f"nvidia-persistenced:  version {DRIVER_VERSION}")
         return 0
     read_fd, write_fd = os.pipe()
-    if os.fork():
+    child = os.fork()
+    if child:
         os.close(write_fd)
+        if os.path.exists(KILL_PERSISTENCED):
+            # killed mid-initialisation (the OOM killer, an operator's kill -9): no message
+            os.kill(child, signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
         if os.read(read_fd, 1) != b"\x01":
             print("nvidia-persistenced failed to initialize. Check syslog for more details.",
                   file=sys.stderr)

@@ -75,10 +75,11 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 
 
 def populate(rootfs: Path, spec_template: Path, fail_cdi_generate: bool = False,
-             fail_persistenced: bool = False) -> Path:
+             fail_persistenced: bool = False, kill_persistenced: bool = False) -> Path:
     """Write the fake GPU VM into rootfs; returns the host path of /srv/gpu. With
     ``fail_cdi_generate`` the boot fails in its last step, after persistenced started; with
-    ``fail_persistenced`` the daemon fails to initialise (fakegpu.py says how)."""
+    ``fail_persistenced`` the daemon fails to initialise (fakegpu.py says how); with
+    ``kill_persistenced`` it is killed by SIGKILL while it initialises."""
     home = rootfs / "srv/gpu"
     root = home / "root"
     files = {
@@ -115,6 +116,8 @@ def populate(rootfs: Path, spec_template: Path, fail_cdi_generate: bool = False,
         (home / "fail-cdi-generate").touch()
     if fail_persistenced:
         (home / "fail-persistenced").touch()
+    if kill_persistenced:
+        (home / "kill-persistenced").touch()
 
     for unit in ("podvm-gpu.service", "kata-agent.service", "podvm-gpu-persistenced.service"):
         dropin = rootfs / f"etc/systemd/system/{unit}.d/50-fake-gpu.conf"
