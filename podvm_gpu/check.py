@@ -465,7 +465,8 @@ def kata_agent_version(path: str) -> str | None:
     setting, main.rs), or None when it cannot say within the harmless-call limit."""
     from podvm_gpu.context import HARMLESS_CALL_S
 
-    runner = Runner({"kata-agent": path}, {"kata-agent": HARMLESS_CALL_S}, read_only=True)
+    runner = Runner({"kata-agent": path}, {"kata-agent": HARMLESS_CALL_S}, read_only=True,
+                    trust_tool_paths=True)
     try:
         return runner.run(["kata-agent", "--version"]).stdout
     except CommandError:
@@ -736,7 +737,8 @@ def run_check(root_dir: str, config_path: str | None, json_out: bool, image: boo
         config = load_config(path, required=config_path is not None)
     except ConfigError as err:
         config, config_note = Config(), Check("config", FAIL, str(err), "fix the config file")
-    runner = Runner(config.tools, timeouts_for(config), read_only=True)
+    # check runs as root too: as boot does, it runs no tool that another user could replace
+    runner = Runner(config.tools, timeouts_for(config), read_only=True, trust_tool_paths=True)
     if image:
         checks = image_checks(root, config, runner)
     else:

@@ -247,3 +247,15 @@ def test_boot_refuses_a_tool_on_path_another_user_could_replace(how):
     assert reason.startswith(f"{step}: ") and "is refused: " in reason, reason
     assert not [c for c in run.calls if c.argv[0] == ("modprobe" if step == "modules"
                                                        else "nvidia-ctk")]
+
+
+def test_check_runs_no_tool_another_user_could_replace():
+    """``check`` runs as root on the VM as well: a query tool that another user can change is
+    not run either, and the rows that needed it say why."""
+    with World(scenario_case("P02")) as world:
+        assert world.run("boot").status["state"] == "ready"
+        Path(world.layout.bin, "nvidia-smi").chmod(0o775)
+        run = world.run("check")
+
+    assert not [c for c in run.calls if c.argv[0] == "nvidia-smi"], run.calls
+    assert "nvidia-smi: " in run.stdout and "is refused: " in run.stdout, run.stdout
