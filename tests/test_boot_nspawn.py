@@ -79,15 +79,7 @@ def test_persistenced_outlives_every_boot_outcome_and_is_stopped_at_power_off(ro
     world.populate(rootfs, SPEC_TEMPLATE, fail_cdi_generate=outcome == "failed")
     image.clean_power_off(rootfs)
     boot = image.boot(rootfs, tmp_path / "artifacts")
-
-    record = checks.kata_agent_started_after_the_agent_finished(boot, failed=outcome == "failed")
-    if outcome == "failed":
-        checks.saw_the_failed_boot_and_its_unavailable_spec(
-            record, "cdi: nvidia-ctk cdi generate failed (exit 1)", "ERROR_LIBRARY_NOT_FOUND")
-    else:
-        checks.saw_a_ready_spec_with_persistenced_running(boot, record)
-    checks.persistenced_lived_in_its_own_unit_until_power_off(
-        boot, record, boot.files.get("/srv/gpu/persistenced-events.log", ""))
+    checks.persistenced_outlived_the_boot(boot, outcome)
 
 
 def test_a_daemon_that_fails_to_start_is_quoted_from_its_journal(rootfs, tmp_path):  # noqa: F811

@@ -65,6 +65,20 @@ def persistenced_lived_in_its_own_unit_until_power_off(boot: Boot, record: dict,
     assert record["persistenced_unit"]["ActiveState"] == "active", record["persistenced_unit"]
 
 
+def persistenced_outlived_the_boot(boot: Boot, outcome: str) -> None:
+    """kata-agent started after a ``ready`` or a ``failed`` boot (``cdi generate`` failing after
+    persistenced started) and found the daemon alive in its own unit, which systemd stopped at
+    power-off."""
+    record = kata_agent_started_after_the_agent_finished(boot, failed=outcome == "failed")
+    if outcome == "failed":
+        saw_the_failed_boot_and_its_unavailable_spec(
+            record, "cdi: nvidia-ctk cdi generate failed (exit 1)", "ERROR_LIBRARY_NOT_FOUND")
+    else:
+        saw_a_ready_spec_with_persistenced_running(boot, record)
+    persistenced_lived_in_its_own_unit_until_power_off(
+        boot, record, boot.files.get("/srv/gpu/persistenced-events.log", ""))
+
+
 def saw_a_ready_spec_with_persistenced_running(boot: Boot, record: dict) -> None:
     assert record["root"] == "/srv/gpu/root"
     assert record["status"]["state"] == "ready", (record["status"], boot.calls)
