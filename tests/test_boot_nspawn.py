@@ -113,3 +113,30 @@ def test_a_daemon_killed_by_a_signal_is_named_so(rootfs, tmp_path):  # noqa: F81
     assert record["status"]["reason"].endswith("killed by SIGKILL during the wait"), \
         record["status"]["reason"]
     assert record["persistenced_unit"]["ActiveState"] == "failed", record["persistenced_unit"]
+
+
+def test_a_start_timeout_ends_the_boot_failed_and_leaves_the_initialising_daemon_alone(  # noqa: F811
+        rootfs, tmp_path):
+    """systemd's TimeoutStartSec= for podvm-gpu.service (cut to 6 s in a drop-in) passes while
+    nvidia-persistenced still initialises its GPUs: systemd sends the agent SIGTERM. The boot
+    ends ``failed`` naming the signal and the step, with the final status and the unavailable
+    spec; the daemon, in its own unit (still activating: TimeoutStartSec=infinity there), is not
+    touched and is alive when kata-agent starts; power-off stops it."""
+    world.populate(rootfs, SPEC_TEMPLATE, hang_persistenced=True)
+    dropin = rootfs / "etc/systemd/system/podvm-gpu.service.d/60-short-start-timeout.conf"
+    dropin.write_text("[Service]\nTimeoutStartSec=6\n")
+    image.clean_power_off(rootfs)
+    boot = image.boot(rootfs, tmp_path / "artifacts")
+
+    record = checks.kata_agent_started_after_the_agent_finished(boot, failed=True, result="timeout")
+    checks.saw_the_failed_boot_and_its_unavailable_spec(
+        record, "persistenced: interrupted by SIGTERM")
+    steps = {s["name"]: s["result"] for s in record["status"]["steps"]}
+    assert steps["persistenced"] == "failed", record["status"]["steps"]
+    daemon = record["persistenced"]
+    assert daemon and daemon["alive"], daemon
+    assert "/system.slice/podvm-gpu-persistenced.service" in daemon["cgroup"], daemon
+    assert record["persistenced_unit"]["ActiveState"] == "activating", record["persistenced_unit"]
+    events = boot.files.get("/srv/gpu/persistenced-events.log", "").splitlines()
+    assert events == [f"started {daemon['pid']}", f"initialising {daemon['pid']}",
+                      f"SIGTERM {daemon['pid']}"], events

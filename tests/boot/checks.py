@@ -8,17 +8,19 @@ from boot.image import Boot
 from schemas import assert_status_conforms
 
 
-def kata_agent_started_after_the_agent_finished(boot: Boot, failed: bool = False) -> dict:
+def kata_agent_started_after_the_agent_finished(boot: Boot, failed: bool = False,
+                                                result: str = "exit-code") -> dict:
     """The ordering and the clean state every boot must show; returns the stand-in's record.
 
     A boot that ends ``failed`` leaves podvm-gpu.service failed (exit 1: ``systemctl --failed``
     shows it), and kata-agent still starts after it (its drop-in has Wants=, not Requires=).
+    ``result`` is the failed unit's Result (``timeout`` when TimeoutStartSec= stopped it).
     """
     assert boot.returncode == 0, f"boot exit {boot.returncode}:\n{boot.console[-4000:]}"
     record = boot.record
     assert record is not None, f"the kata-agent stand-in never ran:\n{boot.console[-4000:]}"
     agent = record["agent_unit"]
-    expected = ("failed", "failed", "exit-code", "1") if failed else ("active", "exited", "success", "0")
+    expected = ("failed", "failed", result, "1") if failed else ("active", "exited", "success", "0")
     assert (agent["ActiveState"], agent["SubState"], agent["Result"], agent["ExecMainStatus"]) == expected, agent
     agent_exited = int(agent["ExecMainExitTimestampMonotonic"])
     standin_started = int(record["standin_unit"]["InactiveExitTimestampMonotonic"])

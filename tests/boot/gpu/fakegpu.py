@@ -36,6 +36,9 @@ FAIL_CDI_GENERATE = os.path.join(HOME, "fail-cdi-generate")
 FAIL_PERSISTENCED = os.path.join(HOME, "fail-persistenced")
 # ... and this one for a daemon that is killed by SIGKILL while it initialises.
 KILL_PERSISTENCED = os.path.join(HOME, "kill-persistenced")
+# ... and this one for a daemon that initialises for ever (many CC GPUs, a slow attach): its
+# first process never hands over, the unit stays "activating".
+HANG_PERSISTENCED = os.path.join(HOME, "hang-persistenced")
 # What the fake persistenced did: "started PID" and "SIGTERM PID" lines (under /srv, which
 # outlives the boot: the tests read it after power-off).
 PERSISTENCED_EVENTS = os.path.join(HOME, "persistenced-events.log")
@@ -269,6 +272,15 @@ def nvidia_persistenced(args):
                       "NVIDIA device files (/dev/nvidia*) exist, and that user 0 has read and "
                       "write permissions for those files.")
         shutdown(1)
+    if os.path.exists(HANG_PERSISTENCED):
+        def still_initialising(*_):
+            event(f"SIGTERM {pid}")
+            shutdown(0)
+
+        signal.signal(signal.SIGTERM, still_initialising)
+        event(f"initialising {pid}")
+        while True:
+            signal.pause()
     event(f"auto_online_blocks {online_memory()}")
     time.sleep(0.2)  # a real one initialises the GPUs before its socket appears
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -75,11 +75,13 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 
 
 def populate(rootfs: Path, spec_template: Path, fail_cdi_generate: bool = False,
-             fail_persistenced: bool = False, kill_persistenced: bool = False) -> Path:
+             fail_persistenced: bool = False, kill_persistenced: bool = False,
+             hang_persistenced: bool = False) -> Path:
     """Write the fake GPU VM into rootfs; returns the host path of /srv/gpu. With
     ``fail_cdi_generate`` the boot fails in its last step, after persistenced started; with
     ``fail_persistenced`` the daemon fails to initialise (fakegpu.py says how); with
-    ``kill_persistenced`` it is killed by SIGKILL while it initialises."""
+    ``kill_persistenced`` it is killed by SIGKILL while it initialises; with
+    ``hang_persistenced`` it initialises for ever."""
     home = rootfs / "srv/gpu"
     root = home / "root"
     files = {
@@ -118,6 +120,8 @@ def populate(rootfs: Path, spec_template: Path, fail_cdi_generate: bool = False,
         (home / "fail-persistenced").touch()
     if kill_persistenced:
         (home / "kill-persistenced").touch()
+    if hang_persistenced:
+        (home / "hang-persistenced").touch()
 
     for unit in ("podvm-gpu.service", "kata-agent.service", "podvm-gpu-persistenced.service"):
         dropin = rootfs / f"etc/systemd/system/{unit}.d/50-fake-gpu.conf"
