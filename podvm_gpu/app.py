@@ -141,16 +141,17 @@ def run_app(args: list[str]) -> int:
 
 def run_config(root_dir: str, config: str | None, json_out: bool, compile_: bool) -> int:
     """``podvm-gpu config``: validate, print the settings in force, optionally compile."""
-    from podvm_gpu.config import compile_config, load_config
+    from podvm_gpu.config import DEFAULT_PATH, compile_config, config_location, load_config
     from podvm_gpu.errors import ConfigError
     from podvm_gpu.host.fs import Root
     from podvm_gpu.jsontext import dumps
 
     root = Root(root_dir)
-    path = config or root.resolve("/etc/podvm-gpu/config.yaml")
+    path = config or f"{root.path.rstrip('/')}{DEFAULT_PATH}"
     try:
+        path, required = config_location(root, config)
         settings, compiled = (compile_config(path) if compile_ else
-                              (load_config(path, required=config is not None), None))
+                              (load_config(path, required=required), None))
     except (ConfigError, OSError) as err:
         if json_out:
             print(dumps({"config": path, "valid": False, "error": str(err)}))

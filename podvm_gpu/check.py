@@ -679,13 +679,18 @@ def compiled_config_check(root: Root) -> Check:
     parses the YAML at boot (about 20 ms, PyYAML's import); a stale one is ignored (config.py)."""
     from podvm_gpu.config import compiled_state
 
+    from podvm_gpu.config import config_location
+
     try:
-        path = root.resolve(CONFIG_PATH)
-    except OSError as err:
-        return Check("config-compiled", FAIL, f"cannot resolve {CONFIG_PATH}: {err.strerror}",
-                     "fix the links in the image")
-    if not os.path.lexists(path):
+        path, present = config_location(root, None)
+    except ConfigError as err:
+        return Check("config-compiled", FAIL, str(err), "fix the links in the image")
+    if not present:
         return Check("config-compiled", SKIP, f"no {CONFIG_PATH} in the image")
+    if not os.path.exists(path):
+        return Check("config-compiled", FAIL, f"{CONFIG_PATH} is a link to nothing "
+                     f"({path if root.is_host else path.replace(root.path, '', 1)}): boot ends "
+                     "failed on it", "fix the link, or remove it for the defaults")
     why = compiled_state(path)
     if why:
         shown = why if root.is_host else why.replace(root.path, "", 1)
@@ -730,11 +735,15 @@ def trust_check(root: Root, config: Config) -> Check:
 
 def run_check(root_dir: str, config_path: str | None, json_out: bool, image: bool) -> int:
     """Run the checks, print them, return 0 when none failed, else 1 (contract section 1)."""
+    from podvm_gpu.config import config_location
+
     root = Root(root_dir)
-    path = config_path or root.resolve(CONFIG_PATH)
     config_note = None
     try:
-        config = load_config(path, required=config_path is not None)
+        # on a VM, a config boot refuses (others could write it) is a bad config here too; in
+        # an image the builder may still own it, and the trust row judges that
+        path, required = config_location(root, config_path)
+        config = load_config(path, required=required, trusted=not image)
     except ConfigError as err:
         config, config_note = Config(), Check("config", FAIL, str(err), "fix the config file")
     # check runs as root too: as boot does, it runs no tool that another user could replace

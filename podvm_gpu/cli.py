@@ -133,22 +133,22 @@ def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
                 serve: bool = False, openmetrics: bool = False, textfile: bool = False) -> int:
     """``podvm-gpu metrics``: the ``metrics:`` settings of the config, then print, serve or
     write the textfile (podvm_gpu.metrics). Exit 0, 1 when it cannot, 2 for a bad config."""
+    from podvm_gpu.config import config_location
+    from podvm_gpu.errors import ConfigError
     from podvm_gpu.host.fs import Root
     from podvm_gpu.metrics.command import run
 
     root = Root(root_dir)
-    if config is not None or os.path.lexists(root.resolve("/etc/podvm-gpu/config.yaml",
-                                                          follow_last=False)):
-        from podvm_gpu.config import load_config
-        from podvm_gpu.errors import ConfigError
+    try:
+        path, required = config_location(root, config)
+        if required:
+            from podvm_gpu.config import load_config
 
-        try:
-            settings = load_config(config or root.resolve("/etc/podvm-gpu/config.yaml"),
-                                   required=True).metrics
-        except (ConfigError, OSError) as err:
-            print(f"podvm-gpu: error: {err}", file=sys.stderr)
-            return 2
-    else:
+            settings = load_config(path, required=True).metrics
+    except (ConfigError, OSError) as err:
+        print(f"podvm-gpu: error: {err}", file=sys.stderr)
+        return 2
+    if not required:
         from podvm_gpu.metrics.settings import MetricsSettings
 
         settings = MetricsSettings()

@@ -484,6 +484,37 @@ def compiled_state(path: str) -> str | None:
     return f"{compiled_path(path)} is missing"
 
 
+DEFAULT_PATH = "/etc/podvm-gpu/config.yaml"
+
+
+def config_location(root, config: str | None) -> tuple[str, bool]:
+    """Where a command's config is, and whether it must be read (``podvm-gpu config``, ``check``,
+    ``metrics``; boot does the same on its fast path, boot.py ``_boot``).
+
+    Args:
+        root: the :class:`podvm_gpu.host.fs.Root`.
+        config: ``--config`` / ``PODVM_GPU_CONFIG`` when given (it must then exist), else None.
+
+    Returns:
+        ``(path, required)``: the file's real path (the default path under the root, links
+        followed chroot-style) and True when a file must be there: one was named, or an entry
+        (a dangling link too) stands at the default path. ``(path, False)``: the defaults apply.
+
+    Raises:
+        ConfigError: the default path cannot be resolved under the root (a link loop).
+    """
+    if config:
+        return config, True
+    try:
+        entry = root.resolve(DEFAULT_PATH, follow_last=False)
+        if not os.path.lexists(entry):
+            return entry, False
+        return root.resolve(DEFAULT_PATH), True
+    except OSError as err:
+        raise ConfigError(f"{root.path.rstrip('/')}{DEFAULT_PATH}: cannot resolve: "
+                          f"{err.strerror or err}") from err
+
+
 def load_config(path: str, *, required: bool = False, trusted: bool = False) -> Config:
     """Load and validate the config file at ``path``; the defaults when there is no file.
 
