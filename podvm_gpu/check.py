@@ -771,8 +771,10 @@ def run_check(root_dir: str, config_path: str | None, json_out: bool, image: boo
 def print_table(checks: list[Check], summary: dict[str, int]) -> None:
     """An aligned table (result, check, detail, hint) and a summary line, as plain text: no
     markup language, so a detail quoting a tool or the kernel (``[/...]``) prints as it is."""
+    from podvm_gpu.status import shown
+
     rows = [("result", "check", "detail", "hint")]
-    rows += [(c.result, c.name, " ".join(c.detail.split()), " ".join(c.hint.split()))
+    rows += [(c.result, c.name, shown(" ".join(c.detail.split())), shown(" ".join(c.hint.split())))
              for c in checks]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     out = []

@@ -89,8 +89,41 @@ def parse_timeout(text: str) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script and ``python -m podvm_gpu``; returns the exit code."""
+    """Entry point of the console script and ``python -m podvm_gpu``; returns the exit code.
+
+    Output that cannot be written (stdout a closed pipe, a full disk: ``status | head -0``,
+    ``>/dev/full``) ends the command with a one-line error on stderr, never a traceback, and
+    exit 3 for ``status`` (no state reported: never 1, which means ``failed``), 1 otherwise.
+    Boot has written its files by then; its own stdout report is best effort (boot.py).
+    """
     args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        code = _main(args)
+        sys.stdout.flush()  # a buffered report's write error surfaces here, not at exit
+        return code
+    except OSError as err:
+        if not _stdout_broken(err):
+            raise
+        try:
+            # nothing more can reach it; the interpreter's final flush must not fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.stderr.write(f"podvm-gpu: error: cannot write the output: {err.strerror or err}\n")
+        except OSError:
+            pass
+        return 3 if args[:1] == ["status"] else 1
+
+
+def _stdout_broken(err: OSError) -> bool:
+    """Whether ``err`` is a failed write of the output: a closed pipe, a full or failing disk.
+    The commands that write files of their own (boot, ``config --compile``, ``metrics
+    --textfile``) report those errors themselves, so these reach here only from stdout."""
+    import errno
+
+    return isinstance(err, BrokenPipeError) or err.errno in (errno.ENOSPC, errno.EIO,
+                                                              errno.EDQUOT)
+
+
+def _main(args: list[str]) -> int:
     fast = fast_args(args)
     code = _run_fast(*fast, args) if fast is not None else None
     if code is not None:

@@ -90,10 +90,25 @@ def load_status(root: Root) -> dict | None:
             or doc["state"] not in State.ALL:
         raise StatusUnreadable(f"{STATUS_PATH} has no valid state (one of "
                                f"{sorted(State.ALL)})")
-    if not isinstance(doc.get("reason"), (str, type(None))) or not isinstance(
-            doc.get("warnings", []), list):
+    warnings = doc.get("warnings", [])
+    if not isinstance(doc.get("reason"), (str, type(None))) or not isinstance(warnings, list) \
+            or not all(isinstance(w, str) for w in warnings):
         raise StatusUnreadable(f"{STATUS_PATH}: reason or warnings have the wrong type")
+    for text in [doc.get("reason") or "", *warnings]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800"): no writer of ours makes one
+            raise StatusUnreadable(f"{STATUS_PATH}: reason or warnings are not text") from None
     return doc
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f)}
+
+
+def shown(text: str) -> str:
+    """``text`` for a terminal: control characters (ESC, BEL, newlines) as ``\\xNN``, so a
+    status file cannot move the cursor or clear the screen of the engineer reading it."""
+    return text.translate(_CONTROL)
 
 
 def read_status(root: Root) -> dict | None:
@@ -179,7 +194,7 @@ def run_status(root_dir: str, json_out: bool = False, wait: bool = False,
         print("no status yet: podvm-gpu boot has not run")
     else:
         reason = doc.get("reason")
-        print(f"{doc.get('state')}" + (f": {reason}" if reason else ""))
+        print(f"{doc.get('state')}" + (f": {shown(reason)}" if reason else ""))
         for warning in doc.get("warnings") or []:
-            print(f"warning: {warning}")
+            print(f"warning: {shown(warning)}")
     return exit_code_for(doc)

@@ -440,3 +440,20 @@ def test_dry_run_plans_the_fabric_manager_exactly_as_boot_starts_it(tmp_path, po
     commands = json.loads(done.stdout)["commands"]
     fm = [c for c in commands if c[0] == "nv-fabricmanager" and "--version" not in c]
     assert fm == [["nv-fabricmanager", "-c", str(cfg)] if with_file else ["nv-fabricmanager"]]
+
+
+@pytest.mark.parametrize("args, code", [(["status"], 3), (["status", "--json"], 3),
+                                        (["check"], 1), (["config"], 1)])
+def test_output_that_cannot_be_written_is_one_line_never_a_traceback(tmp_path, args, code):
+    """Found by a newcomer: ``status >/dev/full`` gave a traceback and exit 1, which reads as
+    ``failed``; status now exits 3 (no state reported), the others 1, with one line on stderr."""
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "podvm_gpu", "boot", "--root", str(tmp_path)],
+                   capture_output=True, timeout=60, env={**os.environ, "PATH": str(tmp_path)})
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "podvm_gpu", *args, "--root", str(tmp_path)],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=60,
+                              env={**os.environ, "PATH": str(tmp_path)})
+    assert done.returncode == code, done.stderr
+    assert done.stderr == "podvm-gpu: error: cannot write the output: No space left on device\n"

@@ -522,3 +522,18 @@ def test_readme_lists_every_metric_with_its_type_and_profile(tmp_path, fake_nvml
     assert set(seen) == set(table)
     for name, kind in seen.items():
         assert kind == table[name][0], name  # an info family is a gauge in the text format
+
+
+def test_a_status_with_fields_of_the_wrong_type_still_gives_the_boot_families():
+    """Found by a newcomer: ``"gpus": 5`` or ``"cdi": {"devices": 5}`` in a hand-edited or
+    damaged status.json made every scrape fail (TypeError); such a list now counts 0."""
+    from podvm_gpu.metrics.families import boot_families
+
+    status = {"state": "ready", "reason": None, "warnings": [], "gpus": 5, "nvswitches": "x",
+              "cdi": {"devices": 5}, "steps": [{"name": "detect", "duration_s": "fast"}],
+              "started_at": 3, "finished_at": None}
+    families = {f.name: f for f in boot_families(status, None)}
+    assert [s.value for s in families["podvm_gpu_gpus"].samples] == [0]
+    assert [s.value for s in families["podvm_gpu_nvswitches"].samples] == [0]
+    assert [s.value for s in families["podvm_gpu_cdi_devices"].samples] == [0]
+    assert [s.value for s in families["podvm_gpu_boot_state"].samples if s.labels["state"] == "ready"] == [1]

@@ -318,3 +318,29 @@ def test_status_json_with_a_garbled_file_still_prints_one_json_document(vm_root,
     assert main(["status", "--root", vm_root.path, "--json"]) == 3
     doc = json.loads(capsys.readouterr().out)
     assert isinstance(doc, dict) and "state" in doc
+
+
+def test_a_damaged_status_is_unreadable_or_shown_harmlessly_never_a_traceback(tmp_path):
+    """Found by a newcomer: a warning that is not a string, or a lone surrogate (JSON
+    ``"\\ud800"``), crashed ``status`` (exit 1 reads as "failed"); a reason with ESC and BEL
+    reached the terminal raw. Now: unreadable (exit 3), and control characters shown escaped."""
+    import subprocess
+    import sys
+
+    status = tmp_path / "run/podvm-gpu/status.json"
+    status.parent.mkdir(parents=True)
+
+    def run(doc: str) -> subprocess.CompletedProcess:
+        status.write_text(doc)
+        return subprocess.run([sys.executable, "-m", "podvm_gpu", "status", "--root", str(tmp_path)],
+                              capture_output=True, text=True, timeout=30)
+
+    for doc in ('{"state": "ready", "reason": null, "warnings": ["\\ud800"]}',
+                '{"state": "ready", "reason": null, "warnings": [1]}',
+                '{"state": "failed", "reason": "\\udfff", "warnings": []}'):
+        done = run(doc)
+        assert (done.returncode, done.stderr) == (3, ""), (doc, done)
+        assert done.stdout.startswith("unreadable status file: "), (doc, done.stdout)
+    done = run('{"state": "failed", "reason": "x\\u001b[2J\\u0007\\nfake: ready", "warnings": []}')
+    assert done.returncode == 1
+    assert done.stdout == "failed: x\\x1b[2J\\x07\\x0afake: ready\n", done.stdout

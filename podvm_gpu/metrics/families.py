@@ -142,14 +142,20 @@ def boot_families(status: dict | None, status_error: str | None) -> list[Metric]
             steps.add_metric([str(step.get("name")), str(step.get("result"))], step["duration_s"])
     out.append(steps)
     out.append(_gauge("podvm_gpu_gpus", "NVIDIA GPUs the last boot found on PCI.",
-                      len(status.get("gpus") or [])))
+                      _count(status.get("gpus"))))
     out.append(_gauge("podvm_gpu_nvswitches", "NVSwitches the last boot found on PCI.",
-                      len(status.get("nvswitches") or [])))
+                      _count(status.get("nvswitches"))))
     cdi = status.get("cdi") if isinstance(status.get("cdi"), dict) else {}
     out.append(_gauge("podvm_gpu_cdi_devices", "Devices in the nvidia.com/gpu CDI spec the boot "
                       "installed (0: the unavailable spec or none).",
-                      len(cdi.get("devices") or [])))
+                      _count(cdi.get("devices"))))
     return out
+
+
+def _count(value) -> int:
+    """How many entries a status list has; 0 for anything else (a hand-edited or damaged file
+    must not stop a scrape)."""
+    return len(value) if isinstance(value, list) else 0
 
 
 def daemon_family(running: dict[str, bool]) -> Metric:
