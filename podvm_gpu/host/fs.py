@@ -39,12 +39,15 @@ class Root:
     def __repr__(self) -> str:
         return f"Root({self.path!r})"
 
-    def resolve(self, host_path: str, *, follow_last: bool = True) -> str:
+    def resolve(self, host_path: str, *, follow_last: bool = True,
+                links: list[str] | None = None) -> str:
         """Map an absolute host path to a real path under the root, following symlinks chroot-style.
 
         Args:
             host_path: an absolute path as seen inside the VM, e.g. ``/var/run/cdi/nvidia.yaml``.
             follow_last: follow a symlink in the last component too (False: the link itself).
+            links: when given, every link followed is appended to it (its real path under the
+                root), for callers that must judge who could change them (boot's root trust).
 
         Returns:
             A path under ``self.path``. Components that do not exist are appended as they are.
@@ -60,7 +63,7 @@ class Root:
             return "/" + "/".join(parts) if not follow_last else os.path.realpath("/" + "/".join(parts))
         todo = [p for p in host_path.split("/") if p]
         done: list[str] = []
-        links = 0
+        followed = 0
         while todo:
             part = todo.pop(0)
             if part == ".":
@@ -71,8 +74,10 @@ class Root:
                 continue
             candidate = os.path.join(self.path, *done, part)
             if (todo or follow_last) and os.path.islink(candidate):
-                links += 1
-                if links > _MAX_LINKS:
+                followed += 1
+                if links is not None:
+                    links.append(candidate)
+                if followed > _MAX_LINKS:
                     raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), host_path)
                 target = os.readlink(candidate)
                 if target.startswith("/"):

@@ -185,7 +185,9 @@ def boot_cpu(podvm, root: Path, empty_path: str):
 
 
 @pytest.mark.parametrize("how", ["root-owned-by-another-user", "root-world-writable",
-                                 "run-owned-by-another-user", "var-run-cdi-group-writable"])
+                                 "run-owned-by-another-user", "var-run-cdi-group-writable",
+                                 "var-run-cdi-another-users-link-in-a-sticky-folder",
+                                 "run-podvm-gpu-another-users-link-in-a-sticky-folder"])
 def test_boot_refuses_to_write_under_a_root_another_user_could_change(tmp_path, podvm,
                                                                       empty_path, how):
     """Another user who can change a folder on the way can swap a part of the path for a link
@@ -199,9 +201,19 @@ def test_boot_refuses_to_write_under_a_root_another_user_could_change(tmp_path, 
     elif how == "run-owned-by-another-user":
         (root / "run").mkdir()
         os.chown(root / "run", OTHER_UID, OTHER_UID)
-    else:
+    elif how == "var-run-cdi-group-writable":
         (root / "var/run/cdi").mkdir(parents=True)
         (root / "var/run/cdi").chmod(0o775)
+    else:
+        # found by a newcomer: the link leads to a root-owned folder (/etc/cdi, /etc), so every
+        # folder on the resolved path is root's, but the link's owner can point it anywhere
+        sticky = root / ("var/run" if how.startswith("var-run-cdi") else "run")
+        sticky.mkdir(parents=True)
+        sticky.chmod(0o1777)
+        (root / "etc/cdi").mkdir(parents=True)
+        link = sticky / ("cdi" if how.startswith("var-run-cdi") else "podvm-gpu")
+        link.symlink_to("/etc/cdi" if how.startswith("var-run-cdi") else "/etc")
+        os.chown(link, OTHER_UID, OTHER_UID, follow_symlinks=False)
     before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
     done = boot_cpu(podvm, root, empty_path)
