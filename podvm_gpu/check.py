@@ -532,9 +532,14 @@ def image_kernels(root: Root) -> list[str]:
 
 def module_file_version(runner: Runner, path: str) -> str | None:
     """A module file's version: ``modinfo -F version FILE``, else the ``version=`` string of its
-    ``.modinfo`` section read from the file itself (uncompressed modules only)."""
+    ``.modinfo`` section read from the file itself (plain, .xz or .gz; kmod.modinfo_fields)."""
     values = _modinfo(runner, path, "version")
     return readers.version_in(values[0]) if values else None
+
+
+UNREADABLE_MODULE_HINT = ("run the check where modinfo is installed (in the image with "
+                          "systemd-nspawn, as the Packer build does), or check that the file is a "
+                          "kernel module")
 
 
 def _modinfo(runner: Runner, path: str, field: str) -> list[str]:
@@ -604,17 +609,25 @@ def _firmware_check(root: Root, runner: Runner, found: dict[str, dict[str, kmod.
     """The firmware files the nvidia module asks for (``modinfo -F firmware``, the GSP images of
     535) must be where the kernel's loader finds them, or the driver fails on GSP GPUs."""
     asked: list[tuple[str, str, str]] = []
+    unreadable: list[str] = []
     for release, resolved in found.items():
         res = resolved.get("nvidia")
         if res and res.file:
-            asked += [(release, res.file, name) for name in _modinfo(runner, root.resolve(res.file),
-                                                                      "firmware")]
+            names = _modinfo(runner, root.resolve(res.file), "firmware")
+            if not names and not any(_modinfo(runner, root.resolve(res.file), key)
+                                     for key in ("vermagic", "version")):
+                unreadable.append(res.file)  # no .modinfo at all: not "asks for none"
+            asked += [(release, res.file, name) for name in names]
     missing = [(k, f, n) for k, f, n in asked if firmware_present(root, k, n) is None]
     if missing:
         release, module, name = missing[0]
         return Check("firmware", FAIL, f"{module} asks for firmware {name}, not under /lib/firmware"
                      + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
                      "install the driver's GSP firmware package (Debian: firmware-nvidia-gsp)")
+    if unreadable:
+        return Check("firmware", FAIL, f"cannot read the .modinfo of {unreadable[0]}"
+                     + (f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else "")
+                     + ": the firmware it asks for is unknown", UNREADABLE_MODULE_HINT)
     if not asked:
         return Check("firmware", PASS, "the nvidia module asks for no firmware files")
     names = sorted({n for _, _, n in asked})
@@ -661,10 +674,14 @@ def image_checks(root: Root, config: Config, runner: Runner) -> list[Check]:
         wrong = {k: v for k, v in module_versions.items() if v != lib.version}
         if wrong:
             k, v = next(iter(wrong.items()))
-            shown = v or "of unknown version"
-            out.append(Check("versions", FAIL, f"module {files[k]} is {shown}, "
-                             f"user space {lib.path} is {lib.version}",
-                             f"rebuild the image with matching driver {lib.version} modules"))
+            if v:
+                out.append(Check("versions", FAIL, f"module {files[k]} is {v}, "
+                                 f"user space {lib.path} is {lib.version}",
+                                 f"rebuild the image with matching driver {lib.version} modules"))
+            else:
+                out.append(Check("versions", FAIL, f"cannot read the version of module {files[k]} "
+                                 f"(user space {lib.path} is {lib.version})",
+                                 UNREADABLE_MODULE_HINT))
         else:
             out.append(Check("versions", PASS, f"modules and user space all {lib.version}"))
     out.append(_firmware_check(root, runner, found))

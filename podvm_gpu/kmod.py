@@ -291,12 +291,24 @@ def modinfo_field(real_path: str, field: str) -> str | None:
 
 def modinfo_fields(real_path: str, field: str, limit: int = 128 << 20) -> list[str]:
     """Every ``<field>=`` string of a module file's ``.modinfo`` section (a NUL-separated list of
-    ``key=value`` strings; ``firmware`` appears once per file), in order. Uncompressed files
-    only (Debian's DKMS modules are); a file is read up to 128 MiB (nvidia.ko is about 60 MiB)."""
+    ``key=value`` strings; ``firmware`` appears once per file), in order. Plain, ``.ko.xz`` and
+    ``.ko.gz`` files (Debian's DKMS modules are plain; distribution kernels compress theirs);
+    ``.ko.zst`` needs ``modinfo`` (no zstd in Python's standard library): ``[]``. A file is read
+    up to 128 MiB (nvidia.ko is about 60 MiB) of its uncompressed bytes."""
+    opener, errors = open, (OSError,)
+    if real_path.endswith(".xz"):
+        import lzma
+
+        opener, errors = lzma.open, (OSError, EOFError, lzma.LZMAError)
+    elif real_path.endswith(".gz"):
+        import gzip
+        import zlib
+
+        opener, errors = gzip.open, (OSError, EOFError, zlib.error)
     try:
-        with open(real_path, "rb") as f:
+        with opener(real_path, "rb") as f:
             data = f.read(limit)
-    except OSError:
+    except errors:  # unreadable, or a corrupt archive
         return []
     pattern = rb"(?:^|\0)" + re.escape(field.encode()) + rb"=([^\0]{1,200})(?=\0)"
     return list(dict.fromkeys(m.decode(errors="replace") for m in re.findall(pattern, data)))

@@ -147,3 +147,36 @@ def test_a_module_that_modules_dep_does_not_list_fails_asking_for_depmod(tmp_pat
     assert code == 1
     assert "is not in modules.dep" in checks["modules"]["detail"], checks["modules"]
     assert checks["modules"]["hint"] == f"run depmod {kernel.name} in the image"
+
+
+def test_a_module_whose_modinfo_cannot_be_read_is_not_a_pass(tmp_path):
+    """Found by a newcomer: without ``modinfo`` on the checking machine, a module the agent
+    could not read (garbage, or compressed in a way Python cannot open) passed ``firmware`` as
+    "asks for no firmware files", and ``versions`` hinted at a driver rebuild. Both now say the
+    file could not be read."""
+    root = make_image(tmp_path)
+    module = next(root.glob("lib/modules/*/updates/dkms/nvidia.ko"))
+    module.write_bytes(b"\x7fELF not really a module")
+    code, checks = check_image(root)
+    assert code == 1
+    assert checks["firmware"]["result"] == "fail", checks["firmware"]
+    assert "cannot read the .modinfo of " in checks["firmware"]["detail"], checks["firmware"]
+    assert checks["versions"]["result"] == "fail", checks["versions"]
+    assert checks["versions"]["detail"].startswith("cannot read the version of module "), checks["versions"]
+    assert "modinfo" in checks["versions"]["hint"]
+
+
+def test_an_xz_compressed_module_is_read_without_modinfo(tmp_path):
+    """Distribution kernels compress their modules (``.ko.xz``); the agent reads them itself
+    when the checking machine has no ``modinfo``."""
+    import lzma
+
+    root = make_image(tmp_path)
+    module = next(root.glob("lib/modules/*/updates/dkms/nvidia.ko"))
+    module.with_name("nvidia.ko.xz").write_bytes(lzma.compress(module.read_bytes()))
+    module.unlink()
+    code, checks = check_image(root)
+    assert checks["modules"]["result"] == "pass", checks["modules"]
+    assert checks["versions"]["result"] == "pass", checks["versions"]
+    assert checks["firmware"]["result"] == "pass" and "gsp" in checks["firmware"]["detail"], checks
+    assert code == 0, checks
