@@ -181,12 +181,17 @@ class Run:
     def _final(self, state: str, reason: str | None) -> int:
         if state == State.FAILED:
             self.log(Log.ERR, f"failed: {reason}")
+            for step in self.status.steps:  # a final document has no running step (4.3)
+                if step.result == StepResult.RUNNING:
+                    step.result, step.message = StepResult.FAILED, reason or ""
+                    step.duration_s = time.monotonic() - step.started
         try:
             self.status_file.finish(self.status, state, reason)
         except OSError as err:
             failure = f"status: cannot write {STATUS_PATH}: {_oserror(err)}"
-            self.log(Log.ERR, f"failed: {failure}")
-            reason = f"{reason}; {failure}" if reason else failure
+            if failure not in (reason or ""):  # the first write may have failed the same way
+                self.log(Log.ERR, f"failed: {failure}")
+                reason = f"{reason}; {failure}" if reason else failure
             state = State.FAILED
             try:  # the spec must not say ready (or no-gpu) for a boot that failed
                 self._publish_unavailable(state, reason)

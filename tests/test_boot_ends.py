@@ -274,7 +274,20 @@ def test_a_status_that_cannot_be_written_still_leaves_a_failed_unavailable_spec(
     assert "PODVM_GPU_STATE=failed" in env
     reason = next(e for e in env if e.startswith("PODVM_GPU_REASON="))
     assert "status: cannot write /run/podvm-gpu/status.json" in reason
+    assert reason.count("status: cannot write") == 1, reason  # once, though both writes failed
     assert "failed: status: cannot write" in done.stderr
+
+
+def test_the_report_of_a_boot_whose_status_cannot_be_written_has_no_running_step(
+        tmp_path, podvm, empty_path):
+    """Found by a newcomer: ``boot --json`` printed state failed with detect still running."""
+    (tmp_path / "run/podvm-gpu/status.json").mkdir(parents=True)
+    done = podvm(["boot", "--root", str(tmp_path), "--json"], tree="cpu-vm",
+                 env={"PATH": empty_path})
+    doc = json.loads(done.stdout)
+    assert doc["state"] == "failed"
+    assert [(s["name"], s["result"]) for s in doc["steps"]] == [("detect", "failed")], doc
+    assert_status_conforms(doc)
 
 
 def test_the_final_state_line_goes_to_the_kernel_log(tmp_path, podvm, empty_path):
