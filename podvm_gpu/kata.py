@@ -101,6 +101,10 @@ def _from_file(root: Root, path: str, source: str) -> CdiWait:
     return CdiWait(seconds, source)
 
 
+TOML_INT_MAX = 2**63 - 1  # TOML integers are 64-bit signed (toml.io, v1.0.0 "Integer")
+U32_MAX = 2**32 - 1
+
+
 def duration_s(value) -> float | None:
     """Seconds of a TOML value as serde reads a ``std::time::Duration`` (module docstring):
     ``{secs, nanos}`` with exactly those keys, or ``[secs, nanos]``; None for anything else."""
@@ -112,6 +116,8 @@ def duration_s(value) -> float | None:
         return None
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (secs, nanos)):
         return None  # serde wants unsigned integers (u64 seconds, u32 nanoseconds)
+    if secs > TOML_INT_MAX or nanos > U32_MAX:
+        return None  # the toml crate refuses integers over i64; serde's nanos field is a u32
     return secs + nanos / 1e9
 
 

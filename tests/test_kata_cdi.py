@@ -234,3 +234,18 @@ def test_image_check_fails_the_integer_form_in_the_images_config(tree):
     rows = {c.name: c for c in image_checks(tree.root, Config(), Runner(read_only=True))}
 
     assert rows["kata-agent-cdi"].result == FAIL
+
+
+@pytest.mark.parametrize("value", ["{ secs = 18446744073709551616, nanos = 0 }",
+                                   "{ secs = 9223372036854775808, nanos = 0 }",
+                                   "{ secs = 1, nanos = 4294967296 }"])
+def test_a_duration_kata_agent_cannot_hold_is_not_one(value):
+    """Found by a newcomer: 2^64 seconds passed. TOML integers are i64 (the toml crate refuses
+    larger ones) and serde's nanos field is a u32, so kata-agent refuses such a file."""
+    import tomllib
+
+    from podvm_gpu.kata import duration_s
+
+    assert duration_s(tomllib.loads(f"cdi_timeout = {value}")["cdi_timeout"]) is None
+    assert duration_s(tomllib.loads("cdi_timeout = { secs = 9223372036854775807, nanos = 0 }")
+                      ["cdi_timeout"]) == float(2**63 - 1)
