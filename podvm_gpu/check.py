@@ -380,6 +380,11 @@ class VmChecks:
             return Check("status", FAIL, f"boot failed: {reason}", "fix the cause, then rerun "
                          "podvm-gpu boot (or reboot)")
         if state == State.RUNNING:
+            from podvm_gpu.status import ORPHANED, orphaned
+
+            if orphaned(self.root, doc):
+                return Check("status", FAIL, f"running, but {ORPHANED}",
+                             "journalctl -u podvm-gpu -b; then systemctl restart podvm-gpu")
             return Check("status", WARN, "boot is still running", "podvm-gpu status --wait")
         warnings = doc.get("warnings") or []
         if warnings:

@@ -119,6 +119,38 @@ def read_status(root: Root) -> dict | None:
         return None
 
 
+LOCK_PATH = "/run/podvm-gpu/boot.lock"
+ORPHANED = ("no boot holds /run/podvm-gpu/boot.lock: the boot that wrote this state ended "
+            "without a final one (killed by SIGKILL, the OOM killer, a crash)")
+
+
+def boot_lock_held(root: Root) -> bool | None:
+    """Whether a process holds the boot's flock on ``/run/podvm-gpu/boot.lock``, read from
+    ``/proc/locks`` (the kernel's list of every lock: ``FLOCK ADVISORY WRITE <pid>
+    <major>:<minor>:<inode>``) without taking it. None when it cannot tell (no lock file,
+    no ``/proc/locks``). Boot holds the lock from before its first status write until it
+    exits, so a ``running`` state with the lock free is one no boot will finish."""
+    try:
+        info = os.stat(root.resolve(LOCK_PATH, follow_last=False))
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            table = f.read(1 << 20)
+    except OSError:
+        return None
+    device = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    return any(len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == device
+               for fields in (line.split() for line in table.splitlines()))
+
+
+def orphaned(root: Root, doc: dict | None) -> bool:
+    """A ``running`` status that no boot will finish: the lock is free and, read again after
+    that, the file still says ``running`` (a boot that just ended has written its final state
+    before it let go of the lock)."""
+    if not doc or doc.get("state") != State.RUNNING or boot_lock_held(root) is not False:
+        return False
+    again = read_status(root)
+    return bool(again) and again.get("state") == State.RUNNING
+
+
 def exit_code_for(doc: dict | None) -> int:
     """``podvm-gpu status`` exit code: 0 ready/no-gpu, 1 failed, 3 running or no status (contract 1)."""
     state = (doc or {}).get("state")
@@ -155,12 +187,18 @@ def wait_for_final(root: Root, timeout_s: float, poll_s: float = 0.02) -> dict |
     except OSError:
         path = None
     seen: tuple | None = ()
+    checked_lock = 0.0
     while True:
         now = _signature(path) if path else None
         if now != seen:
             seen = now
             doc = read_status(root)
             if doc and doc.get("state") in State.FINAL:
+                return doc
+        if time.monotonic() - checked_lock >= 1.0:  # a killed boot never writes again
+            checked_lock = time.monotonic()
+            doc = read_status(root)
+            if orphaned(root, doc):
                 return doc
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -194,6 +232,8 @@ def run_status(root_dir: str, json_out: bool = False, wait: bool = False,
         print("no status yet: podvm-gpu boot has not run")
     else:
         reason = doc.get("reason")
+        if doc.get("state") == State.RUNNING and orphaned(root, doc):
+            reason = ORPHANED
         print(f"{doc.get('state')}" + (f": {shown(reason)}" if reason else ""))
         for warning in doc.get("warnings") or []:
             print(f"warning: {shown(warning)}")

@@ -305,3 +305,46 @@ def test_the_final_state_line_goes_to_the_kernel_log(tmp_path, podvm, empty_path
     assert done.returncode == 0, done.stderr
     assert line.startswith("<29>podvm-gpu[") and line.endswith("\n"), line
     assert "]: no-gpu: detect: no NVIDIA GPU on PCI (3 devices scanned)" in line
+
+
+def test_a_running_state_no_boot_will_finish_is_named_so(tmp_path, podvm, empty_path):
+    """Found by a newcomer: a boot killed by SIGKILL (the OOM killer) leaves ``running``, and
+    ``status`` and ``check`` called it a slow boot; ``status --wait`` sat out its timeout.
+    The kernel's /proc/locks says no boot holds the lock: status names that, ``--wait`` returns
+    within about a second (exit 3), and check fails its status row. While a boot holds the
+    lock, the same state is a boot in progress."""
+    import sys
+
+    (tmp_path / "etc/podvm-gpu").mkdir(parents=True)
+    (tmp_path / "etc/podvm-gpu/config.yaml").write_text(
+        "detect: {expected_gpus: 1, late_gpu_wait_s: 30}\n")
+    booting = subprocess.Popen([sys.executable, "-m", "podvm_gpu", "boot", "--root", str(tmp_path)],
+                               stderr=subprocess.DEVNULL, env={**os.environ, "PATH": empty_path})
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "run/podvm-gpu/status.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status_of(tmp_path)["state"] == "running"
+
+    def status(*args):
+        return subprocess.run([sys.executable, "-m", "podvm_gpu", "status", "--root", str(tmp_path),
+                               *args], capture_output=True, text=True, timeout=30)
+
+    alive = status()
+    assert (alive.returncode, alive.stdout) == (3, "running\n"), alive
+    started = time.monotonic()
+    assert status("--wait", "--timeout", "1.5").returncode == 3
+    assert time.monotonic() - started >= 1.4  # a live boot is waited for
+
+    booting.kill()
+    booting.wait()
+    gone = status()
+    assert gone.returncode == 3
+    assert gone.stdout.startswith("running: no boot holds /run/podvm-gpu/boot.lock"), gone.stdout
+    started = time.monotonic()
+    waited = status("--wait", "--timeout", "30")
+    assert waited.returncode == 3 and time.monotonic() - started < 5, waited
+    check = subprocess.run([sys.executable, "-m", "podvm_gpu", "check", "--root", str(tmp_path),
+                            "--json"], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PATH": empty_path})
+    row = next(c for c in json.loads(check.stdout)["checks"] if c["name"] == "status")
+    assert row["result"] == "fail" and "no boot holds" in row["detail"], row
