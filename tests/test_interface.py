@@ -443,7 +443,7 @@ RUNS = CPU + [
     ("boot --dry-run", "the config is invalid (the boot would end `failed`)", bad_config,
      ["boot", "--dry-run"]),
     ("status", "state `failed`", _failed, ["status"]),
-    ("status", "state `running`", _running, ["status"]),
+    ("status", "state `running` (also one no boot will finish: section 4.4)", _running, ["status"]),
     ("status", "no status file yet", None, ["status"]),
     ("status", "the status file is unreadable (not JSON, no valid `state`, not a regular file)",
      _garbled, ["status", "--json"]),
