@@ -54,11 +54,12 @@ def seconds(minimum: float, inclusive: bool):
 
     def check(value: object, loc: list) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _Invalid(loc, f"must be a number of seconds, not {_kind(value)}")
+            raise _Invalid(loc, f"must be a number of seconds, not {_kind(value)}"
+                           + _numeric_text(value))
         if not math.isfinite(value):
             raise _Invalid(loc, "must be a finite number of seconds")
         if value < minimum or (value == minimum and not inclusive) or value > MAX_SECONDS:
-            raise _Invalid(loc, f"must be {bound} and at most {MAX_SECONDS:g} s, not {value:g}")
+            raise _Invalid(loc, f"must be {bound} and at most {MAX_SECONDS:g} s, not {value!r}")
         return float(value)
 
     return check
@@ -85,8 +86,20 @@ def boolean(value: object, loc: list) -> bool:
 
 def _string(value: object, loc: list) -> str:
     if not isinstance(value, str) or not value:
-        raise _Invalid(loc, f"must be a non-empty string, not {_kind(value)}")
+        raise _Invalid(loc, "must be a non-empty string, not " + (
+            "an empty one" if value == "" else _kind(value)))
     return value
+
+
+def _numeric_text(value: object) -> str:
+    """A hint for text that reads as a number: PyYAML (YAML 1.1) takes ``1e3`` as a string."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        return f" ({value!r}: YAML reads it as text; write it with a dot, as 1.0e3, or in full)"
+    return ""
 
 
 def absolute_path(value: object, loc: list) -> str:

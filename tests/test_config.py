@@ -438,3 +438,15 @@ def test_an_optional_module_the_agent_does_not_load_is_a_config_error(tmp_path):
         load_config(str(path))
     path.write_text("modules: {optional: []}\n")
     assert load_config(str(path)).modules.optional == ()
+
+
+@pytest.mark.parametrize("text, said", [
+    # found by a newcomer: "at most 3600 s, not 3600" (the value was rounded for display)
+    ("budget_s: 3600.0001\n", "budget_s: must be greater than 0 and at most 3600 s, not 3600.0001"),
+    ("persistenced: {args: ['']}\n", "persistenced.args.0: must be a non-empty string, not an empty one"),
+    # PyYAML reads 1e3 (no dot) as text, which said only "not a string"
+    ("budget_s: 1e3\n", "budget_s: must be a number of seconds, not a string ('1e3': YAML reads it "
+                        "as text"),
+])
+def test_a_bad_value_is_named_as_the_file_has_it(text, said, config_file):
+    assert said in load_error(text, config_file)
