@@ -238,8 +238,8 @@ def unit_properties(runner: Runner, unit: str) -> dict[str, str]:
     systemctl cannot tell."""
     try:
         done = runner.run(["systemctl", "show", unit, "-p",
-                           "ActiveState,SubState,Result,ExecMainCode,ExecMainStatus,MainPID,LoadState,"
-                           "InactiveExitTimestampMonotonic,ExecStart"], check=False)
+                           "ActiveState,SubState,Result,ExecMainCode,ExecMainStatus,MainPID,"
+                           "LoadState,InactiveExitTimestampMonotonic,ExecStart"], check=False)
     except CommandError:
         return {}
     return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
