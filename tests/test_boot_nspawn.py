@@ -117,14 +117,16 @@ def test_a_daemon_killed_by_a_signal_is_named_so(rootfs, tmp_path):  # noqa: F81
 
 def test_a_start_timeout_ends_the_boot_failed_and_leaves_the_initialising_daemon_alone(  # noqa: F811
         rootfs, tmp_path):
-    """systemd's TimeoutStartSec= for podvm-gpu.service (cut to 6 s in a drop-in) passes while
+    """systemd's TimeoutStartSec= for podvm-gpu.service (cut to 20 s in a drop-in) passes while
     nvidia-persistenced still initialises its GPUs: systemd sends the agent SIGTERM. The boot
     ends ``failed`` naming the signal and the step, with the final status and the unavailable
     spec; the daemon, in its own unit (still activating: TimeoutStartSec=infinity there), is not
     touched and is alive when kata-agent starts; power-off stops it."""
     world.populate(rootfs, SPEC_TEMPLATE, hang_persistenced=True)
     dropin = rootfs / "etc/systemd/system/podvm-gpu.service.d/60-short-start-timeout.conf"
-    dropin.write_text("[Service]\nTimeoutStartSec=6\n")
+    # 20 s: well past the steps before persistenced even on a loaded machine, well before the
+    # persistenced wait's own end (30 s + 15 s per GPU)
+    dropin.write_text("[Service]\nTimeoutStartSec=20\n")
     image.clean_power_off(rootfs)
     boot = image.boot(rootfs, tmp_path / "artifacts")
 
@@ -138,5 +140,8 @@ def test_a_start_timeout_ends_the_boot_failed_and_leaves_the_initialising_daemon
     assert "/system.slice/podvm-gpu-persistenced.service" in daemon["cgroup"], daemon
     assert record["persistenced_unit"]["ActiveState"] == "activating", record["persistenced_unit"]
     events = boot.files.get("/srv/gpu/persistenced-events.log", "").splitlines()
-    assert events == [f"started {daemon['pid']}", f"initialising {daemon['pid']}",
-                      f"SIGTERM {daemon['pid']}"], events
+    # at power-off systemd signals the unit's processes (the control process and the daemon):
+    # the stand-in may log its SIGTERM more than once before it exits
+    assert events[:3] == [f"started {daemon['pid']}", f"initialising {daemon['pid']}",
+                          f"SIGTERM {daemon['pid']}"], events
+    assert set(events[2:]) == {f"SIGTERM {daemon['pid']}"}, events

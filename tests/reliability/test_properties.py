@@ -247,7 +247,13 @@ def status_oracle(data: bytes) -> int:
         return 3
     if not isinstance(doc, dict) or doc.get("state") not in State.ALL \
             or not isinstance(doc.get("reason"), (str, type(None))) \
-            or not isinstance(doc.get("warnings", []), list):
+            or not isinstance(doc.get("warnings", []), list) \
+            or not all(isinstance(w, str) for w in doc.get("warnings", [])):
+        return 3  # docs/interface.md 4.4: warnings is a list of strings
+    try:  # text: a lone surrogate ("\ud800" in JSON) is no text the agent wrote
+        for text in [doc.get("reason") or "", *doc.get("warnings", [])]:
+            text.encode("utf-8")
+    except UnicodeEncodeError:
         return 3
     return {"ready": 0, "no-gpu": 0, "failed": 1}.get(doc["state"], 3)
 
