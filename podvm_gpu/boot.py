@@ -27,10 +27,9 @@ from podvm_gpu.host.fs import Root, ensure_dir, folder_trust_problems
 from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.host.vmbus import channels_without_pci
 from podvm_gpu.model import State, Status, Step, StepResult
-from podvm_gpu.status import CDI_SPEC_PATH, STATUS_PATH, StatusFile
+from podvm_gpu.status import CDI_SPEC_PATH, LOCK_PATH, STATUS_PATH, StatusFile
 
 CONFIG_PATH = "/etc/podvm-gpu/config.yaml"
-LOCK_PATH = "/run/podvm-gpu/boot.lock"
 KMSG_PATH = "/dev/kmsg"
 DEFAULT_BUDGET_S = 240.0
 _SIGNAL_NAMES = {_signal.SIGTERM: "SIGTERM", _signal.SIGINT: "SIGINT"}

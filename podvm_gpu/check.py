@@ -17,7 +17,8 @@ import sys
 
 from podvm_gpu import cdi_dir, kata, kmod, readers, units
 from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
-from podvm_gpu.config import Config, load_config, timeouts_for
+from podvm_gpu.config import DEFAULT_PATH as CONFIG_PATH
+from podvm_gpu.config import Config, config_location, load_config, timeouts_for
 from podvm_gpu.errors import CommandError, ConfigError
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
@@ -36,7 +37,6 @@ VM_CHECKS = ("pci", "drivers", "modules", "versions", "device-nodes", "persisten
              "cdi-refresh-units", "kata-agent-ordering", "kata-agent-cdi")
 IMAGE_CHECKS = ("unit", "kata-agent-ordering", "kata-agent-cdi", "tools", "modules", "versions", "firmware",
                 "cdi-refresh-units", "trust", "config-compiled")
-CONFIG_PATH = "/etc/podvm-gpu/config.yaml"
 NO_GPU = "no NVIDIA GPU found on PCI"
 # Boot's steps in order (contract section 3), for checks of steps a failed boot never reached.
 _STEP_ORDER = ("drivers", "modules", "versions", "device-nodes", "persistenced", "fabricmanager",
@@ -701,8 +701,6 @@ def compiled_config_check(root: Root) -> Check:
     parses the YAML at boot (about 20 ms, PyYAML's import); a stale one is ignored (config.py)."""
     from podvm_gpu.config import compiled_state
 
-    from podvm_gpu.config import config_location
-
     try:
         path, present = config_location(root, None)
     except ConfigError as err:
@@ -757,8 +755,6 @@ def trust_check(root: Root, config: Config) -> Check:
 
 def run_check(root_dir: str, config_path: str | None, json_out: bool, image: bool) -> int:
     """Run the checks, print them, return 0 when none failed, else 1 (contract section 1)."""
-    from podvm_gpu.config import config_location
-
     root = Root(root_dir)
     config_note = None
     try:

@@ -15,6 +15,7 @@ from podvm_gpu.model import State, Status, now_iso
 
 STATUS_PATH = "/run/podvm-gpu/status.json"
 CDI_SPEC_PATH = "/var/run/cdi/nvidia.yaml"
+LOCK_PATH = "/run/podvm-gpu/boot.lock"  # boot's flock; readers only look it up (boot_lock_held)
 CDI_KIND = "nvidia.com/gpu"
 
 
@@ -119,7 +120,6 @@ def read_status(root: Root) -> dict | None:
         return None
 
 
-LOCK_PATH = "/run/podvm-gpu/boot.lock"
 ORPHANED = ("no boot holds /run/podvm-gpu/boot.lock: the boot that wrote this state ended "
             "without a final one (killed by SIGKILL, the OOM killer, a crash)")
 
