@@ -27,7 +27,8 @@ from podvm_gpu.host.fs import Root, ensure_dir, folder_trust_problems
 from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.host.vmbus import channels_without_pci
 from podvm_gpu.model import State, Status, Step, StepResult
-from podvm_gpu.status import CDI_SPEC_PATH, LOCK_PATH, STATUS_PATH, StatusFile
+from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
+from podvm_gpu.status import LOCK_PATH, STATUS_PATH, StatusFile
 
 CONFIG_PATH = "/etc/podvm-gpu/config.yaml"
 KMSG_PATH = "/dev/kmsg"
@@ -167,10 +168,10 @@ class Run:
         return self._final(State.READY, None)
 
     def _publish_unavailable(self, state: str, reason: str) -> None:
-        from podvm_gpu import cdi_dir
-        from podvm_gpu.unavailable import remove_spec, write_unavailable_spec
+        from podvm_gpu import cdi
+        from podvm_gpu.cdi.unavailable import remove_spec, write_unavailable_spec
 
-        self.status.warnings.extend(cdi_dir.disable_duplicates(self.root))
+        self.status.warnings.extend(cdi.disable_duplicates(self.root))
         self.status.cdi = None  # the ready spec, if one was installed, is replaced or removed
         if self.write_spec:
             write_unavailable_spec(self.root, state, reason)

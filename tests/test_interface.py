@@ -29,7 +29,7 @@ from podvm_gpu.host.fs import Root
 from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.metrics.settings import MetricsSettings
 from podvm_gpu.model import Step, StepResult
-from podvm_gpu.unavailable import render_unavailable_spec
+from podvm_gpu.cdi.unavailable import render_unavailable_spec
 from schemas import CHECK_SCHEMA, STATUS_SCHEMA, assert_check_conforms, assert_status_conforms
 from schemas import problems, schema
 from scenarios.world import DATA, OWN_CASES, SHARED, World, load_case
