@@ -26,7 +26,7 @@ from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.host.sysfs import scan_nvidia
-from podvm_gpu.host.vmbus import channels_without_pci
+from podvm_gpu.host.sysfs import channels_without_pci
 from podvm_gpu.record import REQUIRED, Record
 from podvm_gpu.model import State
 from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
@@ -471,7 +471,7 @@ def kata_ordering_check(root: Root) -> Check:
 def kata_agent_version(path: str) -> str | None:
     """``kata-agent --version`` of the VM's kata-agent (it prints and exits before reading any
     setting, main.rs), or None when it cannot say within the harmless-call limit."""
-    from podvm_gpu.context import HARMLESS_CALL_S
+    from podvm_gpu.steps.context import HARMLESS_CALL_S
 
     runner = Runner({"kata-agent": path}, {"kata-agent": HARMLESS_CALL_S}, read_only=True,
                     trust_tool_paths=True)

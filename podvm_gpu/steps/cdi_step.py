@@ -22,7 +22,7 @@ from podvm_gpu import cdi
 from podvm_gpu.cdi.parse import parse_spec
 from podvm_gpu.cdi.ready import check_ready_spec
 from podvm_gpu.errors import CdiSpecError
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host.fs import atomic_write, ensure_dir
 from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
