@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from podvm_gpu import __version__
-from podvm_gpu.app import run_app
+
 from podvm_gpu.cli import fast_args, main
 from podvm_gpu.host.fs import atomic_write
 
@@ -109,7 +109,7 @@ def test_anything_else_goes_to_the_full_parser(args):
 # --- the argparse parser: version, help, usage errors ----------------------------------------------
 
 def test_version_exits_0(capsys):
-    assert run_app(["--version"]) == 0
+    assert main(["--version"]) == 0
     assert __version__ in capsys.readouterr().out
 
 
