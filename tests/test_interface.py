@@ -398,6 +398,58 @@ def test_the_doc_refers_only_to_files_in_the_repository():
         assert (REPO / path).exists(), f"docs/interface.md names {path}, which is not in the repo"
 
 
+# --- the README and the other docs: the guide, its map, and what they name ----------------------
+
+GUIDES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def _prose(text: str) -> str:
+    """Text outside fenced code blocks (a ``# comment`` in a block is not a heading)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _anchors(path: Path) -> set[str]:
+    """The heading anchors of a Markdown file, as GitHub makes them."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", _prose(path.read_text()), re.M)}
+
+
+@pytest.mark.parametrize("doc", GUIDES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_link_in_the_guides_reaches_a_file_and_heading_in_the_repository(doc):
+    """The README moved its reference text into docs/ (issue 20): a link that still points at a
+    README section, or at ``docs/...`` from inside docs/, would lead nowhere."""
+    for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"`[^`\n]*`", "", _prose(doc.read_text()))):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        where = (doc.parent / file).resolve() if file else doc
+        assert where.exists(), f"{doc.name} links to {target}, which is not in the repo"
+        if anchor:
+            assert anchor in _anchors(where), f"{doc.name} links to {target}: no such heading"
+
+
+@pytest.mark.parametrize("doc", GUIDES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_the_guides_name_only_files_in_the_repository(doc):
+    """Paths are written from the repository root; one with ``<...>`` is a pattern, one with
+    ``*`` a glob, and the bundle folder in mkosi/ is made by the integrator, not kept in git."""
+    text = doc.read_text()
+    for path in set(re.findall(r"`((?:podvm_gpu|tests|docs|systemd|bin|bench|packer|mkosi|\.ci)/[^`\s]*)`",
+                               text)):
+        if "<" in path or "{" in path or path == "mkosi/mkosi.extra/opt/podvm-gpu-bundle/":
+            continue
+        found = list(REPO.glob(path)) if "*" in path else [REPO / path] if (REPO / path).exists() else []
+        assert found, f"{doc.relative_to(REPO)} names {path}, which is not in the repo"
+
+
+def test_the_readme_is_a_guide_that_links_every_doc_and_keeps_the_test_command():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) < 250
+    for doc in sorted((REPO / "docs").iterdir()):
+        assert f"](docs/{doc.name})" in readme, f"the README's map of docs/ lacks {doc.name}"
+    assert "bash .ci/run" in readme and "`.venv/bin/python -m pytest`" in readme
+    assert (REPO / ".ci" / "run").read_text().rstrip().endswith("\n.venv/bin/python -m pytest")
+
+
 # --- exit codes: the table of section 1.3 against the real command ----------------------------
 
 

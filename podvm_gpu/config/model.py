@@ -72,7 +72,7 @@ class DetectConfig(Section):
 
 
 def _metrics(value: object, loc: list):
-    """The ``metrics:`` section: the exporter's own settings class checks it (README, Metrics)."""
+    """The ``metrics:`` section: the exporter's own settings class checks it (docs/metrics.md)."""
     from podvm_gpu.metrics.settings import MetricsConfigError, MetricsSettings
 
     try:
