@@ -6,6 +6,8 @@ journal prefix run the real command in a subprocess under a umockdev device tree
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -165,6 +167,17 @@ def write_status(root: Path, state: str, reason: str | None = None, warnings=())
                                         "warnings": list(warnings), "steps": []}))
 
 
+@contextlib.contextmanager
+def boot_in_progress(root: Path):
+    """Hold ``boot.lock`` as a live boot does: a ``running`` state is then one a boot will end
+    (without the lock, or its file, no boot will: issue 21 item 3)."""
+    lock = root / "run" / "podvm-gpu" / "boot.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.mark.parametrize("state, code", [("ready", 0), ("no-gpu", 0), ("failed", 1),
                                          ("running", 3)])
 def test_status_exit_code_follows_the_state(tmp_path, state, code, capsys):
@@ -224,7 +237,8 @@ def test_status_wait_times_out_with_3_while_running(tmp_path):
     write_status(tmp_path, "running")
     started = time.monotonic()
 
-    code = main(["status", "--root", str(tmp_path), "--wait", "--timeout", "0.5"])
+    with boot_in_progress(tmp_path):
+        code = main(["status", "--root", str(tmp_path), "--wait", "--timeout", "0.5"])
 
     elapsed = time.monotonic() - started
     assert code == 3
@@ -237,7 +251,8 @@ def test_status_wait_returns_0_as_soon_as_ready_is_written(tmp_path):
     started = time.monotonic()
     timer.start()
     try:
-        code = main(["status", "--root", str(tmp_path), "--wait", "--timeout", "20"])
+        with boot_in_progress(tmp_path):
+            code = main(["status", "--root", str(tmp_path), "--wait", "--timeout", "20"])
     finally:
         timer.cancel()
         timer.join()
@@ -517,12 +532,7 @@ def test_a_boot_with_stdin_closed_runs_its_tools_with_stdin_on_dev_null(tmp_path
 def test_ctrl_c_on_status_wait_is_one_line_and_exit_130(tmp_path):
     """``status --wait`` interrupted by Ctrl-C printed a KeyboardInterrupt traceback."""
     write_status(tmp_path, "running")
-    lock = tmp_path / "run/podvm-gpu/boot.lock"
-    lock.touch()
-    import fcntl
-
-    with open(lock) as held:  # a boot in progress: the wait goes on
-        fcntl.flock(held, fcntl.LOCK_EX)
+    with boot_in_progress(tmp_path):  # the wait goes on
         waiting = subprocess.Popen([sys.executable, "-m", "podvm_gpu", "status", "--root",
                                     str(tmp_path), "--wait", "--timeout", "60"],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
