@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="serve over HTTP at the config's metrics.listen")
     sub["metrics"].add_argument("--listen", metavar="ADDR:PORT",
                                 help="serve over HTTP at ADDR:PORT (an IP address)")
+    sub["metrics"].add_argument("--web-config", metavar="FILE",
+                                help="TLS and basic auth from this exporter-toolkit web config")
     sub["metrics"].add_argument("--openmetrics", action="store_true",
                                 help="print the OpenMetrics format")
     sub["metrics"].add_argument("--textfile", action="store_true",
@@ -133,7 +135,8 @@ def run_app(args: list[str]) -> int:
     if ns.command == "metrics":
         from podvm_gpu.cli import run_metrics
 
-        return run_metrics(ns.root, ns.config, ns.listen, ns.serve, ns.openmetrics, ns.textfile)
+        return run_metrics(ns.root, ns.config, ns.listen, ns.serve, ns.openmetrics, ns.textfile,
+                           ns.web_config)
     from podvm_gpu.check import run_check
 
     return run_check(ns.root, ns.config, ns.json_out, ns.image)

@@ -19,7 +19,7 @@ _FORMS = {
     "boot": ({"--json": "json_out", "--dry-run": "dry_run"}, _COMMON),
     "status": ({"--json": "json_out", "--wait": "wait"}, {**_COMMON, "--timeout": "timeout"}),
     "metrics": ({"--serve": "serve", "--openmetrics": "openmetrics", "--textfile": "textfile"},
-                {**_COMMON, "--listen": "listen"}),
+                {**_COMMON, "--listen": "listen", "--web-config": "web_config"}),
     "check": ({"--json": "json_out", "--image": "image"}, _COMMON),
 }
 
@@ -163,7 +163,8 @@ def _run_fast(command: str, kwargs: dict, args: list[str]) -> int | None:
 
 
 def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
-                serve: bool = False, openmetrics: bool = False, textfile: bool = False) -> int:
+                serve: bool = False, openmetrics: bool = False, textfile: bool = False,
+                web_config: str | None = None) -> int:
     """``podvm-gpu metrics``: the ``metrics:`` settings of the config, then print, serve or
     write the textfile (podvm_gpu.metrics). Exit 0, 1 when it cannot, 2 for a bad config."""
     from podvm_gpu.config import config_location
@@ -186,4 +187,4 @@ def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
 
         settings = MetricsSettings()
     return run(root, settings, listen=listen, serving=serve or listen is not None,
-               openmetrics=openmetrics, textfile=textfile)
+               openmetrics=openmetrics, textfile=textfile, web_config=web_config)
