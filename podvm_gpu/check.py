@@ -15,8 +15,10 @@ import json
 import os
 import sys
 
-from podvm_gpu import cdi_dir, kata, kmod, readers, units
-from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
+from podvm_gpu import cdi, kata, kmod, readers, units
+from podvm_gpu.cdi.parse import parse_spec
+from podvm_gpu.cdi.ready import check_ready_spec
+from podvm_gpu.errors import CdiSpecError
 from podvm_gpu.config import DEFAULT_PATH as CONFIG_PATH
 from podvm_gpu.config import Config, config_location, load_config, timeouts_for
 from podvm_gpu.errors import CommandError, ConfigError
@@ -24,12 +26,13 @@ from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.host.sysfs import scan_nvidia
-from podvm_gpu.host.vmbus import channels_without_pci
+from podvm_gpu.host.sysfs import channels_without_pci
 from podvm_gpu.record import REQUIRED, Record
 from podvm_gpu.model import State
-from podvm_gpu.status import CDI_SPEC_PATH, StatusUnreadable, load_status, read_status
+from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
+from podvm_gpu.status import StatusUnreadable, load_status, read_status
 from podvm_gpu.steps import modules as modules_step, nodes as nodes_step
-from podvm_gpu.unavailable import UNAVAILABLE_DEVICE
+from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 VM_CHECKS = ("pci", "drivers", "modules", "versions", "device-nodes", "persistenced",
@@ -357,8 +360,8 @@ class VmChecks:
 
     def check_cdi_duplicates(self) -> Check:
         found = [(self.root.host_path(p), problem)
-                 for folder in (cdi_dir.RUN_DIR, cdi_dir.ETC_DIR)
-                 for p, problem in cdi_dir.other_specs(self.root, folder)]
+                 for folder in (cdi.RUN_DIR, cdi.ETC_DIR)
+                 for p, problem in cdi.other_specs(self.root, folder)]
         if found:
             what = ", ".join(f"{p} (could not be read: {problem})" if problem else p
                              for p, problem in found)
@@ -468,7 +471,7 @@ def kata_ordering_check(root: Root) -> Check:
 def kata_agent_version(path: str) -> str | None:
     """``kata-agent --version`` of the VM's kata-agent (it prints and exits before reading any
     setting, main.rs), or None when it cannot say within the harmless-call limit."""
-    from podvm_gpu.context import HARMLESS_CALL_S
+    from podvm_gpu.steps.context import HARMLESS_CALL_S
 
     runner = Runner({"kata-agent": path}, {"kata-agent": HARMLESS_CALL_S}, read_only=True,
                     trust_tool_paths=True)

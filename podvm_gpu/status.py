@@ -14,9 +14,7 @@ from podvm_gpu.jsontext import dumps
 from podvm_gpu.model import State, Status, now_iso
 
 STATUS_PATH = "/run/podvm-gpu/status.json"
-CDI_SPEC_PATH = "/var/run/cdi/nvidia.yaml"
 LOCK_PATH = "/run/podvm-gpu/boot.lock"  # boot's flock; readers only look it up (boot_lock_held)
-CDI_KIND = "nvidia.com/gpu"
 
 
 class StatusFile:

@@ -301,7 +301,7 @@ def test_with_a_config_file_on_a_cpu_vm_boot_reads_it_with_yaml_alone(tmp_path, 
     names = imported_modules(done.stderr)
     assert "yaml" in names
     assert not names & {"pydantic", "pyudev", "typer", "argparse"}, names
-    assert "podvm_gpu.pipeline" not in done.stderr
+    assert "podvm_gpu.boot.pipeline" not in done.stderr
 
 
 def test_a_gpu_vm_takes_the_gpu_path_without_pyudev_or_ctypes(tmp_path, podvm, empty_path):

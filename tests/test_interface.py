@@ -24,12 +24,13 @@ import pytest
 import yaml
 
 from conftest import product_env
-from podvm_gpu import boot, check, config, pipeline
+from podvm_gpu import check, config
+from podvm_gpu.boot import pipeline, run as boot_run
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.metrics.settings import MetricsSettings
 from podvm_gpu.model import Step, StepResult
-from podvm_gpu.unavailable import render_unavailable_spec
+from podvm_gpu.cdi.unavailable import render_unavailable_spec
 from schemas import CHECK_SCHEMA, STATUS_SCHEMA, assert_check_conforms, assert_status_conforms
 from schemas import problems, schema
 from scenarios.world import DATA, OWN_CASES, SHARED, World, load_case
@@ -201,7 +202,7 @@ def test_a_boot_that_ends_failed_after_its_spec_was_installed_records_no_cdi(tmp
     """SIGTERM (or an internal error) after the cdi step installed the ready spec ends the boot
     failed with the unavailable spec in its place: the status must not name the replaced spec
     (section 4.2: failed has cdi null)."""
-    run = boot.Run(Root(str(tmp_path)), json_out=True, dry_run=False, log=boot.Log(io.StringIO()))
+    run = boot_run.Run(Root(str(tmp_path)), json_out=True, dry_run=False, log=boot_run.Log(io.StringIO()))
     run.status.steps += [Step("detect", StepResult.OK), Step("cdi", StepResult.OK)]
     run.status.cdi = {"path": "/var/run/cdi/nvidia.yaml", "kind": "nvidia.com/gpu",
                       "devices": ["0", "all"]}
@@ -293,8 +294,8 @@ def test_the_check_schema_rejects_rows_of_the_other_mode_and_unknown_results():
 
 
 def test_the_step_names_of_schema_doc_and_code_are_the_same():
-    code = set(re.findall(r'\bStep\("([a-z-]+)"', (REPO / "podvm_gpu/boot.py").read_text()))
-    assert code == {"detect", "config"}, "boot.py's own steps"
+    code = set(re.findall(r'\bStep\("([a-z-]+)"', (REPO / "podvm_gpu/boot/__init__.py").read_text()))
+    assert code == {"detect", "config"}, "boot/__init__.py's own steps"
     names = ["detect", "config", *pipeline.STEP_NAMES]
     step = schema(STATUS_SCHEMA)["$defs"]["step"]["properties"]
     assert step["name"]["enum"] == names

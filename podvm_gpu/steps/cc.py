@@ -9,7 +9,7 @@ the attestation flow is left to set it. A value the agent does not know is never
 
 from __future__ import annotations
 
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host import kmsg
 from podvm_gpu.readers import nvsmi_no_driver, parse_cc_mode, parse_ready_state

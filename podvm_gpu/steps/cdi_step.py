@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import os
 
-from podvm_gpu import cdi_dir
-from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
-from podvm_gpu.context import BootContext
+from podvm_gpu import cdi
+from podvm_gpu.cdi.parse import parse_spec
+from podvm_gpu.cdi.ready import check_ready_spec
+from podvm_gpu.errors import CdiSpecError
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host.fs import atomic_write, ensure_dir
-from podvm_gpu.status import CDI_SPEC_PATH
+from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
 
 
 
@@ -135,7 +137,7 @@ def install(ctx: BootContext, generated: Generated) -> str:
         StepFailed: the spec cannot be written.
     """
     text, spec = generated.text, generated.spec
-    for warning in cdi_dir.disable_duplicates(ctx.root):
+    for warning in cdi.disable_duplicates(ctx.root):
         ctx.warn(warning)
     try:
         target = ctx.root.resolve(CDI_SPEC_PATH, follow_last=False)

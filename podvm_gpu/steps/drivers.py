@@ -6,7 +6,7 @@ here, before any modprobe, naming the driver and the PCI address.
 
 from __future__ import annotations
 
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import StepFailed
 
 NVIDIA_DRIVER = "nvidia"

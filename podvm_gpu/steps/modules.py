@@ -34,7 +34,7 @@ import re
 
 from podvm_gpu import kmod
 from podvm_gpu.config import OPTIONAL_MODULES
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root

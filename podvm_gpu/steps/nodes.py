@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import stat
 
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, exit_text
 from podvm_gpu.host.fs import Root, ensure_dir, is_char_device
 from podvm_gpu.record import REQUIRED, Record

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon, start_daemon
 from podvm_gpu.host.fs import ensure_dir

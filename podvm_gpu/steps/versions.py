@@ -11,7 +11,7 @@ GPUs for a boot that cannot succeed (field case C23).
 
 from __future__ import annotations
 
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, exit_text
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, NVML_SONAME, daemon_pid,
                                find_nvml, find_nvml_elsewhere, kernel_module_version, version_in)

@@ -41,9 +41,10 @@ import _signal
 import threading
 import time
 
-from podvm_gpu.boot import REASON_MAX, Interrupted, Log, Run
+from podvm_gpu.boot.run import Interrupted, Log, Run
+from podvm_gpu.model import REASON_MAX
 from podvm_gpu.config import Config, timeouts_for
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import Cancelled, CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.proc import Runner
@@ -277,7 +278,7 @@ class Steps:
 
 def _dry_run(run: Run, ctx: BootContext) -> int:
     from podvm_gpu.jsontext import dumps
-    from podvm_gpu.plan import plan
+    from podvm_gpu.boot.plan import plan
 
     commands = plan(ctx)
     if run.json_out:

@@ -7,7 +7,7 @@ commands (a GPU's minor before the driver is loaded) use the GPU's index.
 
 from __future__ import annotations
 
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, PERSISTENCED_COMM,
                                PERSISTENCED_PID, daemon_pid, module_loaded)
 from podvm_gpu.steps import cdi_step, fabric, modules, nodes

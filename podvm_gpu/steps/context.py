@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import time
 
-from podvm_gpu.boot import REASON_MAX
 from podvm_gpu.config import Config
 from podvm_gpu.errors import Cancelled, StepFailed, one_line
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
-from podvm_gpu.model import PciDevice, Status
+from podvm_gpu.model import REASON_MAX, PciDevice, Status
 
 # A call whose failure the boot survives (an optional module, a version or state probe) may
 # take at most this long, whatever the tool's timeout: a hang there must not spend the budget
@@ -73,7 +72,7 @@ class BootContext:
         return min(self.runner.timeouts.get(tool, HARMLESS_CALL_S), HARMLESS_CALL_S)
 
     def warn(self, text: str) -> None:
-        """Add a one-line warning to the status (cut as a reason is: boot.REASON_MAX)."""
+        """Add a one-line warning to the status (cut as a reason is: model.REASON_MAX)."""
         line = one_line(text, REASON_MAX)
         if line not in self.status.warnings:
             self.status.warnings.append(line)
