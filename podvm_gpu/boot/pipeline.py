@@ -293,10 +293,18 @@ def _dry_run(run: Run, ctx: BootContext) -> int:
 
 
 def _fail(run: Run, reason: str) -> int:
-    """End the boot ``failed``: what the kernel log says appended (the facts the patterns name,
-    then the driver's own error records not quoted yet), then :meth:`Run.fail`."""
+    """End the boot ``failed``: the driver's reason for not attaching a GPU first when the log
+    has one (steps/attach.py: the tool that failed only says it found no device), what else the
+    kernel log says appended (the facts the patterns name, then the driver's own error records
+    not quoted yet), then :meth:`Run.fail`."""
+    from podvm_gpu.steps.attach import attach_cause
+
     records = kmsg.read_kernel_records(run.root)
     messages = [m for _level, m in records]
+    cause = attach_cause(run.root, messages)
+    if cause and "cannot attach" not in reason:
+        step, _sep, said = reason.partition(": ")
+        reason = f"{step}: the driver cannot attach the GPU: {cause}; {said}"
     extra = [f.describe() for f in kmsg.findings(messages)
              if f.summary.lower() not in reason.lower()][:2]
     quoted = (reason + " ".join(extra)).lower()

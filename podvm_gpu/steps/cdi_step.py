@@ -36,9 +36,14 @@ ESSENTIAL = r"libcuda\.so|libnvidia-ml\.so|/dev/nvidia|nvidia-cdi-hook|NVML|nvml
 
 
 def generate_argv(ctx: BootContext) -> list[str]:
-    """``nvidia-ctk cdi generate --format=json --output=`` (spec on stdout), with the roots
-    when not ``/``."""
-    argv = ["nvidia-ctk", "cdi", "generate", "--format=json", "--output="]
+    """``nvidia-ctk cdi generate --mode=nvml --format=json --output=`` (spec on stdout), with the
+    roots when not ``/``.
+
+    ``--mode=nvml`` explicitly: without it the toolkit takes its mode from
+    ``/etc/nvidia-container-runtime/config.toml``, and 1.18.0 with ``mode = "cdi"`` there fails
+    with ``invalid discovery mode: cdi`` (NVIDIA/nvidia-container-toolkit#1376, fixed in #1377).
+    A pod VM's GPUs are NVML devices whatever the runtime's config says."""
+    argv = ["nvidia-ctk", "cdi", "generate", "--mode=nvml", "--format=json", "--output="]
     if not ctx.root.is_host:
         argv += [f"--driver-root={ctx.root.path}", f"--dev-root={ctx.root.path}"]
     return argv
