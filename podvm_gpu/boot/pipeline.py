@@ -22,8 +22,14 @@ The order, and what depends on what (contract section 3):
 ``confidential-computing``  same time: the fabric wait is tens of seconds on HGX machines,
 ``cdi`` (generate)    }     and nvidia-ctk's generation does not need the fabric or the ready
                             state, only the driver and persistenced.
+``cdi`` (health gate)       after generation, in the same branch (steps/health.py): two bounded
+                            nvidia-smi queries (row remapper; volatile ECC, pages pending), NVML
+                            clients, so after persistenced; before the install, since a spec
+                            means a usable GPU. No step of its own: the contract's step list
+                            is fixed, and the gate decides whether the ``cdi`` spec goes in.
 ``cdi`` (install)           only once all three succeeded: the spec a CDI reader sees must mean
-                            a usable GPU (fabric Completed/Success, CC ready state as decided).
+                            a usable GPU (fabric Completed/Success, CC ready state as decided,
+                            memory health as read).
 ==========================  =================================================================
 
 A failure in one of the three parallel steps stops the steps after it in the order above at
@@ -62,10 +68,19 @@ SEQUENTIAL = (
 PARALLEL = (
     ("fabricmanager", fabric.run),
     ("confidential-computing", cc.run),
-    ("cdi", cdi_step.generate),
+    ("cdi", lambda ctx: _generate_and_gate(ctx)),
 )
 STEP_NAMES = tuple(name for name, _ in SEQUENTIAL + PARALLEL)
 _ALARM_GRACE_S = 2.0  # after the budget, let the step in flight report its own timeout first
+
+
+def _generate_and_gate(ctx: BootContext) -> cdi_step.Generated:
+    """The ``cdi`` branch before the install: generate and validate, then the health gate."""
+    from podvm_gpu.steps import health
+
+    generated = cdi_step.generate(ctx)
+    generated.health = health.gate(ctx)
+    return generated
 
 
 class BudgetExpired(BaseException):
@@ -196,7 +211,9 @@ class Steps:
             return f"{failed[0].name}: {failed[0].message}"
         cdi = started[-1][0]
         cdi.message = ""
-        return self.one(cdi, lambda ctx: cdi_step.install(ctx, results["cdi"]), started=False)
+        generated = results["cdi"]
+        return self.one(cdi, lambda ctx: f"{cdi_step.install(ctx, generated)}; {generated.health}",
+                        started=False)
 
     def in_flight(self) -> Step:
         """The earliest step still running (several run at once after persistenced)."""

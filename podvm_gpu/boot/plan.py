@@ -10,7 +10,7 @@ from __future__ import annotations
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, PERSISTENCED_COMM,
                                PERSISTENCED_PID, daemon_pid, module_loaded)
-from podvm_gpu.steps import cdi_step, fabric, modules, nodes
+from podvm_gpu.steps import cdi_step, fabric, health, modules, nodes
 
 
 def plan(ctx: BootContext) -> list[list[str]]:
@@ -39,4 +39,5 @@ def plan(ctx: BootContext) -> list[list[str]]:
     argvs.append(["nvidia-smi", "-q", "-d", "FABRIC"])
     argvs.append(["nvidia-smi", "conf-compute", "-f"])
     argvs.append(cdi_step.generate_argv(ctx))
+    argvs += [health.remap_argv(), health.ecc_argv()]
     return argvs

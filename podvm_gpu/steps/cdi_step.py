@@ -91,6 +91,7 @@ class Generated:
 
     def __init__(self, text: str, spec):
         self.text, self.spec = text, spec
+        self.health = ""  # what the health gate read (steps/health.py), for the step's message
 
 
 def run(ctx: BootContext) -> str:
