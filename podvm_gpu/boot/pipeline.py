@@ -96,7 +96,7 @@ def describe_command_error(err: CommandError) -> str:
     cmd = " ".join([err.tool, *err.argv[1:3]])
     if err.timed_out:
         return f"{cmd} timed out after {err.timeout_s:g} s"
-    if err.returncode is None:
+    if err.returncode is None or err.held_open:
         return str(err)
     last = err.last_line()
     return f"{cmd} failed ({exit_text(err.returncode)})" + (f": {last}" if last else "")

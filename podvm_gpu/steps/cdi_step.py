@@ -113,6 +113,8 @@ def generate(ctx: BootContext) -> Generated:
         if err.timed_out:
             raise StepFailed(f"nvidia-ctk cdi generate timed out after {err.timeout_s:g} s "
                              f"(driver {driver})") from err
+        if err.held_open:
+            raise StepFailed(f"{err} (driver {driver})") from err
         if err.returncode is None:  # missing, not executable, or refused to start
             raise StepFailed(f"{err.tool_message()} (driver {driver})") from err
         cause = f"nvidia-ctk cdi generate failed ({exit_text(err.returncode)}): " \

@@ -129,6 +129,8 @@ def explain_failure(ctx: BootContext, module: str, err: CommandError) -> str:
     docstring for the evidence each cause needs)."""
     if err.timed_out:
         return f"modprobe {module} timed out after {err.timeout_s:g} s"
+    if err.held_open:
+        return str(err)
     if err.returncode is None:
         return f"cannot load {module}: {err}"
     said = modprobe_said(err)
