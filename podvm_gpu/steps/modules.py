@@ -247,4 +247,29 @@ def run(ctx: BootContext) -> str:
         parts.append("loaded " + ", ".join(loaded))
     if already:
         parts.append("already loaded " + ", ".join(already))
+    if ctx.config.modules.lock_after_boot:
+        parts.append(lock_module_loading(ctx.root))
     return "; ".join(parts)
+
+
+MODULES_DISABLED = "/proc/sys/kernel/modules_disabled"
+
+
+def lock_module_loading(root: Root) -> str:
+    """Write 1 to ``kernel.modules_disabled`` (modules.lock_after_boot): after the last module
+    the boot loads (this step's; no later step loads one), before kata-agent starts, so nothing
+    in a container can load a module until reboot (as NVRC does). The kernel allows only 0 -> 1
+    (Documentation/admin-guide/sysctl/kernel.rst).
+
+    Raises:
+        StepFailed: the write failed (the config asked for the lock: the boot fails closed).
+    """
+    if (root.read_text(MODULES_DISABLED) or "").strip() == "1":
+        return f"module loading already locked ({MODULES_DISABLED} is 1)"
+    try:
+        with open(root.resolve(MODULES_DISABLED), "w") as f:
+            f.write("1\n")
+    except OSError as err:
+        raise StepFailed(f"cannot lock module loading (modules.lock_after_boot): writing 1 to "
+                         f"{MODULES_DISABLED} failed: {err.strerror or err}") from err
+    return f"module loading locked ({MODULES_DISABLED} = 1, modules.lock_after_boot)"
