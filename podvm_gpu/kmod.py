@@ -340,3 +340,21 @@ def unreached(root: Root, release: str, module: str) -> str | None:
                 "installed)")
     return (f"{path} is the {module} module under another name, and no modprobe.d "
             f"'install {module}' or 'alias {module}' rule points to it")
+
+
+UNREADABLE_MODULE_HINT = ("run the check where modinfo is installed (in the image with "
+                          "systemd-nspawn, as the Packer build does), or check that the file is a "
+                          "kernel module")
+
+
+def modinfo(runner, path: str, field: str) -> list[str]:
+    """``modinfo -F FIELD FILE`` (one value a line) run by ``runner`` (a read-only
+    :class:`podvm_gpu.host.proc.Runner`), else the file's own ``.modinfo`` strings."""
+    try:
+        done = runner.run(["modinfo", "-F", field, path], check=False)
+        values = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+        if done.returncode == 0 and values:
+            return values
+    except CommandError:
+        pass
+    return modinfo_fields(path, field)

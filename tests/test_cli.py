@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from podvm_gpu import __version__
-from podvm_gpu.app import run_app
+
 from podvm_gpu.cli import fast_args, main
 from podvm_gpu.host.fs import atomic_write
 
@@ -109,7 +110,7 @@ def test_anything_else_goes_to_the_full_parser(args):
 # --- the argparse parser: version, help, usage errors ----------------------------------------------
 
 def test_version_exits_0(capsys):
-    assert run_app(["--version"]) == 0
+    assert main(["--version"]) == 0
     assert __version__ in capsys.readouterr().out
 
 
@@ -457,3 +458,77 @@ def test_output_that_cannot_be_written_is_one_line_never_a_traceback(tmp_path, a
                               env={**os.environ, "PATH": str(tmp_path)})
     assert done.returncode == code, done.stderr
     assert done.stderr == "podvm-gpu: error: cannot write the output: No space left on device\n"
+
+
+# --- closed standard streams, Ctrl-C (issue 21 items 1 and 2) ------------------------------------
+
+def _run_with_closed(fd: int, args: list[str], tmp_path: Path, script: bool = False):
+    """The command with file descriptor ``fd`` closed when it starts, as systemd or a shell's
+    ``>&-`` can start it; stderr is captured unless it is the one closed."""
+    def close():
+        os.close(fd)
+
+    entry = [str(Path(sys.executable).with_name("podvm-gpu"))] if script else \
+        [sys.executable, "-m", "podvm_gpu"]
+    return subprocess.run([*entry, *args, "--root", str(tmp_path)], preexec_fn=close,
+                          stdout=subprocess.PIPE if fd != 1 else None,
+                          stderr=subprocess.PIPE if fd != 2 else None,
+                          text=True, timeout=60, env={**os.environ, "PATH": "/nonexistent"})
+
+
+@pytest.mark.parametrize("script", [False, True], ids=["python -m", "script"])
+@pytest.mark.parametrize("args, boot_first, code", [
+    (["boot"], False, 0),  # this machine has no NVIDIA GPU: no-gpu
+    (["status"], False, 3),  # no status yet
+    (["status"], True, 0),
+    (["check"], True, 0),
+    (["config"], False, 0),
+    (["metrics"], False, 0),
+])
+def test_a_closed_stdout_changes_no_exit_code_and_prints_no_traceback(tmp_path, args, boot_first,
+                                                                      code, script):
+    """With stdout closed (``>&-``) every command printed ``AttributeError: 'NoneType' object
+    has no attribute 'flush'``, and status exited 1, not its documented 3."""
+    if boot_first:
+        assert _run_with_closed(1, ["boot"], tmp_path, script).returncode == 0
+    done = _run_with_closed(1, args, tmp_path, script)
+
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("script", [False, True], ids=["python -m", "script"])
+def test_a_boot_with_stderr_closed_exits_as_its_state(tmp_path, script):
+    """``boot 2>&-`` on a CPU VM exited 1 (the final flush of None), not 0 for no-gpu; and what
+    the boot opens must not land on fd 2 either (the status file)."""
+    done = _run_with_closed(2, ["boot"], tmp_path, script)
+
+    assert done.returncode == 0
+    assert done.stdout.startswith("no-gpu: ")
+    assert json.loads((tmp_path / "run/podvm-gpu/status.json").read_text())["state"] == "no-gpu"
+
+
+def test_a_boot_with_stdin_closed_runs_its_tools_with_stdin_on_dev_null(tmp_path):
+    done = _run_with_closed(0, ["boot"], tmp_path)
+
+    assert done.returncode == 0, done.stderr
+
+
+def test_ctrl_c_on_status_wait_is_one_line_and_exit_130(tmp_path):
+    """``status --wait`` interrupted by Ctrl-C printed a KeyboardInterrupt traceback."""
+    write_status(tmp_path, "running")
+    lock = tmp_path / "run/podvm-gpu/boot.lock"
+    lock.touch()
+    import fcntl
+
+    with open(lock) as held:  # a boot in progress: the wait goes on
+        fcntl.flock(held, fcntl.LOCK_EX)
+        waiting = subprocess.Popen([sys.executable, "-m", "podvm_gpu", "status", "--root",
+                                    str(tmp_path), "--wait", "--timeout", "60"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        waiting.send_signal(signal.SIGINT)
+        out, err = waiting.communicate(timeout=30)
+
+    assert waiting.returncode == 130, err
+    assert err == "podvm-gpu: interrupted\n"

@@ -82,7 +82,7 @@ def _boot(run: Run, config: str | None) -> int:
         config_path, present = f"{root.path}{CONFIG_PATH}", err
     settings, config_error = None, None
     if present is True:
-        from podvm_gpu.config import load_config
+        from podvm_gpu.config.load import load_config
         from podvm_gpu.errors import ConfigError
 
         try:
@@ -164,7 +164,7 @@ def _late_wait(run: Run, settings, coming: list, nvidia: list[str]):
     ``coming`` are the VMBus PCI pass-through channels without their PCI device, ``nvidia`` the
     NVIDIA functions on PCI now; the config's ``detect`` section (defaults without a config)
     gives the limit and the expected count. Imports the config and wait modules only here."""
-    from podvm_gpu.config import DetectConfig
+    from podvm_gpu.config.model import DetectConfig
     from podvm_gpu.host.sysfs import nvidia_gpus
     from podvm_gpu.boot.late import plan_wait
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 
-from podvm_gpu.config import Config
+from podvm_gpu.config.model import Config
 from podvm_gpu.errors import Cancelled, StepFailed, one_line
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
@@ -76,6 +77,22 @@ class BootContext:
         line = one_line(text, REASON_MAX)
         if line not in self.status.warnings:
             self.status.warnings.append(line)
+
+    def start_daemon(self, argv: list[str], log_host_path: str):
+        """Start a daemon for a step (host/daemons.py: its own unit under systemd, else detached),
+        its spawn log at ``log_host_path`` under the root; returns the
+        :class:`~podvm_gpu.host.daemons.Daemon`.
+
+        Raises:
+            OSError: the log's folder cannot be made.
+            CommandError: the daemon could not be started.
+        """
+        from podvm_gpu.host.daemons import start_daemon
+        from podvm_gpu.host.fs import ensure_dir
+
+        log_path = self.root.resolve(log_host_path, follow_last=False)
+        ensure_dir(os.path.dirname(log_path))
+        return start_daemon(self.runner, argv, log_path, warn=self.warn)
 
     @property
     def gpu_count(self) -> int:
