@@ -22,7 +22,7 @@ The order, and what depends on what (contract section 3):
 ``confidential-computing``  same time: the fabric wait is tens of seconds on HGX machines,
 ``cdi`` (generate)    }     and nvidia-ctk's generation does not need the fabric or the ready
                             state, only the driver and persistenced.
-``cdi`` (health gate)       after generation, in the same branch (steps/health.py): two bounded
+``cdi`` (health gate)       after generation, in the same branch (podvm_gpu/health.py): two bounded
                             nvidia-smi queries (row remapper; volatile ECC, pages pending), NVML
                             clients, so after persistenced; before the install, since a spec
                             means a usable GPU. No step of its own: the contract's step list
@@ -298,10 +298,10 @@ def _dry_run(run: Run, ctx: BootContext) -> int:
 
 def _fail(run: Run, reason: str) -> int:
     """End the boot ``failed``: the driver's reason for not attaching a GPU first when the log
-    has one (steps/attach.py: the tool that failed only says it found no device), what else the
+    has one (podvm_gpu/attach.py: the tool that failed only says it found no device), what else the
     kernel log says appended (the facts the patterns name, then the driver's own error records
     not quoted yet), then :meth:`Run.fail`."""
-    from podvm_gpu.steps.attach import attach_cause
+    from podvm_gpu.attach import attach_cause
 
     records = kmsg.read_kernel_records(run.root)
     messages = [m for _level, m in records]

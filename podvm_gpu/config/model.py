@@ -58,7 +58,7 @@ class ModulesConfig(Section):
 
 
 class HealthConfig(Section):
-    """The health gate before the spec is installed (steps/health.py): a pending row remap or
+    """The health gate before the spec is installed (podvm_gpu/health.py): a pending row remap or
     page retirement (it takes effect only after a GPU reset) fails the boot unless
     ``reset_pending_warns`` makes it a warning."""
 

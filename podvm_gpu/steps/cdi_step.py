@@ -94,11 +94,11 @@ class Generated:
 
     def __init__(self, text: str, spec):
         self.text, self.spec = text, spec
-        self.health = ""  # what the health gate read (steps/health.py), for the step's message
+        self.health = ""  # what the health gate read (podvm_gpu/health.py), for the step's message
 
 
 def run(ctx: BootContext) -> Generated:
-    """Generate and validate the spec, then the health gate (steps/health.py: a spec must mean
+    """Generate and validate the spec, then the health gate (podvm_gpu/health.py: a spec must mean
     a usable GPU); nothing is written.
 
     Raises:
@@ -106,7 +106,7 @@ def run(ctx: BootContext) -> Generated:
             MIG state when that is the cause), the spec breaks a rule of contract section 8, or
             the health gate read a GPU that needs replacing or a reset.
     """
-    from podvm_gpu.steps import health
+    from podvm_gpu import health
 
     generated = generate(ctx)
     generated.health = health.gate(ctx)
@@ -170,7 +170,7 @@ def finish(ctx: BootContext, generated: Generated) -> str:
 
 def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: the spec's generation, then the health gate's queries."""
-    from podvm_gpu.steps import health
+    from podvm_gpu import health
 
     return [generate_argv(ctx), health.remap_argv(), health.ecc_argv()]
 

@@ -35,7 +35,7 @@ import re
 
 from podvm_gpu import kmod
 from podvm_gpu.config.fields import OPTIONAL_MODULES, REQUIRED_MODULES
-from podvm_gpu.steps.attach import attach_cause
+from podvm_gpu.attach import attach_cause
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host import kmsg
