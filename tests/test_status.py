@@ -44,7 +44,7 @@ def test_a_new_status_has_every_contract_key_and_state_running():
     doc = Status().to_dict()
 
     assert set(doc) == CONTRACT_KEYS
-    assert doc["version"] == 1 and doc["state"] == "running"
+    assert doc["version"] == 2 and doc["state"] == "running"
     assert doc["reason"] is None and doc["finished_at"] is None and doc["warnings"] == []
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 from podvm_gpu import kmod
 from podvm_gpu.config.fields import OPTIONAL_MODULES, REQUIRED_MODULES
@@ -204,10 +205,11 @@ def run(ctx: BootContext) -> str:
     Raises:
         StepFailed: a required module failed to load or is not loaded after modprobe exit 0.
     """
-    params = ctx.config.modules.parameters
+    params, nvlink_note = module_parameters(ctx)
     optional = set(ctx.config.modules.optional)
-    order = [*REQUIRED, *(m for m in OPTIONAL if m in optional)]
+    order = [*REQUIRED, *(m for m in OPTIONAL if m in optional), *ib_modules(ctx)]
     loaded, already = [], []
+    ib_started = time.monotonic()
     for index, module in enumerate(order):
         if module_loaded(ctx.root, module):
             already.append(module)
@@ -223,7 +225,8 @@ def run(ctx: BootContext) -> str:
                 continue
             rest = order[index + 1:]
             skipped = f" ({', '.join(rest)} skipped)" if rest else ""
-            raise StepFailed(cause + skipped) from err
+            _record_ib(ctx, module, "failed", cause, ib_started)
+            raise StepFailed(_ib_context(ctx, module) + cause + skipped) from err
         if not module_loaded(ctx.root, module):
             overrides = modprobe_overrides(ctx.root, module)
             why = f"; modprobe.d overrides it: {'; '.join(overrides)}" if overrides else ""
@@ -231,8 +234,12 @@ def run(ctx: BootContext) -> str:
             if harmless:
                 ctx.warn(f"modules: optional {cause}")
                 continue
-            raise StepFailed(cause)
+            _record_ib(ctx, module, "failed", cause, ib_started)
+            raise StepFailed(_ib_context(ctx, module) + cause)
         loaded.append(module)
+    if ib_modules(ctx):
+        _record_ib(ctx, None, "ok", "loaded or already loaded: " + ", ".join(ib_modules(ctx)),
+                   ib_started)
     fatal = [f for f in kmsg.findings(kmsg.since_driver_load(kmsg.read_kernel_log(ctx.root)))
              if f.fatal]
     if fatal:
@@ -245,7 +252,7 @@ def run(ctx: BootContext) -> str:
         # Loaded, but it failed to attach a GPU (an earlier client, a udev autoload): every NVML
         # client after it fails with words of its own; the driver's are the cause.
         raise StepFailed(f"the driver loaded but cannot attach the GPU: {cause}")
-    parts = []
+    parts = [nvlink_note] if nvlink_note else []
     if loaded:
         parts.append("loaded " + ", ".join(loaded))
     if already:
@@ -253,6 +260,49 @@ def run(ctx: BootContext) -> str:
     if ctx.config.modules.lock_after_boot:
         parts.append(lock_module_loading(ctx.root))
     return "; ".join(parts)
+
+
+NVLINK_DISABLE = "NVreg_NvLinkDisable"
+
+
+def module_parameters(ctx: BootContext) -> tuple[dict, str]:
+    """The modules' parameters and a note for the message: with exactly one GPU and no fabric
+    (one GPU of a multi-GPU board), ``NVreg_NvLinkDisable=1`` is added to nvidia's, so the
+    driver does not train links that lead nowhere (NVIDIA/nvrc src/modprobe.rs adds it when
+    exactly one NVIDIA GPU is on PCI; the parameter is the driver's own, documented by its
+    README's module parameters). ``modules.parameters.nvidia.NVreg_NvLinkDisable`` wins."""
+    params = dict(ctx.config.modules.parameters)
+    fabric = getattr(ctx, "fabric", None)
+    if ctx.gpu_count != 1 or (fabric is not None and fabric.kind != "none"):
+        return params, ""
+    nvidia = dict(params.get("nvidia", {}))
+    if NVLINK_DISABLE in nvidia:
+        return params, f"{NVLINK_DISABLE}={nvidia[NVLINK_DISABLE]} as configured"
+    nvidia[NVLINK_DISABLE] = 1
+    params["nvidia"] = nvidia
+    return params, (f"{NVLINK_DISABLE}=1: one GPU and no NVLink fabric (modules.parameters "
+                    f"overrides it)")
+
+
+def ib_modules(ctx: BootContext) -> tuple[str, ...]:
+    """The IB modules the NVLink 5 path needs (``nvlink5.ib_modules``), on such a VM only."""
+    fabric = getattr(ctx, "fabric", None)
+    return tuple(ctx.config.nvlink5.ib_modules) if fabric is not None and \
+        fabric.kind == "nvlink5" else ()
+
+
+def _ib_context(ctx: BootContext, module: str) -> str:
+    if module not in ib_modules(ctx):
+        return ""
+    return (f"NVLink 5 management ports ({', '.join(ctx.fabric.port_addresses)}) need IB "
+            f"module {module}: ")
+
+
+def _record_ib(ctx: BootContext, module: str | None, result: str, message: str,
+               since: float) -> None:
+    if module is not None and module not in ib_modules(ctx):
+        return
+    ctx.fabric.record("ib-modules", result, message, time.monotonic() - since)
 
 
 MODULES_DISABLED = "/proc/sys/kernel/modules_disabled"
@@ -281,8 +331,9 @@ def lock_module_loading(root: Root) -> str:
 def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: the modprobe of every module wanted and not loaded."""
     cfg = ctx.config
-    wanted = [*REQUIRED, *(m for m in OPTIONAL if m in cfg.modules.optional)]
-    return [modprobe_argv(m, cfg.modules.parameters.get(m, {})) for m in wanted
+    params = module_parameters(ctx)[0]
+    wanted = [*REQUIRED, *(m for m in OPTIONAL if m in cfg.modules.optional), *ib_modules(ctx)]
+    return [modprobe_argv(m, params.get(m, {})) for m in wanted
             if not module_loaded(ctx.root, m)]
 
 
