@@ -22,7 +22,7 @@ from podvm_gpu.status import (STATUS_PATH, StatusFile, StatusUnreadable,
 from podvm_gpu.cdi.unavailable import render_unavailable_spec, write_unavailable_spec
 
 CONTRACT_KEYS = {"version", "state", "reason", "warnings", "started_at", "finished_at", "gpus",
-                 "nvswitches", "driver_version", "cdi", "steps"}
+                 "nvswitches", "driver_version", "cdi", "fabric", "steps"}
 
 
 @pytest.fixture
