@@ -626,3 +626,15 @@ def test_status_json_of_an_unreadable_file_is_indented_as_the_interface_says(tmp
     assert main(["status", "--root", str(tmp_path), "--json"]) == 3
     out = capsys.readouterr().out
     assert json.loads(out)["state"] is None and out.startswith("{\n  ")
+
+
+@pytest.mark.parametrize("args", [["config"], ["check", "--image", "--json"], ["boot"]])
+def test_a_config_with_a_key_given_twice_is_refused_by_config_check_image_and_boot(tmp_path,
+                                                                                   capsys, args):
+    path = tmp_path / "etc/podvm-gpu/config.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text("budget_s: 1\nbudget_s: 2\n")
+
+    assert main([*args, "--root", str(tmp_path)]) == 1
+    said = capsys.readouterr()
+    assert "budget_s: duplicate key (lines 1 and 2)" in said.out + said.err
