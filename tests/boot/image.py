@@ -76,12 +76,19 @@ _KEYS: dict[str, str] = {}
 
 @dataclass(frozen=True)
 class Variant:
-    """One cached test image: its packages, archive components and cache folder prefix.
+    """One cached test image: its suite, packages, archive components and cache folder prefix.
 
     ``prefix`` + key names the folder in the cache; only folders with this prefix are pruned
     when this variant is built, so variants never delete each other. ``by_versions`` keys the
     cache on the package versions apt resolves (:func:`resolved_versions`) instead of the
     package names, for images whose packages change under the same names (a driver update).
+    ``updates`` are further suites of the security archive (``bookworm-security``), as a real
+    image's sources have them. ``pin`` = (package, source package): every binary package of the
+    source package is pinned to the upstream version of the package's candidate (one driver
+    version, where the security archive has newer user space than the open module).
+    ``late`` packages are installed after the image is built, in mmdebstrap's customize hook,
+    and their failure is tolerated and logged to ``LATE_LOG`` in the image, as a careless image
+    build does with a DKMS package that cannot build for the kernel.
     """
 
     name: str
@@ -89,51 +96,117 @@ class Variant:
     packages: tuple[str, ...]
     components: tuple[str, ...] = ("main",)
     by_versions: bool = False
+    suite: str = SUITE
+    updates: tuple[str, ...] = ()
+    pin: tuple[str, str] | None = None
+    late: tuple[str, ...] = ()
 
     def key(self) -> str:
         """The cache key; versions are resolved once per test session (an apt-get update and a
         simulated install, about 5 s)."""
         if not self.by_versions:
-            return rootfs_key()
+            return rootfs_key() if self.suite == SUITE else hashlib.sha256(json.dumps(
+                [self.suite, MIRROR, sorted(self.packages), DPKG_OPTS, "minbase"]).encode()).hexdigest()[:16]
         if self.name not in _KEYS:
-            recipe = [SUITE, MIRROR, list(self.components), DPKG_OPTS, "minbase",
-                      resolved_versions(self.packages, self.components)]
+            # the recipe of a variant without updates or late packages is as it was before they
+            # existed, so caches built then stay valid
+            recipe = [self.suite, MIRROR, list(self.components), DPKG_OPTS, "minbase", resolved_versions(self)]
+            if self.updates or self.late:
+                recipe += [list(self.updates), list(self.late)]
             _KEYS[self.name] = hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:16]
         return _KEYS[self.name]
 
+    def sources(self) -> list[str]:
+        """The image's apt source lines (one-line style)."""
+        lines = [f"deb {MIRROR} {self.suite} {' '.join(self.components)}"]
+        lines += [f"deb {SECURITY_MIRROR} {suite} {' '.join(self.components)}" for suite in self.updates]
+        return lines
+
     def argv(self, target: Path) -> list[str]:
+        hooks = []
+        if self.pin is not None:
+            preferences = CACHE / f".preferences-{self.name}-{self.key()}"
+            preferences.write_text(pin_preferences(self))
+            hooks.append(f"--setup-hook=mkdir -p \"$1/etc/apt/preferences.d\" && "
+                         f"cp {preferences} \"$1/etc/apt/preferences.d/50-podvm-gpu-test-pin\"")
+        if self.late:
+            hooks.append("--customize-hook=chroot \"$1\" env DEBIAN_FRONTEND=noninteractive apt-get "
+                         f"install -y --no-install-recommends {' '.join(self.late)} >\"$1{LATE_LOG}\" "
+                         f"2>&1; echo \"exit status $?\" >>\"$1{LATE_LOG}\"")
         return ["mmdebstrap", "--variant=minbase", f"--components={','.join(self.components)}",
                 "--include=" + ",".join(self.packages), *[f"--dpkgopt={o}" for o in DPKG_OPTS],
-                SUITE, str(target), MIRROR]
+                *hooks, self.suite, str(target), *self.sources()]
+
+
+LATE_LOG = "/var/log/podvm-gpu-test-late-packages.log"
+SECURITY_MIRROR = os.environ.get("PODVM_GPU_TEST_SECURITY_MIRROR", "http://deb.debian.org/debian-security")
 
 
 # The folder name of the base image predates variants: kept, so existing caches stay valid.
 BASE = Variant("base", "rootfs-", tuple(PACKAGES))
+# The same base on Debian 13 (systemd 257, kernel 6.12): the boots under a newer systemd.
+TRIXIE_BASE = Variant("trixie-base", "trixie-rootfs-", tuple(PACKAGES), suite="trixie")
+BASES = {"bookworm": BASE, "trixie": TRIXIE_BASE}
 # A stale folder of a variant is pruned only when unused this long: another checkout (with
 # another recipe) may still boot from it.
 STALE_S = 3 * 24 * 3600
 USED_STAMP = ".podvm-gpu-test-used"
 
 
-def _apt_options(folder: Path, components: tuple[str, ...]) -> list[str]:
+def _apt_options(folder: Path, variant: Variant, preferences: str = "") -> list[str]:
     """apt-get options for a private apt state under folder: its own sources, lists and empty
     dpkg status; the host's sources, preferences and installed packages play no part."""
     for sub in ("lists/partial", "cache/archives/partial", "parts"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
-    (folder / "sources.list").write_text(
-        f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {MIRROR} {SUITE} "
-        f"{' '.join(components)}\n")
+    keyring = "[signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
+    (folder / "sources.list").write_text("".join(
+        line.replace("deb ", "deb " + keyring, 1) + "\n" for line in variant.sources()))
     (folder / "status").touch()
+    # one file a variant: variants that share the lists may resolve at the same time
+    (folder / f"preferences-{variant.name}").write_text(preferences)
     settings = {"Dir::Etc::SourceList": folder / "sources.list", "Dir::Etc::SourceParts": folder / "parts",
-                "Dir::Etc::Preferences": "/dev/null", "Dir::Etc::PreferencesParts": folder / "parts",
+                "Dir::Etc::Preferences": folder / f"preferences-{variant.name}", "Dir::Etc::PreferencesParts": folder / "parts",
                 "Dir::State::Lists": folder / "lists", "Dir::State::status": folder / "status",
                 "Dir::Cache": folder / "cache", "Debug::NoLocking": "1", "APT::Architecture": "amd64"}
     return [arg for k, v in settings.items() for arg in ("-o", f"{k}={v}")]
 
 
-def resolved_versions(packages: tuple[str, ...], components: tuple[str, ...]) -> list[str]:
-    """``name=version`` of every package apt would install for ``packages`` from the mirror
-    (``apt-get -s install`` against an empty system), sorted.
+def _apt_state(variant: Variant) -> tuple[Path, list[str]]:
+    """The variant's private apt state in the cache, its lists updated (see resolved_versions)."""
+    folder = CACHE / (".apt-" + hashlib.sha256(json.dumps(
+        [MIRROR, variant.suite, variant.components] + ([variant.updates] if variant.updates else [])
+    ).encode()).hexdigest()[:12])
+    options = _apt_options(folder, variant)
+    if folder not in _UPDATED:
+        update = subprocess.run(["apt-get", *options, "-qq", "update"], stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=300)
+        if update.returncode != 0 and not list((folder / "lists").glob("*Release")):
+            pytest.fail(f"apt-get update against {MIRROR} failed:\n{update.stderr[-2000:]}")
+        _UPDATED.add(folder)
+    return folder, options
+
+
+_UPDATED: set[Path] = set()
+
+
+def pin_preferences(variant: Variant) -> str:
+    """apt_preferences(5) text pinning every binary package of ``variant.pin``'s source package to
+    the upstream version of the pinned package's candidate (``535.261.03-*``)."""
+    assert variant.pin is not None
+    package, source = variant.pin
+    _, options = _apt_state(variant)
+    done = subprocess.run(["apt-cache", *options, "show", "--no-all-versions", package], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+    versions = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("Version:")]
+    if done.returncode != 0 or not versions:
+        pytest.fail(f"apt has no {package} in {variant.suite}:\n{done.stderr[-2000:]}")
+    upstream = versions[0].split(":")[-1].rsplit("-", 1)[0]
+    return f"Package: src:{source}\nPin: version {upstream}-*\nPin-Priority: 1001\n"
+
+
+def resolved_versions(variant: Variant) -> list[str]:
+    """``name=version`` of every package apt would install for the variant's packages (its late
+    ones too) from the mirror (``apt-get -s install`` against an empty system), sorted.
 
     The package lists live in the cache (``.apt-<hash>``) and are refreshed with ``apt-get
     update`` (a second call fetches only the unchanged InRelease, about 4 s); when the mirror
@@ -141,14 +214,12 @@ def resolved_versions(packages: tuple[str, ...], components: tuple[str, ...]) ->
     a busy machine) runs once per state of the lists: its answer is kept beside them, under the
     hash of the InRelease files, which change whenever any package of the suite does.
     """
-    folder = CACHE / (".apt-" + hashlib.sha256(json.dumps([MIRROR, SUITE, components]).encode()).hexdigest()[:12])
-    options = _apt_options(folder, components)
-    update = subprocess.run(["apt-get", *options, "-qq", "update"], stdin=subprocess.DEVNULL,
-                            capture_output=True, text=True, timeout=300)
+    folder, options = _apt_state(variant)
+    preferences = pin_preferences(variant) if variant.pin else ""
+    options = _apt_options(folder, variant, preferences)
+    packages = [*variant.packages, *variant.late]
     releases = sorted((folder / "lists").glob("*Release"))
-    if update.returncode != 0 and not releases:
-        pytest.fail(f"apt-get update against {MIRROR} failed:\n{update.stderr[-2000:]}")
-    state = hashlib.sha256(json.dumps(sorted(packages)).encode())
+    state = hashlib.sha256(json.dumps([sorted(packages), preferences]).encode())
     for release in releases:
         state.update(release.read_bytes())
     answer = folder / f"resolved-{state.hexdigest()[:16]}.json"
