@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from podvm_gpu import cdi_dir, kata, kmod, readers, units
+from podvm_gpu import cdi_dir, dkms, image_tools, kata, kmod, readers, units
 from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
 from podvm_gpu.config import DEFAULT_PATH as CONFIG_PATH
 from podvm_gpu.config import Config, config_location, load_config, timeouts_for
@@ -516,7 +516,6 @@ def kata_cdi_check(root: Root, argv: list[str] | None, cmdline: str | None,
 
 # --- check --image ----------------------------------------------------------------------------
 
-_BIN_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/local/sbin")
 IMAGE_TOOLS = ("nvidia-ctk", "nvidia-persistenced", "modprobe")
 
 
@@ -586,6 +585,14 @@ def _modules_check(root: Root, kernels: list[str], found: dict[str, dict[str, km
             if res.blocked:
                 return Check("modules", FAIL, f"kernel {release}: modprobe {name} loads nothing: "
                              f"{res.blocked}", "remove that line from the image")
+    for release in kernels:
+        for name, res in found[release].items():
+            gone = kmod.absent_file(root, res)
+            if gone:
+                return Check("modules", FAIL, f"kernel {release}: modprobe {name} reaches {gone}",
+                             f"run depmod {release} in the image after removing or rebuilding "
+                             "modules, or install the module again (dkms install, or the "
+                             "driver package)")
     lacking = [(k, name) for k in kernels for name, res in found[k].items() if not res.found]
     if lacking:
         release, name = lacking[0]
@@ -597,9 +604,10 @@ def _modules_check(root: Root, kernels: list[str], found: dict[str, dict[str, km
                          "/etc/modprobe.d/nvidia.conf, set up with libcuda1) or add "
                          f"'install {name} modprobe -i <file name> $CMDLINE_OPTS'")
         kernels_lacking = sorted({k for k, _ in lacking})
+        reason, hint = dkms.why_not_built(root, kernels_lacking) or (
+            "", "build the nvidia modules (DKMS) for every kernel in the image")
         return Check("modules", FAIL, f"no {name} module for kernel(s) {', '.join(kernels_lacking)} "
-                     f"(/lib/modules/{release})",
-                     "build the nvidia modules (DKMS) for every kernel in the image")
+                     f"(/lib/modules/{release})" + (f": {reason}" if reason else ""), hint)
 
     def shown(res: kmod.Resolution) -> str:
         via = f" via {res.rules[0].split(': ', 1)[-1]}" if res.rules else ""
@@ -610,14 +618,30 @@ def _modules_check(root: Root, kernels: list[str], found: dict[str, dict[str, km
         f" ({next(iter(found[kernels[0]].values())).source})")
 
 
+def present_modules(root: Root, found: dict[str, dict[str, kmod.Resolution]]) -> dict[str, str]:
+    """Kernel -> host path of the nvidia module file ``modprobe nvidia`` reaches, where there is
+    one in the image (the modules row says why others have none)."""
+    return {k: r["nvidia"].file for k, r in found.items()
+            if r["nvidia"].file and not kmod.absent_file(root, r["nvidia"])}
+
+
+def no_module_to_read(name: str, what: str) -> Check:
+    """The row of a check that reads the nvidia module when the image has none to read: not
+    passed (nothing was compared), not failed twice for one cause (the modules row fails)."""
+    return Check(name, SKIP, f"no nvidia module in the image to read {what} from (see modules)",
+                 "fix the modules row first")
+
+
 def _firmware_check(root: Root, runner: Runner, found: dict[str, dict[str, kmod.Resolution]]) -> Check:
     """The firmware files the nvidia module asks for (``modinfo -F firmware``, the GSP images of
     535) must be where the kernel's loader finds them, or the driver fails on GSP GPUs."""
     asked: list[tuple[str, str, str]] = []
     unreadable: list[str] = []
+    if not present_modules(root, found):
+        return no_module_to_read("firmware", "the firmware it asks for")
     for release, resolved in found.items():
         res = resolved.get("nvidia")
-        if res and res.file:
+        if res and res.file and not kmod.absent_file(root, res):
             names = _modinfo(runner, root.resolve(res.file), "firmware")
             if not names and not any(_modinfo(runner, root.resolve(res.file), key)
                                      for key in ("vermagic", "version")):
@@ -660,21 +684,23 @@ def image_checks(root: Root, config: Config, runner: Runner) -> list[Check]:
     else:
         out.append(kata_ordering_check(root))
     out.append(kata_cdi_check(root, units.exec_start(root, units.KATA_UNIT), None, None))
-    missing = [t for t in IMAGE_TOOLS if not any(
-        os.access(root.resolve(f"{d}/{t}"), os.X_OK) for d in _BIN_DIRS)]
+    present, missing = image_tools.find_tools(root, IMAGE_TOOLS, config.tools)
     out.append(Check("tools", FAIL, f"missing: {', '.join(missing)}",
-                     "install nvidia-container-toolkit, the driver's persistenced and kmod")
-               if missing else Check("tools", PASS, f"{', '.join(IMAGE_TOOLS)} present"))
+                     "install nvidia-container-toolkit, the driver's persistenced and kmod, or fix "
+                     "the config's tools: paths")
+               if missing else Check("tools", PASS, f"{', '.join(present)} present"))
     kernels = image_kernels(root)
     # what `modprobe nvidia` and `modprobe nvidia_uvm` load for each kernel (kmod.py)
     found = {k: {m: kmod.resolve(root, k, m, runner) for m in modules_step.REQUIRED} for k in kernels}
     out.append(_modules_check(root, kernels, found))
     lib = readers.find_nvml(root)
-    files = {k: r["nvidia"].file for k, r in found.items() if r["nvidia"].file}
+    files = present_modules(root, found)
     module_versions = {k: module_file_version(runner, root.resolve(f)) for k, f in files.items()}
     if lib is None:
         out.append(Check("versions", FAIL, f"{readers.NVML_SONAME} not in the loader's directories",
                          "install the user-space driver (libnvidia-ml) in the image"))
+    elif not files:
+        out.append(no_module_to_read("versions", "a version"))
     else:
         wrong = {k: v for k, v in module_versions.items() if v != lib.version}
         if wrong:

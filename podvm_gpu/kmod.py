@@ -340,3 +340,13 @@ def unreached(root: Root, release: str, module: str) -> str | None:
                 "installed)")
     return (f"{path} is the {module} module under another name, and no modprobe.d "
             f"'install {module}' or 'alias {module}' rule points to it")
+
+
+def absent_file(root: Root, res: Resolution) -> str | None:
+    """Why what ``modprobe <name>`` reaches cannot load: the file ``modules.dep`` names is not
+    in the root (a DKMS build removed, or a module deleted, without running depmod; kmod would
+    fail with "could not insert ...: No such file or directory"); None when it is there or
+    nothing was reached."""
+    if res.file is None or os.path.isfile(root.resolve(res.file)):
+        return None
+    return f"{res.file}, which modules.dep names, is not there"
