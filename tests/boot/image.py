@@ -283,24 +283,38 @@ def base_rootfs() -> Path:
     return variant_rootfs(BASE)
 
 
-_bundle: Path | None = None
+_bundles: dict[str, Path] = {}
 
 
-def bundle_env() -> dict[str, str]:
-    """make-bundle.sh runs pip with the tests' own interpreter: CI's system python3 has no pip."""
-    return {**os.environ, "PYTHON": sys.executable}
+def bundle_env(python_version: str | None = None) -> dict[str, str]:
+    """make-bundle.sh runs pip with the tests' own interpreter: CI's system python3 has no pip.
+    For an image whose Python is not the host's (Debian 13's 3.13), it downloads the
+    dependencies as wheels for that version (PODVM_GPU_PYTHON_VERSION)."""
+    env = {**os.environ, "PYTHON": sys.executable}
+    if python_version:
+        env["PODVM_GPU_PYTHON_VERSION"] = python_version
+    return env
 
 
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The install bundle of this checkout, built once per test session."""
-    global _bundle
-    if _bundle is None:
+def image_python(rootfs: Path) -> str:
+    """The ``X.Y`` of an image's python3 (Debian links /usr/bin/python3 to python3.Y)."""
+    target = os.readlink(rootfs / "usr/bin/python3")
+    return target.removeprefix("python")
+
+
+def bundle(tmp_path_factory: pytest.TempPathFactory, rootfs: Path | None = None) -> Path:
+    """The install bundle of this checkout for ``rootfs``'s Python (default: the host's, which
+    is bookworm's, as the base image's), built once per test session and Python version."""
+    host = f"{sys.version_info.major}.{sys.version_info.minor}"
+    version = image_python(rootfs) if rootfs is not None else host
+    if version not in _bundles:
         out = tmp_path_factory.mktemp("bundle") / "podvm-gpu-bundle"
         done = subprocess.run(["sh", str(REPO / "systemd/make-bundle.sh"), str(out), str(REPO)],
-                              capture_output=True, text=True, timeout=600, env=bundle_env())
+                              capture_output=True, text=True, timeout=600,
+                              env=bundle_env(None if version == host else version))
         assert done.returncode == 0, f"make-bundle.sh failed:\n{done.stdout}\n{done.stderr}"
-        _bundle = out
-    return _bundle
+        _bundles[version] = out
+    return _bundles[version]
 
 
 @contextlib.contextmanager
