@@ -1,5 +1,5 @@
 # Adds podvm-gpu to a pod VM image. Works with Debian's packer 1.6.6 and with current Packer
-# (which also needs plugins.pkr.hcl for the qemu builder; see README.md, "Installing into a pod VM image").
+# (which also needs plugins.pkr.hcl for the qemu builder; see docs/install.md, "Packer").
 #
 # Two sources, one sequence of steps:
 #   qemu.podvm     boots an existing pod VM disk image (qcow2 with python3 and the NVIDIA

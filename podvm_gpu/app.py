@@ -1,5 +1,7 @@
-"""The full command line: help, usage errors (exit 2), ``check`` and every form of ``boot`` and
-``status`` that :mod:`podvm_gpu.cli` does not parse by hand.
+"""The full command line: help, usage errors (exit 2) and every form that :mod:`podvm_gpu.cli`
+does not parse by hand. It parses and nothing more: :func:`parse` hands the command and its
+options back to :func:`podvm_gpu.cli.dispatch`, which checks the values and runs the command,
+so this module imports nothing of the package but its version.
 
 argparse (standard library) rather than typer: ``podvm-gpu --help`` and ``check`` on a CPU VM
 have start-up goals of 5x and 8x ``python -c pass`` (bench/run.py), and importing typer alone
@@ -9,11 +11,9 @@ costs about 4-5x here. Thin commands: parse, call the core, return the contract'
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from podvm_gpu import __version__
-from podvm_gpu.cli import (CONFIG_ENV, ROOT_ENV, config_problem, parse_timeout, root_problem)
 
 COMMANDS = {
     "boot": "Load the driver, start its daemons, publish the CDI spec (systemd's ExecStart). "
@@ -35,29 +35,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"podvm-gpu: error: {message}\n")
 
 
-def _root(value: str) -> str:
-    problem = root_problem(value)
-    if problem:
-        raise argparse.ArgumentTypeError(problem)
-    return value
-
-
-def _config(value: str) -> str:
-    problem = config_problem(value)
-    if problem:
-        raise argparse.ArgumentTypeError(problem)
-    return value
-
-
-def _seconds(value: str) -> float:
-    seconds = parse_timeout(value)
-    if seconds is None:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds (0 or more)")
-    return seconds
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of every command; ``--root`` and ``--config`` default to the environment."""
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser of every command and each command's own (for its usage line); ``--root``,
+    ``--config`` and ``--timeout`` stay text (None when not given) for the dispatch to check."""
     parser = _Parser(prog="podvm-gpu", description="GPU boot agent for confidential-container "
                      "pod VMs.")
     parser.add_argument("--version", action="version", version=f"podvm-gpu {__version__}")
@@ -66,10 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = {}
     for name, text in COMMANDS.items():
         sub[name] = commands.add_parser(name, help=text, description=text)
-        sub[name].add_argument("--root", metavar="DIR", type=_root, default=None,
-                               help=f"take every host path under DIR (env {ROOT_ENV}; default /)")
-        sub[name].add_argument("--config", metavar="FILE", type=_config, default=None,
-                               help=f"config file (env {CONFIG_ENV}; default "
+        sub[name].add_argument("--root", metavar="DIR", default=None,
+                               help="take every host path under DIR (env PODVM_GPU_ROOT; default /)")
+        sub[name].add_argument("--config", metavar="FILE", default=None,
+                               help="config file (env PODVM_GPU_CONFIG; default "
                                     "<root>/etc/podvm-gpu/config.yaml)")
         if name != "metrics":  # metrics prints its own machine format
             sub[name].add_argument("--json", dest="json_out", action="store_true",
@@ -78,12 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
                              help="detect and plan, print the commands, change nothing")
     sub["status"].add_argument("--wait", action="store_true",
                                help="block until the state is final")
-    sub["status"].add_argument("--timeout", metavar="S", type=_seconds, default=300.0,
+    sub["status"].add_argument("--timeout", metavar="S", default=None,
                                help="longest wait in seconds (default 300)")
     sub["check"].add_argument("--image", action="store_true",
                               help="check an image (build time, no GPU needed) instead of a "
                                    "running VM")
-    sub["config"].add_argument("--compile", action="store_true",
+    sub["config"].add_argument("--compile", dest="compile_", action="store_true",
                                help="write <config>.compiled.json, which boot reads instead of "
                                     "parsing the YAML while the YAML is unchanged")
     sub["metrics"].add_argument("--serve", action="store_true",
@@ -94,74 +74,31 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="print the OpenMetrics format")
     sub["metrics"].add_argument("--textfile", action="store_true",
                                 help="write the textfile (with --serve: every interval)")
-    return parser
+    return parser, sub
 
 
-def _from_environment(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
-    """Fill ``--root`` and ``--config`` from the environment, with the same checks."""
-    if ns.root is None:
-        ns.root = os.environ.get(ROOT_ENV, "/")
-        problem = root_problem(ns.root, ROOT_ENV)
-        if problem:
-            parser.error(problem)
-    if ns.config is None and CONFIG_ENV in os.environ:
-        ns.config = os.environ[CONFIG_ENV]
-        problem = config_problem(ns.config, CONFIG_ENV)
-        if problem:
-            parser.error(problem)
-
-
-def run_app(args: list[str]) -> int:
-    """Parse ``args`` and run the command; return the exit code (2 for usage errors)."""
-    parser = build_parser()
+def parse(args: list[str]) -> tuple[str, dict] | int:
+    """Parse ``args``: ``(command, options)`` as :func:`podvm_gpu.cli.dispatch` takes them, or
+    the exit code when the parser has already answered (0 after ``--help``/``--version``, 2
+    after a usage error, which names the command's own usage line: an argument the command does
+    not take is its error, not the program's)."""
+    parser, sub = build_parser()
     try:
-        ns = parser.parse_args(args)
-        _from_environment(parser, ns)
+        ns, extra = parser.parse_known_args(args)
+        if extra:
+            sub[ns.command].error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as done:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 2)
-    if ns.command == "boot":
-        from podvm_gpu.boot import run_boot
-
-        return run_boot(ns.root, ns.config, ns.json_out, ns.dry_run)
-    if ns.command == "status":
-        from podvm_gpu.status import run_status
-
-        return run_status(ns.root, ns.json_out, ns.wait, ns.timeout)
-    if ns.command == "config":
-        return run_config(ns.root, ns.config, ns.json_out, ns.compile)
-    if ns.command == "metrics":
-        from podvm_gpu.cli import run_metrics
-
-        return run_metrics(ns.root, ns.config, ns.listen, ns.serve, ns.openmetrics, ns.textfile)
-    from podvm_gpu.check import run_check
-
-    return run_check(ns.root, ns.config, ns.json_out, ns.image)
+    options = vars(ns)
+    command = options.pop("command")
+    options["root_dir"] = options.pop("root")
+    return command, options
 
 
-def run_config(root_dir: str, config: str | None, json_out: bool, compile_: bool) -> int:
-    """``podvm-gpu config``: validate, print the settings in force, optionally compile."""
-    from podvm_gpu.config import DEFAULT_PATH, compile_config, config_location, load_config
-    from podvm_gpu.errors import ConfigError
-    from podvm_gpu.host.fs import Root
-    from podvm_gpu.jsontext import dumps
-
-    root = Root(root_dir)
-    path = config or f"{root.path.rstrip('/')}{DEFAULT_PATH}"
-    try:
-        path, required = config_location(root, config)
-        settings, compiled = (compile_config(path) if compile_ else
-                              (load_config(path, required=required), None))
-    except (ConfigError, OSError) as err:
-        if json_out:
-            print(dumps({"config": path, "valid": False, "error": str(err)}))
-        else:
-            print(f"podvm-gpu: error: {err}", file=sys.stderr)
-        return 1
-    if json_out:
-        print(dumps({"config": path, "valid": True, "compiled": compiled,
-                     "settings": settings.to_dict()}))
-    else:
-        print(f"{path}: valid" + (f"; compiled to {compiled}" if compiled else ""))
-        print(dumps(settings.to_dict()))
-    return 0
+def usage_error(command: str, problem: str) -> int:
+    """Say ``problem`` (a bad option value of ``command``) under the command's usage line; 2."""
+    _parser, sub = build_parser()
+    sub[command].print_usage(sys.stderr)
+    print(f"podvm-gpu: error: {problem}", file=sys.stderr)
+    return 2

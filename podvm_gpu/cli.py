@@ -6,6 +6,10 @@ what scripts poll and ``metrics`` what a textfile collector may run, so their pl
 [--timeout S]``, ``metrics ... [--serve | --listen ADDR:PORT] [--openmetrics] [--textfile]``)
 are parsed here by hand with the standard library only. Every other form, ``--help`` and usage
 errors (exit 2) go through the argparse parser in :mod:`podvm_gpu.app`, which says what is wrong.
+
+Both parsers hand their result to :func:`dispatch`, the one place where the environment fills
+``--root`` and ``--config``, their values are checked and the command is run; the parser knows
+nothing of the commands, so the two modules import in one direction only (cli -> app).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ def fast_args(args: list[str]) -> tuple[str, dict] | None:
     Returns:
         ``(command, keyword arguments)``: ``root_dir`` (``PODVM_GPU_ROOT`` or ``/``), ``config``
         (``PODVM_GPU_CONFIG`` or None), the flags as booleans and, for status, ``timeout`` as
-        a string (checked by :func:`main`); None when the line needs the full parser (unknown
+        a string (checked by :func:`dispatch`); None when the line needs the full parser (unknown
         options, a flag given a value, an option without one, help, ...).
     """
     if not args or args[0] not in _FORMS:
@@ -91,26 +95,59 @@ def parse_timeout(text: str) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script and ``python -m podvm_gpu``; returns the exit code.
 
-    Output that cannot be written (stdout a closed pipe, a full disk: ``status | head -0``,
-    ``>/dev/full``) ends the command with a one-line error on stderr, never a traceback, and
-    exit 3 for ``status`` (no state reported: never 1, which means ``failed``), 1 otherwise.
-    Boot has written its files by then; its own stdout report is best effort (boot.py).
+    A standard stream that was closed when the program started (systemd may start it so, or a
+    shell's ``>&-``) is opened on ``/dev/null`` first: the outcome and the exit status are the
+    state's whatever the streams are, and no file the agent opens, nor a tool it starts, takes
+    the place of fd 0, 1 or 2. Output that cannot be written (stdout a closed pipe, a full disk:
+    ``status | head -0``, ``>/dev/full``) ends the command with a one-line error on stderr, never
+    a traceback, and exit 3 for ``status`` (no state reported: never 1, which means ``failed``),
+    1 otherwise. Ctrl-C (SIGINT) outside a boot (``status --wait``, ``metrics --serve``) is one
+    line and exit 130, as a shell reports it; boot turns SIGINT into a failed boot itself.
+    Boot has written its files by then; its own stdout report is best effort (boot/run.py).
     """
     args = sys.argv[1:] if argv is None else list(argv)
+    _open_closed_streams()
     try:
         code = _main(args)
         sys.stdout.flush()  # a buffered report's write error surfaces here, not at exit
         return code
+    except KeyboardInterrupt:
+        _say("podvm-gpu: interrupted")
+        return 130
     except OSError as err:
         if not _stdout_broken(err):
             raise
         try:
             # nothing more can reach it; the interpreter's final flush must not fail again
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            sys.stderr.write(f"podvm-gpu: error: cannot write the output: {err.strerror or err}\n")
         except OSError:
             pass
+        _say(f"podvm-gpu: error: cannot write the output: {err.strerror or err}")
         return 3 if args[:1] == ["status"] else 1
+
+
+def _open_closed_streams() -> None:
+    """fd 0, 1 and 2 on ``/dev/null`` where they are closed, and ``sys.stdin``/``stdout``/
+    ``stderr`` on them where Python left None (it does for a stream closed at start)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w"), ("stderr", 2, "w")):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))
+
+
+def _say(line: str) -> None:
+    """One line on stderr, where stderr can still take it."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _stdout_broken(err: OSError) -> bool:
@@ -124,66 +161,62 @@ def _stdout_broken(err: OSError) -> bool:
 
 
 def _main(args: list[str]) -> int:
-    fast = fast_args(args)
-    code = _run_fast(*fast, args) if fast is not None else None
-    if code is not None:
-        return code
-    from podvm_gpu.app import run_app
+    parsed = fast_args(args)
+    if parsed is None:
+        from podvm_gpu.app import parse
 
-    return run_app(args)
+        parsed = parse(args)
+        if isinstance(parsed, int):  # help, version or a usage error: already said
+            return parsed
+    return dispatch(*parsed, args)
 
 
-def _run_fast(command: str, kwargs: dict, args: list[str]) -> int | None:
-    """Run a hand-parsed command; None to leave a bad value to the full parser's message."""
-    if command == "status":
-        kwargs["timeout"] = parse_timeout(kwargs.get("timeout", "300"))
-        if kwargs["timeout"] is None:
-            return None
+def dispatch(command: str, options: dict, args: list[str]) -> int:
+    """Check the options of ``command`` and run it; return its exit code (2: a bad value).
+
+    Args:
+        command: ``boot``, ``status``, ``check``, ``metrics`` or ``config``.
+        options: the parsed options by keyword (``root_dir`` and ``config`` None when not
+            given, ``timeout`` as text); the environment fills what the line left out.
+        args: the command line as given, to name the source of a bad value (``--root`` or
+            ``PODVM_GPU_ROOT``).
+    """
+    options = dict(options)
+    if options.get("root_dir") is None:
+        options["root_dir"] = os.environ.get(ROOT_ENV, "/")
+    if options.get("config") is None:
+        options["config"] = os.environ.get(CONFIG_ENV)
     named = {opt: opt if any(a == opt or a.startswith(opt + "=") for a in args) else env
              for opt, env in (("--root", ROOT_ENV), ("--config", CONFIG_ENV))}
-    problem = root_problem(kwargs["root_dir"], named["--root"]) or config_problem(
-        kwargs["config"], named["--config"])
+    problem = root_problem(options["root_dir"], named["--root"]) or config_problem(
+        options["config"], named["--config"])
+    if command == "status" and not problem:
+        text = options.get("timeout") or "300"
+        options["timeout"] = parse_timeout(text)
+        if options["timeout"] is None:
+            problem = f"--timeout {text!r} is not a number of seconds (0 or more)"
     if problem:
-        print(f"podvm-gpu: error: {problem}", file=sys.stderr)
-        return 2
+        from podvm_gpu.app import usage_error
+
+        return usage_error(command, problem)
     if command == "boot":
         from podvm_gpu.boot import run_boot
 
-        return run_boot(**kwargs)
+        return run_boot(**options)
     if command == "metrics":
-        return run_metrics(**kwargs)
-    if command == "check":
-        from podvm_gpu.check import run_check
+        from podvm_gpu.metrics.run import run_metrics
 
-        return run_check(kwargs["root_dir"], kwargs["config"], kwargs["json_out"], kwargs["image"])
+        return run_metrics(**options)
+    if command == "check":
+        from podvm_gpu.check.command import run_check
+
+        return run_check(options["root_dir"], options["config"], options["json_out"],
+                         options["image"])
+    if command == "config":
+        from podvm_gpu.config.command import run_config
+
+        return run_config(**options)
     from podvm_gpu.status import run_status
 
-    del kwargs["config"]
-    return run_status(**kwargs)
-
-
-def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
-                serve: bool = False, openmetrics: bool = False, textfile: bool = False) -> int:
-    """``podvm-gpu metrics``: the ``metrics:`` settings of the config, then print, serve or
-    write the textfile (podvm_gpu.metrics). Exit 0, 1 when it cannot, 2 for a bad config."""
-    from podvm_gpu.config import config_location
-    from podvm_gpu.errors import ConfigError
-    from podvm_gpu.host.fs import Root
-    from podvm_gpu.metrics.command import run
-
-    root = Root(root_dir)
-    try:
-        path, required = config_location(root, config)
-        if required:
-            from podvm_gpu.config import load_config
-
-            settings = load_config(path, required=True).metrics
-    except (ConfigError, OSError) as err:
-        print(f"podvm-gpu: error: {err}", file=sys.stderr)
-        return 2
-    if not required:
-        from podvm_gpu.metrics.settings import MetricsSettings
-
-        settings = MetricsSettings()
-    return run(root, settings, listen=listen, serving=serve or listen is not None,
-               openmetrics=openmetrics, textfile=textfile)
+    del options["config"]
+    return run_status(**options)

@@ -342,6 +342,24 @@ def unreached(root: Root, release: str, module: str) -> str | None:
             f"'install {module}' or 'alias {module}' rule points to it")
 
 
+UNREADABLE_MODULE_HINT = ("run the check where modinfo is installed (in the image with "
+                          "systemd-nspawn, as the Packer build does), or check that the file is a "
+                          "kernel module")
+
+
+def modinfo(runner, path: str, field: str) -> list[str]:
+    """``modinfo -F FIELD FILE`` (one value a line) run by ``runner`` (a read-only
+    :class:`podvm_gpu.host.proc.Runner`), else the file's own ``.modinfo`` strings."""
+    try:
+        done = runner.run(["modinfo", "-F", field, path], check=False)
+        values = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+        if done.returncode == 0 and values:
+            return values
+    except CommandError:
+        pass
+    return modinfo_fields(path, field)
+
+
 def absent_file(root: Root, res: Resolution) -> str | None:
     """Why what ``modprobe <name>`` reaches cannot load: the file ``modules.dep`` names is not
     in the root (a DKMS build removed, or a module deleted, without running depmod; kmod would
@@ -350,3 +368,11 @@ def absent_file(root: Root, res: Resolution) -> str | None:
     if res.file is None or os.path.isfile(root.resolve(res.file)):
         return None
     return f"{res.file}, which modules.dep names, is not there"
+
+
+def present_files(root: Root, found: dict[str, dict[str, Resolution]], module: str = "nvidia") -> dict[str, str]:
+    """Kernel -> host path of the ``module`` file ``modprobe`` reaches for that kernel, for the
+    kernels where that file is in the root (``found``: release -> name -> resolution); the
+    modules row says why the others have none."""
+    return {k: r[module].file for k, r in found.items()
+            if module in r and r[module].file and not absent_file(root, r[module])}

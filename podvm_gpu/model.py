@@ -15,6 +15,10 @@ NVIDIA_VENDOR_ID = "10de"
 GPU_CLASSES = frozenset({"0300", "0302"})  # VGA compatible controller, 3D controller
 NVSWITCH_CLASS = "0680"  # bridge, other (how NVSwitches enumerate)
 
+# A reason (and a step's message, a warning) is one line for the status file, the unavailable
+# spec's env and the console, whatever a tool printed: longer ones are cut.
+REASON_MAX = 1000
+
 
 class State:
     """Readiness states of status.json (contract section 4), as the strings the file holds."""

@@ -69,6 +69,14 @@ def gpu_minor(root: Root, pci_address: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def gpu_minors(root: Root, gpus) -> dict[str, int]:
+    """PCI address -> minor from the driver; GPUs it does not list get the next free index."""
+    minors = {g.pci_address: gpu_minor(root, g.pci_address) for g in gpus}
+    used = {m for m in minors.values() if m is not None}
+    free = (i for i in range(256) if i not in used)
+    return {pci: (m if m is not None else next(free)) for pci, m in minors.items()}
+
+
 def kernel_module_version(root: Root) -> str | None:
     """The nvidia kernel module's version: ``/sys/module/nvidia/version``, else the NVRM banner."""
     text = (root.read_text("/sys/module/nvidia/version") or "").strip()

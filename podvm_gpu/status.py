@@ -14,9 +14,7 @@ from podvm_gpu.jsontext import dumps
 from podvm_gpu.model import State, Status, now_iso
 
 STATUS_PATH = "/run/podvm-gpu/status.json"
-CDI_SPEC_PATH = "/var/run/cdi/nvidia.yaml"
 LOCK_PATH = "/run/podvm-gpu/boot.lock"  # boot's flock; readers only look it up (boot_lock_held)
-CDI_KIND = "nvidia.com/gpu"
 
 
 class StatusFile:
@@ -127,11 +125,17 @@ ORPHANED = ("no boot holds /run/podvm-gpu/boot.lock: the boot that wrote this st
 def boot_lock_held(root: Root) -> bool | None:
     """Whether a process holds the boot's flock on ``/run/podvm-gpu/boot.lock``, read from
     ``/proc/locks`` (the kernel's list of every lock: ``FLOCK ADVISORY WRITE <pid>
-    <major>:<minor>:<inode>``) without taking it. None when it cannot tell (no lock file,
-    no ``/proc/locks``). Boot holds the lock from before its first status write until it
-    exits, so a ``running`` state with the lock free is one no boot will finish."""
+    <major>:<minor>:<inode>``) without taking it. Boot makes the lock file before its first
+    status write, never removes it and holds the lock until it exits, so a ``running`` state
+    with the lock free is one no boot will finish; so is one with no lock file at all (False).
+    None when it cannot tell (the lock file cannot be looked up, no ``/proc/locks``)."""
     try:
         info = os.stat(root.resolve(LOCK_PATH, follow_last=False))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
         with open("/proc/locks", encoding="ascii", errors="replace") as f:
             table = f.read(1 << 20)
     except OSError:

@@ -13,7 +13,7 @@
 #   /usr/lib/systemd/system-preset/40-podvm-gpu.preset
 #   nvidia-cdi-refresh.path/.service masked: only the agent writes /var/run/cdi/nvidia.yaml
 #   nvidia-persistenced.service and nvidia-fabricmanager.service disabled where installed:
-#   the agent starts both daemons itself (README.md, "Installing into a pod VM image", says why)
+#   the agent starts both daemons itself (docs/install.md says why)
 #
 # environment: PODVM_GPU_PYTHON  the image's interpreter (default python3; needs 3.11 or later)
 set -eu
@@ -38,7 +38,7 @@ install -D -m 0644 "$bundle/10-podvm-gpu.conf" "$unitdir/kata-agent.service.d/10
 install -D -m 0644 "$bundle/podvm-gpu.preset" /usr/lib/systemd/system-preset/40-podvm-gpu.preset
 
 # A config already in the image is checked now (an invalid one fails the build) and compiled:
-# boot then reads it without PyYAML (README, "Config"). After a later change to it, run
+# boot then reads it without PyYAML (docs/operating.md, "Config"). After a later change to it, run
 # "podvm-gpu config --compile" again (check --image warns about a stale compiled form).
 if [ -e /etc/podvm-gpu/config.yaml ]; then
     "$prefix/bin/podvm-gpu" config --compile

@@ -348,3 +348,31 @@ def test_a_running_state_no_boot_will_finish_is_named_so(tmp_path, podvm, empty_
                            env={**os.environ, "PATH": empty_path})
     row = next(c for c in json.loads(check.stdout)["checks"] if c["name"] == "status")
     assert row["result"] == "fail" and "no boot holds" in row["detail"], row
+
+
+def test_a_running_state_without_its_lock_file_is_one_no_boot_will_finish(tmp_path, podvm, empty_path):
+    """Found by a newcomer (issue 21): ``status.json`` says ``running`` and ``boot.lock`` is gone
+    (a /run emptied by hand, a root copied without it). ``status --wait --timeout 10`` sat out
+    the 10 s and check said "still running"; with the lock file there and free it was found in
+    0.06 s. No lock file is the same fact: no boot holds it."""
+    import sys
+
+    run_dir = tmp_path / "run/podvm-gpu"
+    run_dir.mkdir(parents=True)
+    (run_dir / "status.json").write_text(json.dumps(
+        {"version": 1, "state": "running", "reason": None, "warnings": [], "gpus": [],
+         "nvswitches": [], "driver_version": None, "cdi": None,
+         "steps": [{"name": "detect", "result": "running", "message": "", "duration_s": 0}]}))
+    assert not (run_dir / "boot.lock").exists()
+
+    started = time.monotonic()
+    waited = subprocess.run([sys.executable, "-m", "podvm_gpu", "status", "--root", str(tmp_path),
+                             "--wait", "--timeout", "10"], capture_output=True, text=True,
+                            timeout=30)
+    assert waited.returncode == 3 and time.monotonic() - started < 5, waited
+    assert waited.stdout.startswith("running: no boot holds /run/podvm-gpu/boot.lock"), waited
+    check = subprocess.run([sys.executable, "-m", "podvm_gpu", "check", "--root", str(tmp_path),
+                            "--json"], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PATH": empty_path})
+    row = next(c for c in json.loads(check.stdout)["checks"] if c["name"] == "status")
+    assert row["result"] == "fail" and "no boot holds" in row["detail"], row

@@ -24,6 +24,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 from podvm_gpu import cdi
+from podvm_gpu.cdi import model, parse, ready, rules
 from podvm_gpu.errors import CdiSpecError
 from podvm_gpu.host.fs import Root
 
@@ -114,7 +115,7 @@ def schema_rejects(schema: Draft7Validator, doc) -> bool:
 def rejection(text, source="spec.yaml") -> str:
     """parse_spec's message for a spec it must reject; asserts the message is one line."""
     with pytest.raises(CdiSpecError) as info:
-        cdi.parse_spec(text, source=source)
+        parse.parse_spec(text, source=source)
     message = str(info.value)
     assert message.startswith(f"{source}: ")
     assert len(message.splitlines()) == 1, message
@@ -148,7 +149,7 @@ def with_dev_root(text: str, root: Path) -> str:
 
 @pytest.mark.parametrize("name", GENERATED)
 def test_every_generated_fixture_parses_and_passes_the_official_schema(name, schema):
-    spec = cdi.parse_spec(TEXT[name], source=name)
+    spec = parse.parse_spec(TEXT[name], source=name)
 
     assert not schema_rejects(schema, spec.raw)
     assert spec.kind == cdi.KIND
@@ -167,20 +168,20 @@ def test_hand_written_fixtures_pass_the_schema_but_not_parse_spec(name, schema):
 
 
 def test_json_fixture_parses_to_the_same_spec_as_the_yaml_one():
-    from_json = cdi.parse_spec(TEXT["spec-1gpu.json"].encode())
-    from_yaml = cdi.parse_spec(TEXT["spec-1gpu.yaml"])
+    from_json = parse.parse_spec(TEXT["spec-1gpu.json"].encode())
+    from_yaml = parse.parse_spec(TEXT["spec-1gpu.yaml"])
 
     assert from_json.raw == from_yaml.raw
     assert from_json == from_yaml
 
 
 def test_model_exposes_nodes_hooks_and_names_of_the_8gpu_spec():
-    spec = cdi.parse_spec(TEXT["spec-8gpu.yaml"])
+    spec = parse.parse_spec(TEXT["spec-8gpu.yaml"])
 
     assert spec.device_names()[:8] == [str(i) for i in range(8)]
     assert len(spec.devices) == 17
     paths = {n.path for n in spec.device_nodes()}
-    assert {f"/dev/nvidia{i}" for i in range(8)} | set(cdi.CONTROL_NODES) <= paths
+    assert {f"/dev/nvidia{i}" for i in range(8)} | set(ready.CONTROL_NODES) <= paths
     uvm_tools = next(n for n in spec.device_nodes() if n.path == "/dev/nvidia-uvm-tools")
     assert (uvm_tools.major, uvm_tools.minor, uvm_tools.file_mode) == (510, 1, 0o666)
     assert spec.device("0").container_edits.device_nodes[0].minor is None  # omitempty
@@ -194,10 +195,10 @@ def test_model_exposes_nodes_hooks_and_names_of_the_8gpu_spec():
 
 def test_parsing_the_8gpu_spec_takes_milliseconds():
     text = TEXT["spec-8gpu.yaml"]
-    cdi.parse_spec(text)  # first use imports PyYAML
+    parse.parse_spec(text)  # first use imports PyYAML
     start = time.perf_counter()
     for _ in range(10):
-        cdi.parse_spec(text)
+        parse.parse_spec(text)
     assert (time.perf_counter() - start) / 10 < 0.05
 
 
@@ -391,12 +392,12 @@ def test_specs_valid_under_schema_and_cdi_rules_parse(make, schema):
     doc = make(base_doc())
 
     assert not schema_rejects(schema, doc)
-    assert cdi.parse_spec(dump(doc)).raw == doc
+    assert parse.parse_spec(dump(doc)).raw == doc
 
 
 def test_unknown_keys_are_kept_in_the_model():
     doc = _both(_set(["x-extra"], {"k": 1}), _set(NODE0 + ["x-node"], True))(base_doc())
-    spec = cdi.parse_spec(json.dumps(doc))
+    spec = parse.parse_spec(json.dumps(doc))
 
     assert spec.extra == {"x-extra": {"k": 1}}
     assert spec.devices[0].container_edits.device_nodes[0].extra == {"x-node": True}
@@ -434,7 +435,7 @@ def test_yaml_merge_keys_are_not_mistaken_for_duplicates():
             "devices:\n- name: all\n  containerEdits:\n    deviceNodes:\n"
             "    - <<: *node\n      path: /dev/nvidia1\n")
 
-    node = cdi.parse_spec(text).device_nodes()[0]
+    node = parse.parse_spec(text).device_nodes()[0]
     assert (node.path, node.major) == ("/dev/nvidia1", 195)
 
 
@@ -460,14 +461,14 @@ def test_yaml_merge_keys_are_not_mistaken_for_duplicates():
         "empty-annotations", "dot-in-class", "additionalGids", "intelRdt", "intelRdt-schemata",
         "intelRdt-enableMonitoring", "intelRdt-monitoring-off", "netDevices"])
 def test_minimum_version_follows_the_cdi_library_rules(make, expected):
-    version, feature = cdi.minimum_version(make(base_doc()))
+    version, feature = rules.minimum_version(make(base_doc()))
 
     assert version == expected
     assert feature and "\n" not in feature
 
 
 def test_minimum_version_names_the_numeric_device_name():
-    assert cdi.minimum_version(base_doc()) == ("0.5.0", 'device name "0" (starts with a digit)')
+    assert rules.minimum_version(base_doc()) == ("0.5.0", 'device name "0" (starts with a digit)')
 
 
 def test_c14_spec_declaring_0_4_0_with_device_0_fails_naming_the_version():
@@ -515,40 +516,40 @@ def make_root(tmp_path):
                                         ("spec-8gpu.yaml", 8)])
 def test_generated_spec_is_ready_when_nodes_and_hook_exist_under_the_root(name, gpus, make_root):
     root = make_root(gpus=gpus)
-    spec = cdi.parse_spec(with_dev_root(TEXT[name], root))
+    spec = parse.parse_spec(with_dev_root(TEXT[name], root))
 
-    assert cdi.check_ready_spec(spec, Root(root), list(range(gpus))) == []
+    assert ready.check_ready_spec(spec, Root(root), list(range(gpus))) == []
 
 
 def test_gpu_minors_may_be_given_by_pci_address(make_root):
     root = make_root(gpus=2)
-    spec = cdi.parse_spec(with_dev_root(TEXT["spec-2gpu.yaml"], root))
+    spec = parse.parse_spec(with_dev_root(TEXT["spec-2gpu.yaml"], root))
 
-    assert cdi.check_ready_spec(spec, Root(root), {"0000:00:04.0": 0, "0000:00:05.0": 1}) == []
+    assert ready.check_ready_spec(spec, Root(root), {"0000:00:04.0": 0, "0000:00:05.0": 1}) == []
 
 
 def test_spec_without_a_gpus_node_is_reported_with_the_pci_address(make_root):
     root = make_root(gpus=1)
-    spec = cdi.parse_spec(with_dev_root(TEXT["spec-1gpu.yaml"], root))
+    spec = parse.parse_spec(with_dev_root(TEXT["spec-1gpu.yaml"], root))
 
-    problems = cdi.check_ready_spec(spec, Root(root), {"0000:00:04.0": 0, "0000:00:05.0": 3})
+    problems = ready.check_ready_spec(spec, Root(root), {"0000:00:04.0": 0, "0000:00:05.0": 3})
     assert problems == ['missing device "1"',
                         "device node /dev/nvidia3 missing from the spec (GPU 0000:00:05.0)"]
 
 
 def test_node_with_the_wrong_minor_fails(make_root):
     root = make_root(gpus=0, nodes={"nvidia0": (195, 3)})
-    spec = cdi.parse_spec(with_dev_root(TEXT["spec-1gpu.yaml"], root))
+    spec = parse.parse_spec(with_dev_root(TEXT["spec-1gpu.yaml"], root))
 
-    assert cdi.check_ready_spec(spec, Root(root), [0]) == [
+    assert ready.check_ready_spec(spec, Root(root), [0]) == [
         "device node /dev/nvidia0: spec says 195:0, node is 195:3"]
 
 
 def test_uvm_node_with_another_major_than_the_spec_fails(make_root):
     root = make_root(nodes={"nvidia-uvm": (511, 0), "nvidia-uvm-tools": (511, 1)})
-    spec = cdi.parse_spec(with_dev_root(TEXT["spec-1gpu.yaml"], root))
+    spec = parse.parse_spec(with_dev_root(TEXT["spec-1gpu.yaml"], root))
 
-    assert cdi.check_ready_spec(spec, Root(root), [0]) == [
+    assert ready.check_ready_spec(spec, Root(root), [0]) == [
         "device node /dev/nvidia-uvm: spec says 510:0, node is 511:0",
         "device node /dev/nvidia-uvm-tools: spec says 510:1, node is 511:1"]
 
@@ -556,51 +557,51 @@ def test_uvm_node_with_another_major_than_the_spec_fails(make_root):
 def test_regular_file_in_place_of_a_node_fails(make_root):
     root = make_root(nodes={"nvidiactl": None})
     (root / "dev" / "nvidiactl").write_text("")
-    spec = cdi.parse_spec(with_dev_root(TEXT["spec-1gpu.yaml"], root))
+    spec = parse.parse_spec(with_dev_root(TEXT["spec-1gpu.yaml"], root))
 
-    [problem] = cdi.check_ready_spec(spec, Root(root), [0])
+    [problem] = ready.check_ready_spec(spec, Root(root), [0])
     assert problem.startswith(f"device node /dev/nvidiactl: hostPath {root}/dev/nvidiactl "
                               f"is not a character device (a regular file")
 
 
 def test_spec_without_uvm_nodes_fails_naming_nvidia_uvm(make_root):
     root = make_root()
-    spec = cdi.parse_spec(with_dev_root(TEXT["spec-1gpu-no-uvm.yaml"], root))
+    spec = parse.parse_spec(with_dev_root(TEXT["spec-1gpu-no-uvm.yaml"], root))
 
-    assert cdi.check_ready_spec(spec, Root(root), [0]) == [
+    assert ready.check_ready_spec(spec, Root(root), [0]) == [
         "device node /dev/nvidia-uvm missing from the spec",
         "device node /dev/nvidia-uvm-tools missing from the spec"]
 
 
 def test_spec_with_hook_missing_from_the_root_fails_naming_nvidia_cdi_hook(make_root):
     root = make_root(hook_mode=None)
-    spec = cdi.parse_spec(with_dev_root(TEXT["spec-1gpu-bad-hook.yaml"], root))
+    spec = parse.parse_spec(with_dev_root(TEXT["spec-1gpu-bad-hook.yaml"], root))
 
-    assert cdi.check_ready_spec(spec, Root(root), [0]) == [
+    assert ready.check_ready_spec(spec, Root(root), [0]) == [
         "hook /usr/bin/nvidia-cdi-hook does not exist under the root"]
 
 
 def test_c15_spec_without_all_fails_naming_all_and_takes_paths_under_the_root(make_root):
     root = make_root()
-    spec = cdi.parse_spec(C15_SPEC)
+    spec = parse.parse_spec(C15_SPEC)
 
-    assert cdi.check_ready_spec(spec, Root(root), [0]) == ['missing device "all"']
+    assert ready.check_ready_spec(spec, Root(root), [0]) == ['missing device "all"']
 
 
 def test_devroot_spec_hostpath_is_checked_as_written_not_under_the_root(make_root):
     dev_root = make_root(name="devroot")
     empty_root = make_root(gpus=0, nodes={n: None for n in CONTROL}, name="empty")
-    spec = cdi.parse_spec(TEXT["spec-1gpu-devroot.yaml"].replace("/ROOT/", f"{dev_root}/"))
+    spec = parse.parse_spec(TEXT["spec-1gpu-devroot.yaml"].replace("/ROOT/", f"{dev_root}/"))
 
     # The --root given to boot has no nodes at all: only the hostPaths are looked at.
-    assert cdi.check_ready_spec(spec, Root(empty_root), [0]) == []
+    assert ready.check_ready_spec(spec, Root(empty_root), [0]) == []
 
 
 def test_devroot_spec_with_placeholder_root_names_the_hostpath(make_root):
     root = make_root()
-    spec = cdi.parse_spec(TEXT["spec-1gpu-devroot.yaml"])
+    spec = parse.parse_spec(TEXT["spec-1gpu-devroot.yaml"])
 
-    problems = cdi.check_ready_spec(spec, Root(root), [0])
+    problems = ready.check_ready_spec(spec, Root(root), [0])
     # The nodes exist under the root, but hostPath is not joined to it.
     assert ("device node /dev/nvidia0: hostPath /ROOT/dev/nvidia0 is not a character device "
             "(missing)") in problems
@@ -611,16 +612,16 @@ def test_devroot_spec_with_placeholder_root_names_the_hostpath(make_root):
 
 
 def test_kind_other_than_nvidia_gpu_is_not_ready(fs):
-    spec = cdi.parse_spec(C15_SPEC.replace("nvidia.com/gpu", "example.com/gpu"))
+    spec = parse.parse_spec(C15_SPEC.replace("nvidia.com/gpu", "example.com/gpu"))
 
-    problems = cdi.check_ready_spec(spec, Root("/r"), [0])
+    problems = ready.check_ready_spec(spec, Root("/r"), [0])
     assert problems[0] == 'kind is "example.com/gpu", not "nvidia.com/gpu"'
 
 
 def test_missing_devices_come_first_then_missing_nodes(fs):
-    spec = cdi.parse_spec(TEXT["spec-1gpu-no-uvm.yaml"].replace('name: "0"', "name: gpu0"))
+    spec = parse.parse_spec(TEXT["spec-1gpu-no-uvm.yaml"].replace('name: "0"', "name: gpu0"))
 
-    problems = cdi.check_ready_spec(spec, Root("/r"), [0, 1])
+    problems = ready.check_ready_spec(spec, Root("/r"), [0, 1])
     assert problems[:5] == ['missing device "0"', 'missing device "1"',
                             "device node /dev/nvidia-uvm missing from the spec",
                             "device node /dev/nvidia-uvm-tools missing from the spec",
@@ -629,9 +630,9 @@ def test_missing_devices_come_first_then_missing_nodes(fs):
 
 def test_path_without_hostpath_is_looked_up_under_the_root(fs):
     fs.create_file("/r/dev/nvidia0")  # a plain file: pyfakefs cannot make character devices
-    spec = cdi.parse_spec(C15_SPEC)
+    spec = parse.parse_spec(C15_SPEC)
 
-    problems = cdi.check_ready_spec(spec, Root("/r"), [0])
+    problems = ready.check_ready_spec(spec, Root("/r"), [0])
     assert ("device node /dev/nvidia0: not a character device under the root "
             "(a regular file, mode 0644)") in problems
     assert "device node /dev/nvidiactl: not a character device under the root (missing)" in problems
@@ -640,9 +641,9 @@ def test_path_without_hostpath_is_looked_up_under_the_root(fs):
 def test_hook_that_is_not_executable_fails(fs):
     fs.create_file("/r/usr/bin/nvidia-cdi-hook", contents="#!/bin/sh\n",
                    st_mode=stat.S_IFREG | 0o644)
-    spec = cdi.parse_spec(TEXT["spec-1gpu.yaml"])
+    spec = parse.parse_spec(TEXT["spec-1gpu.yaml"])
 
-    problems = cdi.check_ready_spec(spec, Root("/r"), [0])
+    problems = ready.check_ready_spec(spec, Root("/r"), [0])
     assert "hook /usr/bin/nvidia-cdi-hook is not executable (a regular file, mode 0644)" in problems
 
 
@@ -650,16 +651,16 @@ def test_hook_is_found_through_an_absolute_symlink_inside_the_root(fs):
     fs.create_file("/r/opt/nvidia/nvidia-cdi-hook", contents="#!/bin/sh\n",
                    st_mode=stat.S_IFREG | 0o755)
     fs.create_symlink("/r/usr/bin/nvidia-cdi-hook", "/opt/nvidia/nvidia-cdi-hook")
-    spec = cdi.parse_spec(TEXT["spec-1gpu.yaml"])
+    spec = parse.parse_spec(TEXT["spec-1gpu.yaml"])
 
-    problems = cdi.check_ready_spec(spec, Root("/r"), [0])
+    problems = ready.check_ready_spec(spec, Root("/r"), [0])
     assert not [p for p in problems if p.startswith("hook")]
 
 
 def test_shared_nodes_and_hooks_are_reported_once(fs):
-    spec = cdi.parse_spec(TEXT["spec-1gpu.yaml"])
+    spec = parse.parse_spec(TEXT["spec-1gpu.yaml"])
 
-    problems = cdi.check_ready_spec(spec, Root("/r"), [0])
+    problems = ready.check_ready_spec(spec, Root("/r"), [0])
     assert len(problems) == len(set(problems))
     assert sum(p.startswith("device node /dev/nvidia0:") for p in problems) == 1
     assert sum(p.startswith("hook ") for p in problems) == 1
@@ -670,9 +671,9 @@ def test_shared_nodes_and_hooks_are_reported_once(fs):
 
 @pytest.mark.parametrize("name", GENERATED)
 def test_rendered_spec_parses_back_to_the_same_document(name):
-    raw = cdi.parse_spec(TEXT[name]).raw
-    text = cdi.render_spec_yaml(raw)
+    raw = parse.parse_spec(TEXT[name]).raw
+    text = model.render_spec_yaml(raw)
 
-    assert cdi.parse_spec(text).raw == raw
+    assert parse.parse_spec(text).raw == raw
     assert list(yaml.safe_load(text)) == list(raw)  # key order kept
-    assert cdi.render_spec_yaml(copy.deepcopy(raw)) == text
+    assert model.render_spec_yaml(copy.deepcopy(raw)) == text

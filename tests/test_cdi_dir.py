@@ -1,4 +1,4 @@
-"""Other spec files of kind nvidia.com/gpu (podvm_gpu.cdi_dir; contract section 3, step 9).
+"""Other spec files of kind nvidia.com/gpu (podvm_gpu.cdi; contract section 3, step 9).
 
 Boot owns the kind in /var/run/cdi: kata-agent drops every device two specs define, so another
 file there that defines it is renamed to ``<name>.disabled-by-podvm-gpu`` on every outcome, also on
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from guards import must_finish_within
-from podvm_gpu.cdi_dir import DISABLED_SUFFIX, disable_duplicates, other_specs
+from podvm_gpu.cdi import DISABLED_SUFFIX, disable_duplicates, other_specs
 from podvm_gpu.host.fs import Root
 
 GPU_YAML = ("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n  containerEdits:\n"

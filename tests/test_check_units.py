@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from podvm_gpu import units
-from podvm_gpu.check import FAIL, PASS, SKIP, kata_ordering_check, refresh_units_check
+from podvm_gpu.check import FAIL, PASS, SKIP
+from podvm_gpu.check.units import kata_ordering_check, refresh_units_check
 from podvm_gpu.host.fs import Root
 
 REPO = Path(__file__).resolve().parents[1]

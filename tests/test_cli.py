@@ -6,9 +6,12 @@ journal prefix run the real command in a subprocess under a umockdev device tree
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from podvm_gpu import __version__
-from podvm_gpu.app import run_app
+
 from podvm_gpu.cli import fast_args, main
 from podvm_gpu.host.fs import atomic_write
 
@@ -109,7 +112,7 @@ def test_anything_else_goes_to_the_full_parser(args):
 # --- the argparse parser: version, help, usage errors ----------------------------------------------
 
 def test_version_exits_0(capsys):
-    assert run_app(["--version"]) == 0
+    assert main(["--version"]) == 0
     assert __version__ in capsys.readouterr().out
 
 
@@ -162,6 +165,17 @@ def write_status(root: Path, state: str, reason: str | None = None, warnings=())
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(str(path), json.dumps({"version": 1, "state": state, "reason": reason,
                                         "warnings": list(warnings), "steps": []}))
+
+
+@contextlib.contextmanager
+def boot_in_progress(root: Path):
+    """Hold ``boot.lock`` as a live boot does: a ``running`` state is then one a boot will end
+    (without the lock, or its file, no boot will: issue 21 item 3)."""
+    lock = root / "run" / "podvm-gpu" / "boot.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.mark.parametrize("state, code", [("ready", 0), ("no-gpu", 0), ("failed", 1),
@@ -223,7 +237,8 @@ def test_status_wait_times_out_with_3_while_running(tmp_path):
     write_status(tmp_path, "running")
     started = time.monotonic()
 
-    code = main(["status", "--root", str(tmp_path), "--wait", "--timeout", "0.5"])
+    with boot_in_progress(tmp_path):
+        code = main(["status", "--root", str(tmp_path), "--wait", "--timeout", "0.5"])
 
     elapsed = time.monotonic() - started
     assert code == 3
@@ -236,7 +251,8 @@ def test_status_wait_returns_0_as_soon_as_ready_is_written(tmp_path):
     started = time.monotonic()
     timer.start()
     try:
-        code = main(["status", "--root", str(tmp_path), "--wait", "--timeout", "20"])
+        with boot_in_progress(tmp_path):
+            code = main(["status", "--root", str(tmp_path), "--wait", "--timeout", "20"])
     finally:
         timer.cancel()
         timer.join()
@@ -301,7 +317,7 @@ def test_with_a_config_file_on_a_cpu_vm_boot_reads_it_with_yaml_alone(tmp_path, 
     names = imported_modules(done.stderr)
     assert "yaml" in names
     assert not names & {"pydantic", "pyudev", "typer", "argparse"}, names
-    assert "podvm_gpu.pipeline" not in done.stderr
+    assert "podvm_gpu.boot.pipeline" not in done.stderr
 
 
 def test_a_gpu_vm_takes_the_gpu_path_without_pyudev_or_ctypes(tmp_path, podvm, empty_path):
@@ -457,3 +473,72 @@ def test_output_that_cannot_be_written_is_one_line_never_a_traceback(tmp_path, a
                               env={**os.environ, "PATH": str(tmp_path)})
     assert done.returncode == code, done.stderr
     assert done.stderr == "podvm-gpu: error: cannot write the output: No space left on device\n"
+
+
+# --- closed standard streams, Ctrl-C (issue 21 items 1 and 2) ------------------------------------
+
+def _run_with_closed(fd: int, args: list[str], tmp_path: Path, script: bool = False):
+    """The command with file descriptor ``fd`` closed when it starts, as systemd or a shell's
+    ``>&-`` can start it; stderr is captured unless it is the one closed."""
+    def close():
+        os.close(fd)
+
+    entry = [str(Path(sys.executable).with_name("podvm-gpu"))] if script else \
+        [sys.executable, "-m", "podvm_gpu"]
+    return subprocess.run([*entry, *args, "--root", str(tmp_path)], preexec_fn=close,
+                          stdout=subprocess.PIPE if fd != 1 else None,
+                          stderr=subprocess.PIPE if fd != 2 else None,
+                          text=True, timeout=60, env={**os.environ, "PATH": "/nonexistent"})
+
+
+@pytest.mark.parametrize("script", [False, True], ids=["python -m", "script"])
+@pytest.mark.parametrize("args, boot_first, code", [
+    (["boot"], False, 0),  # this machine has no NVIDIA GPU: no-gpu
+    (["status"], False, 3),  # no status yet
+    (["status"], True, 0),
+    (["check"], True, 0),
+    (["config"], False, 0),
+    (["metrics"], False, 0),
+])
+def test_a_closed_stdout_changes_no_exit_code_and_prints_no_traceback(tmp_path, args, boot_first,
+                                                                      code, script):
+    """With stdout closed (``>&-``) every command printed ``AttributeError: 'NoneType' object
+    has no attribute 'flush'``, and status exited 1, not its documented 3."""
+    if boot_first:
+        assert _run_with_closed(1, ["boot"], tmp_path, script).returncode == 0
+    done = _run_with_closed(1, args, tmp_path, script)
+
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("script", [False, True], ids=["python -m", "script"])
+def test_a_boot_with_stderr_closed_exits_as_its_state(tmp_path, script):
+    """``boot 2>&-`` on a CPU VM exited 1 (the final flush of None), not 0 for no-gpu; and what
+    the boot opens must not land on fd 2 either (the status file)."""
+    done = _run_with_closed(2, ["boot"], tmp_path, script)
+
+    assert done.returncode == 0
+    assert done.stdout.startswith("no-gpu: ")
+    assert json.loads((tmp_path / "run/podvm-gpu/status.json").read_text())["state"] == "no-gpu"
+
+
+def test_a_boot_with_stdin_closed_runs_its_tools_with_stdin_on_dev_null(tmp_path):
+    done = _run_with_closed(0, ["boot"], tmp_path)
+
+    assert done.returncode == 0, done.stderr
+
+
+def test_ctrl_c_on_status_wait_is_one_line_and_exit_130(tmp_path):
+    """``status --wait`` interrupted by Ctrl-C printed a KeyboardInterrupt traceback."""
+    write_status(tmp_path, "running")
+    with boot_in_progress(tmp_path):  # the wait goes on
+        waiting = subprocess.Popen([sys.executable, "-m", "podvm_gpu", "status", "--root",
+                                    str(tmp_path), "--wait", "--timeout", "60"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        waiting.send_signal(signal.SIGINT)
+        out, err = waiting.communicate(timeout=30)
+
+    assert waiting.returncode == 130, err
+    assert err == "podvm-gpu: interrupted\n"

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from guards import must_finish_within
-from podvm_gpu.config import DEFAULT_TIMEOUTS, Config, load_config, timeouts_for
+from podvm_gpu.config.load import load_config
+from podvm_gpu.config.model import DEFAULT_TIMEOUTS, Config, timeouts_for
 from podvm_gpu.errors import ConfigError, PodvmGpuError
 
 PATH = "/etc/podvm-gpu/config.yaml"
@@ -364,7 +365,7 @@ def test_a_module_parameter_value_of_two_words_is_rejected(tmp_path):
 # --- the compiled form: the YAML parsed at image build, used while the text is the same ---------
 
 def test_a_compiled_config_is_read_without_pyyaml_and_gives_the_same_settings(tmp_path):
-    from podvm_gpu.config import compile_config
+    from podvm_gpu.config.load import compile_config
 
     path = tmp_path / "config.yaml"
     path.write_text("budget_s: 200\npersistenced:\n  per_gpu_s: 20\n"
@@ -372,7 +373,7 @@ def test_a_compiled_config_is_read_without_pyyaml_and_gives_the_same_settings(tm
     config, compiled = compile_config(str(path))
     assert compiled == f"{path}.compiled.json" and os.stat(compiled).st_mode & 0o777 == 0o644
 
-    code = ("import sys; from podvm_gpu.config import load_config; c = load_config(sys.argv[1]); "
+    code = ("import sys; from podvm_gpu.config.load import load_config; c = load_config(sys.argv[1]); "
             "print(c.budget_s, c.persistenced.per_gpu_s, 'yaml' in sys.modules)")
     import subprocess
     import sys
@@ -384,7 +385,7 @@ def test_a_compiled_config_is_read_without_pyyaml_and_gives_the_same_settings(tm
 
 @pytest.mark.parametrize("change", ["edited", "compiled-garbled", "compiled-of-another-text"])
 def test_a_stale_or_broken_compiled_form_is_ignored_and_the_yaml_decides(tmp_path, change):
-    from podvm_gpu.config import compile_config, compiled_state
+    from podvm_gpu.config.load import compile_config, compiled_state
 
     path = tmp_path / "config.yaml"
     path.write_text("budget_s: 200\n")
@@ -406,7 +407,7 @@ def test_a_stale_or_broken_compiled_form_is_ignored_and_the_yaml_decides(tmp_pat
 
 def test_a_compiled_form_of_a_config_that_is_now_invalid_does_not_hide_the_error(tmp_path):
     """The compiled document is validated like the YAML: rules of a newer agent still apply."""
-    from podvm_gpu.config import COMPILED_FORMAT
+    from podvm_gpu.config.load import COMPILED_FORMAT
 
     path = tmp_path / "config.yaml"
     path.write_text("budget_s: 9999\n")
@@ -419,7 +420,7 @@ def test_a_compiled_form_of_a_config_that_is_now_invalid_does_not_hide_the_error
 
 
 def test_compiling_an_invalid_config_writes_nothing(tmp_path):
-    from podvm_gpu.config import compile_config
+    from podvm_gpu.config.load import compile_config
 
     path = tmp_path / "config.yaml"
     path.write_text("budget_s: -1\n")

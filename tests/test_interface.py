@@ -24,12 +24,14 @@ import pytest
 import yaml
 
 from conftest import product_env
-from podvm_gpu import boot, check, config, pipeline
+from podvm_gpu.check import image as check_image, vm as check_vm
+from podvm_gpu.config import fields as config_fields, load as config_load, model as config_model
+from podvm_gpu.boot import pipeline, run as boot_run
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.metrics.settings import MetricsSettings
 from podvm_gpu.model import Step, StepResult
-from podvm_gpu.unavailable import render_unavailable_spec
+from podvm_gpu.cdi.unavailable import render_unavailable_spec
 from schemas import CHECK_SCHEMA, STATUS_SCHEMA, assert_check_conforms, assert_status_conforms
 from schemas import problems, schema
 from scenarios.world import DATA, OWN_CASES, SHARED, World, load_case
@@ -40,6 +42,9 @@ STATUS = "run/podvm-gpu/status.json"
 SPEC = "var/run/cdi/nvidia.yaml"
 # The machine's own PCI bus decides what a real boot finds; CI machines have no NVIDIA function.
 HOST_HAS_NVIDIA = bool(scan_nvidia()[1])
+
+VM_CHECKS = tuple(check_vm.rows())  # the rows of `check` in order (each step's, then the rest)
+IMAGE_CHECKS = tuple(check_image.rows())
 
 
 def doc_text() -> str:
@@ -201,7 +206,7 @@ def test_a_boot_that_ends_failed_after_its_spec_was_installed_records_no_cdi(tmp
     """SIGTERM (or an internal error) after the cdi step installed the ready spec ends the boot
     failed with the unavailable spec in its place: the status must not name the replaced spec
     (section 4.2: failed has cdi null)."""
-    run = boot.Run(Root(str(tmp_path)), json_out=True, dry_run=False, log=boot.Log(io.StringIO()))
+    run = boot_run.Run(Root(str(tmp_path)), json_out=True, dry_run=False, log=boot_run.Log(io.StringIO()))
     run.status.steps += [Step("detect", StepResult.OK), Step("cdi", StepResult.OK)]
     run.status.cdi = {"path": "/var/run/cdi/nvidia.yaml", "kind": "nvidia.com/gpu",
                       "devices": ["0", "all"]}
@@ -245,7 +250,7 @@ def test_check_json_of_a_real_vm_and_image_run_conforms_with_every_row_in_order(
     vm = podvm("check", "--root", str(tmp_path), "--json")
     image = podvm("check", "--image", "--root", str(tmp_path), "--json")
 
-    for done, mode, names in ((vm, "vm", check.VM_CHECKS), (image, "image", check.IMAGE_CHECKS)):
+    for done, mode, names in ((vm, "vm", VM_CHECKS), (image, "image", IMAGE_CHECKS)):
         doc = json.loads(done.stdout)
         assert_check_conforms(doc)
         assert [c["name"] for c in doc["checks"]] == list(names)
@@ -261,7 +266,7 @@ def test_check_json_of_a_gpu_vm_conforms(umockdev_run):
 
     doc = json.loads(run.stdout)
     assert_check_conforms(doc)
-    assert [c["name"] for c in doc["checks"]] == list(check.VM_CHECKS)
+    assert [c["name"] for c in doc["checks"]] == list(VM_CHECKS)
     assert {c["name"]: c["result"] for c in doc["checks"]}["cdi-spec"] == "pass", doc
 
 
@@ -293,8 +298,8 @@ def test_the_check_schema_rejects_rows_of_the_other_mode_and_unknown_results():
 
 
 def test_the_step_names_of_schema_doc_and_code_are_the_same():
-    code = set(re.findall(r'\bStep\("([a-z-]+)"', (REPO / "podvm_gpu/boot.py").read_text()))
-    assert code == {"detect", "config"}, "boot.py's own steps"
+    code = set(re.findall(r'\bStep\("([a-z-]+)"', (REPO / "podvm_gpu/boot/__init__.py").read_text()))
+    assert code == {"detect", "config"}, "boot/__init__.py's own steps"
     names = ["detect", "config", *pipeline.STEP_NAMES]
     step = schema(STATUS_SCHEMA)["$defs"]["step"]["properties"]
     assert step["name"]["enum"] == names
@@ -308,21 +313,22 @@ def test_the_step_names_of_schema_doc_and_code_are_the_same():
 
 
 def test_the_check_rows_of_schema_doc_and_code_are_the_same():
-    made = set(re.findall(r'\bCheck\("([a-z-]+)"', (REPO / "podvm_gpu/check.py").read_text()))
+    made = {name for path in (REPO / "podvm_gpu").rglob("*.py")
+            for name in re.findall(r'\bCheck\("([a-z-]+)"', path.read_text())}
     defs = schema(CHECK_SCHEMA)["$defs"]
-    assert defs["vm_names"]["enum"] == ["config", *check.VM_CHECKS]
-    assert defs["image_names"]["enum"] == ["config", *check.IMAGE_CHECKS]
-    assert made <= {"config", *check.VM_CHECKS, *check.IMAGE_CHECKS}
-    assert [ticked(row[0]) for row in table_rows(section("5.1"))] == list(check.VM_CHECKS)
-    assert [ticked(row[0]) for row in table_rows(section("6"))] == list(check.IMAGE_CHECKS)
+    assert defs["vm_names"]["enum"] == ["config", *VM_CHECKS]
+    assert defs["image_names"]["enum"] == ["config", *IMAGE_CHECKS]
+    assert made <= {"config", *VM_CHECKS, *IMAGE_CHECKS}
+    assert [ticked(row[0]) for row in table_rows(section("5.1"))] == list(VM_CHECKS)
+    assert [ticked(row[0]) for row in table_rows(section("6"))] == list(IMAGE_CHECKS)
 
 
-def config_keys(section_cls=config.Config, prefix="") -> dict[str, object]:
+def config_keys(section_cls=config_model.Config, prefix="") -> dict[str, object]:
     """Every config key as a dotted path -> its default as plain data."""
     keys = {}
     defaults = section_cls().to_dict()
     for name, (checker, _default) in section_cls.FIELDS.items():
-        if isinstance(checker, type) and issubclass(checker, config.Section):
+        if isinstance(checker, type) and issubclass(checker, config_fields.Section):
             keys.update(config_keys(checker, f"{prefix}{name}."))
         elif name == "metrics":
             keys.update({f"metrics.{k}": v for k, v in MetricsSettings().to_dict().items()})
@@ -361,11 +367,11 @@ def test_the_doc_gives_the_tool_timeouts_and_names_the_code_uses():
     pairs = dict(re.findall(r"([a-z-]+) (\d+)", row[3]))
     from podvm_gpu.host.proc import DEFAULT_TIMEOUT_S
 
-    assert {t: float(s) for t, s in pairs.items() if t != "other"} == config.DEFAULT_TIMEOUTS
+    assert {t: float(s) for t, s in pairs.items() if t != "other"} == config_model.DEFAULT_TIMEOUTS
     assert float(pairs["other"]) == DEFAULT_TIMEOUT_S
     tools = re.search(r"A tool name in `timeouts` or `tools` is one of: (.*?)\.\n\n", section("7"),
                       re.S).group(1)
-    assert re.findall(r"`([^`]+)`", tools) == list(config.TOOLS)
+    assert re.findall(r"`([^`]+)`", tools) == list(config_fields.TOOLS)
 
 
 def test_the_unavailable_spec_in_the_doc_is_what_boot_writes():
@@ -381,8 +387,8 @@ def test_the_status_example_in_the_doc_conforms_and_has_every_key():
 
 
 def test_the_compiled_config_format_in_the_doc_is_the_code_s():
-    assert f'"format": "{config.COMPILED_FORMAT}"' in section("2.6")
-    assert f"`<config>{config.COMPILED_SUFFIX}`" in section("2.6")
+    assert f'"format": "{config_load.COMPILED_FORMAT}"' in section("2.6")
+    assert f"`<config>{config_load.COMPILED_SUFFIX}`" in section("2.6")
 
 
 def test_the_doc_refers_only_to_files_in_the_repository():
@@ -390,6 +396,58 @@ def test_the_doc_refers_only_to_files_in_the_repository():
     assert "../" not in text and "CONTRACT" not in text
     for path in set(re.findall(r"`((?:podvm_gpu|tests|docs|systemd|bin)/[\w./-]+)`", text)):
         assert (REPO / path).exists(), f"docs/interface.md names {path}, which is not in the repo"
+
+
+# --- the README and the other docs: the guide, its map, and what they name ----------------------
+
+GUIDES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def _prose(text: str) -> str:
+    """Text outside fenced code blocks (a ``# comment`` in a block is not a heading)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _anchors(path: Path) -> set[str]:
+    """The heading anchors of a Markdown file, as GitHub makes them."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", _prose(path.read_text()), re.M)}
+
+
+@pytest.mark.parametrize("doc", GUIDES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_link_in_the_guides_reaches_a_file_and_heading_in_the_repository(doc):
+    """The README moved its reference text into docs/ (issue 20): a link that still points at a
+    README section, or at ``docs/...`` from inside docs/, would lead nowhere."""
+    for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"`[^`\n]*`", "", _prose(doc.read_text()))):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        where = (doc.parent / file).resolve() if file else doc
+        assert where.exists(), f"{doc.name} links to {target}, which is not in the repo"
+        if anchor:
+            assert anchor in _anchors(where), f"{doc.name} links to {target}: no such heading"
+
+
+@pytest.mark.parametrize("doc", GUIDES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_the_guides_name_only_files_in_the_repository(doc):
+    """Paths are written from the repository root; one with ``<...>`` is a pattern, one with
+    ``*`` a glob, and the bundle folder in mkosi/ is made by the integrator, not kept in git."""
+    text = doc.read_text()
+    for path in set(re.findall(r"`((?:podvm_gpu|tests|docs|systemd|bin|bench|packer|mkosi|\.ci)/[^`\s]*)`",
+                               text)):
+        if "<" in path or "{" in path or path == "mkosi/mkosi.extra/opt/podvm-gpu-bundle/":
+            continue
+        found = list(REPO.glob(path)) if "*" in path else [REPO / path] if (REPO / path).exists() else []
+        assert found, f"{doc.relative_to(REPO)} names {path}, which is not in the repo"
+
+
+def test_the_readme_is_a_guide_that_links_every_doc_and_keeps_the_test_command():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) < 250
+    for doc in sorted((REPO / "docs").iterdir()):
+        assert f"](docs/{doc.name})" in readme, f"the README's map of docs/ lacks {doc.name}"
+    assert "bash .ci/run" in readme and "`.venv/bin/python -m pytest`" in readme
+    assert (REPO / ".ci" / "run").read_text().rstrip().endswith("\n.venv/bin/python -m pytest")
 
 
 # --- exit codes: the table of section 1.3 against the real command ----------------------------

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from podvm_gpu import kata, units
-from podvm_gpu.check import FAIL, PASS, SKIP, WARN, image_checks, kata_cdi_check
-from podvm_gpu.config import Config
+from podvm_gpu.check import FAIL, PASS, SKIP, WARN
+from podvm_gpu.check.image import image_checks
+from podvm_gpu.check.units import kata_cdi_check
+from podvm_gpu.config.model import Config
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 
@@ -207,7 +209,7 @@ def test_unknown_version_states_both_behaviours(tree):
 
 
 def test_check_runs_the_vms_kata_agent_for_its_version(tmp_path):
-    from podvm_gpu.check import kata_agent_version
+    from podvm_gpu.check.units import kata_agent_version
 
     agent = tmp_path / "kata-agent"
     agent.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'kata-agent version 3.33.1 "

@@ -1,5 +1,5 @@
 """GPUs that appear late (issue 10): VMBus PCI pass-through channels read from sysfs
-(podvm_gpu.host.vmbus), the wait detect plans and how it tells it (podvm_gpu.late), the wait on
+(podvm_gpu.host.sysfs), the wait detect plans and how it tells it (podvm_gpu.boot.late), the wait on
 udev events under umockdev (podvm_gpu.host.udev.wait_for_pci), and boot and check on Hyper-V
 device trees (tests/umockdev/hyperv-*.umockdev). The whole boots are the scenarios S13-S17.
 """
@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from podvm_gpu.host import vmbus
-from podvm_gpu.late import LateWait, plan_wait
+from podvm_gpu.host import sysfs
+from podvm_gpu.boot.late import LateWait, plan_wait
 from scenarios import testbed
 from scenarios.world import OWN_CASES, World, load_case
 from test_boot_ends import product_pid
@@ -59,8 +59,8 @@ def add_function(sys_dir: Path, parent: str, address: str, vendor: str = "0x10de
     (bus / address).symlink_to(f"../../..{devpath}")
 
 
-def coming(sys_dir: Path) -> list[vmbus.PciChannel]:
-    return vmbus.channels_without_pci(str(sys_dir / "bus/vmbus/devices"),
+def coming(sys_dir: Path) -> list[sysfs.PciChannel]:
+    return sysfs.channels_without_pci(str(sys_dir / "bus/vmbus/devices"),
                                       str(sys_dir / "bus/pci/devices"))
 
 
@@ -68,7 +68,7 @@ def test_a_pass_through_channel_without_its_pci_function_is_a_device_on_its_way(
     add_channel(tmp_path, GPU_CHANNEL, PCIE)
     add_channel(tmp_path, "000d3a6e-b4c2-000d-3a6e-b4c2000d3a6e", NET, "hv_netvsc")
 
-    assert coming(tmp_path) == [vmbus.PciChannel(GPU_CHANNEL, "hv_pci")]
+    assert coming(tmp_path) == [sysfs.PciChannel(GPU_CHANNEL, "hv_pci")]
     assert coming(tmp_path)[0].describe() == (
         f"VMBus PCI pass-through channel {GPU_CHANNEL} (hv_pci, PCI domain 0001 asked for)")
 
@@ -97,7 +97,7 @@ def test_synthetic_channels_and_a_vm_without_vmbus_announce_nothing(tmp_path):
     add_channel(tmp_path, "000d3a6e-b4c2-000d-3a6e-b4c2000d3a6e", NET, "hv_netvsc")
     add_channel(tmp_path, "f8b3781b-1e82-4818-a1c3-63d806ec15bb",
                 "{ba6163d9-04a1-4d29-b605-72e2ffb1dc7f}", "hv_storvsc")
-    assert vmbus.pci_channels(str(tmp_path / "bus/vmbus/devices")) == []
+    assert sysfs.pci_channels(str(tmp_path / "bus/vmbus/devices")) == []
 
 
 def test_class_id_is_read_as_hv_vmbus_prints_it_and_an_unbound_channel_says_so(tmp_path):
@@ -117,13 +117,13 @@ def test_nothing_coming_plans_no_wait():
 
 
 def test_the_wait_is_cut_to_what_the_boot_budget_has_left():
-    channel = vmbus.PciChannel(GPU_CHANNEL, "hv_pci")
+    channel = sysfs.PciChannel(GPU_CHANNEL, "hv_pci")
     assert plan_wait([channel], 0, 0, 60, 240).limit() == "60 s (detect.late_gpu_wait_s)"
     assert plan_wait([channel], 0, 0, 60, 12.34).limit() == "12.3 s (what the boot budget had left)"
 
 
 def test_a_wait_that_ends_short_names_each_channel_the_count_and_the_limit():
-    late = LateWait([vmbus.PciChannel(GPU_CHANNEL, "hv_pci")], 2, 5, "detect.late_gpu_wait_s")
+    late = LateWait([sysfs.PciChannel(GPU_CHANNEL, "hv_pci")], 2, 5, "detect.late_gpu_wait_s")
     late.run(lambda ready, timeout_s: (False, "udev events watched"))
 
     assert late.failure() == (
@@ -216,7 +216,7 @@ def test_a_hyperv_cpu_vm_ends_no_gpu_without_importing_pyudev_the_config_or_the_
 
     assert done.returncode == 0, done.stderr
     assert "pyudev" not in imported_modules(done.stderr)
-    assert "podvm_gpu.late" not in done.stderr and "podvm_gpu.config" not in done.stderr
+    assert "podvm_gpu.boot.late" not in done.stderr and "podvm_gpu.config" not in done.stderr
     status = status_of(tmp_path)
     assert status["state"] == "no-gpu"
     assert status["steps"][0]["message"] == "no NVIDIA GPU on PCI (1 devices scanned)"

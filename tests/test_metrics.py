@@ -499,14 +499,14 @@ def test_once_imports_prometheus_client_without_its_init_and_leaves_a_working_pa
     assert "podvm_gpu_boot_state{state=\"no-gpu\"} 1.0" in done.stdout
 
 
-def test_readme_lists_every_metric_with_its_type_and_profile(tmp_path, fake_nvml_libs):
-    """The README's table is the reference: every family the exporter can export is in it, with
+def test_the_metrics_doc_lists_every_metric_with_its_type_and_profile(tmp_path, fake_nvml_libs):
+    """docs/metrics.md's table is the reference: every family the exporter can export is in it, with
     the type and profile it has, and nothing else is."""
     import re as regex
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
     table = dict((name, (kind.split()[0], profile)) for name, kind, profile in regex.findall(
-        r"^\| `((?:podvm_gpu|DCGM)_\w+)` \| ([^|]+?) \| [^|]*\| (both|full) \|", readme, regex.M))
+        r"^\| `((?:podvm_gpu|DCGM)_\w+)` \| ([^|]+?) \| [^|]*\| (both|full) \|", doc, regex.M))
     lib = fake_nvml_libs["current"]
     seen: dict[str, str] = {}
     cases = [(make_root(tmp_path / "full", lib, nvswitches=2, kernel_log=[

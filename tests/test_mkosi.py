@@ -1,7 +1,7 @@
 """The mkosi integration (mkosi/): a real mkosi 24.3 build of an image with it, booted.
 
 tests/boot/mkosi_image.py builds tests/boot/mkosi-project, laid out like cloud-api-adaptor's pod
-VM mkosi tree, with mkosi/ and the install bundle put in by the README's own commands. The
+VM mkosi tree, with mkosi/ and the install bundle put in by docs/install.md's own commands. The
 image then boots in systemd-nspawn and in qemu (its own kernel and initramfs-tools initrd), and
 kata-agent's stand-in must start after the agent finished and find the unavailable spec: this
 machine has no GPU. The build is done once for this module; each boot gets a view of it.

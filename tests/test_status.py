@@ -1,4 +1,4 @@
-"""The status file and the unavailable CDI spec (podvm_gpu.status, podvm_gpu.unavailable,
+"""The status file and the unavailable CDI spec (podvm_gpu.status, podvm_gpu.cdi.unavailable,
 podvm_gpu.model; contract sections 2 and 4)."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import time
 import pytest
 import yaml
 
-from podvm_gpu.cdi import parse_spec
+from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
+from podvm_gpu.cdi.parse import parse_spec
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import PciDevice, State, Status, Step, StepResult
 from podvm_gpu.cli import main
-from podvm_gpu.status import (CDI_SPEC_PATH, STATUS_PATH, StatusFile, StatusUnreadable,
+from podvm_gpu.status import (STATUS_PATH, StatusFile, StatusUnreadable,
                               exit_code_for, load_status, read_status, wait_for_final)
-from podvm_gpu.unavailable import render_unavailable_spec, write_unavailable_spec
+from podvm_gpu.cdi.unavailable import render_unavailable_spec, write_unavailable_spec
 
 CONTRACT_KEYS = {"version", "state", "reason", "warnings", "started_at", "finished_at", "gpus",
                  "nvswitches", "driver_version", "cdi", "steps"}

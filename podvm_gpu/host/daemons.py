@@ -44,7 +44,7 @@ class DaemonUnit(Record):
         unit: the transient unit's name.
         description: the unit's Description=.
         properties: unit settings (``Key=value``) beyond Type=forking and the time-outs: the
-            sandbox, chosen for what the real daemon does (README, "The daemons' units").
+            sandbox, chosen for what the real daemon does (docs/install.md, "The daemons' units").
     """
 
     FIELDS = (("tool", REQUIRED), ("unit", REQUIRED), ("description", REQUIRED),
@@ -60,7 +60,7 @@ class DaemonUnit(Record):
 
     def unit_file(self, argv: list[str]) -> str:
         """The unit as a unit file (what ``systemctl cat`` shows for the transient unit), for
-        ``systemd-analyze verify/security`` in the tests and for the README."""
+        ``systemd-analyze verify/security`` in the tests and for docs/install.md."""
         from shlex import quote
 
         service = "\n".join(self.settings())
@@ -68,7 +68,7 @@ class DaemonUnit(Record):
                 f"ExecStart={' '.join(quote(a) for a in argv)}\n{service}\n")
 
 
-# Settings both daemons need the same way. Why each: README, "The daemons' units".
+# Settings both daemons need the same way. Why each: docs/install.md, "The daemons' units".
 _COMMON = (
     "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "ProtectKernelModules=yes",
     "ProtectKernelLogs=yes", "ProtectControlGroups=yes", "ProtectHostname=yes",

@@ -87,7 +87,7 @@ class Runner:
         return None
 
     def _untrusted(self, path: str) -> str | None:
-        from podvm_gpu.config import untrusted_because
+        from podvm_gpu.config.load import untrusted_because
 
         return untrusted_because(path) if self.trust_tool_paths else None
 

@@ -12,7 +12,7 @@ from podvm_gpu.errors import ConfigError
 
 PROFILES = ("auto", "full", "cc-safe")
 # dcgm-exporter's default port: scrape configs written for it find the pod VM's exporter too.
-# Loopback by default: a pod VM's other interfaces face the cloud network (README, "Metrics").
+# Loopback by default: a pod VM's other interfaces face the cloud network (docs/metrics.md).
 DEFAULT_LISTEN = "127.0.0.1:9400"
 DEFAULT_TEXTFILE_PATH = "/run/podvm-gpu/metrics.prom"
 MAX_SECONDS = 3600.0

@@ -9,11 +9,13 @@ the attestation flow is left to set it. A value the agent does not know is never
 
 from __future__ import annotations
 
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host import kmsg
 from podvm_gpu.readers import nvsmi_no_driver, parse_cc_mode, parse_ready_state
 from podvm_gpu.steps import Skipped
+from podvm_gpu import readers
+from podvm_gpu.check import FAIL, PASS, SKIP, WARN, Check
 
 _CONFIDENTIAL_VM_SIGNS = ("Memory Encryption Features active", "SEV-SNP", "Intel TDX", "tdx: Guest")
 
@@ -91,3 +93,45 @@ def run(ctx: BootContext) -> str:
     if state != "ready":
         raise StepFailed(f"CC ready state still {state} after nvidia-smi conf-compute -srs 1")
     return "CC on, ready state set to ready"
+
+
+def plan(ctx: BootContext) -> list[list[str]]:
+    """``boot --dry-run``: the CC mode query."""
+    return [["nvidia-smi", "conf-compute", "-f"]]
+
+
+# --- podvm-gpu check ----------------------------------------------------------------------
+
+def confidential_computing_row(facts) -> Check:
+    skip = facts.not_reached("confidential-computing")
+    if skip:
+        return skip
+    skip = facts.needs_driver("confidential-computing")
+    if skip:
+        return skip
+    done = facts.runner.run(["nvidia-smi", "conf-compute", "-f"], check=False)
+    no_driver = readers.nvsmi_no_driver(done.returncode, done.output)
+    if no_driver:
+        return Check("confidential-computing", FAIL, no_driver,
+                     "see the modules and device-nodes checks and the kernel log")
+    if "no cc capable" in done.output.lower():
+        return Check("confidential-computing", SKIP, "the GPUs do not support CC")
+    mode = readers.parse_cc_mode(done.output)
+    if mode == "off":
+        return Check("confidential-computing", SKIP, "CC mode is off")
+    if mode != "on":
+        return Check("confidential-computing", FAIL, f"CC mode unknown ({mode or 'no answer'}, "
+                     f"exit {done.returncode})", "run nvidia-smi conf-compute -f by hand")
+    grs = facts.runner.run(["nvidia-smi", "conf-compute", "-grs"], check=False)
+    state = readers.parse_ready_state(grs.output)
+    if state == "ready":
+        return Check("confidential-computing", PASS, "CC on, ready state ready")
+    if state == "not-ready":
+        return Check("confidential-computing", WARN, "CC on, ready state not-ready",
+                     "the attestation flow sets it, or set confidential_computing."
+                     "set_ready_state: true in the config")
+    return Check("confidential-computing", FAIL, f"CC on, ready state unknown ({state})",
+                 "run nvidia-smi conf-compute -grs by hand")
+
+
+VM_ROWS = {"confidential-computing": confidential_computing_row}

@@ -10,20 +10,25 @@ out the uvm nodes or names a missing hook. Boot owns kind ``nvidia.com/gpu`` in
 ``/var/run/cdi``: another file there that defines it would make kata-agent drop every device both
 define, so it is renamed aside.
 
-The step is in two parts (pipeline.py): :func:`generate` runs beside the fabric wait and the
-confidential-computing step, :func:`install` only once they have all succeeded.
+The step is in two parts (boot/pipeline.py): :func:`run` generates and validates, beside the fabric wait and the
+confidential-computing step; :func:`finish` installs, only once they have all succeeded.
 """
 
 from __future__ import annotations
 
 import os
 
-from podvm_gpu import cdi_dir
-from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
-from podvm_gpu.context import BootContext
+from podvm_gpu import cdi
+from podvm_gpu.cdi.parse import parse_spec
+from podvm_gpu.cdi.ready import check_ready_spec
+from podvm_gpu.errors import CdiSpecError
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host.fs import atomic_write, ensure_dir
-from podvm_gpu.status import CDI_SPEC_PATH
+from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
+from podvm_gpu import readers
+from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
+from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, Check
 
 
 
@@ -86,12 +91,7 @@ class Generated:
         self.text, self.spec = text, spec
 
 
-def run(ctx: BootContext) -> str:
-    """Generate, validate and install the spec in one go (see :func:`generate`, :func:`install`)."""
-    return install(ctx, generate(ctx))
-
-
-def generate(ctx: BootContext) -> Generated:
+def run(ctx: BootContext) -> Generated:
     """Generate and validate the spec; nothing is written.
 
     Raises:
@@ -128,14 +128,14 @@ def generate(ctx: BootContext) -> Generated:
     return Generated(text, spec)
 
 
-def install(ctx: BootContext, generated: Generated) -> str:
+def finish(ctx: BootContext, generated: Generated) -> str:
     """Rename other specs of the kind aside, install the spec atomically, record it.
 
     Raises:
         StepFailed: the spec cannot be written.
     """
     text, spec = generated.text, generated.spec
-    for warning in cdi_dir.disable_duplicates(ctx.root):
+    for warning in cdi.disable_duplicates(ctx.root):
         ctx.warn(warning)
     try:
         target = ctx.root.resolve(CDI_SPEC_PATH, follow_last=False)
@@ -146,3 +146,58 @@ def install(ctx: BootContext, generated: Generated) -> str:
     names = spec.device_names()
     ctx.status.cdi = {"path": CDI_SPEC_PATH, "kind": spec.kind, "devices": names}
     return f"{CDI_SPEC_PATH}: {len(names)} devices (cdiVersion {spec.cdi_version})"
+
+
+def plan(ctx: BootContext) -> list[list[str]]:
+    """``boot --dry-run``: the spec's generation."""
+    return [generate_argv(ctx)]
+
+
+# --- podvm-gpu check ----------------------------------------------------------------------
+
+def cdi_spec_row(facts) -> Check:
+    path = facts.root.resolve(CDI_SPEC_PATH)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        if not facts.gpus:
+            return Check("cdi-spec", SKIP, f"{NO_GPU}; no {CDI_SPEC_PATH}",
+                         "" if not facts.config.unavailable_spec else
+                         "boot writes the unavailable spec: has it run?")
+        return Check("cdi-spec", FAIL, f"{CDI_SPEC_PATH} is missing",
+                     "run podvm-gpu boot, or see podvm-gpu status")
+    try:
+        spec = parse_spec(text, source=CDI_SPEC_PATH)
+    except CdiSpecError as err:
+        return Check("cdi-spec", FAIL, str(err), "run podvm-gpu boot to regenerate it")
+    names = spec.device_names()
+    if names == [UNAVAILABLE_DEVICE]:
+        if not facts.gpus:
+            return Check("cdi-spec", SKIP, f"{NO_GPU}; {CDI_SPEC_PATH} is the unavailable "
+                         "spec, so GPU requests fail at once")
+        return Check("cdi-spec", FAIL, f"{CDI_SPEC_PATH} is the unavailable spec: GPU setup "
+                     "failed", "see the status check and podvm-gpu status")
+    problems = check_ready_spec(spec, facts.root, facts.minors,
+                                readers.kernel_module_version(facts.root))
+    if problems:
+        return Check("cdi-spec", FAIL, "; ".join(problems[:3]),
+                     "run podvm-gpu boot to regenerate it")
+    return Check("cdi-spec", PASS, f"{CDI_SPEC_PATH}: cdiVersion {spec.cdi_version}, "
+                 f"{len(names)} devices, nodes and hooks present")
+
+
+def cdi_duplicates_row(facts) -> Check:
+    found = [(facts.root.host_path(p), problem)
+             for folder in (cdi.RUN_DIR, cdi.ETC_DIR)
+             for p, problem in cdi.other_specs(facts.root, folder)]
+    if found:
+        what = ", ".join(f"{p} (could not be read: {problem})" if problem else p
+                         for p, problem in found)
+        return Check("cdi-duplicates", FAIL, f"also defining nvidia.com/gpu: {what}",
+                     f"remove {found[0][0]}: it defines the same devices, and kata-agent "
+                     "drops every device two specs define")
+    return Check("cdi-duplicates", PASS, "no other spec defines nvidia.com/gpu")
+
+
+VM_ROWS = {"cdi-spec": cdi_spec_row, "cdi-duplicates": cdi_duplicates_row}

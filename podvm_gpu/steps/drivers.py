@@ -6,8 +6,9 @@ here, before any modprobe, naming the driver and the PCI address.
 
 from __future__ import annotations
 
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import StepFailed
+from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 
 NVIDIA_DRIVER = "nvidia"
 
@@ -30,3 +31,27 @@ def run(ctx: BootContext) -> str:
                          f"{first.driver}, not nvidia{more}; {hint}")
     bound = sum(1 for g in ctx.gpus if g.driver == NVIDIA_DRIVER)
     return f"{len(ctx.gpus)} GPU(s): {bound} bound to nvidia, {len(ctx.gpus) - bound} unbound"
+
+# --- podvm-gpu check ----------------------------------------------------------------------
+
+def drivers_row(facts) -> Check:
+    if not facts.gpus:
+        return Check("drivers", SKIP, NO_GPU)
+    other = [g for g in facts.gpus if g.driver and g.driver != "nvidia"]
+    if other:
+        g = other[0]
+        mod = g.driver.replace("-", "_")
+        return Check("drivers", FAIL, f"GPU {g.pci_address} is bound to {g.driver}, not nvidia",
+                     f"blacklist {mod} in the image (modprobe.d: 'blacklist {mod}') and "
+                     "rebuild it" if g.driver != "vfio-pci" else
+                     "remove the vfio-pci binding (vfio-pci.ids= on the kernel command line)")
+    unbound = [g.pci_address for g in facts.gpus if not g.driver]
+    if unbound:
+        return Check("drivers", WARN if facts.loaded else SKIP,
+                     f"GPU(s) {', '.join(unbound)} bound to no driver",
+                     "the nvidia module did not take them: see modules and the kernel log"
+                     if facts.loaded else "")
+    return Check("drivers", PASS, f"all {len(facts.gpus)} GPU(s) bound to nvidia")
+
+
+VM_ROWS = {"drivers": drivers_row}

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import time
 
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, FabricState, daemon_pid,
                                nvsmi_no_driver, parse_fabric)
 from podvm_gpu.steps import Skipped
-from podvm_gpu.steps.persistenced import start
+from podvm_gpu import readers, units
+from podvm_gpu.check import FAIL, PASS, SKIP, Check
 
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 
@@ -144,9 +145,77 @@ def run(ctx: BootContext) -> str:
     pid = daemon_pid(root, FABRICMANAGER_PID, FABRICMANAGER_COMM)
     daemon = None
     if pid is None:
-        daemon = start(ctx, fabricmanager_argv(ctx), LOG_PATH)
+        daemon = ctx.start_daemon(fabricmanager_argv(ctx), LOG_PATH)
     started = time.monotonic()
     states = wait_for_fabric(ctx, daemon)
     how = f"started ({daemon.where})" if daemon is not None else f"already running (pid {pid})"
     return (f"{how}; {len(ctx.nvswitches)} NVSwitch(es); fabric Completed/Success on "
             f"{len(states)} GPU(s) in {time.monotonic() - started:.2f} s")
+
+
+def plan(ctx: BootContext) -> list[list[str]]:
+    """``boot --dry-run``: the fabric manager on NVSwitch machines, then the fabric query."""
+    argvs = []
+    if ctx.nvswitches and daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
+        argvs.append(fabricmanager_argv(ctx))
+    return [*argvs, ["nvidia-smi", "-q", "-d", "FABRIC"]]
+
+
+# --- podvm-gpu check ----------------------------------------------------------------------
+
+def fabricmanager_row(facts) -> Check:
+    """The fabric manager's version is checked even when the last boot never reached the step
+    (a property of the image)."""
+    if not facts.nvswitches:
+        skip = facts.not_reached("fabricmanager")
+        if skip:
+            return skip
+    skip = facts.needs_driver("fabricmanager")
+    if skip:
+        return skip
+    driver = readers.kernel_module_version(facts.root)
+    if not facts.nvswitches:
+        note = ""
+        if units.enabled_by(facts.root, "nvidia-fabricmanager.service"):
+            note = ("; the image's nvidia-fabricmanager.service is enabled and fails with "
+                    "NV_WARN_NOTHING_TO_DO here, which is harmless")
+        # shared-NVSwitch virtualization: the fabric is managed outside the VM, and the
+        # GPUs still report it; one that never completed is as unusable as with NVSwitches
+        done = facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"], check=False)
+        states = readers.parse_fabric(done.stdout) if done.returncode == 0 else []
+        managed = [s for s in states if s.supported]
+        bad = [s for s in managed if not s.success]
+        if bad:
+            what = ", ".join(f"{s.gpu}: State {s.state}, Status {s.status}" for s in bad[:3])
+            return Check("fabricmanager", FAIL, f"no NVSwitch in the VM, but the fabric "
+                         f"managed outside it is not ready: {what}",
+                         "the host's fabric manager has not finished this VM's partition: "
+                         "ask the provider, or replace the VM")
+        if managed:
+            return Check("fabricmanager", PASS, f"no NVSwitch in the VM; fabric managed "
+                         f"outside it Completed/Success on {len(managed)} GPU(s)")
+        return Check("fabricmanager", SKIP, f"no NVSwitch on PCI{note}")
+    done = facts.runner.run(["nv-fabricmanager", "--version"], check=False)
+    fm = readers.version_in(done.output)
+    if fm and driver and fm != driver:
+        return Check("fabricmanager", FAIL, f"fabric manager {fm}, driver {driver}",
+                     f"install the fabric manager package of driver {driver}")
+    if facts.failed_before("fabricmanager"):
+        return Check("fabricmanager", SKIP, f"fabric manager {fm or '(version unknown)'}; not "
+                     f"started: the last boot failed at {facts.failed_at} (see status)")
+    pid = readers.daemon_pid(facts.root, readers.FABRICMANAGER_PID, readers.FABRICMANAGER_COMM)
+    if pid is None:
+        return Check("fabricmanager", FAIL, f"{len(facts.nvswitches)} NVSwitch(es) but "
+                     "nv-fabricmanager is not running", "see the fabricmanager step in "
+                     "podvm-gpu status and /var/log/fabricmanager.log")
+    states = readers.parse_fabric(facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"]).stdout)
+    bad = [s for s in states if not s.success]
+    if bad or not states:
+        what = ", ".join(f"{s.gpu}: State {s.state}, Status {s.status}" for s in bad[:3])
+        return Check("fabricmanager", FAIL, f"fabric not ready: {what or 'no state'}",
+                     "read /var/log/fabricmanager.log")
+    return Check("fabricmanager", PASS, f"running (pid {pid}); fabric Completed/Success on "
+                 f"{len(states)} GPU(s)")
+
+
+VM_ROWS = {"fabricmanager": fabricmanager_row}

@@ -30,17 +30,20 @@ permanent, so nothing is retried, and the modules after a failed one are skipped
 
 from __future__ import annotations
 
+import os
 import re
 
 from podvm_gpu import kmod
-from podvm_gpu.config import OPTIONAL_MODULES
-from podvm_gpu.context import BootContext
+from podvm_gpu.config.fields import OPTIONAL_MODULES, REQUIRED_MODULES
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.readers import kernel_release, modprobe_overrides, module_kernels, module_loaded
+from podvm_gpu import readers
+from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, Check
 
-REQUIRED = ("nvidia", "nvidia_uvm")
+REQUIRED = REQUIRED_MODULES
 OPTIONAL = OPTIONAL_MODULES  # the config names which of them to load
 CAP_SYS_MODULE = 16  # linux/capability.h
 # "modprobe: ERROR: could not insert 'nvidia_current': No such device"
@@ -221,3 +224,156 @@ def run(ctx: BootContext) -> str:
     if already:
         parts.append("already loaded " + ", ".join(already))
     return "; ".join(parts)
+
+
+def plan(ctx: BootContext) -> list[list[str]]:
+    """``boot --dry-run``: the modprobe of every module wanted and not loaded."""
+    cfg = ctx.config
+    wanted = [*REQUIRED, *(m for m in OPTIONAL if m in cfg.modules.optional)]
+    return [modprobe_argv(m, cfg.modules.parameters.get(m, {})) for m in wanted
+            if not module_loaded(ctx.root, m)]
+
+
+# --- podvm-gpu check ----------------------------------------------------------------------
+
+def modules_row(facts) -> Check:
+    skip = facts.not_reached("modules")
+    if skip:
+        return skip
+    if not facts.gpus:
+        return Check("modules", SKIP, NO_GPU)
+    root = facts.root
+    missing = [m for m in REQUIRED if not readers.module_loaded(root, m)]
+    if not missing:
+        version = readers.kernel_module_version(root) or "unknown version"
+        return Check("modules", PASS, f"nvidia {version} and nvidia_uvm loaded")
+    release = readers.kernel_release(root)
+    detail = f"{', '.join(missing)} not loaded"
+    resolved = [kmod.resolve(root, release, m, facts.runner) for m in missing] if release else []
+    lost = [r for r in resolved if not r.found and not r.blocked]
+    if release and lost:
+        return Check("modules", FAIL, f"{detail}: "
+                     f"{not_found_cause(root, release, lost[0].name)}",
+                     f"install the nvidia modules for kernel {release} (DKMS or a prebuilt "
+                     "package) and the modprobe.d rules of the driver package, or boot the "
+                     "kernel the image has modules for")
+    overrides = [o for m in missing for o in readers.modprobe_overrides(root, m)]
+    if overrides:
+        return Check("modules", FAIL, f"{detail}: modprobe.d overrides it: {'; '.join(overrides)}",
+                     "remove that line from the image, then reboot")
+    evidence = refusal_evidence(root, facts.messages, "nvidia")
+    if evidence:
+        return Check("modules", FAIL, f"{detail}: loading refused: {'; '.join(evidence)}",
+                     "sign the nvidia modules with a key the kernel trusts (MOK), or boot "
+                     "without what refuses them")
+    found = kmsg.findings(facts.messages)
+    for f in reversed(found):
+        if f.kind in ("unsupported-pci-id", "open-module-unsupported", "gsp-firmware", "bar",
+                      "needs-reset", "fell-off-bus", "bound-elsewhere", "no-device"):
+            hint = ("install a driver branch that supports this GPU" if f.kind ==
+                    "unsupported-pci-id" else "see the kernel message; fix the VM or image")
+            return Check("modules", FAIL, f"{detail}: {f.describe()}", hint)
+    return Check("modules", FAIL, detail, "run 'modprobe nvidia' and read the kernel log")
+
+
+VM_ROWS = {"modules": modules_row}
+
+
+def modules_image_row(image) -> Check:
+    root, kernels, found = image.root, image.kernels, image.found
+    if not kernels:
+        return Check("modules", FAIL, "no kernel in the image (/boot/vmlinuz-*, /lib/modules)",
+                     "install a kernel")
+    for release in kernels:
+        for name, res in found[release].items():
+            if res.blocked:
+                return Check("modules", FAIL, f"kernel {release}: modprobe {name} loads nothing: "
+                             f"{res.blocked}", "remove that line from the image")
+    for release in kernels:
+        for name, res in found[release].items():
+            gone = kmod.absent_file(root, res)
+            if gone:
+                return Check("modules", FAIL, f"kernel {release}: modprobe {name} reaches {gone}",
+                             f"run depmod {release} in the image after removing or rebuilding "
+                             "modules, or install the module again (dkms install, or the "
+                             "driver package)")
+    lacking = [(k, name) for k in kernels for name, res in found[k].items() if not res.found]
+    if lacking:
+        release, name = lacking[0]
+        why = kmod.unreached(root, release, name)
+        if why:
+            return Check("modules", FAIL, f"kernel {release}: modprobe {name} finds no module: {why}",
+                         f"run depmod {release} in the image" if "depmod" in why else
+                         "install the driver package's modprobe.d rules (Debian: "
+                         "/etc/modprobe.d/nvidia.conf, set up with libcuda1) or add "
+                         f"'install {name} modprobe -i <file name> $CMDLINE_OPTS'")
+        kernels_lacking = sorted({k for k, _ in lacking})
+        # a DKMS build that failed (or never ran) says why: dkms.py reads its tree (imported
+        # here: only check --image needs it, not the boot's import cost)
+        from podvm_gpu import dkms
+
+        reason, hint = dkms.why_not_built(root, kernels_lacking) or (
+            "", "build the nvidia modules (DKMS) for every kernel in the image")
+        return Check("modules", FAIL, f"no {name} module for kernel(s) {', '.join(kernels_lacking)} "
+                     f"(/lib/modules/{release})" + (f": {reason}" if reason else ""), hint)
+
+    def shown(res: kmod.Resolution) -> str:
+        via = f" via {res.rules[0].split(': ', 1)[-1]}" if res.rules else ""
+        return f"{res.file}{via}" if res.file else "built in"
+
+    return Check("modules", PASS, "; ".join(
+        f"{k}: nvidia -> {shown(found[k]['nvidia'])}" for k in kernels) +
+        f" ({next(iter(found[kernels[0]].values())).source})")
+
+
+# The firmware loader's search path (drivers/base/firmware_loader/main.c) and the compressed
+# forms kernel 6.1 reads (CONFIG_FW_LOADER_COMPRESS: .xz, .zst).
+_FIRMWARE_DIRS = ("/lib/firmware/updates/{release}", "/lib/firmware/updates", "/lib/firmware/{release}",
+                  "/lib/firmware")
+_FIRMWARE_SUFFIXES = ("", ".xz", ".zst")
+
+
+def firmware_present(root: Root, release: str, name: str) -> str | None:
+    """The host path of firmware file ``name`` (as a module names it) where the kernel finds it,
+    or None."""
+    for folder in _FIRMWARE_DIRS:
+        for suffix in _FIRMWARE_SUFFIXES:
+            path = f"{folder.format(release=release)}/{name}{suffix}"
+            if os.path.isfile(root.resolve(path)):
+                return path
+    return None
+
+
+def firmware_image_row(image) -> Check:
+    """The firmware files the nvidia module asks for (``modinfo -F firmware``, the GSP images of
+    535) must be where the kernel's loader finds them, or the driver fails on GSP GPUs."""
+    root, runner, found = image.root, image.runner, image.found
+    asked: list[tuple[str, str, str]] = []
+    unreadable: list[str] = []
+    files = kmod.present_files(root, found)
+    if not files:  # nothing compared: not a pass; the modules row fails for the cause
+        return Check("firmware", SKIP, "no nvidia module in the image to read the firmware it "
+                     "asks for from (see modules)", "fix the modules row first")
+    for release, file in files.items():
+        names = kmod.modinfo(runner, root.resolve(file), "firmware")
+        if not names and not any(kmod.modinfo(runner, root.resolve(file), key)
+                                 for key in ("vermagic", "version")):
+            unreadable.append(file)  # no .modinfo at all: not "asks for none"
+        asked += [(release, file, name) for name in names]
+    missing = [(k, f, n) for k, f, n in asked if firmware_present(root, k, n) is None]
+    if missing:
+        release, module, name = missing[0]
+        return Check("firmware", FAIL, f"{module} asks for firmware {name}, not under /lib/firmware"
+                     + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+                     "install the driver's GSP firmware package (Debian: firmware-nvidia-gsp)")
+    if unreadable:
+        return Check("firmware", FAIL, f"cannot read the .modinfo of {unreadable[0]}"
+                     + (f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else "")
+                     + ": the firmware it asks for is unknown", kmod.UNREADABLE_MODULE_HINT)
+    if not asked:
+        return Check("firmware", PASS, "the nvidia module asks for no firmware files")
+    names = sorted({n for _, _, n in asked})
+    return Check("firmware", PASS, f"{', '.join(names)} present under /lib/firmware")
+
+
+IMAGE_ROWS = {"modules": modules_image_row, "firmware": firmware_image_row}

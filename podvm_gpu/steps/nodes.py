@@ -15,11 +15,13 @@ from __future__ import annotations
 import os
 import stat
 
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, exit_text
 from podvm_gpu.host.fs import Root, ensure_dir, is_char_device
 from podvm_gpu.record import REQUIRED, Record
-from podvm_gpu.readers import CTL_MINOR, NVIDIA_MAJOR_NAME, UVM_MAJOR_NAME, char_majors, gpu_minor
+from podvm_gpu.readers import CTL_MINOR, NVIDIA_MAJOR_NAME, UVM_MAJOR_NAME, char_majors, gpu_minors
+from podvm_gpu import readers
+from podvm_gpu.check import FAIL, PASS, Check
 
 NODE_MODE = 0o666
 
@@ -28,14 +30,6 @@ class Node(Record):
     """A device node the GPUs need: host path and expected numbers (None: unknown major)."""
 
     FIELDS = (("path", REQUIRED), ("major", REQUIRED), ("minor", REQUIRED))
-
-
-def gpu_minors(root: Root, gpus) -> dict[str, int]:
-    """PCI address -> minor from the driver; GPUs it does not list get the next free index."""
-    minors = {g.pci_address: gpu_minor(root, g.pci_address) for g in gpus}
-    used = {m for m in minors.values() if m is not None}
-    free = (i for i in range(256) if i not in used)
-    return {pci: (m if m is not None else next(free)) for pci, m in minors.items()}
 
 
 def required_nodes(root: Root, minors: dict[str, int]) -> list[Node]:
@@ -137,3 +131,48 @@ def run(ctx: BootContext) -> str:
         if problem:
             raise StepFailed(problem)
     return f"{len(nodes)} nodes ready ({len(ctx.minors)} GPU node(s))"
+
+
+def plan(ctx: BootContext) -> list[list[str]]:
+    """``boot --dry-run``: the control nodes' creation and ``nvidia-modprobe -c`` of each GPU
+    node that is not right (mknod, no command, where nvidia-modprobe is not installed)."""
+    root = ctx.root
+    argvs = []
+    required = required_nodes(root, gpu_minors(root, ctx.gpus))
+    if any(node_problem(root, n) for n in required[:3]):
+        argv = ["nvidia-ctk", "system", "create-device-nodes", "--control-devices"]
+        argvs.append(argv if root.is_host else [*argv, f"--dev-root={root.path}"])
+    use_modprobe = root.is_host and ctx.runner.which("nvidia-modprobe") is not None
+    for node in required[3:]:
+        if use_modprobe and node_problem(root, node):
+            argvs.append(["nvidia-modprobe", "-c", str(node.minor)])
+    return argvs
+
+
+# --- podvm-gpu check ----------------------------------------------------------------------
+
+def device_nodes_row(facts) -> Check:
+    skip = facts.not_reached("device-nodes")
+    if skip:
+        return skip
+    skip = facts.needs_driver("device-nodes")
+    if skip:
+        return skip
+    majors = readers.char_majors(facts.root)
+    for name in (readers.NVIDIA_MAJOR_NAME, readers.UVM_MAJOR_NAME):
+        if name not in majors:
+            return Check("device-nodes", FAIL, f"no '{name}' major in /proc/devices",
+                         "the module did not register its devices: reload it and read "
+                         "the kernel log")
+    nodes = required_nodes(facts.root, facts.minors)
+    problems = [p for p in (node_problem(facts.root, n) for n in nodes) if p]
+    if problems:
+        return Check("device-nodes", FAIL, "; ".join(problems[:3]),
+                     "run podvm-gpu boot (it creates them) or nvidia-ctk system "
+                     "create-device-nodes --control-devices")
+    return Check("device-nodes", PASS, f"{len(nodes)} character devices with majors "
+                 f"{majors[readers.NVIDIA_MAJOR_NAME]}/{majors[readers.UVM_MAJOR_NAME]} "
+                 "as in /proc/devices")
+
+
+VM_ROWS = {"device-nodes": device_nodes_row}

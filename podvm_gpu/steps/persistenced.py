@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 import time
 
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import StepFailed, ended_text
-from podvm_gpu.host.daemons import Daemon, start_daemon
-from podvm_gpu.host.fs import ensure_dir
+from podvm_gpu.host.daemons import Daemon
 from podvm_gpu.readers import (PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET,
                                daemon_pid, unrecognized_option)
+from podvm_gpu import readers
+from podvm_gpu.check import FAIL, PASS, WARN, Check
 
 POLL_S = 0.01  # a stat and two small reads: the socket is seen within 10 ms, at ~1% of a core
 # A forking daemon's first process exits 0 once the daemon has started (nvidia-persistenced's
@@ -28,13 +29,6 @@ POLL_S = 0.01  # a stat and two small reads: the socket is seen within 10 ms, at
 # gets this long before an exit 0 with no daemon counts as a refusal to start.
 STARTED_GRACE_S = 0.5
 LOG_PATH = "/run/podvm-gpu/nvidia-persistenced.log"
-
-
-def start(ctx: BootContext, argv: list[str], log_host_path: str) -> Daemon:
-    """Start a daemon for a step (see host/daemons.py), its spawn log under the root."""
-    log_path = ctx.root.resolve(log_host_path, follow_last=False)
-    ensure_dir(os.path.dirname(log_path))
-    return start_daemon(ctx.runner, argv, log_path, warn=ctx.warn)
 
 
 class NotStarted(StepFailed):
@@ -122,7 +116,7 @@ def run(ctx: BootContext) -> str:
         return f"already running (pid {pid})"
     args, dropped = list(cfg.args), []
     while True:
-        daemon = start(ctx, ["nvidia-persistenced", *args], LOG_PATH)
+        daemon = ctx.start_daemon(["nvidia-persistenced", *args], LOG_PATH)
         try:
             wait_for(ctx, ready, daemon, "nvidia-persistenced", wait_s, rule, running=running)
             break
@@ -139,3 +133,33 @@ def run(ctx: BootContext) -> str:
     took = time.monotonic() - started
     without = f", without {', '.join(dropped)} (not offered)" if dropped else ""
     return f"started ({daemon.where}{without}), ready in {took:.2f} s (wait up to {wait_s:g} s)"
+
+
+def plan(ctx: BootContext) -> list[list[str]]:
+    """``boot --dry-run``: the daemon, unless it runs already."""
+    if daemon_pid(ctx.root, PERSISTENCED_PID, PERSISTENCED_COMM) is None:
+        return [["nvidia-persistenced", *ctx.config.persistenced.args]]
+    return []
+
+
+# --- podvm-gpu check ----------------------------------------------------------------------
+
+def persistenced_row(facts) -> Check:
+    skip = facts.not_reached("persistenced")
+    if skip:
+        return skip
+    skip = facts.needs_driver("persistenced")
+    if skip:
+        return skip
+    pid = readers.daemon_pid(facts.root, readers.PERSISTENCED_PID, readers.PERSISTENCED_COMM)
+    if pid is None:
+        return Check("persistenced", FAIL, "nvidia-persistenced is not running",
+                     "boot starts it; see the persistenced step in podvm-gpu status")
+    if not facts.root.exists(readers.PERSISTENCED_SOCKET):
+        return Check("persistenced", WARN, f"running (pid {pid}) but its socket "
+                     f"{readers.PERSISTENCED_SOCKET} is missing: still initialising?",
+                     "wait, then check again; see the kernel log if it stays so")
+    return Check("persistenced", PASS, f"running (pid {pid}), socket present")
+
+
+VM_ROWS = {"persistenced": persistenced_row}

@@ -11,10 +11,12 @@ GPUs for a boot that cannot succeed (field case C23).
 
 from __future__ import annotations
 
-from podvm_gpu.context import BootContext
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, exit_text
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, NVML_SONAME, daemon_pid,
                                find_nvml, find_nvml_elsewhere, kernel_module_version, version_in)
+from podvm_gpu import kmod, readers
+from podvm_gpu.check import FAIL, PASS, SKIP, Check
 
 
 def fabricmanager_version(ctx: BootContext) -> str:
@@ -81,3 +83,72 @@ def run(ctx: BootContext) -> str:
                              f"{kernel}")
         fm = f", nv-fabricmanager {fm_version}"
     return f"driver {kernel} (kernel module and {lib.path}{fm})"
+
+
+def plan(ctx: BootContext) -> list[list[str]]:
+    """``boot --dry-run``: the fabric manager's version query, on NVSwitch machines."""
+    if ctx.nvswitches and daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
+        return [["nv-fabricmanager", "--version"]]
+    return []
+
+
+# --- podvm-gpu check ----------------------------------------------------------------------
+
+def versions_row(facts) -> Check:
+    skip = facts.not_reached("versions")
+    if skip:
+        return skip
+    skip = facts.needs_driver("versions")
+    if skip:
+        return skip
+    kernel = readers.kernel_module_version(facts.root)
+    lib = readers.find_nvml(facts.root)
+    if lib is None:
+        other = readers.find_nvml_elsewhere(facts.root)
+        where = f"; found in {other.path.rsplit('/', 1)[0]}" if other else ""
+        return Check("versions", FAIL, f"{readers.NVML_SONAME} not in the loader's "
+                     f"directories{where}", "add its folder to /etc/ld.so.conf.d/ and run "
+                     "ldconfig in the image" if other else "install the user-space driver")
+    if lib.version != kernel:
+        return Check("versions", FAIL, f"kernel module {kernel}, user space {lib.version} "
+                     f"({lib.path} -> {lib.target})",
+                     f"rebuild the image with matching driver {kernel} user space")
+    return Check("versions", PASS, f"kernel module and user space both {kernel}")
+
+
+VM_ROWS = {"versions": versions_row}
+
+
+def module_file_version(runner, path: str) -> str | None:
+    """A module file's version: ``modinfo -F version FILE`` (``runner``: a read-only
+    :class:`podvm_gpu.host.proc.Runner`), else the ``version=`` string of its ``.modinfo``
+    section read from the file itself (plain, .xz or .gz; kmod.modinfo_fields)."""
+    values = kmod.modinfo(runner, path, "version")
+    return readers.version_in(values[0]) if values else None
+
+
+def versions_image_row(image) -> Check:
+    """The nvidia module of every kernel and the user-space driver (NVML) have one version."""
+    root, runner = image.root, image.runner
+    lib = readers.find_nvml(root)
+    files = kmod.present_files(root, image.found)
+    module_versions = {k: module_file_version(runner, root.resolve(f)) for k, f in files.items()}
+    if lib is None:
+        return Check("versions", FAIL, f"{readers.NVML_SONAME} not in the loader's directories",
+                     "install the user-space driver (libnvidia-ml) in the image")
+    if not files:  # nothing compared: not a pass; the modules row fails for the cause
+        return Check("versions", SKIP, "no nvidia module in the image to read a version from "
+                     "(see modules)", "fix the modules row first")
+    wrong = {k: v for k, v in module_versions.items() if v != lib.version}
+    if wrong:
+        k, v = next(iter(wrong.items()))
+        if v:
+            return Check("versions", FAIL, f"module {files[k]} is {v}, "
+                         f"user space {lib.path} is {lib.version}",
+                         f"rebuild the image with matching driver {lib.version} modules")
+        return Check("versions", FAIL, f"cannot read the version of module {files[k]} "
+                     f"(user space {lib.path} is {lib.version})", kmod.UNREADABLE_MODULE_HINT)
+    return Check("versions", PASS, f"modules and user space all {lib.version}")
+
+
+IMAGE_ROWS = {"versions": versions_image_row}

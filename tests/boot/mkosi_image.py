@@ -8,7 +8,7 @@ cache folders), so the host's apt sources are never touched, and unpacked once i
 
 The project (tests/boot/mkosi-project) is laid out like cloud-api-adaptor's pod VM tree: a
 top-level mkosi.conf, the image in ``mkosi.images/system``, and podvm-gpu's ``mkosi/`` dropped
-into ``mkosi.images/system/mkosi.conf.d/podvm-gpu`` by the README's own commands.
+into ``mkosi.images/system/mkosi.conf.d/podvm-gpu`` by docs/install.md's own commands.
 
 mkosi's default Debian repositories include ``deb.debian.org/debian-debug``, which this
 network refuses (HTTP 400: apt-get update exits 100 and the build stops). The build therefore
@@ -46,9 +46,9 @@ MKOSI_VERSION = "24.3-1~bpo12+1"
 MKOSI_SUITE = "bookworm-backports"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 PROJECT = image.HERE / "mkosi-project"
-# Where an integrator's copy of mkosi/ goes, relative to the mkosi tree (README.md, "mkosi").
+# Where an integrator's copy of mkosi/ goes, relative to the mkosi tree (docs/install.md, "mkosi").
 DROP_IN = "mkosi.images/system/mkosi.conf.d/podvm-gpu"
-README = image.REPO / "README.md"
+INSTALL_DOC = image.REPO / "docs" / "install.md"
 
 
 def _apt_options(state: Path) -> list[str]:
@@ -100,17 +100,17 @@ def mkosi_tool() -> Path:
 
 
 def integrator_commands() -> str:
-    """The README's block of commands that put mkosi/ and the bundle into an mkosi tree."""
-    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
+    """docs/install.md's block of commands that put mkosi/ and the bundle into an mkosi tree."""
+    blocks = re.findall(r"```sh\n(.*?)```", INSTALL_DOC.read_text(), re.S)
     found = [b for b in blocks if b.startswith('d="$PODVM/')]
-    assert len(found) == 1, "README.md needs exactly one sh block that starts with: d=\"$PODVM/"
+    assert len(found) == 1, "docs/install.md needs exactly one sh block that starts with: d=\"$PODVM/"
     return found[0]
 
 
 def assemble(tree: Path, python_version: str) -> None:
     """The test project in tree (a path that does not exist yet): tests/boot/mkosi-project, the
     kata-agent and NVIDIA unit stand-ins in the system image's extra tree, and podvm-gpu added by
-    the README's commands with PODVM=tree and PYVER=python_version ("3.11"). Those commands are
+    docs/install.md's commands with PODVM=tree and PYVER=python_version ("3.11"). Those commands are
     shell, written for an integrator to paste, so they run in sh here as they stand."""
     shutil.copytree(PROJECT, tree, symlinks=True)
     extra = tree / "mkosi.images/system/mkosi.extra"
@@ -119,7 +119,7 @@ def assemble(tree: Path, python_version: str) -> None:
     done = subprocess.run(["sh", "-eu", "-c", integrator_commands()], cwd=image.REPO, capture_output=True,
                           text=True, timeout=600, env={**image.bundle_env(), "PODVM": str(tree),
                                                        "PYVER": python_version})
-    assert done.returncode == 0, f"the README's mkosi commands failed:\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, f"docs/install.md's mkosi commands failed:\n{done.stdout}\n{done.stderr}"
 
 
 def cache_key(tree: Path, sources: str) -> str:

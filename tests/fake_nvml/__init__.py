@@ -120,7 +120,8 @@ def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int =
     """
     from podvm_gpu.host.fs import Root
     from podvm_gpu.model import PciDevice, Status, Step, StepResult
-    from podvm_gpu.status import CDI_SPEC_PATH, StatusFile
+    from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
+    from podvm_gpu.status import StatusFile
 
     status = Status()
     status.gpus = [PciDevice(f"0000:{0x18 + i * 0x10:02x}:00.0", "10de", "2330", "030200", "nvidia",

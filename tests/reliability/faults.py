@@ -37,7 +37,9 @@ import yaml
 from scenarios.expect import judge_cdi, report
 from scenarios.world import DATA, SHARED, Case, Run, World, load_case
 
-from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
+from podvm_gpu.cdi.parse import parse_spec
+from podvm_gpu.cdi.ready import check_ready_spec
+from podvm_gpu.errors import CdiSpecError
 from podvm_gpu.host.fs import Root
 from podvm_gpu.status import StatusUnreadable, load_status
 

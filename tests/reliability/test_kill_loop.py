@@ -39,7 +39,9 @@ import pytest
 from reliability.faults import SCENARIOS, final_state_problems, temp_files
 from scenarios.world import World
 
-from podvm_gpu.cdi import CdiSpecError, check_ready_spec, parse_spec
+from podvm_gpu.cdi.parse import parse_spec
+from podvm_gpu.cdi.ready import check_ready_spec
+from podvm_gpu.errors import CdiSpecError
 from podvm_gpu.host.fs import Root
 from podvm_gpu.status import StatusUnreadable, load_status
 

@@ -33,7 +33,7 @@ from reliability.test_properties import (FABRIC_VALUES, TEXT, documents, oracle_
                                          spec_files, status_files, status_oracle)
 from scenarios.world import World
 
-from podvm_gpu.config import load_config
+from podvm_gpu.config.load import load_config
 from podvm_gpu.errors import ConfigError
 
 COMMAND = settings(max_examples=25, deadline=None, print_blob=True,

@@ -1,18 +1,15 @@
-"""``podvm-gpu boot``: the boot sequence (contract section 3), its CPU fast path, and the one way
-a boot ends.
-
-This module is imported on every pod VM boot, GPU or not, so it imports only the standard
-library's cheapest modules and the package's stdlib-only modules at the top. pyudev comes in
-only when the sysfs pre-scan finds an NVIDIA PCI function or a GPU on its way (a Hyper-V PCI
-pass-through channel without its PCI device, or fewer GPUs than the config expects: see
-:mod:`podvm_gpu.late`), PyYAML only when a config file is there, the GPU pipeline only when a GPU
-is.
+"""What one boot run is, below both the CPU fast path (:mod:`podvm_gpu.boot`) and the GPU
+pipeline (:mod:`podvm_gpu.boot.pipeline`): its log, its signals, its lock, the console line and
+the one way it ends.
 
 Every boot that gets its lock ends in a final state written to status.json, whatever happens:
 a step's failure, the budget, a bug, SIGTERM or SIGINT (systemd's stop, shutdown,
 ``TimeoutStartSec=``), or a spec or status file that cannot be written. The final state line
 also goes to the kernel log, which the serial console prints: in a confidential VM nobody can
 log in, and the cloud's console log is where an operator looks.
+
+Imported on every pod VM boot: the standard library's cheapest modules and the package's
+stdlib-only modules only.
 """
 
 from __future__ import annotations
@@ -23,24 +20,18 @@ import os
 import sys
 import time
 
+from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
 from podvm_gpu.host.fs import Root, ensure_dir, folder_trust_problems
-from podvm_gpu.host.sysfs import scan_nvidia
-from podvm_gpu.host.vmbus import channels_without_pci
-from podvm_gpu.model import State, Status, Step, StepResult
-from podvm_gpu.status import CDI_SPEC_PATH, LOCK_PATH, STATUS_PATH, StatusFile
+from podvm_gpu.model import REASON_MAX, State, Status, Step, StepResult
+from podvm_gpu.status import LOCK_PATH, STATUS_PATH, StatusFile
 
-CONFIG_PATH = "/etc/podvm-gpu/config.yaml"
 KMSG_PATH = "/dev/kmsg"
-DEFAULT_BUDGET_S = 240.0
 _SIGNAL_NAMES = {_signal.SIGTERM: "SIGTERM", _signal.SIGINT: "SIGINT"}
 # syslog facility daemon (3) with level err (3) or notice (5): what /dev/kmsg takes from a
 # program (a record without a facility gets "user"); the console prints err even with "quiet".
 _KMSG_PRIORITY = {State.FAILED: (3 << 3) | 3, State.READY: (3 << 3) | 5,
                   State.NO_GPU: (3 << 3) | 5}
 _KMSG_MAX = 900  # a kernel record holds about 1 KiB
-# A reason (and a step's message, a warning) is one line for the status file, the unavailable
-# spec's env and the console, whatever a tool printed: longer ones are cut.
-REASON_MAX = 1000
 
 
 class Log:
@@ -151,7 +142,7 @@ class Run:
             self._publish_unavailable(state, reason)
         except OSError as err:
             state, reason = State.FAILED, f"{reason}; cdi: cannot write {CDI_SPEC_PATH}: " \
-                                          f"{_oserror(err)}"
+                                          f"{oserror(err)}"
         return self._final(state, reason)
 
     def end_ready(self) -> int:
@@ -167,10 +158,10 @@ class Run:
         return self._final(State.READY, None)
 
     def _publish_unavailable(self, state: str, reason: str) -> None:
-        from podvm_gpu import cdi_dir
-        from podvm_gpu.unavailable import remove_spec, write_unavailable_spec
+        from podvm_gpu import cdi
+        from podvm_gpu.cdi.unavailable import remove_spec, write_unavailable_spec
 
-        self.status.warnings.extend(cdi_dir.disable_duplicates(self.root))
+        self.status.warnings.extend(cdi.disable_duplicates(self.root))
         self.status.cdi = None  # the ready spec, if one was installed, is replaced or removed
         if self.write_spec:
             write_unavailable_spec(self.root, state, reason)
@@ -187,7 +178,7 @@ class Run:
         try:
             self.status_file.finish(self.status, state, reason)
         except OSError as err:
-            failure = f"status: cannot write {STATUS_PATH}: {_oserror(err)}"
+            failure = f"status: cannot write {STATUS_PATH}: {oserror(err)}"
             if failure not in (reason or ""):  # the first write may have failed the same way
                 self.log(Log.ERR, f"failed: {failure}")
                 reason = f"{reason}; {failure}" if reason else failure
@@ -253,17 +244,8 @@ class Run:
         return self.fail(f"{step.name}: {step.message}")
 
 
-def _oserror(err: OSError) -> str:
+def oserror(err: OSError) -> str:
     return f"{err.strerror or err}" + (f" ({err.filename})" if err.filename else "")
-
-
-def config_path_for(root: Root, config: str | None) -> str:
-    """The config file's real path: ``--config`` / ``PODVM_GPU_CONFIG`` as given, else under root.
-
-    Raises:
-        OSError: the default path cannot be resolved under the root (a link loop).
-    """
-    return config if config else root.resolve(CONFIG_PATH)
 
 
 def acquire_lock(root: Root, timeout_s: float, log: Log) -> int | None:
@@ -395,160 +377,6 @@ def remove_leftovers(root: Root) -> None:
                     os.unlink(os.path.join(real, name))
                 except OSError:
                     pass
-
-
-def run_boot(root_dir: str = "/", config: str | None = None, json_out: bool = False,
-             dry_run: bool = False) -> int:
-    """Run the boot sequence and return the exit code (0 ready/no-gpu, 1 failed).
-
-    Args:
-        root_dir: the root every host path is taken under (contract section 1).
-        config: the config file asked for (``--config``, ``PODVM_GPU_CONFIG``; a missing one is
-            an error), or None for ``<root>/etc/podvm-gpu/config.yaml`` (optional).
-        json_out: print the final status document on stdout instead of a summary line.
-        dry_run: detect and plan, print the commands, change nothing.
-    """
-    # Files 0644 and folders 0755 whatever the umask boot was started with, and the tools and
-    # daemons it starts get systemd's default too (a shell's umask 000 would reach them).
-    os.umask(0o022)
-    run = Run(Root(root_dir), json_out, dry_run, Log())
-    try:
-        run.signals = Signals()
-        return _boot(run, config)
-    except Interrupted as signal:
-        if not run.status.steps:  # still waiting for the lock: the other boot owns the state
-            run.log(Log.ERR, f"stopped by {signal.name} before this boot began (nothing written)")
-            return 1
-        return run.interrupted(signal)
-    except Exception as err:  # a bug or a broken install must still end 'failed', never hang
-        import traceback
-
-        run.log(Log.ERR, traceback.format_exc().replace("\n", " | "))
-        if not run.status.steps:
-            return 1
-        return run.fail_unexpectedly(err)
-    finally:
-        if run.signals:
-            run.signals.restore()
-
-
-def _boot(run: Run, config: str | None) -> int:
-    root, log = run.root, run.log
-    scanned, nvidia = scan_nvidia()
-    coming = channels_without_pci()  # [] off Hyper-V (one failed listdir) and on most VMs there
-    try:
-        config_path = config_path_for(root, config)
-        # an entry where the config goes (a dangling link too) is a config that must be read
-        present = config is not None or os.path.lexists(
-            root.resolve(CONFIG_PATH, follow_last=False))
-    except OSError as err:
-        config_path, present = f"{root.path}{CONFIG_PATH}", err
-    settings, config_error = None, None
-    if present is True:
-        from podvm_gpu.config import load_config
-        from podvm_gpu.errors import ConfigError
-
-        try:
-            settings = load_config(config_path, required=True, trusted=True)
-        except ConfigError as err:
-            config_error = str(err)
-    elif present is not False:
-        config_error = f"{config_path}: cannot resolve: {_oserror(present)}"
-    if settings is not None:
-        run.write_spec, run.metrics = settings.unavailable_spec, settings.metrics
-    budget = settings.budget_s if settings is not None else DEFAULT_BUDGET_S
-    if not run.dry_run:
-        untrusted = untrusted_root(root)
-        if untrusted:
-            # nothing can be written safely, not even a failed status: the journal says why
-            log(Log.ERR, f"refusing to write under {root.path}: {untrusted}; another user could "
-                         "redirect root's writes through it (make it root's, mode go-w)")
-            return 1
-        try:
-            lock = acquire_lock(root, budget, log)
-        except OSError as err:
-            # no lock file means no status file either (same folder), and no other boot can
-            # hold the lock: end failed with what can still be written (spec, console, journal)
-            return run.fail(f"status: cannot make {os.path.dirname(STATUS_PATH)} for the boot "
-                            f"lock and the status: {_oserror(err)}")
-        if lock is None:
-            log(Log.ERR, f"another boot still holds {LOCK_PATH} after {budget:g} s; this one "
-                         "ends without writing anything")
-            return 1
-        remove_leftovers(root)
-    detect = Step("detect")
-    run.status.steps.append(detect)
-    try:
-        run.status_file.write(run.status)
-    except OSError as err:
-        # nothing can be recorded; the spec and the console line still say why
-        return run.fail(f"status: cannot write {STATUS_PATH}: {_oserror(err)}")
-    late = None
-    if config_error is None and (coming or settings is not None and settings.detect.expected_gpus):
-        late = _late_wait(run, settings, coming, nvidia)
-    if late is not None and not run.dry_run:
-        _wait(run, detect, late)
-        scanned, nvidia = scan_nvidia()
-    if nvidia:
-        from podvm_gpu.host.sysfs import discover
-
-        run.status.gpus, run.status.nvswitches = discover(nvidia)
-    gpus, switches = run.status.gpus, run.status.nvswitches
-    detect.result = StepResult.OK
-    detect.duration_s = time.monotonic() - run.started
-    if not gpus:
-        detect.message = (f"no NVIDIA GPU on PCI ({scanned} devices scanned)" +
-                          (f"; {len(switches)} NVSwitch(es): a fabric manager service VM?"
-                           if switches else ""))
-    else:
-        detect.message = f"{len(gpus)} GPU(s), {len(switches)} NVSwitch(es)"
-    if late is not None:
-        detect.message += f"; {late.outcome()}" if not run.dry_run else \
-            f"; a boot would wait up to {late.limit()} for {late.awaited()}"
-        if not run.dry_run and late.missing_parts():
-            detect.result, detect.message = StepResult.FAILED, late.failure()
-    log.step(detect)
-    if detect.result == StepResult.FAILED:  # a GPU was announced but never came: not no-gpu
-        return run.fail(f"detect: {detect.message}")
-    if config_error is not None:
-        step = Step("config", StepResult.FAILED, message=config_error)
-        run.status.steps.append(step)
-        log.step(step)
-        return run.fail(f"config: {config_error}")
-    if not gpus:
-        return run.end(State.NO_GPU, f"detect: {detect.message}")
-    from podvm_gpu.pipeline import run_pipeline  # a GPU is there: the full path
-
-    return run_pipeline(run, settings)
-
-
-def _late_wait(run: Run, settings, coming: list, nvidia: list[str]):
-    """The wait for GPUs that appear late (:mod:`podvm_gpu.late`), or None when none is coming:
-    ``coming`` are the VMBus PCI pass-through channels without their PCI device, ``nvidia`` the
-    NVIDIA functions on PCI now; the config's ``detect`` section (defaults without a config)
-    gives the limit and the expected count. Imports the config and wait modules only here."""
-    from podvm_gpu.config import DetectConfig
-    from podvm_gpu.host.sysfs import nvidia_gpus
-    from podvm_gpu.late import plan_wait
-
-    detect = settings.detect if settings is not None else DetectConfig()
-    budget = settings.budget_s if settings is not None else DEFAULT_BUDGET_S
-    gpus_now = len(nvidia_gpus(nvidia)) if detect.expected_gpus else 0
-    return plan_wait(coming, detect.expected_gpus, gpus_now, detect.late_gpu_wait_s,
-                     run.started + budget - time.monotonic())
-
-
-def _wait(run: Run, detect: Step, late) -> None:
-    """Wait for what ``late`` expects, the detect step saying so in the status meanwhile."""
-    from podvm_gpu.host.udev import wait_for_pci
-
-    detect.message = f"waiting up to {late.limit()} for {late.awaited()}"
-    run.log(Log.INFO, f"detect: {detect.message}")
-    try:
-        run.status_file.write(run.status)
-    except OSError:
-        pass  # the status was written a moment ago; the final write reports a failure
-    late.run(wait_for_pci)
 
 
 def report(status: Status, json_out: bool) -> None:

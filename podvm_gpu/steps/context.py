@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import time
 
-from podvm_gpu.boot import REASON_MAX
-from podvm_gpu.config import Config
+from podvm_gpu.config.model import Config
 from podvm_gpu.errors import Cancelled, StepFailed, one_line
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
-from podvm_gpu.model import PciDevice, Status
+from podvm_gpu.model import REASON_MAX, PciDevice, Status
 
 # A call whose failure the boot survives (an optional module, a version or state probe) may
 # take at most this long, whatever the tool's timeout: a hang there must not spend the budget
@@ -73,10 +73,26 @@ class BootContext:
         return min(self.runner.timeouts.get(tool, HARMLESS_CALL_S), HARMLESS_CALL_S)
 
     def warn(self, text: str) -> None:
-        """Add a one-line warning to the status (cut as a reason is: boot.REASON_MAX)."""
+        """Add a one-line warning to the status (cut as a reason is: model.REASON_MAX)."""
         line = one_line(text, REASON_MAX)
         if line not in self.status.warnings:
             self.status.warnings.append(line)
+
+    def start_daemon(self, argv: list[str], log_host_path: str):
+        """Start a daemon for a step (host/daemons.py: its own unit under systemd, else detached),
+        its spawn log at ``log_host_path`` under the root; returns the
+        :class:`~podvm_gpu.host.daemons.Daemon`.
+
+        Raises:
+            OSError: the log's folder cannot be made.
+            CommandError: the daemon could not be started.
+        """
+        from podvm_gpu.host.daemons import start_daemon
+        from podvm_gpu.host.fs import ensure_dir
+
+        log_path = self.root.resolve(log_host_path, follow_last=False)
+        ensure_dir(os.path.dirname(log_path))
+        return start_daemon(self.runner, argv, log_path, warn=self.warn)
 
     @property
     def gpu_count(self) -> int:

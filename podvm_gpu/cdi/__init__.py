@@ -1,10 +1,20 @@
-"""The CDI spec directories: other files that define kind ``nvidia.com/gpu``.
+"""The CDI spec of kind ``nvidia.com/gpu``: where it lives, and the spec directories.
 
-Boot owns the kind in ``/var/run/cdi`` (contract section 3, step 9): kata-agent drops every
-device that two specs define, so a second spec of the kind, e.g. one the toolkit or an image
-build left, would hide the agent's devices or, on a VM without a usable GPU, the unavailable
-spec's fast failure. Such a file is renamed to ``<name>.disabled-by-podvm-gpu`` on every boot
-outcome; ``/etc/cdi`` is never written (kata-agent does not read it), only reported.
+The package's rooms, each changing for its own reason:
+
+* here: the kind, the spec's path and the other files in the spec directories (below), which
+  the CPU fast path needs, so this module imports nothing more;
+* :mod:`~podvm_gpu.cdi.unavailable`: the unavailable spec a CPU or failed VM gets (fast path);
+* :mod:`~podvm_gpu.cdi.model`: the typed spec; :mod:`~podvm_gpu.cdi.rules`: what makes a
+  document a CDI spec (the schema's shapes as data, the Go package's rules);
+  :mod:`~podvm_gpu.cdi.parse`: strict YAML/JSON to a checked model;
+  :mod:`~podvm_gpu.cdi.ready`: what a ``ready`` boot needs of a valid spec.
+
+Other files that define the kind: boot owns it in ``/var/run/cdi`` (contract section 3, step 9):
+kata-agent drops every device that two specs define, so a second spec of the kind, e.g. one the
+toolkit or an image build left, would hide the agent's devices or, on a VM without a usable GPU,
+the unavailable spec's fast failure. Such a file is renamed to ``<name>.disabled-by-podvm-gpu`` on
+every boot outcome; ``/etc/cdi`` is never written (kata-agent does not read it), only reported.
 
 Cheap when the folder holds nothing else (one listdir): the CPU fast path calls it.
 """
@@ -16,7 +26,9 @@ import os
 
 from podvm_gpu.host.fs import Root, read_bounded
 
+KIND = "nvidia.com/gpu"
 RUN_DIR = "/var/run/cdi"
+SPEC_PATH = RUN_DIR + "/nvidia.yaml"  # what kata-agent reads (contract section 2)
 ETC_DIR = "/etc/cdi"
 OUR_SPEC = "nvidia.yaml"
 DISABLED_SUFFIX = ".disabled-by-podvm-gpu"

@@ -2,7 +2,7 @@
 
 Boot's first scan can come before a GPU is on PCI: on Hyper-V (Azure) a GPU reaches PCI through a
 VMBus pass-through channel, and its PCI function appears only when hv_pci and the host are done
-(:mod:`podvm_gpu.host.vmbus`); a hot-plugged GPU appears whenever the host adds it. Detect waits,
+(:mod:`podvm_gpu.host.sysfs`); a hot-plugged GPU appears whenever the host adds it. Detect waits,
 bounded, when the VM shows that a GPU is coming: a PCI pass-through channel without its PCI
 function, or fewer GPUs on PCI than the config's ``detect.expected_gpus``. Without either it
 never waits and this module is not imported.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from podvm_gpu.host import vmbus
+from podvm_gpu.host import sysfs
 from podvm_gpu.host.sysfs import nvidia_gpus, scan_nvidia
 
 
@@ -29,7 +29,7 @@ class LateWait:
         limit_why: what set the limit, for messages (``detect.late_gpu_wait_s``).
     """
 
-    def __init__(self, channels: list[vmbus.PciChannel], expected_gpus: int, limit_s: float,
+    def __init__(self, channels: list[sysfs.PciChannel], expected_gpus: int, limit_s: float,
                  limit_why: str):
         self.channels = channels
         self.expected_gpus = expected_gpus
@@ -42,9 +42,9 @@ class LateWait:
     def _look(self) -> bool:
         """Read sysfs once (stdlib only): the channels' functions and the GPU count; True when
         nothing is missing any more."""
-        links = vmbus.pci_links()
+        links = sysfs.pci_links()
         self.arrived = {c.instance: found for c in self.channels
-                        if (found := vmbus.functions_below(c, links))}
+                        if (found := sysfs.functions_below(c, links))}
         if self.expected_gpus:
             self.gpus_seen = len(nvidia_gpus(scan_nvidia()[1]))
         return not self.missing_parts()
@@ -96,12 +96,12 @@ def _seconds(value: float) -> str:
     return f"{round(value, 1):g} s"
 
 
-def plan_wait(channels: list[vmbus.PciChannel], expected_gpus: int, gpus_now: int,
+def plan_wait(channels: list[sysfs.PciChannel], expected_gpus: int, gpus_now: int,
               wait_s: float, budget_left_s: float) -> LateWait | None:
     """The wait detect needs, or None when nothing is coming.
 
     Args:
-        channels: pass-through channels without a PCI function (:func:`vmbus.channels_without_pci`).
+        channels: pass-through channels without a PCI function (:func:`sysfs.channels_without_pci`).
         expected_gpus: ``detect.expected_gpus`` (0: no expectation).
         gpus_now: NVIDIA GPUs on PCI at the first scan.
         wait_s: ``detect.late_gpu_wait_s``.

@@ -41,29 +41,24 @@ import _signal
 import threading
 import time
 
-from podvm_gpu.boot import REASON_MAX, Interrupted, Log, Run
-from podvm_gpu.config import Config, timeouts_for
-from podvm_gpu.context import BootContext
+from podvm_gpu.boot.run import Interrupted, Log, Run
+from podvm_gpu.model import REASON_MAX
+from podvm_gpu.config.model import Config, timeouts_for
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import Cancelled, CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.model import Step, StepResult
-from podvm_gpu.steps import (Skipped, cc, cdi_step, drivers, fabric, modules, nodes, persistenced,
-                             versions)
+from podvm_gpu import steps as step_list
+from podvm_gpu.steps import Skipped
 
-SEQUENTIAL = (
-    ("drivers", drivers.run),
-    ("modules", modules.run),
-    ("versions", versions.run),
-    ("device-nodes", nodes.run),
-    ("persistenced", persistenced.run),
-)
-PARALLEL = (
-    ("fabricmanager", fabric.run),
-    ("confidential-computing", cc.run),
-    ("cdi", cdi_step.generate),
-)
-STEP_NAMES = tuple(name for name, _ in SEQUENTIAL + PARALLEL)
+# The step list (podvm_gpu/steps/__init__.py): each step's ``run``, in order; after persistenced,
+# the parallel ones at once; the last of them (the spec) ``finish``es once all have succeeded.
+SEQUENTIAL = tuple((name, step_list.module(name).run) for name in step_list.GPU_STEPS
+                   if name not in step_list.PARALLEL)
+PARALLEL = tuple((name, step_list.module(name).run) for name in step_list.GPU_STEPS
+                 if name in step_list.PARALLEL)
+STEP_NAMES = step_list.GPU_STEPS
 _ALARM_GRACE_S = 2.0  # after the budget, let the step in flight report its own timeout first
 
 
@@ -193,9 +188,10 @@ class Steps:
                     step.message = f"spec generated and valid, not installed: {failed[0].name} failed"
                     self.run.log.step(step)
             return f"{failed[0].name}: {failed[0].message}"
-        cdi = started[-1][0]
-        cdi.message = ""
-        return self.one(cdi, lambda ctx: cdi_step.install(ctx, results["cdi"]), started=False)
+        last = started[-1][0]
+        last.message = ""
+        finish = step_list.module(last.name).finish
+        return self.one(last, lambda ctx: finish(ctx, results[last.name]), started=False)
 
     def in_flight(self) -> Step:
         """The earliest step still running (several run at once after persistenced)."""
@@ -212,15 +208,18 @@ class Steps:
         return step
 
     def _branch(self, step: Step, func, results: dict) -> None:
+        # a step with a finish (the spec's install) keeps its result and runs on after the rest
+        later = hasattr(step_list.module(step.name), "finish")
+
         def keep(ctx):
             value = func(ctx)
-            if isinstance(value, cdi_step.Generated):  # installed later: the step runs on
+            if later:
                 results[step.name] = value
                 return None
             return value
 
         try:
-            self.one(step, keep, final=step.name != "cdi")
+            self.one(step, keep, final=not later)
         finally:
             self._done.add(step.name)
             self._ended.release()
@@ -277,7 +276,7 @@ class Steps:
 
 def _dry_run(run: Run, ctx: BootContext) -> int:
     from podvm_gpu.jsontext import dumps
-    from podvm_gpu.plan import plan
+    from podvm_gpu.boot.plan import plan
 
     commands = plan(ctx)
     if run.json_out:

@@ -16,7 +16,7 @@ import os
 
 from podvm_gpu.host.fs import Root, atomic_write, ensure_dir
 from podvm_gpu.jsontext import dumps as _json
-from podvm_gpu.status import CDI_KIND, CDI_SPEC_PATH
+from podvm_gpu.cdi import KIND, SPEC_PATH
 
 # 0.5.0: what nvidia-ctk 1.20 writes and kata-agent parses; spec annotations would need 0.6.0.
 UNAVAILABLE_CDI_VERSION = "0.5.0"
@@ -31,7 +31,7 @@ def render_unavailable_spec(state: str, reason: str) -> str:
         reason: the status reason; folded to one line.
     """
     one_line = " ".join(str(reason).split())
-    spec = {"cdiVersion": UNAVAILABLE_CDI_VERSION, "kind": CDI_KIND,
+    spec = {"cdiVersion": UNAVAILABLE_CDI_VERSION, "kind": KIND,
             "devices": [{"name": UNAVAILABLE_DEVICE, "containerEdits": {
                 "env": [f"PODVM_GPU_STATE={state}", f"PODVM_GPU_REASON={one_line}"]}}]}
     return ("# Written by podvm-gpu: this VM has no usable NVIDIA GPU; see "
@@ -44,7 +44,7 @@ def write_unavailable_spec(root: Root, state: str, reason: str) -> str:
     Raises:
         OSError: the spec directory cannot be created or written.
     """
-    path = root.resolve(CDI_SPEC_PATH, follow_last=False)
+    path = root.resolve(SPEC_PATH, follow_last=False)
     ensure_dir(root.resolve("/var/run/cdi"))
     atomic_write(path, render_unavailable_spec(state, reason))
     return path
@@ -59,7 +59,7 @@ def remove_spec(root: Root) -> bool:
         OSError: it is there and cannot be removed.
     """
     try:
-        os.unlink(root.resolve(CDI_SPEC_PATH, follow_last=False))
+        os.unlink(root.resolve(SPEC_PATH, follow_last=False))
     except FileNotFoundError:
         return False
     return True

@@ -1,0 +1,18 @@
+"""``boot --dry-run``: the commands boot would run on this VM now, without running any.
+
+Each step says its own (``plan(ctx)`` in its module, podvm_gpu/steps), built from the same facts
+the step reads (loaded modules, existing nodes, running daemons), so the plan skips what a real
+boot would skip. Commands whose arguments depend on results of earlier commands (a GPU's minor
+before the driver is loaded) use the GPU's index.
+"""
+
+from __future__ import annotations
+
+from podvm_gpu import steps
+from podvm_gpu.steps.context import BootContext
+
+
+def plan(ctx: BootContext) -> list[list[str]]:
+    """The argv lists a boot would run, in the step order."""
+    return [argv for name in steps.GPU_STEPS
+            for argv in getattr(steps.module(name), "plan", lambda ctx: [])(ctx)]

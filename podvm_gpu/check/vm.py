@@ -1,0 +1,133 @@
+"""The checks of a running VM (contract section 5): the facts every row reads, once, and the rows
+in the step order (each step's ``VM_ROWS``), then the rows of no step (status, units)."""
+
+from __future__ import annotations
+
+import os
+
+from podvm_gpu import readers, steps, units
+from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check, isolated, safely
+from podvm_gpu.check.units import (kata_agent_version, kata_cdi_check, kata_ordering_check,
+                                  refresh_units_check)
+from podvm_gpu.config.model import Config
+from podvm_gpu.host import kmsg
+from podvm_gpu.host.fs import Root
+from podvm_gpu.host.proc import Runner
+from podvm_gpu.host.sysfs import channels_without_pci, scan_nvidia
+from podvm_gpu.model import State
+from podvm_gpu.status import ORPHANED, StatusUnreadable, load_status, orphaned, read_status
+
+
+class Facts:
+    """What the rows of a running VM read, each read once (a fact that cannot be read is its
+    default, and each row that needs it reports what it finds).
+
+    Attributes:
+        root, config, runner: the VM's root, the config in force, the read-only runner.
+        scanned: PCI functions scanned; gpus, nvswitches: what discovery finds now.
+        coming: Hyper-V pass-through channels without their PCI device.
+        loaded: whether the nvidia module is loaded; messages: the kernel log's records.
+        minors: PCI address -> minor of ``/dev/nvidia<minor>``; failed_at: the GPU step the
+            last boot failed at, or None.
+    """
+
+    def __init__(self, root: Root, config: Config, runner: Runner):
+        self.root, self.config, self.runner = root, config, runner
+        self.scanned, nvidia = scan_nvidia()
+        self.coming = safely(channels_without_pci, [])
+        self.gpus, self.nvswitches = [], []
+        if nvidia:
+            from podvm_gpu.host.sysfs import discover
+
+            self.gpus, self.nvswitches = discover(nvidia)
+        self.loaded = safely(lambda: readers.module_loaded(root, "nvidia"), False)
+        self.messages = safely(lambda: kmsg.read_kernel_log(root), [])
+        self.minors = safely(lambda: readers.gpu_minors(root, self.gpus), {})
+        self.failed_at = safely(lambda: boot_failed_at(root), None)
+
+    def failed_before(self, step: str) -> bool:
+        """Whether the last boot failed at a GPU step before ``step`` (so never reached it)."""
+        order = steps.GPU_STEPS
+        return bool(self.failed_at) and order.index(self.failed_at) < order.index(step)
+
+    def not_reached(self, step: str) -> Check | None:
+        """A skip for the row of a step that the last boot never reached, because an earlier
+        step failed: its state then follows from that failure, which the status row reports,
+        and failing it too would bury the cause."""
+        if self.failed_before(step):
+            return Check(step, SKIP, f"not reached: the last boot failed at {self.failed_at} "
+                         "(see status)")
+        return None
+
+    def needs_driver(self, name: str) -> Check | None:
+        """A skip for row ``name`` when there is no GPU or the driver is not loaded."""
+        if not self.gpus:
+            return Check(name, SKIP, NO_GPU)
+        if not self.loaded:
+            return Check(name, SKIP, "nvidia module not loaded (see modules)")
+        return None
+
+
+def boot_failed_at(root: Root) -> str | None:
+    """The GPU step (contract section 3) at which the last boot failed, or None."""
+    doc = read_status(root) or {}
+    if doc.get("state") != State.FAILED:
+        return None
+    failed = [s.get("name") for s in doc.get("steps") or [] if s.get("result") == "failed"]
+    return failed[0] if failed and failed[0] in steps.GPU_STEPS else None
+
+
+def status_row(facts: "Facts") -> Check:
+    try:
+        doc = load_status(facts.root)
+    except StatusUnreadable as err:
+        return Check("status", FAIL, f"unreadable: {err}", "run podvm-gpu boot again")
+    if doc is None:
+        return Check("status", FAIL, "no /run/podvm-gpu/status.json: boot has not run",
+                     "systemctl status podvm-gpu.service")
+    state, reason = doc.get("state"), doc.get("reason")
+    if state == State.FAILED:
+        return Check("status", FAIL, f"boot failed: {reason}", "fix the cause, then rerun "
+                     "podvm-gpu boot (or reboot)")
+    if state == State.RUNNING:
+        if orphaned(facts.root, doc):
+            return Check("status", FAIL, f"running, but {ORPHANED}",
+                         "journalctl -u podvm-gpu -b; then systemctl restart podvm-gpu")
+        return Check("status", WARN, "boot is still running", "podvm-gpu status --wait")
+    warnings = doc.get("warnings") or []
+    if warnings:
+        return Check("status", WARN, f"{state} with {len(warnings)} warning(s): {warnings[0]}",
+                     "podvm-gpu status lists them")
+    return Check("status", PASS, f"{state}" + (f": {reason}" if reason else ""))
+
+
+def kata_cdi_row(facts: Facts) -> Check:
+    argv = units.exec_start(facts.root, units.KATA_UNIT)
+    said = None
+    if facts.root.is_host and argv and os.path.isabs(argv[0]):
+        said = kata_agent_version(argv[0])
+    return kata_cdi_check(facts.root, argv, facts.root.read_text("/proc/cmdline") or "", said)
+
+
+# The rows that belong to no step, after the steps' rows.
+OTHER_ROWS = {
+    "status": status_row,
+    "cdi-refresh-units": lambda facts: refresh_units_check(facts.root),
+    "kata-agent-ordering": lambda facts: kata_ordering_check(facts.root),
+    "kata-agent-cdi": kata_cdi_row,
+}
+
+
+def rows() -> dict:
+    """Every row of a running VM in its order: the steps' ``VM_ROWS``, then :data:`OTHER_ROWS`."""
+    found: dict = {}
+    for step in steps.step_modules():
+        found.update(getattr(step, "VM_ROWS", {}))
+    return {**found, **OTHER_ROWS}
+
+
+def vm_checks(root: Root, config: Config, runner: Runner) -> list[Check]:
+    """Every row of a running VM, each on its own: one that raises becomes a ``fail`` row
+    naming the error, and the others still run."""
+    facts = Facts(root, config, runner)
+    return [isolated(name, lambda row=row: row(facts)) for name, row in rows().items()]

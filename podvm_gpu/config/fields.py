@@ -1,0 +1,233 @@
+"""How a config value is checked: the validators of the fields, one function each, and
+:class:`Section`, a frozen group of fields (podvm_gpu.config.model lists the sections).
+
+Values are taken strictly: a boolean is not a number, a string is not a number, a number is not
+a boolean (YAML's ``true`` would otherwise read as 1 second, ``"30"`` as 30).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+MAX_CONFIG_BYTES = 1 << 20
+MAX_SECONDS = 3600.0  # no wait or budget in a pod VM boot is longer than an hour
+MAX_GPUS = 64  # far above any VM size sold (8 GPUs, 16 at most), still a bound
+# The external tools of contract section 1 (and the ones this project added); config keys that
+# name a tool must be one of them.
+TOOLS = ("modprobe", "nvidia-ctk", "nvidia-persistenced", "nvidia-smi", "nv-fabricmanager",
+         "nvidia-modprobe", "systemctl", "ldconfig", "modinfo", "systemd-run", "journalctl")
+MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
+OPTIONAL_MODULES = ("nvidia_modeset",)  # loaded after the required ones, may fail (modules.py)
+REQUIRED_MODULES = tuple(m for m in MODULES if m not in OPTIONAL_MODULES)
+
+
+class Invalid(Exception):
+    """One bad value: ``loc`` is the key path (``["persistenced", "per_gpu_s"]``)."""
+
+    def __init__(self, loc: list, message: str):
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
+def _kind(value: object) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "a mapping", type(None): "empty"}.get(type(value),
+                                                                        type(value).__name__)
+
+
+def seconds(minimum: float, inclusive: bool):
+    """A validator of a number of seconds in ``minimum`` (exclusive unless ``inclusive``) to
+    ``MAX_SECONDS``; returns it as a float."""
+    bound = f"at least {minimum:g}" if inclusive else f"greater than {minimum:g}"
+
+    def check(value: object, loc: list) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise Invalid(loc, f"must be a number of seconds, not {_kind(value)}"
+                           + _numeric_text(value))
+        if not math.isfinite(value):
+            raise Invalid(loc, "must be a finite number of seconds")
+        if value < minimum or (value == minimum and not inclusive) or value > MAX_SECONDS:
+            raise Invalid(loc, f"must be {bound} and at most {MAX_SECONDS:g} s, not {value!r}")
+        return float(value)
+
+    return check
+
+
+def count(maximum: int):
+    """A validator of a whole number from 0 to ``maximum``."""
+    def check(value: object, loc: list) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise Invalid(loc, f"must be a whole number, not {_kind(value)}")
+        if not 0 <= value <= maximum:
+            raise Invalid(loc, f"must be from 0 to {maximum}, not {value}")
+        return value
+
+    return check
+
+
+def boolean(value: object, loc: list) -> bool:
+    """A validator of ``true``/``false``."""
+    if not isinstance(value, bool):
+        raise Invalid(loc, f"must be true or false, not {_kind(value)}")
+    return value
+
+
+def _string(value: object, loc: list) -> str:
+    if not isinstance(value, str) or not value:
+        raise Invalid(loc, "must be a non-empty string, not " + (
+            "an empty one" if value == "" else _kind(value)))
+    return value
+
+
+def _numeric_text(value: object) -> str:
+    """A hint for text that reads as a number: PyYAML (YAML 1.1) takes ``1e3`` as a string."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        return f" ({value!r}: YAML reads it as text; write it with a dot, as 1.0e3, or in full)"
+    return ""
+
+
+def absolute_path(value: object, loc: list) -> str:
+    """A validator of an absolute path."""
+    text = _string(value, loc)
+    if not os.path.isabs(text) or "\0" in text:
+        raise Invalid(loc, f"{text!r} is not an absolute path")
+    return text
+
+
+def string_list(value: object, loc: list) -> tuple[str, ...]:
+    """A validator of a list of non-empty strings; returned as a tuple (the config is frozen)."""
+    if not isinstance(value, list):
+        raise Invalid(loc, f"must be a list, not {_kind(value)}")
+    return tuple(_string(item, [*loc, i]) for i, item in enumerate(value))
+
+
+def one_of(names: tuple[str, ...]):
+    """A validator of one of ``names``."""
+    def check(value: object, loc: list) -> str:
+        if value not in names:
+            raise Invalid(loc, f"must be one of {', '.join(names)}, not {value!r}")
+        return value
+
+    return check
+
+
+def mapping(key, item):
+    """A validator of a mapping whose keys pass ``key`` and values pass ``item``."""
+    def check(value: object, loc: list) -> dict:
+        if not isinstance(value, dict):
+            raise Invalid(loc, f"must be a mapping, not {_kind(value)}")
+        return {key(k, [*loc, k]): item(v, [*loc, k]) for k, v in value.items()}
+
+    return check
+
+
+def tool(value: object, loc: list) -> str:
+    if value not in TOOLS:
+        raise Invalid(loc, f"unknown tool {value!r} (one of {', '.join(TOOLS)})")
+    return value
+
+
+def module(value: object, loc: list) -> str:
+    if value not in MODULES:
+        raise Invalid(loc, f"unknown module {value!r} ({', '.join(MODULES)})")
+    return value
+
+
+def optional_modules(value: object, loc: list) -> tuple[str, ...]:
+    """The modules that may fail with a warning: a sublist of ``OPTIONAL_MODULES`` (``[]``: none
+    is loaded). Another name would be ignored by the modules step, so it is an error here."""
+    names = string_list(value, loc)
+    for i, name in enumerate(names):
+        if name not in OPTIONAL_MODULES:
+            raise Invalid([*loc, i], f"not an optional module: {name!r} (only "
+                           f"{', '.join(OPTIONAL_MODULES)}; nvidia and nvidia_uvm are required)")
+    return names
+
+
+def parameter_name(value: object, loc: list) -> str:
+    # [A-Za-z_][A-Za-z0-9_]*, as modprobe takes a parameter's name (no re: see the docstring)
+    if not isinstance(value, str) or not value.isascii() or not value.isidentifier():
+        raise Invalid(loc, f"{value!r} is not a module parameter name")
+    return value
+
+
+def parameter_value(value: object, loc: list) -> str | int | bool:
+    # module parameters are one word each on modprobe's command line
+    if isinstance(value, bool) or isinstance(value, int):
+        return value
+    if isinstance(value, str) and value and not any(c.isspace() for c in value):
+        return value
+    raise Invalid(loc, f"{loc[-1]}: a value must be one word, a number or a boolean, "
+                        f"not {value!r}")
+
+
+class Section:
+    """A frozen group of settings; subclasses list theirs in ``FIELDS`` (name -> (validator,
+    default)). ``Section()`` holds the defaults; instances compare by value."""
+
+    FIELDS: dict[str, tuple] = {}
+    __slots__ = ()
+
+    def __init__(self, **values: object):
+        for name, (_check, default) in self.FIELDS.items():
+            # a function as the default makes it (the metrics settings' class lives in the
+            # metrics package, which imports this module)
+            value = values[name] if name in values else default() if callable(default) \
+                else default
+            object.__setattr__(self, name, dict(value) if isinstance(value, dict) else value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"the config is frozen: cannot set {name}")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(
+            getattr(self, n) == getattr(other, n) for n in self.FIELDS)
+
+    def __hash__(self) -> int:
+        return hash(tuple(repr(getattr(self, n)) for n in self.FIELDS))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.FIELDS)
+        return f"{type(self).__name__}({inner})"
+
+    def to_dict(self) -> dict:
+        """The settings as plain data (sections as dicts, tuples as lists), for ``--json``."""
+        def plain(value):
+            if hasattr(value, "to_dict"):
+                return value.to_dict()
+            if isinstance(value, (list, tuple)):
+                return [plain(v) for v in value]
+            if isinstance(value, dict):
+                return {k: plain(v) for k, v in value.items()}
+            return value
+
+        return {n: plain(getattr(self, n)) for n in self.FIELDS}
+
+    @classmethod
+    def validate(cls, raw: object, loc: list, errors: list[Invalid]):
+        """A section from the mapping ``raw``; every bad key or value is appended to ``errors``
+        (the section then holds the default for it)."""
+        if not isinstance(raw, dict):
+            errors.append(Invalid(loc, f"must be a mapping of settings, not {_kind(raw)}"))
+            return cls()
+        values = {}
+        for key, value in raw.items():
+            where = [*loc, key]
+            if key not in cls.FIELDS:
+                errors.append(Invalid(where, "unknown key"))
+                continue
+            check = cls.FIELDS[key][0]
+            try:
+                if isinstance(check, type) and issubclass(check, Section):
+                    values[key] = check.validate(value, where, errors)
+                else:
+                    values[key] = check(value, where)
+            except Invalid as err:
+                errors.append(err)
+        return cls(**values)

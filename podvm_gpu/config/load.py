@@ -1,0 +1,285 @@
+"""Finding, reading, trusting and loading the config file, and its compiled form.
+
+Only the standard library is imported at the top; PyYAML when a YAML file is parsed.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from podvm_gpu.config.fields import MAX_CONFIG_BYTES, Invalid
+from podvm_gpu.config.model import Config
+from podvm_gpu.errors import ConfigError, one_line
+from podvm_gpu.host.fs import folder_trust_problems
+
+
+def parse_config(text: str, path: str) -> Config:
+    """Validate the config text read from ``path`` (named in every message).
+
+    Raises:
+        ConfigError: not YAML, not a mapping, or a bad key or value; the message names the file
+            and the first bad key (``persistenced.per_gpu_s``) and counts the others.
+    """
+    return validate(parse_yaml(text, path), path)
+
+
+def parse_yaml(text: str, path: str) -> object:
+    """The config text as PyYAML's safe loader reads it.
+
+    Raises:
+        ConfigError: not YAML (also: nested too deeply, a number of more than 4300 digits).
+    """
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (yaml.YAMLError, RecursionError, ValueError) as err:
+        # ValueError: a number Python will not read (more than 4300 digits)
+        what = " ".join(str(err).split())
+        if isinstance(err, RecursionError) or "nesting depth" in what:
+            what = "nested too deeply"
+        raise ConfigError(f"{path}: not valid YAML: {what[:300]}") from None
+
+
+def validate(raw: object, path: str) -> Config:
+    """The config from the parsed document ``raw`` (None: the defaults).
+
+    Raises:
+        ConfigError: not a mapping, or a bad key or value (see :func:`parse_config`).
+    """
+    if raw is None:
+        return Config()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: must be a mapping of settings, not {type(raw).__name__}")
+    errors: list[Invalid] = []
+    try:
+        config = Config.validate(raw, [], errors)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
+    if errors:
+        first = errors[0]
+        # a key may hold line breaks or be long: the message stays one bounded line
+        key = one_line(".".join(str(p) for p in first.loc), 200) or "(top level)"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        message = " ".join(first.message.split())[:300]
+        raise ConfigError(f"{path}: {key}: {message}{more}")
+    return config
+
+
+# --- the compiled form: the YAML parsed once, at image build ----------------------------------
+# Every CPU pod VM whose image ships a config file validates it at boot; PyYAML's import (it
+# imports re) costs that boot about as much as all the rest of it (bench/run.py: 4x `python -c
+# pass` with the YAML, 1.3x with this). So the image build (install-podvm-gpu.sh, or `podvm-gpu
+# config --compile` after a change) writes, next to the config, the document PyYAML read from it
+# together with the exact text it was read from. Boot uses it only while the config's text is
+# that text, byte for byte, and validates it as it validates the YAML; otherwise it parses the
+# YAML. Nothing is trusted that the YAML would not give.
+
+COMPILED_SUFFIX = ".compiled.json"
+COMPILED_FORMAT = "podvm-gpu config, compiled, 1"
+_NOT_COMPILED = object()
+
+
+def compiled_path(path: str) -> str:
+    """Where the compiled form of the config at ``path`` lives: ``<path>.compiled.json``."""
+    return path + COMPILED_SUFFIX
+
+
+def compile_config(path: str) -> tuple[Config, str]:
+    """Validate the config at ``path`` and write its compiled form beside it (atomically, 0644).
+
+    Returns:
+        The config and the compiled file's path.
+
+    Raises:
+        ConfigError: the config is missing, unreadable or invalid (nothing is written).
+        OSError: the compiled file cannot be written.
+    """
+    from podvm_gpu.host.fs import atomic_write
+    from podvm_gpu.jsontext import dumps
+
+    text = read_config_text(path, required=True)
+    raw = parse_yaml(text, path)
+    config = validate(raw, path)
+    target = compiled_path(path)
+    atomic_write(target, dumps({"format": COMPILED_FORMAT, "source": text, "settings": raw}) + "\n")
+    return config, target
+
+
+def compiled_settings(path: str, text: str, trusted: bool = False) -> object:
+    """The document of the compiled form of the config at ``path`` if it was made from exactly
+    ``text``; :data:`_NOT_COMPILED` when there is none, it is stale, unreadable, not ours, or
+    (``trusted``) another user than root could have written it."""
+    from podvm_gpu.jsontext import loads
+
+    try:
+        fd = os.open(compiled_path(path), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return _NOT_COMPILED
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > 4 * MAX_CONFIG_BYTES or (
+                trusted and untrusted_because(compiled_path(path), info)):
+            return _NOT_COMPILED
+        data = os.read(fd, 4 * MAX_CONFIG_BYTES + 1)
+    except OSError:
+        return _NOT_COMPILED
+    finally:
+        os.close(fd)
+    try:
+        doc = loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return _NOT_COMPILED
+    if not isinstance(doc, dict) or doc.get("format") != COMPILED_FORMAT \
+            or doc.get("source") != text or "settings" not in doc:
+        return _NOT_COMPILED
+    return doc["settings"]
+
+
+def compiled_state(path: str) -> str | None:
+    """``None`` when the config at ``path`` has a current compiled form, else why not (for
+    ``check --image``): missing, or made from another text."""
+    try:
+        text = read_config_text(path)
+    except ConfigError:
+        return None  # the config itself is the problem; the config check says so
+    if text is None:
+        return None
+    if compiled_settings(path, text) is not _NOT_COMPILED:
+        return None
+    if os.path.lexists(compiled_path(path)):
+        return f"{compiled_path(path)} was made from another version of the config"
+    return f"{compiled_path(path)} is missing"
+
+
+DEFAULT_PATH = "/etc/podvm-gpu/config.yaml"
+
+
+def config_location(root, config: str | None) -> tuple[str, bool]:
+    """Where a command's config is, and whether it must be read (``podvm-gpu config``, ``check``,
+    ``metrics``; boot does the same on its fast path, boot.py ``_boot``).
+
+    Args:
+        root: the :class:`podvm_gpu.host.fs.Root`.
+        config: ``--config`` / ``PODVM_GPU_CONFIG`` when given (it must then exist), else None.
+
+    Returns:
+        ``(path, required)``: the file's real path (the default path under the root, links
+        followed chroot-style) and True when a file must be there: one was named, or an entry
+        (a dangling link too) stands at the default path. ``(path, False)``: the defaults apply.
+
+    Raises:
+        ConfigError: the default path cannot be resolved under the root (a link loop).
+    """
+    if config:
+        return config, True
+    try:
+        entry = root.resolve(DEFAULT_PATH, follow_last=False)
+        if not os.path.lexists(entry):
+            return entry, False
+        return root.resolve(DEFAULT_PATH), True
+    except OSError as err:
+        raise ConfigError(f"{root.path.rstrip('/')}{DEFAULT_PATH}: cannot resolve: "
+                          f"{err.strerror or err}") from err
+
+
+def load_config(path: str, *, required: bool = False, trusted: bool = False) -> Config:
+    """Load and validate the config file at ``path``; the defaults when there is no file.
+
+    Read through its compiled form when that was made from the same text (see
+    :func:`compile_config`), else parsed with PyYAML; validated in both cases.
+
+    Args:
+        path: the config file's real path.
+        required: the file was asked for (``--config``, ``PODVM_GPU_CONFIG``), so a missing one
+            is an error rather than the defaults.
+        trusted: refuse a file that someone other than root could have written (boot, which
+            runs the tools it names as root): see :func:`untrusted_because`.
+
+    Raises:
+        ConfigError: see :func:`read_config_text` and :func:`parse_config`.
+    """
+    text = read_config_text(path, required=required, trusted=trusted)
+    if text is None:
+        return Config()
+    raw = compiled_settings(path, text, trusted)
+    return parse_config(text, path) if raw is _NOT_COMPILED else validate(raw, path)
+
+
+def trust_problems(path: str, info: os.stat_result | None = None, *,
+                   owners: frozenset[int] | None = None, stop_at: str = "/") -> list[tuple[str, str]]:
+    """What would let another user than root change a file that boot (as root) takes orders
+    from: ``[("owner" | "mode", text), ...]``, empty when nothing does.
+
+    The file, and every directory above its real path up to ``stop_at``, must be owned by one of
+    ``owners`` (root and the user running the agent) and not be writable by its group or others.
+    A directory with the sticky bit (``/tmp``) may be writable by others: nobody but an entry's
+    owner can replace the entry. The rule of OpenSSH's ``safe_path`` for its keys.
+
+    Args:
+        path: the file's path.
+        info: the file's ``os.fstat`` when it is already open (no race on the file itself).
+        owners: the uids that may own them (default root and the effective uid).
+        stop_at: the last directory checked (an image root for ``check --image``).
+    """
+    owners = owners if owners is not None else frozenset({0, os.geteuid()})
+    problems: list[tuple[str, str]] = []
+    try:
+        info = info or os.stat(path)
+    except OSError as err:
+        return [("mode", f"cannot stat it: {err.strerror}")]
+    if info.st_uid not in owners:
+        problems.append(("owner", f"it is owned by uid {info.st_uid}, not root"))
+    if info.st_mode & 0o022:
+        problems.append(("mode", f"it is writable by group or others (mode "
+                                 f"{stat.S_IMODE(info.st_mode):04o})"))
+    return problems + [(kind, f"above it, {text}") for kind, text in folder_trust_problems(
+        os.path.dirname(os.path.realpath(path)), owners, stop_at)]
+
+
+def untrusted_because(path: str, info: os.stat_result | None = None) -> str | None:
+    """The first of :func:`trust_problems` of ``path`` as one line, or None."""
+    problems = trust_problems(path, info)
+    return problems[0][1] if problems else None
+
+
+def read_config_text(path: str, *, required: bool = False, trusted: bool = False) -> str | None:
+    """The config file's text; None when it does not exist and was not asked for.
+
+    Only a regular file of at most 1 MiB is read, opened without blocking: a FIFO or a device
+    given as the config must not hang or flood the boot. A dangling link where the file should
+    be is an error, not "no config".
+
+    Raises:
+        ConfigError: missing though required (or a dangling link), not a regular file, too
+            large, unreadable, not UTF-8, or (``trusted``) writable by another user than root.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if required or os.path.islink(path):
+            raise ConfigError(f"{path}: no such file" + (" (a dangling link)" if
+                                                         os.path.islink(path) else "")) from None
+        return None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"{path}: not a regular file")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+        why = untrusted_because(path, info) if trusted else None
+        if why:
+            raise ConfigError(f"{path}: not trusted: {why}; boot runs the tools a config names "
+                              "as root, so only root may be able to write it")
+        data = os.read(fd, MAX_CONFIG_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None

@@ -1,0 +1,128 @@
+"""The config's sections and their defaults (contract section 7): one class per section,
+its fields as a table (name -> (validator, default)); ``Config()`` is the defaults."""
+
+from __future__ import annotations
+
+from podvm_gpu.config.fields import (MAX_GPUS, OPTIONAL_MODULES, Invalid, Section, absolute_path,
+                                     boolean, count, mapping, seconds, string_list, tool,
+                                     module, optional_modules, parameter_name, parameter_value)
+
+
+class PersistencedConfig(Section):
+    """nvidia-persistenced: the readiness wait is ``ready_timeout_s + per_gpu_s * GPUs`` seconds.
+
+    The default (30 s + 15 s a GPU, 150 s for 8 GPUs) follows the field reports of 8-GPU
+    machines needing about 150 s; ending the wait never kills the daemon. ``args`` are the
+    daemon's options.
+    """
+
+    FIELDS = {"ready_timeout_s": (seconds(0, False), 30.0),
+              "per_gpu_s": (seconds(0, True), 15.0),
+              "args": (string_list, ("--persistence-mode", "--uvm-persistence-mode"))}
+    __slots__ = tuple(FIELDS)
+
+
+class FabricManagerConfig(Section):
+    """nv-fabricmanager: wait ``ready_timeout_s + per_gpu_s * GPUs`` for fabric State Completed,
+    querying it every ``poll_s`` seconds (0.1 s: a fabric that completes is seen within that; one
+    ``nvidia-smi -q -d FABRIC`` runs at a time, so a slow query stretches the interval, never
+    piles up)."""
+
+    FIELDS = {"ready_timeout_s": (seconds(0, False), 60.0),
+              "per_gpu_s": (seconds(0, True), 5.0),
+              "config_file": (absolute_path, "/usr/share/nvidia/nvswitch/fabricmanager.cfg"),
+              "poll_s": (seconds(0, False), 0.1)}
+    __slots__ = tuple(FIELDS)
+
+
+class ConfidentialComputingConfig(Section):
+    """Whether boot may set the GPUs' CC ready state itself (``nvidia-smi conf-compute -srs 1``)."""
+
+    FIELDS = {"set_ready_state": (boolean, False)}
+    __slots__ = tuple(FIELDS)
+
+
+class ModulesConfig(Section):
+    """Kernel modules: ``parameters`` per module (``{nvidia: {NVreg_EnableGpuFirmware: 1}}``)
+    become ``modprobe <module> KEY=VALUE``; ``optional`` modules may fail with a warning."""
+
+    FIELDS = {"parameters": (mapping(module, mapping(parameter_name, parameter_value)), {}),
+              "optional": (optional_modules, OPTIONAL_MODULES)}
+    __slots__ = tuple(FIELDS)
+
+
+class DetectConfig(Section):
+    """GPUs that appear after boot started (Hyper-V's vPCI, hot-plug).
+
+    ``expected_gpus``: the NVIDIA GPUs every VM of this image has (0: no expectation); set it in
+    an image that serves GPU VMs only, and boot waits for that many on PCI. Boot also waits,
+    without any setting, for the PCI device of each VMBus PCI pass-through channel that has
+    none yet. ``late_gpu_wait_s``: the longest of either wait, cut to what the boot budget has
+    left. Nothing in the guest bounds the arrival otherwise: hv_pci waits for each answer of the
+    host without a time limit (``wait_for_response`` in pci-hyperv.c gives up only when the
+    channel is rescinded). The default, 60 s, is a judgement, not a measurement: a quarter of
+    the default budget, it leaves 180 s for the setup of the GPUs that arrive (a 1-GPU setup
+    takes seconds; persistenced's own wait is 45 s for one GPU). A VM without such a channel
+    and without ``expected_gpus`` never waits.
+    """
+
+    FIELDS = {"expected_gpus": (count(MAX_GPUS), 0),
+              "late_gpu_wait_s": (seconds(0, True), 60.0)}
+    __slots__ = tuple(FIELDS)
+
+
+def _metrics(value: object, loc: list):
+    """The ``metrics:`` section: the exporter's own settings class checks it (docs/metrics.md)."""
+    from podvm_gpu.metrics.settings import MetricsConfigError, MetricsSettings
+
+    try:
+        return MetricsSettings.from_mapping(value)
+    except MetricsConfigError as err:
+        raise Invalid([*loc, *err.key_path.split(".")[1:]], err.message) from None
+    except TypeError as err:  # a key the settings class does not take
+        raise Invalid(loc, str(err)) from None
+
+
+def _default_metrics():
+    from podvm_gpu.metrics.settings import MetricsSettings
+
+    return MetricsSettings()
+
+
+class Config(Section):
+    """The whole config; ``Config()`` is the defaults."""
+
+    FIELDS = {"budget_s": (seconds(0, False), 240.0),
+              "timeouts": (mapping(tool, seconds(0, False)), {}),
+              "tools": (mapping(tool, absolute_path), {}),
+              "persistenced": (PersistencedConfig, PersistencedConfig()),
+              "fabricmanager": (FabricManagerConfig, FabricManagerConfig()),
+              "confidential_computing": (ConfidentialComputingConfig,
+                                         ConfidentialComputingConfig()),
+              "modules": (ModulesConfig, ModulesConfig()),
+              "detect": (DetectConfig, DetectConfig()),
+              "unavailable_spec": (boolean, True),
+              "metrics": (_metrics, _default_metrics)}
+    __slots__ = tuple(FIELDS)
+
+
+# Timeouts of one call, in seconds, for tools the config does not name (contract section 3:
+# every external command has one). modprobe of nvidia on a big machine takes a few seconds.
+DEFAULT_TIMEOUTS: dict[str, float] = {
+    "modprobe": 60.0,
+    "nvidia-ctk": 60.0,
+    "nvidia-smi": 30.0,
+    "nvidia-modprobe": 15.0,
+    "nv-fabricmanager": 15.0,
+    "nvidia-persistenced": 15.0,
+    "ldconfig": 10.0,
+    "systemctl": 10.0,
+    "systemd-run": 10.0,
+    "journalctl": 10.0,
+    "modinfo": 10.0,
+}
+
+
+def timeouts_for(config: Config) -> dict[str, float]:
+    """The per-tool timeouts: the defaults overridden by the config's ``timeouts``."""
+    return {**DEFAULT_TIMEOUTS, **config.timeouts}

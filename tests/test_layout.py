@@ -1,0 +1,157 @@
+"""The package's layout rules (issue 20): one concern is one room, and the rooms say so.
+
+- no import circle in ``podvm_gpu/``, counting imports inside functions and the package
+  ``__init__`` every import of a submodule runs first;
+- no file in ``podvm_gpu/`` over 500 lines;
+- the step list (``podvm_gpu/steps/__init__.py``) is the only place that names a step's module:
+  deleting a step's module leaves only that list naming it;
+- the CPU fast path imports only the modules it needs (``-X importtime``).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from podvm_gpu import steps
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "podvm_gpu"
+MAX_LINES = 500
+# What `podvm-gpu boot` imports of the package on a CPU VM: the run, the fast path, PCI and
+# VMBus from sysfs, the status file, the unavailable spec and the spec directories.
+FAST_PATH = {"podvm_gpu", "podvm_gpu.cli", "podvm_gpu.boot", "podvm_gpu.boot.run",
+             "podvm_gpu.cdi", "podvm_gpu.cdi.unavailable", "podvm_gpu.host", "podvm_gpu.host.fs",
+             "podvm_gpu.host.sysfs", "podvm_gpu.jsontext", "podvm_gpu.model", "podvm_gpu.status"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The package modules ``name`` imports anywhere in its file, with the parent packages
+    Python runs first (``import a.b.c`` runs ``a`` and ``a.b``)."""
+    found = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = name.split(".") if is_package else name.split(".")[:-1]
+                parts = parts[:len(parts) - node.level + 1]
+                base = ".".join([*parts, *([base] if base else [])])
+            targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        for target in targets:
+            if target not in known:
+                continue
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):
+                pkg = ".".join(parts[:i])
+                # a module's own parents are running already when it runs: no edge to them
+                if pkg in known and pkg != name and not name.startswith(pkg + "."):
+                    found.add(pkg)
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_there_is_no_import_circle_in_the_package():
+    known = modules()
+    graph = {name: imports_of(name, path, known) for name, path in known.items()}
+
+    assert circles(graph) == []
+
+
+def test_the_circle_finder_finds_a_circle_through_an_import_inside_a_function(tmp_path):
+    graph = {"p.a": {"p.b"}, "p.b": {"p.a"}, "p.c": {"p.a"}}
+
+    assert circles(graph) == [["p.a", "p.b"]]
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_file_of_the_package_is_over_500_lines(path):
+    lines = len(path.read_text().splitlines())
+
+    assert lines <= MAX_LINES, f"{path.relative_to(REPO)} has {lines} lines: split it by concern"
+
+
+@pytest.mark.parametrize("step, module", steps.STEPS)
+def test_only_the_step_list_names_a_steps_module(step, module):
+    """Deleting a step's module must leave only the step list naming it: the pipeline, the
+    dry-run plan and both check runners take the steps from the list."""
+    known = modules()
+    target = f"podvm_gpu.steps.{module}"
+    naming = sorted(name for name, path in known.items()
+                    if name not in ("podvm_gpu.steps", target)
+                    and target in imports_of(name, path, known))
+
+    assert naming == []
+    owner = steps.module(step)
+    assert callable(getattr(owner, "run", None)) or step == "detect", "a step runs"
+    assert getattr(owner, "VM_ROWS", None), "a step says how a running VM stands with it"
+
+
+def test_every_step_module_is_in_the_step_list():
+    listed = {module for _, module in steps.STEPS}
+    present = {p.stem for p in (PACKAGE / "steps").glob("*.py")} - {"__init__", "context"}
+
+    assert present == listed
+
+
+def test_the_cpu_fast_path_imports_only_what_it_needs(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-X", "importtime", str(REPO / "bin" / "podvm-gpu"),
+                           "boot", "--root", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+    assert done.returncode == 0, done.stderr
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    ours = {name for name in imported if name.split(".")[0] == "podvm_gpu"}
+    assert ours == FAST_PATH
+    assert not {"yaml", "pyudev", "argparse", "json"} & imported
