@@ -1,9 +1,10 @@
-"""Build the cached test images ahead of the tests, side by side: ``python tests/boot/build_images.py
-[NAME ...]`` (default: all). ``.ci/run`` starts it in the background before the benchmarks and the
-fast tests, so the image builds (downloads, dpkg, DKMS compiles) overlap with work that needs no
-image; a test that wants an image still running its build waits on that variant's lock
-(image.variant_rootfs). Prints one line per image: its name, folder and seconds; exits 1 if any
-build failed (the tests that need it then fail with mmdebstrap's message).
+"""Build the cached test images ahead of the tests: ``python tests/boot/build_images.py [--jobs N]
+[NAME ...]`` (default: all, one at a time). ``.ci/run`` starts it in the background beside the
+tests, so the image builds (downloads, dpkg, DKMS compiles) overlap with tests that need no
+image; a test that wants an image still being built waits on that variant's lock
+(image.variant_rootfs). On 2 cores two builds at once save little (DKMS compiles with make -j2)
+and slow the tests beside them. Prints one line per image: its name, folder and seconds; exits 1
+if any build failed (the tests that need it then fail with mmdebstrap's message).
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ def build(name: str, failures: list[str]) -> None:
     print(f"{name}: {path} ready after {time.monotonic() - started:.0f} s", flush=True)
 
 
-def main(names: list[str]) -> int:
-    names = names or list(ORDER)
+def main(args: list[str]) -> int:
+    jobs = 1
+    if args[:1] == ["--jobs"] and len(args) > 1:
+        jobs, args = int(args[1]), args[2:]
+    names = args or list(ORDER)
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         print(f"unknown image(s) {', '.join(unknown)}; known: {', '.join(ORDER)}", file=sys.stderr)
@@ -45,10 +49,9 @@ def main(names: list[str]) -> int:
     for name in names:
         VARIANTS[name].key()
     failures: list[str] = []
-    # Two builds at a time: one compiles (DKMS) while the other downloads and unpacks.
     threads: list[threading.Thread] = []
     for name in names:
-        while sum(t.is_alive() for t in threads) >= 2:
+        while sum(t.is_alive() for t in threads) >= jobs:
             time.sleep(1)
         thread = threading.Thread(target=build, args=(name, failures))
         thread.start()
