@@ -4,10 +4,13 @@ lays it out (see the module docstring); on Debian's real trees in tests/test_tri
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from podvm_gpu import dkms
 from podvm_gpu.host.fs import Root
 
 KERNEL = "6.12.117+deb13-cloud-amd64"
+DATA = Path(__file__).resolve().parent / "data/dkms"
 BUILD = "/var/lib/dkms/nvidia-current-open/550.163.01/build"
 # the shape of gcc 14's diagnostics in DKMS's make.log (LC_ALL=C: plain quotes)
 MAKE_LOG = f"""DKMS make.log for nvidia-current-open-550.163.01 for kernel {KERNEL} (x86_64)
@@ -68,3 +71,11 @@ def test_an_installed_build_explains_nothing(tmp_path):
 
 def test_no_dkms_tree_explains_nothing(tmp_path):
     assert dkms.why_not_built(Root(str(tmp_path)), [KERNEL]) is None
+
+
+def test_the_real_make_log_of_debian_13s_failed_build_gives_its_first_compiler_error(tmp_path):
+    """tests/data/dkms/nvidia-current-open-550.163.01-trixie: the make.log DKMS 3.2.2 left (its
+    quotes are gcc's Unicode ones)."""
+    log = (DATA / "nvidia-current-open-550.163.01-trixie/make.log").read_text()
+    [build] = dkms.builds(dkms_tree(tmp_path, log=log), KERNEL)
+    assert build.error == "nvidia/nv-pci.c:237:9: error: too few arguments to function \u2018pci_resize_resource\u2019"
