@@ -72,6 +72,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                                 help="serve over HTTP at ADDR:PORT (an IP address)")
     sub["metrics"].add_argument("--openmetrics", action="store_true",
                                 help="print the OpenMetrics format")
+    sub["metrics"].add_argument("--web-config", metavar="FILE",
+                                help="TLS and basic auth from this exporter-toolkit web config")
     sub["metrics"].add_argument("--textfile", action="store_true",
                                 help="write the textfile (with --serve: every interval)")
     return parser, sub

@@ -23,7 +23,7 @@ _FORMS = {
     "boot": ({"--json": "json_out", "--dry-run": "dry_run"}, _COMMON),
     "status": ({"--json": "json_out", "--wait": "wait"}, {**_COMMON, "--timeout": "timeout"}),
     "metrics": ({"--serve": "serve", "--openmetrics": "openmetrics", "--textfile": "textfile"},
-                {**_COMMON, "--listen": "listen"}),
+                {**_COMMON, "--listen": "listen", "--web-config": "web_config"}),
     "check": ({"--json": "json_out", "--image": "image"}, _COMMON),
 }
 

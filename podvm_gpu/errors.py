@@ -68,10 +68,13 @@ class CommandError(PodvmGpuError):
         timeout_s: the timeout that applied, in seconds.
         budget_spent: True when it timed out at the end of the boot budget (its own timeout
             was cut to what was left): the boot's time is up, whatever the call was for.
+        held_open: True when the tool exited (``returncode``) but a process it started kept
+            its stdout or stderr open; that process was ended (host/proc.py).
     """
 
     def __init__(self, argv, returncode, stdout="", stderr="", *, timed_out=False,
-                 timeout_s=None, budget_spent=False, message=None):
+                 timeout_s=None, budget_spent=False, message=None, held_open=False):
+        self.held_open = held_open
         self.argv = list(argv)
         self.returncode = returncode
         self.stdout = stdout or ""

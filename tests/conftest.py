@@ -116,6 +116,20 @@ def real_nvml_deb() -> Path:
     return debian_packages.fetch("libnvidia-ml1")
 
 
+# --- Debian's Prometheus server (test_metrics_prometheus.py) -------------------------------------
+
+
+@pytest.fixture(scope="session")
+def prometheus(tmp_path_factory) -> str:
+    """Debian 12's ``prometheus`` server binary (2.42), unpacked alone from its .deb, as
+    ``promtool`` is: installing the package would start a server on a systemd host."""
+    import debian_packages
+
+    deb = debian_packages.fetch("prometheus")
+    out = debian_packages.unpack(deb, tmp_path_factory.mktemp("prometheus"), "./usr/bin/prometheus")
+    return str(out / "usr/bin/prometheus")
+
+
 # --- the order of a run: the tests that need no test image first --------------------------------
 # For .ci/run, which builds the test images in the background (tests/boot/build_images.py): the
 # tests marked slow (boots, real-driver images, packer, mkosi) run after all the others, each

@@ -450,3 +450,37 @@ def test_the_literal_prefilter_never_hides_a_match():
         for _kind, pattern, _template in K._PATTERNS:
             if pattern.search(text):
                 assert pattern.may_match(text.lower()), (pattern.source, text)
+
+
+# --- issue 17: GPUs the driver cannot attach, modules the kernel cannot decompress ----------
+
+from podvm_gpu.host import kmsg as _kmsg  # noqa: E402
+
+
+def test_cc_not_enabled_on_the_host_is_named_with_the_adapter_code():
+    # canonical/tdx#414 = NVIDIA/nvtrust#124
+    found = {f.kind: f for f in _kmsg.findings([
+        "NVRM: confComputeConstructEngine_IMPL: GPU confidential compute capability is not enabled.",
+        "NVRM: osInitNvMapping: *** Cannot attach gpu",
+        "NVRM: GPU 0000:05:00.0: RmInitAdapter failed! (0x22:0x3f:744)"])}
+    assert "cc-not-enabled" in found and "reset the GPU" in found["cc-not-enabled"].summary
+    assert found["cannot-attach"].summary.endswith("GPU 0000:05:00.0 (RmInitAdapter failed 0x22:0x3f:744)")
+
+
+def test_swiotlb_full_gives_size_and_slots():
+    (f,) = _kmsg.findings(["nvidia 0000:00:04.0: swiotlb buffer is full (sz: 524288 bytes), "
+                           "total 262144 (slots), used 1044 (slots)"])
+    assert f.kind == "swiotlb-full" and "524288-byte" in f.summary and "1044 of 262144" in f.summary
+
+
+def test_lkca_stubs_without_nvrm_prefix_is_a_driver_error():
+    line = "libspdm_check_crypto_backend: Error - libspdm expects LKCA but found stubs!"
+    assert [f.kind for f in _kmsg.findings([line])] == ["lkca-stubs"]
+    assert _kmsg.driver_errors([(3, line)]) == [line]
+    assert _kmsg.driver_errors([(6, line)]) == []  # only at level err
+
+
+def test_decompression_failure_is_read_from_the_kernel_line():
+    (f,) = _kmsg.findings(["decompression failed with status 6"])
+    assert f.kind == "decompress-failed" and "status 6" in f.summary
+    assert _kmsg.findings(["modprobe: ERROR: could not insert 'nvidia': Invalid argument"]) == []

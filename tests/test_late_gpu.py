@@ -127,10 +127,10 @@ def test_a_wait_that_ends_short_names_each_channel_the_count_and_the_limit():
     late.run(lambda ready, timeout_s: (False, "udev events watched"))
 
     assert late.failure() == (
-        f"VMBus PCI pass-through channel {GPU_CHANNEL} (hv_pci, PCI domain 0001 asked for) "
-        "announced a PCI device that did not appear; only 0 of the 2 GPU(s) the image expects "
-        "(detect.expected_gpus) appeared on PCI within 5 s (detect.late_gpu_wait_s; udev events "
-        "watched)")
+        f"timed out after 5 s: VMBus PCI pass-through channel {GPU_CHANNEL} (hv_pci, PCI domain "
+        "0001 asked for) announced a PCI device that did not appear; only 0 of the 2 GPU(s) the "
+        "image expects (detect.expected_gpus) appeared on PCI (detect.late_gpu_wait_s; udev "
+        "events watched)")
 
 
 # --- the wait itself, under umockdev ----------------------------------------------------------
@@ -233,9 +233,9 @@ def test_channels_that_stay_empty_fail_the_boot_within_the_wait_naming_each(
     assert done.returncode == 1, done.stderr
     assert 1 <= took < 5, took
     reason = status_of(tmp_path)["reason"]
-    assert reason.startswith(f"detect: VMBus PCI pass-through channel {GPU_CHANNEL} (hv_pci, ")
+    assert reason.startswith(f"detect: timed out after 1 s: VMBus PCI pass-through channel {GPU_CHANNEL} (hv_pci, ")
     assert f"{UNBOUND_CHANNEL} (no driver bound, PCI domain 0002 asked for) announced" in reason
-    assert "within 1 s (detect.late_gpu_wait_s; udev events watched)" in reason
+    assert " (detect.late_gpu_wait_s; udev events watched)" in reason
     assert "waiting up to 1 s (detect.late_gpu_wait_s) for the PCI device of " in done.stderr
 
 
@@ -246,8 +246,8 @@ def test_fewer_gpus_than_the_image_expects_fail_the_boot_after_the_wait(tmp_path
 
     assert done.returncode == 1, done.stderr
     status = status_of(tmp_path)
-    assert status["reason"] == ("detect: only 1 of the 2 GPU(s) the image expects "
-                                "(detect.expected_gpus) appeared on PCI within 1 s "
+    assert status["reason"] == ("detect: timed out after 1 s: only 1 of the 2 GPU(s) the image "
+                                "expects (detect.expected_gpus) appeared on PCI "
                                 "(detect.late_gpu_wait_s; udev events watched)")
     assert len(status["gpus"]) == 1 and len(status["steps"]) == 1  # no GPU step ran
 

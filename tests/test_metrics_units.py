@@ -16,7 +16,7 @@ def test_defaults_are_loopback_auto_and_no_textfile():
     s = MetricsSettings.from_mapping(None)
     assert s.to_dict() == {"profile": "auto", "listen": "127.0.0.1:9400", "textfile": False,
                            "textfile_path": "/run/podvm-gpu/metrics.prom",
-                           "textfile_interval_s": 30.0, "nvml_timeout_s": 5.0}
+                           "textfile_interval_s": 30.0, "nvml_timeout_s": 5.0, "web_config": ""}
 
 
 @pytest.mark.parametrize("section, key, message", [

@@ -87,8 +87,9 @@ class LateWait:
 
     def failure(self) -> str:
         """Why the boot fails after a wait that ended with something missing: each missing
-        thing, the limit and what set it, how the wait watched."""
-        return f"{'; '.join(self.missing_parts())} within {_seconds(self.limit_s)} " \
+        thing, the limit and what set it, how the wait watched; "timed out" first, as every
+        wait that ran out of time says."""
+        return f"timed out after {_seconds(self.limit_s)}: {'; '.join(self.missing_parts())} " \
                f"({self.limit_why}; {self.how})"
 
 

@@ -22,8 +22,14 @@ The order, and what depends on what (contract section 3):
 ``confidential-computing``  same time: the fabric wait is tens of seconds on HGX machines,
 ``cdi`` (generate)    }     and nvidia-ctk's generation does not need the fabric or the ready
                             state, only the driver and persistenced.
+``cdi`` (health gate)       after generation, in the same branch (podvm_gpu/health.py): two bounded
+                            nvidia-smi queries (row remapper; volatile ECC, pages pending), NVML
+                            clients, so after persistenced; before the install, since a spec
+                            means a usable GPU. No step of its own: the contract's step list
+                            is fixed, and the gate decides whether the ``cdi`` spec goes in.
 ``cdi`` (install)           only once all three succeeded: the spec a CDI reader sees must mean
-                            a usable GPU (fabric Completed/Success, CC ready state as decided).
+                            a usable GPU (fabric Completed/Success, CC ready state as decided,
+                            memory health as read).
 ==========================  =================================================================
 
 A failure in one of the three parallel steps stops the steps after it in the order above at
@@ -75,7 +81,7 @@ def describe_command_error(err: CommandError) -> str:
     cmd = " ".join([err.tool, *err.argv[1:3]])
     if err.timed_out:
         return f"{cmd} timed out after {err.timeout_s:g} s"
-    if err.returncode is None:
+    if err.returncode is None or err.held_open:
         return str(err)
     last = err.last_line()
     return f"{cmd} failed ({exit_text(err.returncode)})" + (f": {last}" if last else "")
@@ -291,10 +297,18 @@ def _dry_run(run: Run, ctx: BootContext) -> int:
 
 
 def _fail(run: Run, reason: str) -> int:
-    """End the boot ``failed``: what the kernel log says appended (the facts the patterns name,
-    then the driver's own error records not quoted yet), then :meth:`Run.fail`."""
+    """End the boot ``failed``: the driver's reason for not attaching a GPU first when the log
+    has one (podvm_gpu/attach.py: the tool that failed only says it found no device), what else the
+    kernel log says appended (the facts the patterns name, then the driver's own error records
+    not quoted yet), then :meth:`Run.fail`."""
+    from podvm_gpu.attach import attach_cause
+
     records = kmsg.read_kernel_records(run.root)
     messages = [m for _level, m in records]
+    cause = attach_cause(run.root, messages)
+    if cause and "cannot attach" not in reason:
+        step, _sep, said = reason.partition(": ")
+        reason = f"{step}: the driver cannot attach the GPU: {cause}; {said}"
     extra = [f.describe() for f in kmsg.findings(messages)
              if f.summary.lower() not in reason.lower()][:2]
     quoted = (reason + " ".join(extra)).lower()

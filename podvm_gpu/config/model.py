@@ -36,18 +36,33 @@ class FabricManagerConfig(Section):
 
 
 class ConfidentialComputingConfig(Section):
-    """Whether boot may set the GPUs' CC ready state itself (``nvidia-smi conf-compute -srs 1``)."""
+    """Whether boot may set the GPUs' CC ready state itself (``nvidia-smi conf-compute -srs 1``);
+    whether CC mode ``DEVTOOLS`` (a development mode: no production confidentiality) is
+    accepted with a warning instead of failing the boot (``allow_devtools``)."""
 
-    FIELDS = {"set_ready_state": (boolean, False)}
+    FIELDS = {"set_ready_state": (boolean, False), "allow_devtools": (boolean, False)}
     __slots__ = tuple(FIELDS)
 
 
 class ModulesConfig(Section):
     """Kernel modules: ``parameters`` per module (``{nvidia: {NVreg_EnableGpuFirmware: 1}}``)
-    become ``modprobe <module> KEY=VALUE``; ``optional`` modules may fail with a warning."""
+    become ``modprobe <module> KEY=VALUE``; ``optional`` modules may fail with a warning;
+    ``lock_after_boot`` writes 1 to ``/proc/sys/kernel/modules_disabled`` after the last module
+    the boot loads (as NVRC does), so nothing can load a module until reboot. Off by default:
+    kata-agent may load storage or network modules in some images."""
 
     FIELDS = {"parameters": (mapping(module, mapping(parameter_name, parameter_value)), {}),
-              "optional": (optional_modules, OPTIONAL_MODULES)}
+              "optional": (optional_modules, OPTIONAL_MODULES),
+              "lock_after_boot": (boolean, False)}
+    __slots__ = tuple(FIELDS)
+
+
+class HealthConfig(Section):
+    """The health gate before the spec is installed (podvm_gpu/health.py): a pending row remap or
+    page retirement (it takes effect only after a GPU reset) fails the boot unless
+    ``reset_pending_warns`` makes it a warning."""
+
+    FIELDS = {"reset_pending_warns": (boolean, False)}
     __slots__ = tuple(FIELDS)
 
 
@@ -101,6 +116,7 @@ class Config(Section):
                                          ConfidentialComputingConfig()),
               "modules": (ModulesConfig, ModulesConfig()),
               "detect": (DetectConfig, DetectConfig()),
+              "health": (HealthConfig, HealthConfig()),
               "unavailable_spec": (boolean, True),
               "metrics": (_metrics, _default_metrics)}
     __slots__ = tuple(FIELDS)

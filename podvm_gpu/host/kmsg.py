@@ -101,8 +101,10 @@ def parse_record(line: str) -> str | None:
 
 
 # Messages of the NVIDIA kernel modules: "NVRM: ...", "nvidia: ...", "nvidia-uvm: ...",
-# "nvidia 0000:00:04.0: ..." (dev_err), "nvidia-modeset: ...", "nvidia-nvlink: ...".
-_NVIDIA_MESSAGE = re.compile(r"(?:NVRM:|nvidia(?:[-_][a-z]+)?[: ])")
+# "nvidia 0000:00:04.0: ..." (dev_err), "nvidia-modeset: ...", "nvidia-nvlink: ...", and the
+# driver's err-level records without a prefix: the open module's libspdm glue prints
+# "libspdm_check_crypto_backend: Error - ..." through nv_printf at level err (aleph-im/aleph-vm#1271).
+_NVIDIA_MESSAGE = re.compile(r"(?:NVRM:|nvidia(?:[-_][a-z]+)?[: ]|libspdm_)")
 
 
 def driver_errors(records: list[tuple[int, str]], most: int = 3) -> list[str]:
@@ -155,7 +157,8 @@ class Finding(collections.namedtuple("Finding", "kind summary message code", def
     Attributes:
         kind: ``xid``, ``fell-off-bus``, ``gsp-firmware``, ``bar``, ``needs-reset``,
             ``open-module-unsupported``, ``unsupported-pci-id``, ``bound-elsewhere``,
-            ``api-mismatch``, ``lockdown``, ``no-device``.
+            ``api-mismatch``, ``lockdown``, ``no-device``, ``cc-not-enabled``, ``lkca-stubs``,
+            ``swiotlb-full``, ``dma-mapping``, ``cannot-attach``, ``decompress-failed``.
         summary: one line naming the facts (Xid code and PCI address, versions, ...).
         message: the joined kernel message, quoted as it was.
         code: the Xid code for ``xid``, else None.
@@ -179,9 +182,14 @@ FATAL_XIDS = {48: "double-bit ECC error", 62: "internal micro-controller halt",
               79: "GPU has fallen off the bus", 95: "uncontained ECC error",
               119: "GSP RPC timeout", 120: "GSP error", 140: "unrecovered ECC error"}
 FATAL_KINDS = frozenset({"fell-off-bus", "needs-reset", "gsp-firmware", "bar"})
+# The driver loaded but cannot attach (initialise) a GPU: every NVML client then fails ("No
+# devices were found", "nvidia-persistenced failed to initialize"), so the log, not the client,
+# names the cause. Most specific first; ``cannot-attach`` (RmInitAdapter failed) is the rest.
+ATTACH_KINDS = ("cc-not-enabled", "lkca-stubs", "swiotlb-full", "dma-mapping", "cannot-attach")
 _DRIVER_BANNER = "NVRM: loading NVIDIA UNIX"
 # Every pattern below needs one of these words (lowercase) in the message.
-_KEYWORDS = ("nvrm", "xid", "firmware", "bar", "reset", "lockdown", "fallen", "nvidia", "gsp")
+_KEYWORDS = ("nvrm", "xid", "firmware", "bar", "reset", "lockdown", "fallen", "nvidia", "gsp",
+             "libspdm", "swiotlb", "decompression failed")
 
 
 class _Lazy:
@@ -254,6 +262,40 @@ _PATTERNS: list[tuple[str, _Lazy, str]] = [
     # the module's init fails (modprobe: "No such device") after this line.
     ("no-device", _Lazy(r"^NVRM: No NVIDIA GPU found\.?$", 0, ("nvrm: no nvidia gpu found",)),
      "the nvidia module found no NVIDIA GPU to drive"),
+    # A TDX or SEV-SNP guest given a GPU whose CC (or protected-PCIe) mode the host did not set:
+    # "NVRM: confComputeConstructEngine_IMPL: GPU confidential compute capability is not
+    # enabled.", then "osInitNvMapping: *** Cannot attach gpu" and "RmInitAdapter failed!
+    # (0x22:0x3f:744)" (canonical/tdx#414 = NVIDIA/nvtrust#124, NVIDIA/gpu-operator#1851).
+    ("cc-not-enabled", _Lazy(r"confComputeConstructEngine_IMPL:.{0,200}confidential compute "
+                             r"capability is not enabled", re.I, ("confidential compute capab",)),
+     "the host has not enabled confidential computing on the GPU (its CC or protected-PCIe mode "
+     "is off) while this guest is confidential: set the mode on the host and reset the GPU"),
+    # The open module's SPDM needs the kernel's crypto (LKCA); built without it, it has stubs and
+    # CC mode fails: "libspdm_check_crypto_backend: Error - libspdm expects LKCA but found
+    # stubs!" (aleph-im/aleph-vm#1271; the open module's internal_crypt_lib.h).
+    ("lkca-stubs", _Lazy(r"libspdm expects LKCA but found stubs", re.I, ("lkca",)),
+     "the nvidia module was built without the kernel crypto API (LKCA) that CC mode needs"),
+    # A confidential guest's DMA goes through swiotlb bounce buffers; when they run out the
+    # driver cannot map: "swiotlb buffer is full (sz: 524288 bytes), total 262144 (slots), used
+    # 1044 (slots)" then "NVRM: ...: Failed to create a DMA mapping!" (canonical/tdx#292).
+    ("swiotlb-full", _Lazy(r"swiotlb buffer is full \(sz: (?P<size>\d{1,12}) bytes\), total "
+                           r"(?P<total>\d{1,12}) \(slots\), used (?P<used>\d{1,12})", re.I,
+                           ("swiotlb buffer is full",)),
+     "the swiotlb bounce buffer is full (a {size}-byte mapping refused; {used} of {total} slots "
+     "used)"),
+    ("dma-mapping", _Lazy(r"Failed to create a DMA mapping", re.I, ("dma mapping",)),
+     "the driver could not create a DMA mapping"),
+    ("cannot-attach", _Lazy(r"(?:GPU (?P<pci>[0-9A-Fa-f:.]{7,16}): )?RmInitAdapter failed! "
+                            r"\((?P<code>0x[0-9A-Fa-f]{1,8}:0x[0-9A-Fa-f]{1,8}:\d{1,6})\)", 0,
+                            ("rminitadapter failed",)),
+     "the driver cannot attach GPU {pci} (RmInitAdapter failed {code})"),
+    # The kernel's in-kernel module decompression (CONFIG_MODULE_DECOMPRESS=y) refused the file:
+    # "xz decompression failed with status 6" (kernel/module/decompress.c; ublue-os/akmods#318,
+    # NixOS/nixpkgs#549398); modprobe only says "Invalid argument", which an unknown module
+    # parameter also gives, so this line decides.
+    ("decompress-failed", _Lazy(r"(?P<algo>xz|zstd|gzip)? ?decompression failed with status "
+                                r"(?P<status>-?\d{1,4})", re.I, ("decompression failed",)),
+     "the kernel could not decompress the module (status {status})"),
 ]
 
 

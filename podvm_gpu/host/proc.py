@@ -12,10 +12,31 @@ import signal
 import subprocess
 import time
 
-from podvm_gpu.errors import Cancelled, CommandError
+from podvm_gpu.errors import Cancelled, CommandError, exit_text
 from podvm_gpu.record import REQUIRED, Record
 
 DEFAULT_TIMEOUT_S = 30.0
+# After a tool exits, how long its output may stay open (a helper finishing its last write)
+# before the process holding it counts as kept running by the tool.
+HELD_OPEN_GRACE_S = 0.5
+_POLL_S = 0.05
+
+
+def nvml_client(argv: list[str]) -> bool:
+    """True for a call that opens NVML: nvidia-smi (every subcommand) and nvidia-ctk's CDI
+    generation (``--mode=nvml``). They take the same driver lock, so one stuck in the driver
+    blocks the next (pop-os/pop#4073, leptonai/gpud#117)."""
+    return argv[0] == "nvidia-smi" or argv[:3] == ["nvidia-ctk", "cdi", "generate"]
+
+
+def _in_kernel(pid: int) -> bool:
+    """True when the process sleeps uninterruptibly (state D in /proc/<pid>/stat): in the
+    kernel, as a client stuck in the driver is. Our own child, so the host's /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read(4096).rsplit(b")", 1)[1].split()[0] == b"D"
+    except (OSError, IndexError):
+        return False
 
 
 class Completed(Record):
@@ -57,6 +78,7 @@ class Runner:
         self.trust_tool_paths = trust_tool_paths
         self.calls: list[list[str]] = []
         self.cancelled = ""  # why calls are refused and the ones in flight were ended
+        self.nvml_hung = ""  # the NVML client that timed out: no further one is started
         self._live: set[subprocess.Popen] = set()
 
     def cancel(self, why: str) -> None:
@@ -136,6 +158,10 @@ class Runner:
         tool = argv[0]
         if self.cancelled:
             raise Cancelled(self.cancelled)
+        if self.nvml_hung and nvml_client(argv):
+            raise CommandError(argv, None, message=f"{' '.join(argv[:3])}: not run: an earlier "
+                               f"NVML client {self.nvml_hung}, and every NVML client waits on "
+                               "the same driver lock")
         limit = self.timeout_for(tool, timeout)
         wanted = timeout if timeout is not None else self.timeouts.get(tool, DEFAULT_TIMEOUT_S)
         self.calls.append(list(argv))
@@ -156,12 +182,17 @@ class Runner:
         if self.cancelled:  # cancelled while it started: cancel() did not see it
             _kill_group(proc)
         try:
-            out, err = proc.communicate(timeout=limit)
+            out, err, held = self._wait(proc, started + limit)
         except subprocess.TimeoutExpired:
+            stuck = _in_kernel(proc.pid)
             _kill_group(proc)
             out, err = _drain(proc)
             if self.cancelled:
                 raise Cancelled(self.cancelled) from None
+            if nvml_client(argv) and limit >= wanted:
+                where = " in the kernel (state D)" if stuck else ""
+                self.nvml_hung = self.nvml_hung or \
+                    f"({' '.join(argv[:3])}) timed out after {limit:g} s{where}"
             raise CommandError(argv, None, out, err, timed_out=True, timeout_s=limit,
                                budget_spent=limit < wanted) from None
         except BaseException:  # the budget's timer, or a signal: leave no client behind
@@ -172,10 +203,40 @@ class Runner:
             self._live.discard(proc)
         if self.cancelled:
             raise Cancelled(self.cancelled)
+        if held:
+            raise CommandError(argv, proc.returncode, out, err, held_open=True, message=(
+                f"{' '.join(argv[:3])} {_exited(proc.returncode)}, but a process it started "
+                f"kept its output open (ended after {held:.1f} s)"))
         done = Completed(list(argv), proc.returncode, out, err, time.monotonic() - started)
         if check and proc.returncode != 0:
             raise CommandError(argv, proc.returncode, out, err)
         return done
+
+    @staticmethod
+    def _wait(proc: subprocess.Popen, end: float) -> tuple[str, str, float]:
+        """stdout, stderr and, when the tool exited but its output stayed open more than
+        :data:`HELD_OPEN_GRACE_S`, the seconds it was held (its process group is then killed,
+        which ends the holder unless it left the group); else 0.
+
+        Raises:
+            subprocess.TimeoutExpired: ``end`` (monotonic) passed with the tool still running.
+        """
+        exited_at = None
+        while True:
+            now = time.monotonic()
+            try:
+                out, err = proc.communicate(timeout=max(min(_POLL_S, end - now), 0.001))
+                return out, err, 0.0
+            except subprocess.TimeoutExpired:
+                now = time.monotonic()
+                if exited_at is None and proc.poll() is not None:
+                    exited_at = now
+                if exited_at is not None and now - exited_at >= HELD_OPEN_GRACE_S:
+                    _kill_group(proc)
+                    out, err = _drain(proc)
+                    return out, err, now - exited_at
+                if now >= end and exited_at is None:
+                    raise
 
     def spawn(self, argv: list[str], log_path: str) -> subprocess.Popen:
         """Start a daemon (``nvidia-persistenced``, ``nv-fabricmanager``) and return at once.
@@ -210,6 +271,11 @@ class Runner:
             raise CommandError(argv, None, message=f"{tool}: cannot run: {err.strerror}") from err
         finally:
             os.close(fd)
+
+
+def _exited(returncode: int) -> str:
+    """``exited 0`` / ``killed by SIGKILL``."""
+    return f"exited {returncode}" if returncode >= 0 else exit_text(returncode)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

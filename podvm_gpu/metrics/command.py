@@ -14,10 +14,6 @@ import threading
 from podvm_gpu.host.fs import Root, atomic_write, ensure_dir
 from podvm_gpu.metrics.settings import MetricsSettings, parse_listen
 
-# A scrape client that sends nothing must not hold a server thread for ever.
-_CLIENT_TIMEOUT_S = 30
-
-
 def print_once(root: Root, settings: MetricsSettings, openmetrics: bool = False,
                out=None) -> int:
     """Print the metrics once: Prometheus text format 0.0.4, or OpenMetrics 1.0.0.
@@ -100,88 +96,109 @@ def _write(root: Root, settings: MetricsSettings, text: bytes) -> str:
     return path
 
 
-def make_server(root: Root, settings: MetricsSettings, listen: str, exporter=None):
+def make_server(root: Root, settings: MetricsSettings, listen: str, exporter=None, web=None):
     """An HTTP server for ``listen`` (``HOST:PORT``; port 0: any free one) that answers
     ``GET /metrics`` with one scrape, negotiated by the ``Accept`` header as prometheus-client
     does (OpenMetrics when asked, else text 0.0.4) and gzipped when accepted.
 
+    Args:
+        web: a loaded :class:`webconfig.WebConfig` (TLS, basic auth), or None for plain HTTP.
+
     Returns:
-        The ``http.server.ThreadingHTTPServer``, bound, not yet serving.
+        The :class:`server.MetricsServer`, bound, not yet serving (``serve_forever``).
 
     Raises:
         ValueError: ``listen`` is not ``HOST:PORT``.
         OSError: the address cannot be bound (in use, not an address of this VM).
     """
     import gzip
-    import socket
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from podvm_gpu.metrics.exporter import Exporter, Families, type_dcgm_counters
     from podvm_gpu.metrics.prom import choose_encoder, gzip_accepted
+    from podvm_gpu.metrics.server import MetricsServer, Response
 
     host, port = parse_listen(listen, allow_any_port=True)
     exporter = exporter or Exporter(root, settings, keep_open=True)
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = _CLIENT_TIMEOUT_S
+    def answer(request) -> Response:
+        if request.path.split("?", 1)[0] not in ("/metrics", "/"):
+            return Response(404, b"only /metrics is here\n")
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        body = encoder(Families(exporter.families()))
+        if content_type.startswith("text/plain"):
+            body = type_dcgm_counters(body)
+        headers = [("Content-Type", content_type)]
+        if gzip_accepted(request.headers.get("accept-encoding", "")):
+            body = gzip.compress(body)
+            headers.append(("Content-Encoding", "gzip"))
+        return Response(200, body, headers)
 
-        def do_GET(self) -> None:
-            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
-                self.send_error(404, "only /metrics is here")
-                return
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            body = encoder(Families(exporter.families()))
-            if content_type.startswith("text/plain"):
-                body = type_dcgm_counters(body)
-            self.send_response(200)
-            self.send_header("Content-Type", content_type)
-            if gzip_accepted(self.headers.get("Accept-Encoding", "")):
-                body = gzip.compress(body)
-                self.send_header("Content-Encoding", "gzip")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format, *args) -> None:  # noqa: A002 (the base class's name)
-            pass  # a scrape every 15 s must not fill the journal
-
-    class Server(ThreadingHTTPServer):
-        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-    server = Server((host, port), Handler)
+    server = MetricsServer(host, port, answer, web)
     server.exporter = exporter
     return server
 
 
+def load_web(root: Root, settings: MetricsSettings, web_config: str | None):
+    """The web config to serve with: ``web_config`` (a path on this machine, from
+    ``--web-config``), else ``settings.web_config`` (a path in the VM, under the root), else
+    None (plain HTTP).
+
+    Raises:
+        webconfig.WebConfigError: the file is bad or names a key not implemented.
+    """
+    path = web_config or (root.resolve(settings.web_config) if settings.web_config else "")
+    if not path:
+        return None
+    from podvm_gpu.metrics.webconfig import load_web_config
+
+    return load_web_config(path)
+
+
 def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
-          stop: threading.Event | None = None) -> int:
+          stop: threading.Event | None = None, web_config: str | None = None) -> int:
     """Serve the metrics over HTTP at ``listen`` (default ``settings.listen``; ``""``: no HTTP
     server) and, when ``settings.textfile`` is on, rewrite the textfile every
     ``settings.textfile_interval_s`` seconds; until ``stop`` is set (or the process is stopped).
 
+    Args:
+        web_config: a web config file on this machine (``--web-config``), or None for the
+            settings' ``web_config``.
+
     Returns:
-        1 when there is nothing to do or the address cannot be bound (the message says why),
-        0 when ``stop`` ended it.
+        1 when there is nothing to do, the address cannot be bound or the web config is bad
+        (the message says why), 0 when ``stop`` ended it.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C (:func:`run` turns it into one line and 130).
     """
     from podvm_gpu.metrics.exporter import Exporter
+    from podvm_gpu.metrics.webconfig import WebConfigError
 
     listen = settings.listen if listen is None else listen
     if not listen and not settings.textfile:
         print("podvm-gpu metrics: nothing to serve: no listen address and the textfile is off",
               file=sys.stderr)
         return 1
+    try:
+        web = load_web(root, settings, web_config) if listen else None
+    except WebConfigError as err:
+        print(f"podvm-gpu metrics: bad web config: {err}", file=sys.stderr)
+        return 1
     stop = stop or threading.Event()
     exporter = Exporter(root, settings, keep_open=True)
     server = None
     if listen:
         try:
-            server = make_server(root, settings, listen, exporter)
+            server = make_server(root, settings, listen, exporter, web)
         except (OSError, ValueError) as err:
             print(f"podvm-gpu metrics: cannot listen on {listen}: {err}", file=sys.stderr)
             return 1
         host, port = server.server_address[:2]
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        print(f"podvm-gpu metrics: serving http://{where}/metrics", file=sys.stderr, flush=True)
+        scheme = "https" if web is not None and web.ssl_context is not None else "http"
+        auth = ", basic auth" if web is not None and web.users else ""
+        print(f"podvm-gpu metrics: serving {scheme}://{where}/metrics{auth}", file=sys.stderr,
+              flush=True)
         threading.Thread(target=server.serve_forever, name="podvm-gpu-http", daemon=True).start()
     try:
         while not stop.is_set():
@@ -201,17 +218,28 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
 
 
 def run(root: Root, settings: MetricsSettings, *, listen: str | None = None, serving: bool = False,
-        openmetrics: bool = False, textfile: bool = False) -> int:
-    """What ``podvm-gpu metrics [--listen ADDR:PORT | --serve] [--openmetrics] [--textfile]``
-    does, for the CLI to call after it parsed the line and loaded the settings.
+        openmetrics: bool = False, textfile: bool = False, web_config: str | None = None) -> int:
+    """What ``podvm-gpu metrics [--listen ADDR:PORT | --serve] [--web-config FILE]
+    [--openmetrics] [--textfile]`` does, for the CLI to call after it parsed the line and
+    loaded the settings.
 
     Returns:
-        The exit code (0 done, 1 could not serve, print or write).
+        The exit code (0 done, 1 could not serve, print or write, 130 interrupted by Ctrl-C:
+        one line on stderr, no traceback).
     """
+    try:
+        return _run(root, settings, listen, serving, openmetrics, textfile, web_config)
+    except KeyboardInterrupt:
+        print("podvm-gpu metrics: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(root: Root, settings: MetricsSettings, listen: str | None, serving: bool,
+         openmetrics: bool, textfile: bool, web_config: str | None) -> int:
     if serving:
         if textfile:
             settings = MetricsSettings(**{**settings.to_dict(), "textfile": True})
-        return serve(root, settings, listen)
+        return serve(root, settings, listen, web_config=web_config)
     if textfile:
         try:
             path = write_textfile(root, settings)

@@ -39,6 +39,29 @@ def nvml_gate(status: dict | None, persistenced_up: bool) -> tuple[str, str] | N
     return None
 
 
+def daemons_due(status: dict | None, running: dict[str, bool]) -> dict[str, bool]:
+    """The daemons whose ``podvm_gpu_daemon_up`` series a scrape exports, name -> running.
+
+    A daemon is exported when it runs, or when the boot meant it to run: nvidia-persistenced
+    after a ``ready`` boot or one whose ``persistenced`` step started (ok or failed); the
+    fabric manager only with NVSwitches in the VM and then the same way (``fabricmanager``
+    step). So a CPU VM (``no-gpu``), a boot still running or failed before the step, and a
+    machine without NVSwitch have no series that reads as down (no false alarm).
+
+    Args:
+        status: status.json's document, or None.
+        running: daemon name -> whether its pid file names a live process of its name.
+    """
+    status = status if isinstance(status, dict) else {}
+    steps = {s.get("name"): s.get("result") for s in status.get("steps") or []
+             if isinstance(s, dict)}
+    ready = status.get("state") == "ready"
+    due = {"nvidia-persistenced": ready or steps.get("persistenced") in ("ok", "failed"),
+           "nv-fabricmanager": bool(status.get("nvswitches")) and (
+               ready or steps.get("fabricmanager") in ("ok", "failed"))}
+    return {name: up for name, up in running.items() if up or due.get(name)}
+
+
 def hostname(root: Root) -> str:
     """The VM's host name (dcgm-exporter's ``Hostname`` label): the root's kernel host name."""
     name = (root.read_text("/proc/sys/kernel/hostname") or "").strip()
@@ -77,11 +100,10 @@ class Exporter:
             status, status_error = None, str(err)
         out = fam.boot_families(status, status_error)
         persistenced = daemon_pid(self.root, PERSISTENCED_PID, PERSISTENCED_COMM) is not None
-        daemons = {"nvidia-persistenced": persistenced}
-        if status and status.get("nvswitches"):
-            daemons["nv-fabricmanager"] = daemon_pid(self.root, FABRICMANAGER_PID,
-                                                     FABRICMANAGER_COMM) is not None
-        out.append(fam.daemon_family(daemons))
+        fabric = daemon_pid(self.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is not None \
+            if status and status.get("nvswitches") else False
+        out.append(fam.daemon_family(daemons_due(status, {"nvidia-persistenced": persistenced,
+                                                          "nv-fabricmanager": fabric})))
         messages = kmsg.read_kernel_log(self.root)
         found = kmsg.findings(messages)
         xids = kmsg.xid_records(messages)

@@ -159,9 +159,11 @@ def _count(value) -> int:
 
 
 def daemon_family(running: dict[str, bool]) -> Metric:
-    """``podvm_gpu_daemon_up``: daemon name -> running, for the daemons that apply here."""
+    """``podvm_gpu_daemon_up``: daemon name -> running, for the daemons that apply here
+    (``exporter.daemons_due``); the family has no sample when none does."""
     family = _gauge("podvm_gpu_daemon_up", "1 when the daemon the boot started is running "
-                    "(pid file and process name).", labels=("daemon",))
+                    "(pid file and process name); no series for a daemon the boot did not "
+                    "start.", labels=("daemon",))
     for name, up in running.items():
         family.add_metric([name], 1 if up else 0)
     return family

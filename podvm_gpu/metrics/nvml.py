@@ -249,8 +249,10 @@ def optional(nv, call, what: str, fn, *args):
 
 def newer_or_older(nv, call, index: int, newer: tuple, older: tuple):
     """The newer NVML function's answer; where the library lacks it (FUNCTION_NOT_FOUND, as 535
-    lacks ``nvmlDeviceGetTemperatureV``) the older one's. Each of ``newer`` and ``older`` is
-    ``(name, binding, args)``; None as :func:`optional` gives it.
+    lacks ``nvmlDeviceGetTemperatureV``) or the GPU refuses it (NOT_SUPPORTED, NO_PERMISSION,
+    ... as a fractional vGPU may answer for ``nvmlDeviceGetMemoryInfo_v2``'s reserved memory)
+    the older one's. Each of ``newer`` and ``older`` is ``(name, binding, args)``; None as
+    :func:`optional` gives it.
 
     Raises:
         _GpuDown: the GPU is lost or needs a reset.
@@ -258,12 +260,10 @@ def newer_or_older(nv, call, index: int, newer: tuple, older: tuple):
     (new_name, new_fn, new_args), (old_name, old_fn, old_args) = newer, older
     try:
         return call(f"{new_name}(GPU {index})", new_fn, *new_args)
-    except nv.NVMLError_FunctionNotFound:
-        return optional(nv, call, f"{old_name}(GPU {index})", old_fn, *old_args)
     except nv.NVMLError as err:
         if type(err).__name__ in _DOWN:
             raise _GpuDown(reason_of(err), f"{new_name}(GPU {index}): {err}") from err
-        return None
+        return optional(nv, call, f"{old_name}(GPU {index})", old_fn, *old_args)
 
 
 def _text(value) -> str | None:

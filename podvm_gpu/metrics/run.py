@@ -6,7 +6,8 @@ import sys
 
 
 def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
-                serve: bool = False, openmetrics: bool = False, textfile: bool = False) -> int:
+                serve: bool = False, openmetrics: bool = False, textfile: bool = False,
+                web_config: str | None = None) -> int:
     """``podvm-gpu metrics``: the ``metrics:`` settings of the config, then print, serve or
     write the textfile (podvm_gpu.metrics). Exit 0, 1 when it cannot, 2 for a bad config."""
     from podvm_gpu.config.load import config_location
@@ -29,4 +30,4 @@ def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
 
         settings = MetricsSettings()
     return run(root, settings, listen=listen, serving=serve or listen is not None,
-               openmetrics=openmetrics, textfile=textfile)
+               openmetrics=openmetrics, textfile=textfile, web_config=web_config)

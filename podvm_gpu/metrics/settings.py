@@ -77,17 +77,19 @@ class MetricsSettings:
         textfile_interval_s: seconds between two textfile writes of ``serve``.
         nvml_timeout_s: the longest a scrape waits for NVML, seconds; an NVML call on a wedged
             GPU can block for minutes (field case C26), so a scrape answers without it then.
+        web_config: absolute path in the VM of an exporter-toolkit web config (TLS, basic
+            auth; ``webconfig.py``), read when serving starts; ``""``: plain HTTP, no auth.
 
     Raises:
         MetricsConfigError: a value has the wrong type or range (the key is named).
     """
 
     __slots__ = ("profile", "listen", "textfile", "textfile_path", "textfile_interval_s",
-                 "nvml_timeout_s")
+                 "nvml_timeout_s", "web_config")
 
     def __init__(self, profile: str = "auto", listen: str = DEFAULT_LISTEN, textfile: bool = False,
                  textfile_path: str = DEFAULT_TEXTFILE_PATH, textfile_interval_s: float = 30.0,
-                 nvml_timeout_s: float = 5.0):
+                 nvml_timeout_s: float = 5.0, web_config: str = ""):
         if profile not in PROFILES:
             raise MetricsConfigError("metrics.profile", f"must be one of {', '.join(PROFILES)}, "
                                                         f"not {profile!r}")
@@ -104,7 +106,12 @@ class MetricsSettings:
         if not isinstance(textfile_path, str) or not textfile_path.startswith("/") \
                 or textfile_path.endswith("/"):
             raise MetricsConfigError("metrics.textfile_path", "must be an absolute file path")
+        if not isinstance(web_config, str) or web_config and (
+                not web_config.startswith("/") or web_config.endswith("/")):
+            raise MetricsConfigError("metrics.web_config", "must be an absolute file path, or "
+                                                           "\"\" for none")
         self.profile = profile
+        self.web_config = web_config
         self.listen = listen
         self.textfile = textfile
         self.textfile_path = textfile_path

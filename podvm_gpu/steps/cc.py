@@ -5,6 +5,10 @@ without CC support (exit 6, "No CC capable devices found") makes the step ``skip
 (nvidia-smi cannot reach the driver) fails it. Not ready
 with ``set_ready_state: true``: set it and check again; with ``false``: ``ok`` with a warning that
 the attestation flow is left to set it. A value the agent does not know is never read as off.
+``DEVTOOLS`` (nvidia-smi's third CC mode: the GPU's CC firmware paths with its debug interfaces
+open, for development only) fails the boot by name unless ``allow_devtools`` accepts it with a
+warning. Whether the guest is confidential is read from the kernel's interfaces (host/tee.py:
+CPU flags, /sys, /dev), then from its log.
 """
 
 from __future__ import annotations
@@ -20,10 +24,17 @@ from podvm_gpu.check import FAIL, PASS, SKIP, WARN, Check
 _CONFIDENTIAL_VM_SIGNS = ("Memory Encryption Features active", "SEV-SNP", "Intel TDX", "tdx: Guest")
 
 
-def confidential_vm(ctx: BootContext) -> bool:
-    """True when the kernel log says this is a TDX or SEV-SNP guest."""
-    return any(any(sign in m for sign in _CONFIDENTIAL_VM_SIGNS)
-               for m in kmsg.read_kernel_log(ctx.root))
+def confidential_vm(ctx: BootContext) -> str | None:
+    """What says this is a TDX or SEV-SNP guest (host/tee.py, else the kernel log), or None."""
+    from podvm_gpu.host import tee
+
+    guest = tee.detect(ctx.root)
+    if guest.kind is not None:
+        return guest.describe()
+    if any(any(sign in m for sign in _CONFIDENTIAL_VM_SIGNS)
+           for m in kmsg.read_kernel_log(ctx.root)):
+        return "the kernel log"
+    return None
 
 
 def _smi(ctx: BootContext, *args: str):
@@ -65,8 +76,9 @@ def run(ctx: BootContext) -> str:
         raise Skipped("the GPUs do not support confidential computing (No CC capable devices found)")
     mode = parse_cc_mode(text)
     if done.returncode != 0 and mode is None:
-        if confidential_vm(ctx):
-            raise StepFailed(f"cannot read the CC mode on a confidential VM (nvidia-smi "
+        guest = confidential_vm(ctx)
+        if guest:
+            raise StepFailed(f"cannot read the CC mode on a confidential VM ({guest}; nvidia-smi "
                              f"conf-compute -f {_said(done)})")
         ctx.warn(f"confidential-computing: CC mode unknown (nvidia-smi conf-compute -f "
                  f"{_said(done)}); not a confidential VM, so not required")
@@ -76,23 +88,32 @@ def run(ctx: BootContext) -> str:
     if mode is None:
         raise StepFailed(f"nvidia-smi conf-compute -f printed no CC status ({_said(done)}); "
                          "not read as off")
-    if mode != "on":
+    devtools = mode == "devtools"
+    if devtools and not ctx.config.confidential_computing.allow_devtools:
+        raise StepFailed("CC mode is DEVTOOLS (nvidia-smi conf-compute -f), a development mode "
+                         "that is not production confidential computing; set the GPU's CC mode "
+                         "to on, or allow it with confidential_computing.allow_devtools")
+    if devtools:
+        ctx.warn("confidential-computing: CC mode is DEVTOOLS, not production confidential "
+                 "computing (allowed by confidential_computing.allow_devtools)")
+    elif mode != "on":
         raise StepFailed(f"unknown CC status {one_line(mode, 60)!r} from nvidia-smi "
                          "conf-compute -f (not read as off)")
+    label = "CC devtools" if devtools else "CC on"
     state = ready_state(ctx)
     if state == "ready":
-        return "CC on, ready state ready"
+        return f"{label}, ready state ready"
     if not ctx.config.confidential_computing.set_ready_state:
         ctx.warn("confidential-computing: GPU ready state is not-ready; left for the attestation "
                  "flow to set (set_ready_state: false)")
-        return "CC on, ready state not-ready (left for the attestation flow)"
+        return f"{label}, ready state not-ready (left for the attestation flow)"
     done = _smi(ctx, "-srs", "1")
     if done.returncode != 0:
         raise StepFailed(f"nvidia-smi conf-compute -srs 1 failed ({_said(done)})")
     state = ready_state(ctx)
     if state != "ready":
         raise StepFailed(f"CC ready state still {state} after nvidia-smi conf-compute -srs 1")
-    return "CC on, ready state set to ready"
+    return f"{label}, ready state set to ready"
 
 
 def plan(ctx: BootContext) -> list[list[str]]:

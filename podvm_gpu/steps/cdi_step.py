@@ -39,9 +39,14 @@ ESSENTIAL = r"libcuda\.so|libnvidia-ml\.so|/dev/nvidia|nvidia-cdi-hook|NVML|nvml
 
 
 def generate_argv(ctx: BootContext) -> list[str]:
-    """``nvidia-ctk cdi generate --format=json --output=`` (spec on stdout), with the roots
-    when not ``/``."""
-    argv = ["nvidia-ctk", "cdi", "generate", "--format=json", "--output="]
+    """``nvidia-ctk cdi generate --mode=nvml --format=json --output=`` (spec on stdout), with the
+    roots when not ``/``.
+
+    ``--mode=nvml`` explicitly: without it the toolkit takes its mode from
+    ``/etc/nvidia-container-runtime/config.toml``, and 1.18.0 with ``mode = "cdi"`` there fails
+    with ``invalid discovery mode: cdi`` (NVIDIA/nvidia-container-toolkit#1376, fixed in #1377).
+    A pod VM's GPUs are NVML devices whatever the runtime's config says."""
+    argv = ["nvidia-ctk", "cdi", "generate", "--mode=nvml", "--format=json", "--output="]
     if not ctx.root.is_host:
         argv += [f"--driver-root={ctx.root.path}", f"--dev-root={ctx.root.path}"]
     return argv
@@ -89,15 +94,27 @@ class Generated:
 
     def __init__(self, text: str, spec):
         self.text, self.spec = text, spec
+        self.health = ""  # what the health gate read (podvm_gpu/health.py), for the step's message
 
 
 def run(ctx: BootContext) -> Generated:
-    """Generate and validate the spec; nothing is written.
+    """Generate and validate the spec, then the health gate (podvm_gpu/health.py: a spec must mean
+    a usable GPU); nothing is written.
 
     Raises:
         StepFailed: nvidia-ctk failed or timed out (its last error, the driver version, and the
-            MIG state when that is the cause), or the spec breaks a rule of contract section 8.
+            MIG state when that is the cause), the spec breaks a rule of contract section 8, or
+            the health gate read a GPU that needs replacing or a reset.
     """
+    from podvm_gpu import health
+
+    generated = generate(ctx)
+    generated.health = health.gate(ctx)
+    return generated
+
+
+def generate(ctx: BootContext) -> Generated:
+    """Generate and validate the spec (see :func:`run`)."""
     driver = ctx.driver_version or "unknown"
     try:
         done = ctx.runner.run(generate_argv(ctx))
@@ -105,6 +122,8 @@ def run(ctx: BootContext) -> Generated:
         if err.timed_out:
             raise StepFailed(f"nvidia-ctk cdi generate timed out after {err.timeout_s:g} s "
                              f"(driver {driver})") from err
+        if err.held_open:
+            raise StepFailed(f"{err} (driver {driver})") from err
         if err.returncode is None:  # missing, not executable, or refused to start
             raise StepFailed(f"{err.tool_message()} (driver {driver})") from err
         cause = f"nvidia-ctk cdi generate failed ({exit_text(err.returncode)}): " \
@@ -145,12 +164,15 @@ def finish(ctx: BootContext, generated: Generated) -> str:
         raise StepFailed(f"cannot install {CDI_SPEC_PATH}: {err.strerror or err}") from err
     names = spec.device_names()
     ctx.status.cdi = {"path": CDI_SPEC_PATH, "kind": spec.kind, "devices": names}
-    return f"{CDI_SPEC_PATH}: {len(names)} devices (cdiVersion {spec.cdi_version})"
+    done = f"{CDI_SPEC_PATH}: {len(names)} devices (cdiVersion {spec.cdi_version})"
+    return f"{done}; {generated.health}" if generated.health else done
 
 
 def plan(ctx: BootContext) -> list[list[str]]:
-    """``boot --dry-run``: the spec's generation."""
-    return [generate_argv(ctx)]
+    """``boot --dry-run``: the spec's generation, then the health gate's queries."""
+    from podvm_gpu import health
+
+    return [generate_argv(ctx), health.remap_argv(), health.ecc_argv()]
 
 
 # --- podvm-gpu check ----------------------------------------------------------------------
@@ -191,12 +213,19 @@ def cdi_duplicates_row(facts) -> Check:
     found = [(facts.root.host_path(p), problem)
              for folder in (cdi.RUN_DIR, cdi.ETC_DIR)
              for p, problem in cdi.other_specs(facts.root, folder)]
-    if found:
-        what = ", ".join(f"{p} (could not be read: {problem})" if problem else p
-                         for p, problem in found)
-        return Check("cdi-duplicates", FAIL, f"also defining nvidia.com/gpu: {what}",
-                     f"remove {found[0][0]}: it defines the same devices, and kata-agent "
+    defining = [p for p, problem in found if not problem]
+    unread = [(p, problem) for p, problem in found if problem]
+    if defining:
+        more = "".join(f"; {p} could not be read ({problem})" for p, problem in unread)
+        return Check("cdi-duplicates", FAIL, f"also defining nvidia.com/gpu: "
+                     f"{', '.join(defining)}{more}",
+                     f"remove {defining[0]}: it defines the same devices, and kata-agent "
                      "drops every device two specs define")
+    if unread:
+        what = "; ".join(f"{p} could not be read ({problem})" for p, problem in unread)
+        return Check("cdi-duplicates", FAIL, f"{what}: whether it defines nvidia.com/gpu is "
+                     "unknown", f"look at {unread[0][0]}: kata-agent would drop every device "
+                     "it defines too; remove it if it is a spec of nvidia.com/gpu")
     return Check("cdi-duplicates", PASS, "no other spec defines nvidia.com/gpu")
 
 

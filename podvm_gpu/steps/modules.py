@@ -35,6 +35,7 @@ import re
 
 from podvm_gpu import kmod
 from podvm_gpu.config.fields import OPTIONAL_MODULES, REQUIRED_MODULES
+from podvm_gpu.attach import attach_cause
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host import kmsg
@@ -131,6 +132,8 @@ def explain_failure(ctx: BootContext, module: str, err: CommandError) -> str:
     docstring for the evidence each cause needs)."""
     if err.timed_out:
         return f"modprobe {module} timed out after {err.timeout_s:g} s"
+    if err.held_open:
+        return str(err)
     if err.returncode is None:
         return f"cannot load {module}: {err}"
     said = modprobe_said(err)
@@ -156,12 +159,31 @@ def explain_failure(ctx: BootContext, module: str, err: CommandError) -> str:
                 f"module_blacklist=, kernel.modules_disabled or a missing CAP_SYS_MODULE shows why; "
                 f"{said}")
     findings = kmsg.findings(messages)
+    decompress = next((f for f in reversed(findings) if f.kind == "decompress-failed"), None)
+    if decompress:
+        return f"{module}: {decompress.describe()}; {decompress_hint(decompress)}; {said}"
     for kind in ("unsupported-pci-id", "bound-elsewhere", "open-module-unsupported", "gsp-firmware",
                  "bar", "needs-reset", "fell-off-bus", "lockdown", "no-device"):
         for f in reversed(findings):
             if f.kind == kind:
                 return f"{module}: {f.describe()}; {said}"
     return f"{module} failed to load: {said}"
+
+
+# xz_dec's status codes (include/linux/xz.h): 6 is XZ_OPTIONS_ERROR, which the kernel's xz (built
+# without XZ_DEC_ANY_CHECK) returns for a check type other than none or CRC32, e.g. the CRC64 that
+# user-space xz writes by default (ublue-os/akmods#318, NixOS/nixpkgs#549398).
+XZ_OPTIONS_ERROR = 6
+
+
+def decompress_hint(finding) -> str:
+    """What to do about a module the kernel could not decompress (``decompress-failed``)."""
+    status = finding.summary.rsplit("status ", 1)[-1].rstrip(")")
+    if status == str(XZ_OPTIONS_ERROR) and not finding.message.lower().startswith(("zstd", "gzip")):
+        return ("xz status 6 is XZ_OPTIONS_ERROR: the .ko.xz uses a check type the kernel's "
+                "in-kernel decompressor does not take (user-space xz writes CRC64 by default); "
+                "recompress it with xz --check=crc32, or use zstd")
+    return "recompress the module with a format and options this kernel decompresses"
 
 
 def not_found_cause(root: Root, release: str, module: str) -> str:
@@ -218,12 +240,42 @@ def run(ctx: BootContext) -> str:
         # and the waits begin (field case C26).
         raise StepFailed(f"the kernel log reports a GPU error that needs a GPU reset: "
                          f"{fatal[0].describe()}")
+    cause = attach_cause(ctx.root, kmsg.read_kernel_log(ctx.root))
+    if cause:
+        # Loaded, but it failed to attach a GPU (an earlier client, a udev autoload): every NVML
+        # client after it fails with words of its own; the driver's are the cause.
+        raise StepFailed(f"the driver loaded but cannot attach the GPU: {cause}")
     parts = []
     if loaded:
         parts.append("loaded " + ", ".join(loaded))
     if already:
         parts.append("already loaded " + ", ".join(already))
+    if ctx.config.modules.lock_after_boot:
+        parts.append(lock_module_loading(ctx.root))
     return "; ".join(parts)
+
+
+MODULES_DISABLED = "/proc/sys/kernel/modules_disabled"
+
+
+def lock_module_loading(root: Root) -> str:
+    """Write 1 to ``kernel.modules_disabled`` (modules.lock_after_boot): after the last module
+    the boot loads (this step's; no later step loads one), before kata-agent starts, so nothing
+    in a container can load a module until reboot (as NVRC does). The kernel allows only 0 -> 1
+    (Documentation/admin-guide/sysctl/kernel.rst).
+
+    Raises:
+        StepFailed: the write failed (the config asked for the lock: the boot fails closed).
+    """
+    if (root.read_text(MODULES_DISABLED) or "").strip() == "1":
+        return f"module loading already locked ({MODULES_DISABLED} is 1)"
+    try:
+        with open(root.resolve(MODULES_DISABLED), "w") as f:
+            f.write("1\n")
+    except OSError as err:
+        raise StepFailed(f"cannot lock module loading (modules.lock_after_boot): writing 1 to "
+                         f"{MODULES_DISABLED} failed: {err.strerror or err}") from err
+    return f"module loading locked ({MODULES_DISABLED} = 1, modules.lock_after_boot)"
 
 
 def plan(ctx: BootContext) -> list[list[str]]:

@@ -86,6 +86,11 @@ def _status_problems(status: dict, expect: dict) -> list[str]:
                if str(word).lower() not in reason.lower()]
     if missing:
         problems.append(f"reason {reason!r} lacks {missing}")
+    warnings = " | ".join(str(w) for w in status.get("warnings") or [])
+    missing = [word for word in expect.get("warnings_contains") or []
+               if str(word).lower() not in warnings.lower()]
+    if missing:
+        problems.append(f"warnings {warnings!r} lack {missing}")
     for key in ("gpus", "nvswitches"):
         if key in expect and len(status.get(key) or []) != expect[key]:
             problems.append(f"status.json lists {len(status.get(key) or [])} {key}, "

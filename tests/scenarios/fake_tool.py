@@ -20,6 +20,15 @@ answers rc 0 the harness writes stdout: a full ``-q`` keeps the rule's text and 
 block in every GPU section that lacks one; the other queries are answered whole. With no
 matching rule the harness answers alone: rc 0, or rc 9 when the nvidia module is not loaded.
 
+Health queries (``--query-remapped-rows=`` and ``--query-gpu=`` lists naming ``ecc.errors.*`` or
+``retired_pages.*``): the world's GPUs are healthy unless the case says otherwise, so with no
+matching rule the harness answers for every bound GPU (no remapped rows, none pending, no
+failure, ECC counters 0, ``[N/A]`` retired pages, as an H100 has none); a matching rule answers
+alone, stdout included (the case's GPU is not healthy).
+
+A rule's ``keep_output_s`` (the harness's own key): after answering, the fake leaves a child
+that holds its stdout and stderr open that many seconds, as a tool whose helper outlives it.
+
 A call no rule matches (and the harness does not own) exits 127 with a stderr line naming the
 case and the argv; the test output lists such calls.
 """
@@ -43,6 +52,11 @@ NVSMI_NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with t
                    "Make sure that the latest NVIDIA driver is installed and running.\n\n")
 SMI_LABEL_WIDTH = 42  # nvidia-smi -q pads every label so the colons line up in this column
 _GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
+# What a healthy GPU answers (nvidia-smi --help-query-remapped-rows, --help-query-gpu)
+HEALTHY = {"remapped_rows.correctable": "0", "remapped_rows.uncorrectable": "0",
+           "remapped_rows.pending": "No", "remapped_rows.failure": "No",
+           "retired_pages.pending": "[N/A]", "retired_pages.single_bit_ecc.count": "[N/A]",
+           "retired_pages.double_bit.count": "[N/A]"}
 _QUERY_FIELDS = {"fabric.state": 0, "fabric.status": 1, "fabric.clique_id": 2,
                  "fabric.cluster_uuid": 3}
 
@@ -75,7 +89,12 @@ def owned_query(argv: list[str], state: dict) -> str | None:
     """Which harness-owned nvidia-smi query argv is: ``full``, ``fabric``, ``csv``, ``cc`` or None."""
     if argv[0] != "nvidia-smi":
         return None
+    if fx.option_value(argv, "--query-remapped-rows"):
+        return "health"
     fields = fx.option_value(argv, "--query-gpu")
+    if fields and any(f.strip().startswith(("ecc.errors.", "retired_pages."))
+                      for f in fields.split(",")):
+        return "health"
     if fields and any(field.strip() in _QUERY_FIELDS for field in fields.split(",")):
         return "csv"
     if "-q" in argv or "--query" in argv:
@@ -162,7 +181,8 @@ class World:
 
 
 def smi_answer(kind: str, argv: list[str], rule_stdout: str | None, world: World) -> tuple[int, str]:
-    """rc and stdout of a harness-owned nvidia-smi query (see the module docstring).
+    """rc and stdout of a harness-owned nvidia-smi query (see the module docstring); a health
+    query only when no rule matched.
 
     Args:
         kind: what :func:`owned_query` returned.
@@ -183,6 +203,9 @@ def smi_answer(kind: str, argv: list[str], rule_stdout: str | None, world: World
         return NO_DEVICE_RC, "No devices were found\n"
     if kind == "csv":
         return 0, _query_csv(argv, gpus, selected, labels)
+    if kind == "health":
+        return 0, _query_csv(argv, gpus, selected, labels,
+                             fx.option_value(argv, "--query-remapped-rows"))
     lines = ["", "==============NVSMI LOG==============", "",
              smi_line(0, "Timestamp", "Mon Nov 30 06:00:00 2026"),
              smi_line(0, "Driver Version", driver or "N/A"),
@@ -209,9 +232,11 @@ def _select_gpus(gpus: list[str], ids: str | None) -> list[str]:
 
 
 def _query_csv(argv: list[str], gpus: list[str], selected: list[str],
-               labels: tuple[str, str, str, str]) -> str:
-    """``--query-gpu=<fields> --format=csv[,noheader]``; fields the harness does not model: [N/A]."""
-    fields = [field.strip() for field in (fx.option_value(argv, "--query-gpu") or "").split(",")]
+               labels: tuple[str, str, str, str], listed: str | None = None) -> str:
+    """``--query-gpu=<fields> --format=csv[,noheader]`` (or the ``listed`` fields of another
+    ``--query-*=``); fields the harness does not model: [N/A]."""
+    listed = listed or fx.option_value(argv, "--query-gpu") or ""
+    fields = [field.strip() for field in listed.split(",")]
     formats = (fx.option_value(argv, "--format") or "csv").split(",")
     rows = [] if "noheader" in formats else [", ".join(fields)]
     for address in selected:
@@ -224,6 +249,8 @@ def _query_csv(argv: list[str], gpus: list[str], selected: list[str],
                 values.append(str(gpus.index(address)))
             elif field in ("pci.bus_id", "gpu_bus_id"):
                 values.append(smi_bus_id(address))
+            elif field in HEALTHY or field.startswith("ecc.errors."):
+                values.append(HEALTHY.get(field, "0"))
             else:
                 values.append("[N/A]")
         rows.append(", ".join(values))
@@ -295,12 +322,16 @@ def main(config_path: str) -> int:
         except (fx.EffectError, OSError) as err:
             rc, stderr = 1, stderr + f"scenario harness: {err}\n"
             log.write("harness-error", message=str(err))
-    if owned and rc == 0:
+    if owned and rc == 0 and not (owned == "health" and rule):
         rc, stdout = smi_answer(owned, argv, stdout if rule else None, world)
-    answer = (f"rule {index + 1}" if rule else "harness") + (", harness stdout" if owned and rule else "")
+    harness_out = owned and rule and owned != "health"
+    answer = (f"rule {index + 1}" if rule else "harness") + (", harness stdout" if harness_out else "")
     sys.stdout.write(stdout)
     sys.stderr.write(stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     log.write("end", rc=rc, answer=answer, applied=applied)
+    if rule and rule.get("keep_output_s") and os.fork() == 0:
+        time.sleep(float(rule["keep_output_s"]))  # the child: holds the pipes, then goes
+        os._exit(0)
     return rc

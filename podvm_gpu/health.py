@@ -1,0 +1,126 @@
+"""The health gate, in the ``cdi`` step between generation and installation: what the GPUs'
+memory says before a CDI reader is told they are usable.
+
+A GPU whose row remapping failed stays "ready" and corrupts jobs (aws/eks-node-monitoring-agent
+#245); a pending remap or page retirement takes effect only after a GPU reset (awslabs/awsome-
+distributed-ai#1190). Two bounded nvidia-smi queries, each at most the harmless-call time
+(steps/context.py), after persistenced (they are NVML clients):
+
+- ``--query-remapped-rows=gpu_bus_id,remapped_rows.pending,remapped_rows.failure``: the row
+  remapper per GPU; ``[N/A]`` where the GPU has none (before Ampere);
+- ``--query-gpu=pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending``: the
+  *volatile* uncorrectable ECC count, since the driver loaded (in a pod VM: this boot), not the
+  aggregate one, which the infoROM keeps for the board's life, errors long repaired by a remap
+  or a retirement included, and would fail a repaired GPU forever; and page retirement pending
+  (the pre-Ampere repair; ``[N/A]`` on GPUs that remap rows instead).
+
+A remap failure fails the boot (the GPU needs replacing). A pending remap, a pending retirement or
+a volatile uncorrectable ECC error fails it with "GPU reset needed", or is a warning with
+``health.reset_pending_warns``. Only a value actually read fails the boot: a query that is not
+answered (not supported, a tool too old, a timeout, a field it does not know) is a warning.
+"""
+
+from __future__ import annotations
+
+from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
+from podvm_gpu.steps.context import BootContext
+
+REMAP_FIELDS = ("gpu_bus_id", "remapped_rows.pending", "remapped_rows.failure")
+ECC_FIELDS = ("pci.bus_id", "ecc.errors.uncorrected.volatile.total", "retired_pages.pending")
+
+
+def remap_argv() -> list[str]:
+    """``nvidia-smi --query-remapped-rows=<REMAP_FIELDS> --format=csv,noheader``."""
+    return ["nvidia-smi", f"--query-remapped-rows={','.join(REMAP_FIELDS)}",
+            "--format=csv,noheader"]
+
+
+def ecc_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=<ECC_FIELDS> --format=csv,noheader``."""
+    return ["nvidia-smi", f"--query-gpu={','.join(ECC_FIELDS)}", "--format=csv,noheader"]
+
+
+def _na(value: str) -> bool:
+    return value.strip().strip("[]").lower() in ("n/a", "not supported", "")
+
+
+def parse_rows(text: str, width: int) -> list[list[str]] | None:
+    """The CSV rows of a ``--format=csv,noheader`` answer, each ``width`` values; None when a
+    line has another shape (not an answer to the query: an error message)."""
+    rows = [[v.strip() for v in line.split(",")] for line in text.splitlines() if line.strip()]
+    return rows if rows and all(len(row) == width for row in rows) else None
+
+
+def query(ctx: BootContext, argv: list[str], width: int, what: str) -> list[list[str]] | None:
+    """Run one health query; its rows, or None after adding a warning saying why it is unread."""
+    try:
+        done = ctx.runner.run(argv, check=False, timeout=ctx.harmless_timeout("nvidia-smi"))
+    except CommandError as err:
+        ctx.warn(f"cdi: health: {what} not read ({err}); the boot does not fail on it")
+        return None
+    rows = parse_rows(done.stdout, width) if done.returncode == 0 else None
+    if rows is None:
+        said = f"{exit_text(done.returncode)}: {one_line(done.output, 160) or 'no output'}"
+        ctx.warn(f"cdi: health: {what} not read ({' '.join(argv[:2])} {said}); the boot does "
+                 "not fail on it")
+    return rows
+
+
+class Verdict:
+    """What the gate found: ``fatal`` (fail whatever the config), ``reset`` (a reset needed),
+    ``read`` (one line per GPU for the step's message)."""
+
+    def __init__(self):
+        self.fatal: list[str] = []
+        self.reset: list[str] = []
+        self.read: list[str] = []
+
+
+def judge_remapper(rows: list[list[str]], verdict: Verdict) -> None:
+    """Rows of :data:`REMAP_FIELDS` into ``verdict`` (``Yes``/``No``; ``[N/A]``: no remapper)."""
+    for bus, pending, failure in rows:
+        if _na(pending) and _na(failure):
+            verdict.read.append(f"{bus} remapper N/A")
+            continue
+        if failure.lower() == "yes":
+            verdict.fatal.append(f"GPU {bus}: row remapping failed (remapped_rows.failure Yes): "
+                                 "the GPU's memory cannot be repaired, the GPU needs replacing")
+        if pending.lower() == "yes":
+            verdict.reset.append(f"GPU {bus}: a row remap is pending (remapped_rows.pending "
+                                 "Yes): GPU reset needed")
+        verdict.read.append(f"{bus} remap pending {pending}, failure {failure}")
+
+
+def judge_ecc(rows: list[list[str]], verdict: Verdict) -> None:
+    """Rows of :data:`ECC_FIELDS` into ``verdict``."""
+    for bus, volatile, retire in rows:
+        if not _na(volatile) and volatile.isdigit() and int(volatile) > 0:
+            verdict.reset.append(f"GPU {bus}: {volatile} uncorrectable ECC error(s) since the "
+                                 "driver loaded (volatile counter): GPU reset needed")
+        if retire.lower() == "yes":
+            verdict.reset.append(f"GPU {bus}: a page retirement is pending "
+                                 "(retired_pages.pending Yes): GPU reset needed")
+
+
+def gate(ctx: BootContext) -> str:
+    """Read the GPUs' memory health; return one line of what was read.
+
+    Raises:
+        StepFailed: a value read says a GPU needs replacing, or (unless
+            ``health.reset_pending_warns``) a reset.
+    """
+    verdict = Verdict()
+    rows = query(ctx, remap_argv(), len(REMAP_FIELDS), "the row remapper")
+    if rows is not None:
+        judge_remapper(rows, verdict)
+    rows = query(ctx, ecc_argv(), len(ECC_FIELDS), "ECC errors and page retirement")
+    if rows is not None:
+        judge_ecc(rows, verdict)
+    if verdict.fatal:
+        raise StepFailed("; ".join(verdict.fatal + verdict.reset) + "; spec not installed")
+    if verdict.reset and not ctx.config.health.reset_pending_warns:
+        raise StepFailed("; ".join(verdict.reset) + "; spec not installed (health."
+                         "reset_pending_warns: true makes this a warning)")
+    for line in verdict.reset:
+        ctx.warn(f"cdi: health: {line} (health.reset_pending_warns)")
+    return "health: " + ("; ".join(verdict.read) or "not read")

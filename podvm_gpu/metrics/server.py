@@ -1,0 +1,401 @@
+"""The exporter's HTTP server: one selector thread holds every connection until its whole request
+has arrived, and only then does a bounded pool of workers answer it.
+
+Why not ``http.server.ThreadingHTTPServer``: it starts a thread per connection, and an idle
+or slow client holds that thread (30 s, or for ever for one that sends a byte now and then);
+under the unit's ``TasksMax=32`` forty idle connections made every scrape fail, and each
+refused connection printed a traceback. Here:
+
+- a connection costs a socket and a small buffer, no thread, until its request is complete;
+- a request (request line and headers, TLS handshake included) must arrive within
+  ``request_timeout_s`` of the accept and fit in ``max_request_bytes``; else it is closed
+  (408/431 when it can still be told);
+- at most ``max_connections`` wait at once: one more closes the oldest waiting one, so a crowd
+  of idle clients cannot lock the scraper out;
+- ``workers`` threads answer (each write bounded by ``write_timeout_s``); requests beyond
+  ``4 * workers`` waiting for one get 503 at once;
+- a client that resets, times out or speaks something else costs nothing in the journal: no
+  line at all. Only the server's own trouble (out of file descriptors, a bug answering) prints
+  one line, at most once a minute for the same kind.
+
+Every answer closes its connection (``Connection: close``): Prometheus opens a new one for the
+next scrape. TLS and basic auth come from a :class:`webconfig.WebConfig`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import collections
+import concurrent.futures
+import errno
+import selectors
+import socket
+import sys
+import threading
+import time
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+            405: "Method Not Allowed", 408: "Request Timeout",
+            431: "Request Header Fields Too Large", 500: "Internal Server Error",
+            503: "Service Unavailable"}
+_MAX_HEADERS = 100
+_ONE_LINE_EVERY_S = 60.0
+
+
+class Request:
+    """A parsed request: ``method`` (``GET``), ``path`` (``/metrics?x``), ``headers`` (lower-case
+    name -> value; a repeated header keeps its last value)."""
+
+    __slots__ = ("method", "path", "headers")
+
+    def __init__(self, method: str, path: str, headers: dict[str, str]):
+        self.method = method
+        self.path = path
+        self.headers = headers
+
+
+class Response:
+    """An answer: ``status`` (an HTTP code), ``headers`` (list of ``(name, value)``), ``body``
+    (bytes)."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, body: bytes = b"", headers: list | None = None):
+        self.status = status
+        self.body = body
+        self.headers = headers or []
+
+
+def parse_request(data: bytes) -> Request | Response:
+    """The request in ``data`` (everything up to and including the blank line), or the
+    :class:`Response` (400, 405) that refuses it."""
+    try:
+        text = data.decode("iso-8859-1")
+    except UnicodeDecodeError:  # cannot happen with latin-1; kept for clarity
+        return Response(400, b"bad request\n")
+    lines = text.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
+        return Response(400, b"not an HTTP/1 request\n")
+    method, path, _ = parts
+    headers: dict[str, str] = {}
+    for count, line in enumerate(lines[1:]):
+        if not line:
+            break
+        if count >= _MAX_HEADERS:
+            return Response(431, b"too many headers\n")
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip():
+            return Response(400, b"bad header line\n")
+        headers[name.lower()] = value.strip()
+    if method not in ("GET", "HEAD"):
+        return Response(405, b"only GET\n", [("Allow", "GET, HEAD")])
+    return Request(method, path, headers)
+
+
+def basic_auth(header: str | None) -> tuple[str, bytes] | None:
+    """``(user, password)`` from an ``Authorization: Basic ...`` value; None when absent or
+    malformed."""
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        raw = base64.b64decode(token.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user, colon, password = raw.partition(b":")
+    if not colon:
+        return None
+    return user.decode("utf-8", "replace"), password
+
+
+def encode(response: Response, head_only: bool = False, extra: dict | None = None) -> bytes:
+    """The bytes of ``response`` on the wire (HTTP/1.1, ``Connection: close``)."""
+    lines = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Error')}"]
+    names = {name.lower() for name, _ in response.headers}
+    headers = list(response.headers)
+    if "content-type" not in names:
+        headers.append(("Content-Type", "text/plain; charset=utf-8"))
+    headers += [("Content-Length", str(len(response.body))), ("Connection", "close")]
+    headers += list((extra or {}).items())
+    lines += [f"{name}: {value}" for name, value in headers]
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("iso-8859-1")
+    return head if head_only else head + response.body
+
+
+class _Conn:
+    __slots__ = ("sock", "peer", "deadline", "buf", "handshaken")
+
+    def __init__(self, sock, peer, deadline: float, handshaken: bool):
+        self.sock = sock
+        self.peer = peer
+        self.deadline = deadline
+        self.buf = bytearray()
+        self.handshaken = handshaken
+
+
+class MetricsServer:
+    """A bound, listening server; :meth:`serve_forever` runs it until :meth:`shutdown`.
+
+    Args:
+        host, port: an IP address (IPv6 without brackets) and a port (0: any free one).
+        handler: called by a worker with each :class:`Request` (authenticated already),
+            returns a :class:`Response`; an exception becomes a 500 and one line on stderr.
+        web: a :class:`webconfig.WebConfig` for TLS and basic auth, or None.
+        workers: threads answering requests.
+        max_connections: connections waiting for their request at once.
+        request_timeout_s: seconds from accept to the end of the request's headers.
+        max_request_bytes: the largest request line and headers.
+        write_timeout_s: the longest a worker waits on one send to a slow reader, seconds.
+
+    Raises:
+        OSError: the address cannot be bound (in use, not an address of this machine).
+    """
+
+    def __init__(self, host: str, port: int, handler, web=None, *, workers: int = 4,
+                 max_connections: int = 512, request_timeout_s: float = 10.0,
+                 max_request_bytes: int = 8192, write_timeout_s: float = 10.0):
+        self.handler = handler
+        self.web = web
+        self.workers = workers
+        self.max_connections = max_connections
+        self.request_timeout_s = request_timeout_s
+        self.max_request_bytes = max_request_bytes
+        self.write_timeout_s = write_timeout_s
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.socket.bind((host, port))
+            self.socket.listen(128)
+            self.socket.setblocking(False)
+        except OSError:
+            self.socket.close()
+            raise
+        self.server_address = self.socket.getsockname()
+        self._waiting: collections.OrderedDict[int, _Conn] = collections.OrderedDict()
+        self._queued = 0  # requests handed to the pool and not answered yet
+        self._queued_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._started = False
+        self._stopped = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._said: dict[str, float] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, "podvm-gpu-http")
+
+    # --- the selector thread -------------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        """Accept and read until :meth:`shutdown`; then close every waiting connection."""
+        self._started = True
+        sel = selectors.DefaultSelector()
+        sel.register(self.socket, selectors.EVENT_READ, "listen")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        paused_until = 0.0
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if paused_until and now >= paused_until:
+                    sel.register(self.socket, selectors.EVENT_READ, "listen")
+                    paused_until = 0.0
+                timeout = 1.0
+                if self._waiting:
+                    first = next(iter(self._waiting.values()))
+                    timeout = min(timeout, max(0.0, first.deadline - now))
+                for key, _ in sel.select(timeout):
+                    if key.data == "listen":
+                        if not self._accept(sel):
+                            sel.unregister(self.socket)  # out of descriptors: pause accepting
+                            paused_until = time.monotonic() + 0.5
+                    elif key.data == "wake":
+                        try:
+                            self._wake_r.recv(64)
+                        except OSError:
+                            pass
+                    else:
+                        self._readable(sel, key.data)
+                self._expire(sel)
+        finally:
+            for conn in list(self._waiting.values()):
+                self._drop(sel, conn)
+            sel.close()
+            self._stopped.set()
+
+    def _accept(self, sel) -> bool:
+        for _ in range(64):  # then let the others read
+            try:
+                sock, peer = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError as err:
+                if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._say("accept", f"cannot accept a connection: {err.strerror}; pausing "
+                                        "0.5 s")
+                    return False
+                return True  # ECONNABORTED and the like: the client is gone
+            if len(self._waiting) >= self.max_connections:
+                self._drop(sel, next(iter(self._waiting.values())))  # the oldest waiting one
+            sock.setblocking(False)
+            handshaken = True
+            if self.web is not None and self.web.ssl_context is not None:
+                try:
+                    sock = self.web.ssl_context.wrap_socket(sock, server_side=True,
+                                                            do_handshake_on_connect=False)
+                except OSError:
+                    sock.close()
+                    continue
+                handshaken = False
+            conn = _Conn(sock, peer, time.monotonic() + self.request_timeout_s, handshaken)
+            self._waiting[sock.fileno()] = conn
+            sel.register(sock, selectors.EVENT_READ, conn)
+        return True
+
+    def _readable(self, sel, conn: _Conn) -> None:
+        import ssl
+
+        try:
+            if not conn.handshaken:
+                try:
+                    conn.sock.do_handshake()
+                except ssl.SSLWantReadError:
+                    sel.modify(conn.sock, selectors.EVENT_READ, conn)
+                    return
+                except ssl.SSLWantWriteError:
+                    sel.modify(conn.sock, selectors.EVENT_WRITE, conn)
+                    return
+                conn.handshaken = True
+                sel.modify(conn.sock, selectors.EVENT_READ, conn)
+            while True:
+                try:
+                    chunk = conn.sock.recv(4096)
+                except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    return
+                if not chunk:
+                    self._drop(sel, conn)
+                    return
+                conn.buf += chunk
+                end = conn.buf.find(b"\r\n\r\n")
+                if end >= 0 and end + 4 <= self.max_request_bytes:
+                    self._hand_over(sel, conn, bytes(conn.buf[:end + 4]))
+                    return
+                if len(conn.buf) > self.max_request_bytes:
+                    self._refuse(sel, conn, Response(431, b"request headers too large\n"))
+                    return
+        except (OSError, ValueError):  # reset, TLS alert, garbage instead of a handshake
+            self._drop(sel, conn)
+
+    def _expire(self, sel) -> None:
+        now = time.monotonic()
+        while self._waiting:
+            conn = next(iter(self._waiting.values()))
+            if conn.deadline > now:
+                return
+            if conn.handshaken and conn.buf:
+                self._refuse(sel, conn, Response(408, b"the request did not arrive in time\n"))
+            else:
+                self._drop(sel, conn)
+
+    def _forget(self, sel, conn: _Conn) -> None:
+        self._waiting.pop(conn.sock.fileno(), None)
+        try:
+            sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+
+    def _drop(self, sel, conn: _Conn) -> None:
+        self._forget(sel, conn)
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+    def _refuse(self, sel, conn: _Conn, response: Response) -> None:
+        """Tell the client why, if its socket takes it at once, and close."""
+        try:
+            conn.sock.send(encode(response))
+        except (OSError, ValueError):
+            pass
+        self._drop(sel, conn)
+
+    def _hand_over(self, sel, conn: _Conn, data: bytes) -> None:
+        with self._queued_lock:
+            busy = self._queued >= 4 * self.workers
+            if not busy:
+                self._queued += 1
+        if busy:
+            self._refuse(sel, conn, Response(503, b"busy: too many scrapes at once\n"))
+            return
+        self._forget(sel, conn)
+        self._pool.submit(self._answer, conn, data)
+
+    # --- the workers -----------------------------------------------------------------------------
+
+    def _answer(self, conn: _Conn, data: bytes) -> None:
+        sock = conn.sock
+        try:
+            sock.settimeout(self.write_timeout_s)
+            request = parse_request(data)
+            head_only = isinstance(request, Request) and request.method == "HEAD"
+            if isinstance(request, Request):
+                response = self._authorised(request) or self._handle(request)
+            else:
+                response = request
+            extra = self.web.headers if self.web is not None else None
+            sock.sendall(encode(response, head_only, extra))
+        except (OSError, ValueError):
+            pass  # the client went away or is too slow: nothing to say about it
+        finally:
+            with self._queued_lock:
+                self._queued -= 1
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _authorised(self, request: Request) -> Response | None:
+        """None when the request may be answered; else the 401."""
+        if self.web is None or not self.web.users:
+            return None
+        given = basic_auth(request.headers.get("authorization"))
+        if given is not None and self.web.check_password(*given):
+            return None
+        return Response(401, b"unauthorized\n",
+                        [("WWW-Authenticate", 'Basic realm="podvm-gpu metrics"')])
+
+    def _handle(self, request: Request) -> Response:
+        try:
+            return self.handler(request)
+        except Exception as err:  # one line, not a traceback per scrape
+            self._say("handler", f"error answering {request.path}: {type(err).__name__}: {err}")
+            return Response(500, b"internal error; see the exporter's log\n")
+
+    def _say(self, kind: str, line: str) -> None:
+        now = time.monotonic()
+        if now - self._said.get(kind, -_ONE_LINE_EVERY_S) >= _ONE_LINE_EVERY_S:
+            self._said[kind] = now
+            print(f"podvm-gpu metrics: {line}", file=sys.stderr, flush=True)
+
+    # --- stopping --------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop :meth:`serve_forever` (from another thread) and wait for it to return."""
+        self._stop.set()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        if self._started:
+            self._stopped.wait(5)
+
+    def server_close(self) -> None:
+        """Close the listening socket; answers in progress finish within their write bound."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for sock in (self.socket, self._wake_r, self._wake_w):
+            try:
+                sock.close()
+            except OSError:
+                pass
