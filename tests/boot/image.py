@@ -2,7 +2,9 @@
 
 The rootfs is what a pod VM image is before podvm-gpu goes in: Debian bookworm minbase with
 systemd, udev, kmod, python3 (no python3-venv), umockdev (for the GPU path) and a cloud kernel
-(for the qemu boots). mmdebstrap builds it once (about a minute) and it is cached under
+(for the qemu boots); ``TRIXIE_BASE`` is the same on Debian 13 (systemd 257, kernel 6.12), and
+the boot tests run on both (``BASES``). Other images are :class:`Variant` s of it
+(tests/boot/real_driver.py). mmdebstrap builds it once (about a minute) and it is cached under
 ``/var/cache/podvm-gpu-test/rootfs-<key>`` (env ``PODVM_GPU_TEST_CACHE``), keyed by everything
 that goes into it, so CI builds it once per machine and every test starts from a view of it.
 The agent is installed the way image builds install it: ``systemd/make-bundle.sh`` on the host,
@@ -19,6 +21,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -128,7 +131,7 @@ class Variant:
             preferences = CACHE / f".preferences-{self.name}"  # under the variant's build lock
             preferences.write_text(pin_preferences(self))
             hooks.append(f"--setup-hook=mkdir -p \"$1/etc/apt/preferences.d\" && "
-                         f"cp {preferences} \"$1/etc/apt/preferences.d/50-podvm-gpu-test-pin\"")
+                         f"cp {shlex.quote(str(preferences))} \"$1/etc/apt/preferences.d/50-podvm-gpu-test-pin\"")
         if self.late:
             hooks.append("--customize-hook=chroot \"$1\" env DEBIAN_FRONTEND=noninteractive apt-get "
                          f"install -y --no-install-recommends {' '.join(self.late)} >\"$1{LATE_LOG}\" "
