@@ -112,6 +112,9 @@ def test_a_module_lock_the_config_asks_for_but_that_is_off_fails():
     row = booted_check(the_case)["module-lock"]
     assert row["result"] == "pass" and "not locked" in row["detail"], row
     assert "modules.lock_after_boot is false" in row["detail"]
+    # P02 has no /proc/sys/kernel/modules_disabled: unknown, not "not locked"
+    row = booted_check(case("P02"))["module-lock"]
+    assert row["result"] == "skip" and "modules_disabled is not readable" in row["detail"], row
 
 
 def test_the_guest_tee_row_names_the_tee_and_its_evidence():

@@ -348,8 +348,9 @@ def module_lock_row(facts) -> Check:
         return Check("module-lock", PASS, f"module loading locked ({MODULES_DISABLED} is 1){by}; "
                      f"{wants}")
     if not asked:
-        return Check("module-lock", PASS if value == "0" else SKIP, f"module loading not locked "
-                     f"({MODULES_DISABLED} is {value or 'unreadable'}); {wants} (the default)")
+        said = f"module loading not locked ({MODULES_DISABLED} is 0)" if value == "0" else \
+            f"{MODULES_DISABLED} is not readable"
+        return Check("module-lock", PASS if value == "0" else SKIP, f"{said}; {wants} (the default)")
     order = steps.GPU_STEPS
     if not facts.gpus or facts.failed_at and order.index(facts.failed_at) <= order.index("modules"):
         why = NO_GPU if not facts.gpus else f"the last boot failed at {facts.failed_at}"
