@@ -124,10 +124,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
 # --- podvm-gpu check ----------------------------------------------------------------------
 
 def confidential_computing_row(facts) -> Check:
-    skip = facts.not_reached("confidential-computing")
-    if skip:
-        return skip
-    skip = facts.needs_driver("confidential-computing")
+    skip = facts.not_reached("confidential-computing") or facts.needs_driver("confidential-computing")
     if skip:
         return skip
     done = facts.runner.run(["nvidia-smi", "conf-compute", "-f"], check=False)
