@@ -23,6 +23,8 @@ they are named in the kind's ``why`` only.
 
 from __future__ import annotations
 
+import time
+
 from podvm_gpu.host import infiniband
 
 NONE, NVSWITCH, NVLINK5, MIXED = "none", "nvswitch", "nvlink5", "mixed"
@@ -134,3 +136,51 @@ def fm_keys(kind: str) -> dict[str, str]:
     """The keys the VM's role needs: full pass-through, the rail policy of the NVLink
     generation."""
     return {"FABRIC_MODE": "0", "PARTITION_RAIL_POLICY": RAIL_POLICY.get(kind, "greedy")}
+
+
+# --- the modules step's part (steps/modules.py calls these) ----------------------------
+
+NVLINK_DISABLE = "NVreg_NvLinkDisable"
+
+
+def module_parameters(ctx) -> tuple[dict, str]:
+    """The modules' parameters and a note for the message: with exactly one GPU and no fabric
+    (one GPU of a multi-GPU board), ``NVreg_NvLinkDisable=1`` is added to nvidia's, so the
+    driver does not train links that lead nowhere (NVIDIA/nvrc src/modprobe.rs adds it when
+    exactly one NVIDIA GPU is on PCI; the parameter is the driver's own, documented by its
+    README's module parameters). ``modules.parameters.nvidia.NVreg_NvLinkDisable`` wins."""
+    params = dict(ctx.config.modules.parameters)
+    fabric = getattr(ctx, "fabric", None)
+    if ctx.gpu_count != 1 or (fabric is not None and fabric.kind != "none"):
+        return params, ""
+    nvidia = dict(params.get("nvidia", {}))
+    if NVLINK_DISABLE in nvidia:
+        return params, f"{NVLINK_DISABLE}={nvidia[NVLINK_DISABLE]} as configured"
+    nvidia[NVLINK_DISABLE] = 1
+    params["nvidia"] = nvidia
+    return params, (f"{NVLINK_DISABLE}=1: one GPU and no NVLink fabric (modules.parameters "
+                    f"overrides it)")
+
+
+def ib_modules(ctx) -> tuple[str, ...]:
+    """The IB modules the NVLink 5 path needs (``nvlink5.ib_modules``), on such a VM only
+    (the modules step loads them; ``ctx`` a BootContext)."""
+    fabric = getattr(ctx, "fabric", None)
+    return tuple(ctx.config.nvlink5.ib_modules) if fabric is not None and \
+        fabric.kind == "nvlink5" else ()
+
+
+def ib_context(ctx, module: str) -> str:
+    """The words before an IB module's failure: which management ports need it."""
+    if module not in ib_modules(ctx):
+        return ""
+    return (f"NVLink 5 management ports ({', '.join(ctx.fabric.port_addresses)}) need IB "
+            f"module {module}: ")
+
+
+def record_ib(ctx, module: str | None, result: str, message: str,
+               since: float) -> None:
+    """Record the modules step's IB part in ``fabric.steps`` (status.json)."""
+    if module is not None and module not in ib_modules(ctx):
+        return
+    ctx.fabric.record("ib-modules", result, message, time.monotonic() - since)

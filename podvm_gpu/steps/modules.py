@@ -37,12 +37,14 @@ import time
 from podvm_gpu import kmod
 from podvm_gpu.config.fields import OPTIONAL_MODULES, REQUIRED_MODULES
 from podvm_gpu.attach import attach_cause
+from podvm_gpu.fabric_kind import ib_context as _ib_context, ib_modules, module_parameters
+from podvm_gpu.fabric_kind import record_ib as _record_ib
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.readers import kernel_release, modprobe_overrides, module_kernels, module_loaded
-from podvm_gpu import readers
+from podvm_gpu import readers, steps
 from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, Check
 
 REQUIRED = REQUIRED_MODULES
@@ -262,49 +264,6 @@ def run(ctx: BootContext) -> str:
     return "; ".join(parts)
 
 
-NVLINK_DISABLE = "NVreg_NvLinkDisable"
-
-
-def module_parameters(ctx: BootContext) -> tuple[dict, str]:
-    """The modules' parameters and a note for the message: with exactly one GPU and no fabric
-    (one GPU of a multi-GPU board), ``NVreg_NvLinkDisable=1`` is added to nvidia's, so the
-    driver does not train links that lead nowhere (NVIDIA/nvrc src/modprobe.rs adds it when
-    exactly one NVIDIA GPU is on PCI; the parameter is the driver's own, documented by its
-    README's module parameters). ``modules.parameters.nvidia.NVreg_NvLinkDisable`` wins."""
-    params = dict(ctx.config.modules.parameters)
-    fabric = getattr(ctx, "fabric", None)
-    if ctx.gpu_count != 1 or (fabric is not None and fabric.kind != "none"):
-        return params, ""
-    nvidia = dict(params.get("nvidia", {}))
-    if NVLINK_DISABLE in nvidia:
-        return params, f"{NVLINK_DISABLE}={nvidia[NVLINK_DISABLE]} as configured"
-    nvidia[NVLINK_DISABLE] = 1
-    params["nvidia"] = nvidia
-    return params, (f"{NVLINK_DISABLE}=1: one GPU and no NVLink fabric (modules.parameters "
-                    f"overrides it)")
-
-
-def ib_modules(ctx: BootContext) -> tuple[str, ...]:
-    """The IB modules the NVLink 5 path needs (``nvlink5.ib_modules``), on such a VM only."""
-    fabric = getattr(ctx, "fabric", None)
-    return tuple(ctx.config.nvlink5.ib_modules) if fabric is not None and \
-        fabric.kind == "nvlink5" else ()
-
-
-def _ib_context(ctx: BootContext, module: str) -> str:
-    if module not in ib_modules(ctx):
-        return ""
-    return (f"NVLink 5 management ports ({', '.join(ctx.fabric.port_addresses)}) need IB "
-            f"module {module}: ")
-
-
-def _record_ib(ctx: BootContext, module: str | None, result: str, message: str,
-               since: float) -> None:
-    if module is not None and module not in ib_modules(ctx):
-        return
-    ctx.fabric.record("ib-modules", result, message, time.monotonic() - since)
-
-
 MODULES_DISABLED = "/proc/sys/kernel/modules_disabled"
 
 
@@ -349,6 +308,11 @@ def modules_row(facts) -> Check:
     missing = [m for m in REQUIRED if not readers.module_loaded(root, m)]
     if not missing:
         version = readers.kernel_module_version(root) or "unknown version"
+        cause = attach_cause(root, facts.messages)  # as the boot's modules step says it
+        if cause:
+            return Check("modules", FAIL, f"nvidia {version} and nvidia_uvm loaded, but the "
+                         f"driver cannot attach the GPU: {cause}", "fix what the kernel log "
+                         "names, then restart the VM (the GPU needs a reset)")
         return Check("modules", PASS, f"nvidia {version} and nvidia_uvm loaded")
     release = readers.kernel_release(root)
     detail = f"{', '.join(missing)} not loaded"
@@ -370,6 +334,10 @@ def modules_row(facts) -> Check:
                      "sign the nvidia modules with a key the kernel trusts (MOK), or boot "
                      "without what refuses them")
     found = kmsg.findings(facts.messages)
+    decompress = next((f for f in reversed(found) if f.kind == "decompress-failed"), None)
+    if decompress:
+        return Check("modules", FAIL, f"{detail}: {decompress.describe()}",
+                     decompress_hint(decompress))
     for f in reversed(found):
         if f.kind in ("unsupported-pci-id", "open-module-unsupported", "gsp-firmware", "bar",
                       "needs-reset", "fell-off-bus", "bound-elsewhere", "no-device"):
@@ -379,7 +347,31 @@ def modules_row(facts) -> Check:
     return Check("modules", FAIL, detail, "run 'modprobe nvidia' and read the kernel log")
 
 
-VM_ROWS = {"modules": modules_row}
+def module_lock_row(facts) -> Check:
+    """Whether module loading is locked (``kernel.modules_disabled``), and whether the config
+    asks for it (``modules.lock_after_boot``: the boot locks it after its last modprobe)."""
+    asked = facts.config.modules.lock_after_boot
+    value = (facts.root.read_text(MODULES_DISABLED) or "").strip()
+    wants = f"modules.lock_after_boot is {'true' if asked else 'false'}"
+    if value == "1":
+        by = "" if asked else " (not by podvm-gpu): no module can load until reboot"
+        return Check("module-lock", PASS, f"module loading locked ({MODULES_DISABLED} is 1){by}; "
+                     f"{wants}")
+    if not asked:
+        said = f"module loading not locked ({MODULES_DISABLED} is 0)" if value == "0" else \
+            f"{MODULES_DISABLED} is not readable"
+        return Check("module-lock", PASS if value == "0" else SKIP, f"{said}; {wants} (the default)")
+    order = steps.GPU_STEPS
+    if not facts.gpus or facts.failed_at and order.index(facts.failed_at) <= order.index("modules"):
+        why = NO_GPU if not facts.gpus else f"the last boot failed at {facts.failed_at}"
+        return Check("module-lock", SKIP, f"not locked: {why}, and the boot locks module loading "
+                     f"after it loads the GPU's modules; {wants}")
+    return Check("module-lock", FAIL, f"{wants} but {MODULES_DISABLED} is {value or 'unreadable'}: "
+                 "module loading is not locked", "see the modules step in podvm-gpu status; "
+                 f"the unit must allow the write (ReadWritePaths={MODULES_DISABLED})")
+
+
+VM_ROWS = {"modules": modules_row, "module-lock": module_lock_row}
 
 
 def modules_image_row(image) -> Check:
@@ -392,6 +384,14 @@ def modules_image_row(image) -> Check:
             if res.blocked:
                 return Check("modules", FAIL, f"kernel {release}: modprobe {name} loads nothing: "
                              f"{res.blocked}", "remove that line from the image")
+    for release in kernels:
+        for name, res in found[release].items():
+            gone = kmod.absent_file(root, res)
+            if gone:
+                return Check("modules", FAIL, f"kernel {release}: modprobe {name} reaches {gone}",
+                             f"run depmod {release} in the image after removing or rebuilding "
+                             "modules, or install the module again (dkms install, or the "
+                             "driver package)")
     lacking = [(k, name) for k in kernels for name, res in found[k].items() if not res.found]
     if lacking:
         release, name = lacking[0]
@@ -403,9 +403,14 @@ def modules_image_row(image) -> Check:
                          "/etc/modprobe.d/nvidia.conf, set up with libcuda1) or add "
                          f"'install {name} modprobe -i <file name> $CMDLINE_OPTS'")
         kernels_lacking = sorted({k for k, _ in lacking})
+        # a DKMS build that failed (or never ran) says why: dkms.py reads its tree (imported
+        # here: only check --image needs it, not the boot's import cost)
+        from podvm_gpu import dkms
+
+        reason, hint = dkms.why_not_built(root, kernels_lacking) or (
+            "", "build the nvidia modules (DKMS) for every kernel in the image")
         return Check("modules", FAIL, f"no {name} module for kernel(s) {', '.join(kernels_lacking)} "
-                     f"(/lib/modules/{release})",
-                     "build the nvidia modules (DKMS) for every kernel in the image")
+                     f"(/lib/modules/{release})" + (f": {reason}" if reason else ""), hint)
 
     def shown(res: kmod.Resolution) -> str:
         via = f" via {res.rules[0].split(': ', 1)[-1]}" if res.rules else ""
@@ -440,14 +445,16 @@ def firmware_image_row(image) -> Check:
     root, runner, found = image.root, image.runner, image.found
     asked: list[tuple[str, str, str]] = []
     unreadable: list[str] = []
-    for release, resolved in found.items():
-        res = resolved.get("nvidia")
-        if res and res.file:
-            names = kmod.modinfo(runner, root.resolve(res.file), "firmware")
-            if not names and not any(kmod.modinfo(runner, root.resolve(res.file), key)
-                                     for key in ("vermagic", "version")):
-                unreadable.append(res.file)  # no .modinfo at all: not "asks for none"
-            asked += [(release, res.file, name) for name in names]
+    files = kmod.present_files(root, found)
+    if not files:  # nothing compared: not a pass; the modules row fails for the cause
+        return Check("firmware", SKIP, "no nvidia module in the image to read the firmware it "
+                     "asks for from (see modules)", "fix the modules row first")
+    for release, file in files.items():
+        names = kmod.modinfo(runner, root.resolve(file), "firmware")
+        if not names and not any(kmod.modinfo(runner, root.resolve(file), key)
+                                 for key in ("vermagic", "version")):
+            unreadable.append(file)  # no .modinfo at all: not "asks for none"
+        asked += [(release, file, name) for name in names]
     missing = [(k, f, n) for k, f, n in asked if firmware_present(root, k, n) is None]
     if missing:
         release, module, name = missing[0]
@@ -464,4 +471,12 @@ def firmware_image_row(image) -> Check:
     return Check("firmware", PASS, f"{', '.join(names)} present under /lib/firmware")
 
 
-IMAGE_ROWS = {"modules": modules_image_row, "firmware": firmware_image_row}
+def compression_image_row(image) -> Check:
+    """``module-compression``: what each kernel's decompressor takes (podvm_gpu/modcompress.py)."""
+    from podvm_gpu import modcompress
+
+    return modcompress.compression_image_row(image)
+
+
+IMAGE_ROWS = {"modules": modules_image_row, "firmware": firmware_image_row,
+              "module-compression": compression_image_row}
