@@ -125,7 +125,7 @@ class Step:
 
 
 class Status:
-    """The status document, version 1 (contract section 4)."""
+    """The status document, version 2 (contract section 4): version 1 and ``fabric``."""
 
     def __init__(self) -> None:
         self.state = State.RUNNING
@@ -137,11 +137,12 @@ class Status:
         self.nvswitches: list[PciDevice] = []
         self.driver_version: str | None = None
         self.cdi: dict | None = None
+        self.fabric = None  # podvm_gpu.fabric_kind.Fabric (anything with to_dict()), GPU path
         self.steps: list[Step] = []
 
     def to_dict(self) -> dict:
         return {
-            "version": 1,
+            "version": 2,
             "state": self.state,
             "reason": self.reason,
             "warnings": list(self.warnings),
@@ -151,5 +152,6 @@ class Status:
             "nvswitches": [s.to_dict() for s in self.nvswitches],
             "driver_version": self.driver_version,
             "cdi": self.cdi,
+            "fabric": self.fabric.to_dict() if self.fabric is not None else None,
             "steps": [s.to_dict() for s in self.steps],
         }

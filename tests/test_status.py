@@ -24,7 +24,7 @@ from podvm_gpu.status import (STATUS_PATH, StatusFile, StatusUnreadable,
 from podvm_gpu.cdi.unavailable import render_unavailable_spec, write_unavailable_spec
 
 CONTRACT_KEYS = {"version", "state", "reason", "warnings", "started_at", "finished_at", "gpus",
-                 "nvswitches", "driver_version", "cdi", "steps"}
+                 "nvswitches", "driver_version", "cdi", "fabric", "steps"}
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_a_new_status_has_every_contract_key_and_state_running():
     doc = Status().to_dict()
 
     assert set(doc) == CONTRACT_KEYS
-    assert doc["version"] == 1 and doc["state"] == "running"
+    assert doc["version"] == 2 and doc["state"] == "running"
     assert doc["reason"] is None and doc["finished_at"] is None and doc["warnings"] == []
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from podvm_gpu.host.daemons import DAEMONS, FABRICMANAGER, PERSISTENCED
+from podvm_gpu.host.daemons import DAEMONS, FABRICMANAGER, NVLSM, PERSISTENCED
 
 REPO = Path(__file__).resolve().parents[1]
 SYSTEMD = REPO / "systemd"
@@ -36,12 +36,15 @@ INSTALLED = {
        for u in ("nvidia-persistenced.service", "nvidia-cdi-refresh.service", "nvidia-cdi-refresh.path")},
 }
 EXEC_STUBS = ["/opt/podvm-gpu/bin/podvm-gpu", "/usr/bin/python3", "/usr/bin/umockdev-run", "/usr/bin/touch",
-              "/usr/bin/nvidia-persistenced", "/usr/bin/nv-fabricmanager"]
+              "/usr/bin/nvidia-persistenced", "/usr/bin/nv-fabricmanager", "/usr/sbin/nvlsm"]
 DAEMON_DIR = "/etc/systemd/system"  # systemd-analyze --root reads no /run/systemd/transient
 # The daemons' transient units as unit files, with the command lines boot gives them by default.
 DAEMON_ARGV = {PERSISTENCED.unit: ["/usr/bin/nvidia-persistenced", "--persistence-mode"],
                FABRICMANAGER.unit: ["/usr/bin/nv-fabricmanager", "-c",
-                                    "/usr/share/nvidia/nvswitch/fabricmanager.cfg"]}
+                                    "/run/podvm-gpu/fabricmanager.cfg", "-g", "0xa088c20300543a1e"],
+               NVLSM.unit: ["/usr/sbin/nvlsm", "-F", "/usr/share/nvidia/nvlsm/nvlsm.conf", "-g",
+                            "0xa088c20300543a1e", "-f", "stdout", "--pid_file",
+                            "/run/podvm-gpu/nvlsm.pid"]}
 
 
 def systemd_analyze(*args: str) -> subprocess.CompletedProcess:
@@ -209,12 +212,14 @@ def test_start_timeout_is_above_the_agents_budget(agent):
 
 @pytest.mark.parametrize("daemon", DAEMONS.values(), ids=lambda d: d.tool)
 def test_a_daemons_unit_never_times_out_its_start_and_is_not_bound_to_the_agent(root, daemon):
-    """Both daemons fork once initialised (persistenced after attaching every GPU), so systemd's
-    start time-out would kill one mid-attach: it is off; the agent's own wait is bounded.
-    Nothing ties the unit to podvm-gpu.service: the agent's failure or stop leaves it."""
+    """persistenced and the fabric manager fork once initialised (persistenced after attaching
+    every GPU), so systemd's start time-out would kill one mid-attach: it is off; the agent's own
+    wait is bounded. NVLSM stays in the foreground (``-f stdout``): Type=exec, its readiness the
+    agent's check (podvm_gpu/nvl5.py). Nothing ties the unit to podvm-gpu.service: the agent's
+    failure or stop leaves it."""
     unit = parse_unit(root / DAEMON_DIR.lstrip("/") / daemon.unit)
     service = unit["Service"]
-    assert service["Type"] == ["forking"]
+    assert service["Type"] == (["exec"] if daemon is NVLSM else ["forking"])
     assert service["TimeoutStartSec"] == ["infinity"]
     assert service["Restart"] == ["no"]
     assert not {"BindsTo", "PartOf", "Requires", "Requisite"} & set(unit.get("Unit", {}))
@@ -246,7 +251,8 @@ def test_hardening_leaves_what_gpu_setup_needs(agent):
     ("podvm-gpu.service", f"{UNIT_DIR}/podvm-gpu.service", 4.0),
     ("podvm-gpu-metrics.service", f"{UNIT_DIR}/podvm-gpu-metrics.service", 2.5),
     (PERSISTENCED.unit, f"{DAEMON_DIR}/{PERSISTENCED.unit}", 3.5),
-    (FABRICMANAGER.unit, f"{DAEMON_DIR}/{FABRICMANAGER.unit}", 3.5)])
+    (FABRICMANAGER.unit, f"{DAEMON_DIR}/{FABRICMANAGER.unit}", 3.5),
+    (NVLSM.unit, f"{DAEMON_DIR}/{NVLSM.unit}", 3.5)])
 def test_exposure_score(root, unit, path, most, analyzer):
     done = analyzer(root, "security", "--offline=true", "--root={root}", path)
     score = float(re.search(rf"Overall exposure level for {re.escape(unit)}: ([\d.]+)",

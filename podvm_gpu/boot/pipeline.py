@@ -10,7 +10,9 @@ The order, and what depends on what (contract section 3):
 
 ==========================  =================================================================
 ``drivers``                 first: with another driver bound, modprobe can only fail.
-``modules``                 after drivers; every later step needs the loaded driver.
+``modules``                 after drivers; every later step needs the loaded driver. On an
+                            NVLink 5 VM also the IB modules (before modules.lock_after_boot
+                            locks loading; their devices register during persistenced).
 ``versions``                after modules (reads the loaded module's version); before any NVML
                             client, which fails on a mismatch. The fabric manager's version too,
                             before persistenced starts initialising GPUs for nothing (C23).
@@ -19,6 +21,9 @@ The order, and what depends on what (contract section 3):
                             wait, nvidia-ctk): without it each client initialises the GPUs again,
                             slow, and harmful in confidential-computing mode (C20).
 ``fabricmanager``     }     after persistenced; independent of each other, so they run at the
+                            same time. On NVLink 5 the fabricmanager step finds the management
+                            port, starts NVLSM, waits for it, then the fabric manager
+                            (podvm_gpu/nvl5.py); none of that touches a GPU, so it runs beside
 ``confidential-computing``  same time: the fabric wait is tens of seconds on HGX machines,
 ``cdi`` (generate)    }     and nvidia-ctk's generation does not need the fabric or the ready
                             state, only the driver and persistenced.
@@ -100,6 +105,9 @@ def run_pipeline(run: Run, config: Config | None) -> int:
     runner = Runner(config.tools, timeouts_for(config), deadline=deadline, trust_tool_paths=True)
     ctx = BootContext(run.root, config, runner, run.status, deadline, gpus=gpus,
                       nvswitches=switches)
+    from podvm_gpu import fabric_kind  # the GPU path only: VPD is never read on a CPU VM
+
+    ctx.fabric = run.status.fabric = fabric_kind.detect([s.pci_address for s in switches])
     if run.dry_run:
         return _dry_run(run, ctx)
     steps = Steps(ctx, run)

@@ -16,7 +16,8 @@ MAX_GPUS = 64  # far above any VM size sold (8 GPUs, 16 at most), still a bound
 # The external tools of contract section 1 (and the ones this project added); config keys that
 # name a tool must be one of them.
 TOOLS = ("modprobe", "nvidia-ctk", "nvidia-persistenced", "nvidia-smi", "nv-fabricmanager",
-         "nvidia-modprobe", "systemctl", "ldconfig", "modinfo", "systemd-run", "journalctl")
+         "nvidia-modprobe", "systemctl", "ldconfig", "modinfo", "systemd-run", "journalctl",
+         "nvlsm")
 MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
 OPTIONAL_MODULES = ("nvidia_modeset",)  # loaded after the required ones, may fail (modules.py)
 REQUIRED_MODULES = tuple(m for m in MODULES if m not in OPTIONAL_MODULES)
@@ -164,6 +165,18 @@ def optional_modules(value: object, loc: list) -> tuple[str, ...]:
         if name not in OPTIONAL_MODULES:
             raise Invalid([*loc, i], f"not an optional module: {name!r} (only "
                            f"{', '.join(OPTIONAL_MODULES)}; nvidia and nvidia_uvm are required)")
+    return names
+
+
+def module_names(value: object, loc: list) -> tuple[str, ...]:
+    """A non-empty list of kernel module names (ASCII letters, digits, ``_`` and ``-``, as
+    modprobe takes a name; ``mlx5_core``)."""
+    names = string_list(value, loc)
+    if not names:
+        raise Invalid(loc, "must name at least one module")
+    for i, name in enumerate(names):
+        if not name.isascii() or not name.replace("-", "_").isidentifier():
+            raise Invalid([*loc, i], f"{name!r} is not a module name")
     return names
 
 

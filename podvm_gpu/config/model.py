@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from podvm_gpu.config.fields import (MAX_GPUS, OPTIONAL_MODULES, Invalid, Section, absolute_path,
                                      boolean, count, mapping, seconds, string_list, tool,
-                                     module, optional_modules, parameter_name, parameter_value)
+                                     module, module_names, optional_modules, parameter_name,
+                                     parameter_value)
 
 
 class PersistencedConfig(Section):
@@ -32,6 +33,23 @@ class FabricManagerConfig(Section):
               "per_gpu_s": (seconds(0, True), 5.0),
               "config_file": (absolute_path, "/usr/share/nvidia/nvswitch/fabricmanager.cfg"),
               "poll_s": (seconds(0, False), 0.1)}
+    __slots__ = tuple(FIELDS)
+
+
+class NvLink5Config(Section):
+    """The NVLink 5 path (ConnectX-managed NVSwitches, podvm_gpu/nvl5.py): ``ib_modules`` loaded
+    by the modules step when the VM has NVLink management ports (NVRC loads the same three);
+    ``ib_wait_s`` the longest wait for their InfiniBand devices and ``/dev/infiniband/umad*``
+    nodes to appear after the load (the driver registers them asynchronously); NVLSM's config
+    file (``-F``, the nvlsm package's path NVRC uses) and its readiness wait; ``image_serves``:
+    this image serves NVL5 VMs (meant for a ``check --image`` row that fails instead of warning
+    on what NVL5 needs; that row is not written yet, so nothing reads the key)."""
+
+    FIELDS = {"ib_modules": (module_names, ("mlx5_core", "mlx5_ib", "ib_umad")),
+              "ib_wait_s": (seconds(0, True), 15.0),
+              "nvlsm_config_file": (absolute_path, "/usr/share/nvidia/nvlsm/nvlsm.conf"),
+              "nvlsm_ready_timeout_s": (seconds(0, False), 30.0),
+              "image_serves": (boolean, False)}
     __slots__ = tuple(FIELDS)
 
 
@@ -112,6 +130,7 @@ class Config(Section):
               "tools": (mapping(tool, absolute_path), {}),
               "persistenced": (PersistencedConfig, PersistencedConfig()),
               "fabricmanager": (FabricManagerConfig, FabricManagerConfig()),
+              "nvlink5": (NvLink5Config, NvLink5Config()),
               "confidential_computing": (ConfidentialComputingConfig,
                                          ConfidentialComputingConfig()),
               "modules": (ModulesConfig, ModulesConfig()),
@@ -136,6 +155,7 @@ DEFAULT_TIMEOUTS: dict[str, float] = {
     "systemd-run": 10.0,
     "journalctl": 10.0,
     "modinfo": 10.0,
+    "nvlsm": 15.0,
 }
 
 

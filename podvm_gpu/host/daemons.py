@@ -43,19 +43,23 @@ class DaemonUnit(Record):
         tool: the daemon's command name (``nvidia-persistenced``).
         unit: the transient unit's name.
         description: the unit's Description=.
-        properties: unit settings (``Key=value``) beyond Type=forking and the time-outs: the
+        properties: unit settings (``Key=value``) beyond Type= and the time-outs: the
             sandbox, chosen for what the real daemon does (docs/install.md, "The daemons' units").
+        unit_type: ``forking`` (a daemon whose parent exits once it is initialised) or
+            ``exec`` (one that stays in the foreground, NVLSM with ``-f stdout``: systemd
+            reports the start once the program is executed; its readiness is the agent's own
+            check, podvm_gpu/nvl5.py).
     """
 
     FIELDS = (("tool", REQUIRED), ("unit", REQUIRED), ("description", REQUIRED),
-              ("properties", REQUIRED))
+              ("properties", REQUIRED), ("unit_type", "forking"))
 
     def settings(self) -> list[str]:
         """Every setting the unit gets, in order."""
         # RemainAfterExit: a daemon whose first process exits 0 without leaving a daemon (an
         # option it does not know) leaves its unit "active (exited)" to be read, instead of
         # an inactive unit that systemd unloads at once
-        return ["Type=forking", "TimeoutStartSec=infinity", "TimeoutStopSec=30",
+        return [f"Type={self.unit_type}", "TimeoutStartSec=infinity", "TimeoutStopSec=30",
                 "Restart=no", "RemainAfterExit=yes", *self.properties]
 
     def unit_file(self, argv: list[str]) -> str:
@@ -108,7 +112,24 @@ FABRICMANAGER = DaemonUnit(
                 # its clients (nvidia-smi, NVML) reach it on 127.0.0.1:6666
                 "RestrictAddressFamilies=AF_UNIX AF_NETLINK AF_INET AF_INET6",
                 "IPAddressDeny=any", "IPAddressAllow=localhost"))
-DAEMONS = {d.tool: d for d in (PERSISTENCED, FABRICMANAGER)}
+# NVLSM, the NVLink subnet manager of NVLink 5 boards: an OpenSM derivative (the FM user guide,
+# "What is NVLink Subnet Manager?"). What such a daemon opens and writes, from Debian's opensm
+# 3.3.23 (its opensm@.service runs it Type=simple; its paths): the management datagram nodes
+# /dev/infiniband/umad* and issm* (read-write), its config (read), its log and cache under
+# /var/log and /var/cache/opensm, here also its pid file and the fm_sm_ipc.socket it serves the
+# fabric manager on under /run. No network address family: it speaks MADs through umad, and to
+# the fabric manager over the unix socket. The unit is Type=exec: NVLSM stays in the foreground.
+NVLSM = DaemonUnit(
+    tool="nvlsm", unit="podvm-gpu-nvlsm.service",
+    description="NVIDIA NVLink Subnet Manager (started by podvm-gpu)", unit_type="exec",
+    properties=(*_COMMON,
+                "CapabilityBoundingSet=CAP_SYS_ADMIN CAP_DAC_OVERRIDE CAP_IPC_LOCK CAP_NET_ADMIN",
+                "ReadWritePaths=/run -/var/log -/var/cache", "ProtectKernelTunables=yes",
+                "DevicePolicy=closed", "DeviceAllow=char-infiniband_mad rw",
+                "DeviceAllow=char-infiniband_verbs rw",
+                "PrivateNetwork=yes", "RestrictAddressFamilies=AF_UNIX AF_NETLINK",
+                "PrivateTmp=yes"))
+DAEMONS = {d.tool: d for d in (PERSISTENCED, FABRICMANAGER, NVLSM)}
 
 
 def under_systemd() -> bool:

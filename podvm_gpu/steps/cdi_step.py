@@ -133,6 +133,14 @@ def generate(ctx: BootContext) -> Generated:
             cause += "; it warned: " + "; ".join(hints[:2])
         if err.returncode == 127 and "undefined symbol" in err.stderr:
             cause += "; this nvidia-ctk needs a newer driver than the image has"
+        if "empty device edits" in err.stdout + err.stderr:
+            # talos#14015: NVML enumerated fewer GPUs than PCI has (none for the "all" device);
+            # the tool's words are the symptom, the count is the cause
+            seen = ctx.nvml_seen
+            count = f"NVML sees {len(seen)} of the {ctx.gpu_count} GPU(s) on PCI" \
+                if seen is not None else f"NVML enumerated no GPU of the {ctx.gpu_count} on PCI"
+            raise StepFailed(f"{count} (nvidia-ctk cdi generate: empty device edits); "
+                             f"{cause}") from err
         mig = mig_problem(ctx)
         raise StepFailed(f"{mig}; {cause}" if mig else cause) from err
     text = done.stdout

@@ -1,9 +1,24 @@
-"""Step 7, ``fabricmanager``: on NVSwitch machines start nv-fabricmanager and wait, bounded, until
-every GPU reports fabric State Completed with Status Success.
+"""Step 7, ``fabricmanager``: the VM's NVLink fabric, by its kind (podvm_gpu/fabric_kind.py).
 
-Without NVSwitches the fabric manager is never started; if the GPUs still report a fabric state
-other than not-supported (shared-NVSwitch virtualization: the fabric is managed outside the VM),
-the same wait applies. The state comes from the ``Fabric`` block of ``nvidia-smi -q -d FABRIC``.
+- ``nvswitch``: start nv-fabricmanager and wait, bounded, until every GPU reports fabric State
+  Completed with Status Success.
+- ``nvlink5``: find the management port, start NVLSM and wait for it (podvm_gpu/nvl5.py), then
+  start nv-fabricmanager with the port's GUID (``-g``) and wait as above. Each part is recorded
+  in status.json's ``fabric.steps``.
+- ``none``: the fabric manager is never started; if the GPUs still report a fabric state other
+  than not-supported (shared-NVSwitch virtualization: the fabric is managed outside the VM), the
+  same wait applies.
+- ``mixed``: fails (NVRC ``src/mode.rs`` refuses it as an unexpected topology).
+
+The state comes from the ``Fabric`` block of ``nvidia-smi -q -d FABRIC``, whose GPU sections are
+also the GPUs NVML enumerates: fewer than PCI has fails the step (siderolabs/talos#14015, where
+NVML saw 0 of 4 passed-through A100s and nvidia-ctk later said only "empty device edits"); a
+query that gets no answer proves nothing and is not counted.
+
+The fabric manager gets ``-c`` with a copy of the stock fabricmanager.cfg under /run with the keys
+the role needs (fabric_kind.fm_keys: FABRIC_MODE=0, PARTITION_RAIL_POLICY greedy on NVLink 4,
+symmetric on NVLink 5; NVRC ``src/daemon.rs``), read-only; an operator's own
+``fabricmanager.config_file`` (any other path than the stock one) is given as it is.
 """
 
 from __future__ import annotations
@@ -16,20 +31,57 @@ from podvm_gpu.host.daemons import Daemon
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, FabricState, daemon_pid,
                                nvsmi_no_driver, parse_fabric)
 from podvm_gpu.steps import Skipped
-from podvm_gpu import readers, units
+from podvm_gpu import fabric_kind, nvl5, readers, units
 from podvm_gpu.check import FAIL, PASS, SKIP, Check
+from podvm_gpu.host.fs import atomic_write, ensure_dir
 
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 
 
+NO_DEVICES = "No devices were found"  # nvidia-smi's words, exit 6, when NVML lists no GPU
+
+
+def nvml_bus_ids(text: str) -> set[str]:
+    """The GPUs an ``nvidia-smi -q`` answer lists (``GPU <bus id>`` at the line start), as
+    :func:`bus_id` gives them: the GPUs NVML enumerates."""
+    return {bus_id(line.split()[1]) for line in text.splitlines()
+            if line.startswith("GPU ") and len(line.split()) == 2 and ":" in line}
+
+
 def query(ctx: BootContext, timeout: float | None = None) -> list[FabricState]:
-    """Every GPU's fabric state (one ``nvidia-smi -q -d FABRIC`` call).
+    """Every GPU's fabric state (one ``nvidia-smi -q -d FABRIC`` call); the GPUs it lists are
+    kept in ``ctx.nvml_seen`` (an empty set when nvidia-smi says it found no device).
 
     Raises:
-        CommandError: nvidia-smi failed or timed out.
+        CommandError: nvidia-smi failed or timed out (also for "No devices were found").
     """
-    return parse_fabric(ctx.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"],
-                                       timeout=timeout).stdout)
+    try:
+        out = ctx.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"], timeout=timeout).stdout
+    except CommandError as err:
+        if err.returncode == 6 and NO_DEVICES in err.stdout + err.stderr:
+            ctx.nvml_seen = set()
+        raise
+    ctx.nvml_seen = nvml_bus_ids(out)
+    return parse_fabric(out)
+
+
+def nvml_count(ctx: BootContext, states: list[FabricState]) -> None:
+    """Fail when the last answered query listed fewer GPUs than PCI has.
+
+    Raises:
+        StepFailed: both counts, the PCI addresses NVML does not list, the fabric state of the
+            others (the pipeline adds what the kernel log says).
+    """
+    seen = ctx.nvml_seen
+    if seen is None:
+        return
+    missing = [g.pci_address for g in ctx.gpus if bus_id(g.pci_address) not in seen]
+    if not missing:
+        return
+    few = ", ".join(missing[:6]) + (", ..." if len(missing) > 6 else "")
+    fabric = summarize(states) if states else "no fabric state reported"
+    raise StepFailed(f"NVML sees {ctx.gpu_count - len(missing)} of the {ctx.gpu_count} GPU(s) "
+                     f"on PCI; not seen: {few}; fabric: {fabric}")
 
 
 def summarize(states: list[FabricState]) -> str:
@@ -70,7 +122,8 @@ def seen(ctx: BootContext, states: list[FabricState]) -> str:
     return text
 
 
-def wait_for_fabric(ctx: BootContext, daemon: Daemon | None) -> list[FabricState]:
+def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
+                    nvlsm: Daemon | None = None) -> list[FabricState]:
     """Poll the fabric state until every GPU of the VM reports Completed/Success; fail at once
     when a GPU is Completed with another status (unhealthy), the fabric manager exits with an
     error or nvidia-smi cannot run at all. Every failure says the last state seen.
@@ -84,11 +137,18 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None) -> list[FabricState
     limit = ctx.wait_limit(wanted)
     end = time.monotonic() + limit
     states: list[FabricState] = []
+    counted = False
+    nvl5_vm = ctx.fabric is not None and ctx.fabric.kind == fabric_kind.NVLINK5
     while True:
         ctx.check_stop()
         try:
             states = query(ctx)
+            if not counted:
+                nvml_count(ctx, states)
+                counted = True
         except CommandError as err:
+            if ctx.nvml_seen == set():
+                nvml_count(ctx, [])
             no_driver = nvsmi_no_driver(err.returncode, err.stdout + err.stderr)
             if no_driver:
                 raise StepFailed(no_driver) from err
@@ -107,6 +167,12 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None) -> list[FabricState
             said = daemon.last_words()
             raise StepFailed(f"nv-fabricmanager {ended_text(code)}"
                              + (f": {said}" if said else "") + f"; last seen: {seen(ctx, states)}")
+        if nvl5_vm and nvl5.nvlsm_alive(ctx.root) is None:
+            code = nvlsm.exit_status() if nvlsm is not None else None
+            said = nvlsm.last_words() if nvlsm is not None else ""
+            how = ended_text(code) if code else "is no longer running"
+            raise StepFailed(f"NVLSM {how} during the fabric wait" + (f": {said}" if said else "")
+                             + f"; last seen: {seen(ctx, states)}")
         if time.monotonic() >= end:
             cut = " (cut to the boot budget)" if limit < wanted else ""
             raise StepFailed(f"timed out after {limit:g} s waiting for the NVLink fabric "
@@ -115,49 +181,130 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None) -> list[FabricState
         time.sleep(min(cfg.poll_s, max(end - time.monotonic(), 0.01)))
 
 
-def fabricmanager_argv(ctx: BootContext) -> list[str]:
-    """``nv-fabricmanager [-c CONFIG]``: the configured file when the root has it (under
-    ``--root``, its path in the root); without it the daemon takes its built-in defaults."""
+def fm_config(ctx: BootContext, write: bool = True) -> str | None:
+    """The config file nv-fabricmanager gets with ``-c`` (its path as the daemon sees it), or
+    None (the daemon's built-in defaults: no stock file in the image).
+
+    An operator's ``fabricmanager.config_file`` (any path but the stock one) is used as it is,
+    when it exists. Otherwise the stock file is copied to /run/podvm-gpu/fabricmanager.cfg with
+    :func:`podvm_gpu.fabric_kind.fm_keys` set, mode 0400 (``write=False``: the path only, for
+    ``boot --dry-run``).
+
+    Raises:
+        OSError: the copy cannot be written.
+    """
+    root = ctx.root
+    chosen = ctx.config.fabricmanager.config_file
+    seen_as = (lambda p: p if root.is_host else root.resolve(p))
+    if chosen != fabric_kind.STOCK_FM_CONFIG:
+        return seen_as(chosen) if root.exists(chosen) else None
+    stock = root.read_text(fabric_kind.STOCK_FM_CONFIG)
+    if stock is None:
+        return None
+    if write:
+        kind = ctx.fabric.kind if ctx.fabric is not None else fabric_kind.NVSWITCH
+        path = root.resolve(fabric_kind.RUN_FM_CONFIG, follow_last=False)
+        ensure_dir(root.resolve("/run/podvm-gpu"))
+        atomic_write(path, fabric_kind.set_keys(stock, fabric_kind.fm_keys(kind)), mode=0o400)
+    return seen_as(fabric_kind.RUN_FM_CONFIG)
+
+
+def fabricmanager_argv(ctx: BootContext, write: bool = True) -> list[str]:
+    """``nv-fabricmanager [-c CONFIG] [-g GUID]``: :func:`fm_config`; on NVLink 5 the port GUID
+    NVLSM runs on (NVRC ``spawn_fabricmanager``; bottlerocket-kernel-kit#142 shows the real
+    daemon so: ``nv-fabricmanager -c /etc/nvidia/fabricmanager.cfg -g 0xe09d...``)."""
     argv = ["nv-fabricmanager"]
-    cfg_file = ctx.config.fabricmanager.config_file
-    if ctx.root.exists(cfg_file):
-        argv += ["-c", cfg_file if ctx.root.is_host else ctx.root.resolve(cfg_file)]
+    path = fm_config(ctx, write)
+    if path:
+        argv += ["-c", path]
+    guid = ctx.fabric.guid if ctx.fabric is not None else None
+    if guid:
+        argv += ["-g", guid]
     return argv
 
 
+def probe_outside(ctx: BootContext) -> str:
+    """No fabric in the VM: the GPUs' fabric state may still be managed outside it."""
+    try:  # a probe: the fabric may be managed outside the VM (shared-NVSwitch)
+        states = query(ctx, timeout=ctx.harmless_timeout("nvidia-smi"))
+    except CommandError as err:
+        no_driver = nvsmi_no_driver(err.returncode, err.stdout + err.stderr)
+        if no_driver:  # the loaded driver does not answer: every later client fails too
+            raise StepFailed(no_driver) from err
+        if ctx.nvml_seen == set():
+            nvml_count(ctx, [])
+        if err.budget_spent:
+            raise StepFailed(f"timed out: the boot budget was spent in {err}") from err
+        raise Skipped(f"no NVSwitch; fabric state unknown ({err})") from err
+    nvml_count(ctx, states)
+    if not any(s.supported for s in states):
+        raise Skipped("no NVSwitch, and the GPUs report no NVLink fabric")
+    wait_for_fabric(ctx, None)
+    return f"no NVSwitch in the VM; fabric managed outside it: {summarize(states)} -> ready"
+
+
+def _part(ctx: BootContext, name: str, func):
+    """Run one part of the NVLink 5 path and record it in ``fabric.steps``."""
+    t0 = time.monotonic()
+    try:
+        value = func()
+    except StepFailed as err:
+        ctx.fabric.record(name, "failed", str(err), time.monotonic() - t0)
+        raise
+    return value, time.monotonic() - t0
+
+
 def run(ctx: BootContext) -> str:
-    """Start the fabric manager where it belongs and wait for the fabric."""
+    """Start what the VM's fabric kind needs and wait for the fabric."""
     root = ctx.root
-    if not ctx.nvswitches:
-        try:  # a probe: the fabric may be managed outside the VM (shared-NVSwitch)
-            states = query(ctx, timeout=ctx.harmless_timeout("nvidia-smi"))
-        except CommandError as err:
-            no_driver = nvsmi_no_driver(err.returncode, err.stdout + err.stderr)
-            if no_driver:  # the loaded driver does not answer: every later client fails too
-                raise StepFailed(no_driver) from err
-            if err.budget_spent:
-                raise StepFailed(f"timed out: the boot budget was spent in {err}") from err
-            raise Skipped(f"no NVSwitch; fabric state unknown ({err})") from err
-        if not any(s.supported for s in states):
-            raise Skipped("no NVSwitch, and the GPUs report no NVLink fabric")
-        wait_for_fabric(ctx, None)
-        return f"no NVSwitch in the VM; fabric managed outside it: {summarize(states)} -> ready"
+    fabric = ctx.fabric or fabric_kind.detect([s.pci_address for s in ctx.nvswitches])
+    ctx.fabric = fabric
+    if fabric.kind == fabric_kind.MIXED:
+        raise StepFailed(f"mixed fabric topology: {fabric.why()}; a VM has NVSwitch functions "
+                         "or ConnectX NVLink management ports, never both (NVRC refuses it too)")
+    if fabric.kind == fabric_kind.NONE:
+        return probe_outside(ctx)
+    nvlsm_daemon, parts = None, []
+    if fabric.kind == fabric_kind.NVLINK5:
+        port, took = _part(ctx, "management-port", lambda: nvl5.find_port(ctx, fabric))
+        fabric.port, fabric.guid = port.name, port.port_guid
+        said = (f"{port.name} ({port.pci_address}), port GUID {port.port_guid}, subnet manager "
+                f"enabled; {len(nvl5.infiniband.umad_nodes(root.resolve('/dev/infiniband')))} "
+                "umad node(s)")
+        fabric.record("management-port", "ok", said, took)
+        (nvlsm_daemon, said), took = _part(ctx, "nvlsm",
+                                           lambda: nvl5.start_nvlsm(ctx, port.port_guid))
+        fabric.record("nvlsm", "ok", said, took)
+        parts = [f"port {port.name} GUID {port.port_guid}", said]
     pid = daemon_pid(root, FABRICMANAGER_PID, FABRICMANAGER_COMM)
     daemon = None
     if pid is None:
         daemon = ctx.start_daemon(fabricmanager_argv(ctx), LOG_PATH)
     started = time.monotonic()
-    states = wait_for_fabric(ctx, daemon)
     how = f"started ({daemon.where})" if daemon is not None else f"already running (pid {pid})"
+    if fabric.kind == fabric_kind.NVLINK5:
+        fabric.record("fabricmanager", "ok", f"nv-fabricmanager {how}", 0.0)
+        states, took = _part(ctx, "fabric", lambda: wait_for_fabric(ctx, daemon, nvlsm_daemon))
+        fabric.record("fabric", "ok", f"Completed/Success on {len(states)} GPU(s)", took)
+        return (f"NVLink 5: {'; '.join(parts)}; fabric manager {how}; fabric Completed/Success "
+                f"on {len(states)} GPU(s) in {time.monotonic() - started:.2f} s")
+    states = wait_for_fabric(ctx, daemon)
     return (f"{how}; {len(ctx.nvswitches)} NVSwitch(es); fabric Completed/Success on "
             f"{len(states)} GPU(s) in {time.monotonic() - started:.2f} s")
 
 
 def plan(ctx: BootContext) -> list[list[str]]:
-    """``boot --dry-run``: the fabric manager on NVSwitch machines, then the fabric query."""
+    """``boot --dry-run``: NVLSM (its GUID is known only at boot: ``<port GUID>``) and the
+    fabric manager where the kind needs them, then the fabric query."""
     argvs = []
-    if ctx.nvswitches and daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
-        argvs.append(fabricmanager_argv(ctx))
+    kind = ctx.fabric.kind if ctx.fabric is not None else (
+        fabric_kind.NVSWITCH if ctx.nvswitches else fabric_kind.NONE)
+    if kind == fabric_kind.NVLINK5 and nvl5.nvlsm_alive(ctx.root) is None:
+        argvs.append(nvl5.nvlsm_argv(ctx, "<port GUID>"))
+    if kind in (fabric_kind.NVSWITCH, fabric_kind.NVLINK5) and \
+            daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
+        argv = fabricmanager_argv(ctx, write=False)
+        argvs.append(argv + (["-g", "<port GUID>"] if kind == fabric_kind.NVLINK5 else []))
     return [*argvs, ["nvidia-smi", "-q", "-d", "FABRIC"]]
 
 

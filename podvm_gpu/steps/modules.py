@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 from podvm_gpu import kmod
 from podvm_gpu.config.fields import OPTIONAL_MODULES, REQUIRED_MODULES
 from podvm_gpu.attach import attach_cause
+from podvm_gpu.fabric_kind import ib_context as _ib_context, ib_modules, module_parameters
+from podvm_gpu.fabric_kind import record_ib as _record_ib
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host import kmsg
@@ -204,10 +207,11 @@ def run(ctx: BootContext) -> str:
     Raises:
         StepFailed: a required module failed to load or is not loaded after modprobe exit 0.
     """
-    params = ctx.config.modules.parameters
+    params, nvlink_note = module_parameters(ctx)
     optional = set(ctx.config.modules.optional)
-    order = [*REQUIRED, *(m for m in OPTIONAL if m in optional)]
+    order = [*REQUIRED, *(m for m in OPTIONAL if m in optional), *ib_modules(ctx)]
     loaded, already = [], []
+    ib_started = time.monotonic()
     for index, module in enumerate(order):
         if module_loaded(ctx.root, module):
             already.append(module)
@@ -223,7 +227,8 @@ def run(ctx: BootContext) -> str:
                 continue
             rest = order[index + 1:]
             skipped = f" ({', '.join(rest)} skipped)" if rest else ""
-            raise StepFailed(cause + skipped) from err
+            _record_ib(ctx, module, "failed", cause, ib_started)
+            raise StepFailed(_ib_context(ctx, module) + cause + skipped) from err
         if not module_loaded(ctx.root, module):
             overrides = modprobe_overrides(ctx.root, module)
             why = f"; modprobe.d overrides it: {'; '.join(overrides)}" if overrides else ""
@@ -231,8 +236,12 @@ def run(ctx: BootContext) -> str:
             if harmless:
                 ctx.warn(f"modules: optional {cause}")
                 continue
-            raise StepFailed(cause)
+            _record_ib(ctx, module, "failed", cause, ib_started)
+            raise StepFailed(_ib_context(ctx, module) + cause)
         loaded.append(module)
+    if ib_modules(ctx):
+        _record_ib(ctx, None, "ok", "loaded or already loaded: " + ", ".join(ib_modules(ctx)),
+                   ib_started)
     fatal = [f for f in kmsg.findings(kmsg.since_driver_load(kmsg.read_kernel_log(ctx.root)))
              if f.fatal]
     if fatal:
@@ -245,7 +254,7 @@ def run(ctx: BootContext) -> str:
         # Loaded, but it failed to attach a GPU (an earlier client, a udev autoload): every NVML
         # client after it fails with words of its own; the driver's are the cause.
         raise StepFailed(f"the driver loaded but cannot attach the GPU: {cause}")
-    parts = []
+    parts = [nvlink_note] if nvlink_note else []
     if loaded:
         parts.append("loaded " + ", ".join(loaded))
     if already:
@@ -281,8 +290,9 @@ def lock_module_loading(root: Root) -> str:
 def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: the modprobe of every module wanted and not loaded."""
     cfg = ctx.config
-    wanted = [*REQUIRED, *(m for m in OPTIONAL if m in cfg.modules.optional)]
-    return [modprobe_argv(m, cfg.modules.parameters.get(m, {})) for m in wanted
+    params = module_parameters(ctx)[0]
+    wanted = [*REQUIRED, *(m for m in OPTIONAL if m in cfg.modules.optional), *ib_modules(ctx)]
+    return [modprobe_argv(m, params.get(m, {})) for m in wanted
             if not module_loaded(ctx.root, m)]
 
 

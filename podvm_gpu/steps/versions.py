@@ -75,7 +75,8 @@ def run(ctx: BootContext) -> str:
                          f"({lib.path} -> {lib.target}); rebuild the image with matching driver "
                          "packages")
     fm = ""
-    if ctx.nvswitches and daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
+    if _fabric_managed_here(ctx) and \
+            daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
         fm_version = fabricmanager_version(ctx)
         if fm_version != kernel:
             raise StepFailed(f"fabric manager (nv-fabricmanager) {fm_version} does not match "
@@ -85,9 +86,19 @@ def run(ctx: BootContext) -> str:
     return f"driver {kernel} (kernel module and {lib.path}{fm})"
 
 
+def _fabric_managed_here(ctx: BootContext) -> bool:
+    """The VM runs its own fabric manager: NVSwitch functions, or NVLink 5 management ports
+    (the FM user guide: FM, NVLSM and the driver are of one release)."""
+    fabric = getattr(ctx, "fabric", None)
+    if fabric is None:
+        return bool(ctx.nvswitches)
+    return fabric.kind in ("nvswitch", "nvlink5")
+
+
 def plan(ctx: BootContext) -> list[list[str]]:
-    """``boot --dry-run``: the fabric manager's version query, on NVSwitch machines."""
-    if ctx.nvswitches and daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
+    """``boot --dry-run``: the fabric manager's version query, on NVSwitch and NVLink 5 VMs."""
+    if _fabric_managed_here(ctx) and \
+            daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
         return [["nv-fabricmanager", "--version"]]
     return []
 

@@ -35,10 +35,10 @@ FABRIC_NOT_SUPPORTED = ("N/A", "N/A", "N/A", "N/A")
 # effect name -> (allowed values or None for any string, extra parameters it takes)
 EFFECTS = {
     "load_module": (None, {"version", "major", "flavour"}),
-    "create_nodes": ({"control", "gpus"}, set()),
+    "create_nodes": ({"control", "gpus", "infiniband"}, set()),
     "write_spec": (None, set()),
     "write_spec_text": (None, set()),
-    "daemon_ready": ({"persistenced"}, set()),
+    "daemon_ready": ({"persistenced", "nvlsm"}, set()),
     "fabric": (set(FABRIC_STATES), set()),
     "cc_ready_state": ({"ready", "not-ready"}, set()),
 }
@@ -60,6 +60,9 @@ NVRM_VERSION = {
 }
 GCC_VERSION = "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
 STAND_IN_CODE = "import time; time.sleep(3600)"
+IB_UMAD_MAJOR = 231  # IB_UMAD_MAJOR, drivers/infiniband/core/user_mad.c
+NVLSM_SOCKET = "/run/nvidia-fabricmanager/fm_sm_ipc.socket"
+NVLSM_PID = "/run/podvm-gpu/nvlsm.pid"
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes including the terminating NUL
 _HOST_PATH = re.compile(r'(hostPath"?\s*:\s*"?)(/[^"\s,}\]]*)')
 
@@ -390,7 +393,11 @@ class Effects:
 
     def _create_nodes(self, which: str, effect: dict) -> None:
         majors = char_majors(self.layout.root)
-        if which == "control":
+        if which == "infiniband":  # ib_umad's nodes: umad<N> 231:N, issm<N> 231:64+N
+            names = [ib["name"] for ib in self.world.get("infiniband", [])]
+            nodes = [(f"infiniband/umad{i}", IB_UMAD_MAJOR, i) for i in range(len(names))]
+            nodes += [(f"infiniband/issm{i}", IB_UMAD_MAJOR, 64 + i) for i in range(len(names))]
+        elif which == "control":
             nodes = [(node, majors.get(device), minor)
                      for node, (device, minor) in CONTROL_NODES.items()]
         else:
@@ -443,9 +450,16 @@ class Effects:
     def _daemon_ready(self, which: str, effect: dict) -> None:
         import socket
 
-        run_dir = self.path("/var/run/nvidia-persistenced")
+        if which == "nvlsm":  # podvm_gpu/nvl5.py: the FM-SM socket served, the pid file
+            socket_path = self.path(NVLSM_SOCKET)
+            pid_file = option_value(self.argv, "--pid_file") or self.path(NVLSM_PID)
+            run_dir, tool, comm = os.path.dirname(socket_path), "nvlsm", "nvlsm"
+        else:
+            run_dir = self.path("/var/run/nvidia-persistenced")
+            socket_path = os.path.join(run_dir, "socket")
+            pid_file = os.path.join(run_dir, "nvidia-persistenced.pid")
+            tool, comm = "nvidia-persistenced", "nvidia-persiste"
         os.makedirs(run_dir, exist_ok=True)
-        socket_path = os.path.join(run_dir, "socket")
         if len(socket_path.encode()) > SOCKET_PATH_MAX:
             raise EffectError(f"daemon_ready: socket path longer than {SOCKET_PATH_MAX} bytes: "
                               f"{socket_path}")
@@ -455,9 +469,11 @@ class Effects:
             listener.bind(socket_path)
             listener.listen()
             # The stand-in inherits the listening socket, so connect() works while it lives.
-            pid = self._start_stand_in("nvidia-persistenced", listener.fileno())
-        self._describe_daemon(pid, os.path.join(run_dir, "nvidia-persistenced.pid"),
-                              "nvidia-persiste")
+            pid = self._start_stand_in(tool, listener.fileno())
+        if not os.path.realpath(pid_file).startswith(os.path.realpath(self.layout.dir) + os.sep):
+            raise EffectError(f"daemon_ready: pid file {pid_file} outside the world")
+        os.makedirs(os.path.dirname(pid_file), exist_ok=True)
+        self._describe_daemon(pid, pid_file, comm)
 
     def _fabric(self, value: str, effect: dict) -> None:
         self.state["fabric"] = value

@@ -86,9 +86,21 @@ def pci_record(dev: dict, driver: str | None) -> str:
     if all(subsystem):
         lines += [f"A: subsystem_vendor=0x{sub_vendor:04x}\\n",
                   f"A: subsystem_device=0x{sub_device:04x}\\n"]
+    if dev.get("vpd") is not None:  # binary: umockdev-record's H: line, hex bytes
+        lines.append(f"H: vpd={str(dev['vpd']).replace(' ', '').upper()}")
     if driver:
         lines.append(f"L: driver={up_to_sys(devpath)}bus/pci/drivers/{driver}")
     return "\n".join(lines) + "\n"
+
+
+def ib_record(ib: dict, pci_dev: dict) -> str:
+    """A case's ``infiniband`` entry as a umockdev record below its PCI function:
+    ``<pci devpath>/infiniband/<name>`` (umockdev adds ``/sys/class/infiniband/<name>``), port 1's
+    ``cap_mask`` and ``gids/0`` as mlx5_ib shows them (text and a newline)."""
+    devpath = f"{pci_devpath(pci_dev)}/infiniband/{ib['name']}"
+    return "\n".join([f"P: {devpath}", "E: SUBSYSTEM=infiniband", f"E: NAME={ib['name']}",
+                      f"A: ports/1/cap_mask={ib['cap_mask']}\\n",
+                      f"A: ports/1/gids/0={ib['gid0']}\\n"]) + "\n"
 
 
 def parse_record(record: str) -> tuple[str, list[str], dict[str, bytes], dict[str, str]]:
@@ -105,6 +117,9 @@ def parse_record(record: str) -> tuple[str, list[str], dict[str, bytes], dict[st
         elif kind == "A":
             name, _, value = rest.partition("=")
             attributes[name] = value.replace("\\n", "\n").encode()
+        elif kind == "H":
+            name, _, value = rest.partition("=")
+            attributes[name] = bytes.fromhex(value)
         elif kind == "L":
             name, _, target = rest.partition("=")
             links[name] = target

@@ -48,9 +48,10 @@ DEFAULT_LIMIT_S = 60  # for a run without max_wall_s (check): a hung run is stil
 GRACE_S = 10  # how long past max_wall_s a run may go before the harness ends it
 
 CASE_KEYS = {"id", "title", "source", "bug", "note", "pci", "files", "symlinks", "kernel_log",
-             "tools", "expect", "vmbus", "pci_late"}
+             "tools", "expect", "vmbus", "pci_late", "infiniband"}
 PCI_KEYS = {"address", "vendor", "device", "class", "driver", "subsystem_vendor", "subsystem_device",
-            "vmbus"}
+            "vmbus", "vpd", "nvml"}
+IB_KEYS = {"name", "pci", "cap_mask", "gid0"}
 PCI_LATE_KEYS = PCI_KEYS | {"after_s"}
 VMBUS_KEYS = {"instance", "class_id", "device_id", "driver"}
 RULE_KEYS = {"argv", "rc", "stdout", "stderr", "delay_s", "effects", "only_before",
@@ -105,6 +106,7 @@ class Case:
     kernel_log: list[str]
     tools: list[dict]
     expect: dict
+    infiniband: list = ()
 
     @property
     def shared(self) -> bool:
@@ -184,6 +186,12 @@ def load_case(path: Path) -> Case:
     pci, pci_late = data.get("pci") or [], data.get("pci_late") or []
     vmbus = data.get("vmbus") or []
     problems += _device_problems(pci, pci_late, vmbus)
+    infiniband = data.get("infiniband") or []
+    addresses = {str(dev.get("address")) for dev in pci if isinstance(dev, dict)}
+    for ib in infiniband:
+        if not isinstance(ib, dict) or set(ib) != IB_KEYS or str(ib["pci"]) not in addresses:
+            problems.append(f"infiniband entry {ib!r} needs exactly {sorted(IB_KEYS)}, its pci "
+                            "one of the case's pci addresses")
     tools = [_rule(rule, problems) for rule in data.get("tools") or []]
     expect = data.get("expect") or {}
     for phase, block in expect.items():
@@ -198,7 +206,7 @@ def load_case(path: Path) -> Case:
     return Case(path=path, id=str(data["id"]), pci=pci, vmbus=vmbus, pci_late=pci_late,
                 files=data.get("files") or {},
                 symlinks=data.get("symlinks") or {}, kernel_log=data.get("kernel_log") or [],
-                tools=tools, expect=expect)
+                tools=tools, expect=expect, infiniband=infiniband)
 
 
 def _device_problems(pci: list[dict], pci_late: list[dict], vmbus: list[dict]) -> list[str]:
@@ -280,11 +288,16 @@ def kmsg_records(messages: list[str]) -> str:
                    for seq, (level, message) in enumerate(records))
 
 
-def umockdev_tree(pci: list[dict], bindings: dict, vmbus: list[dict] = ()) -> str:
-    """The VMBus channels, then the PCI devices (each bound to its driver in ``bindings``), as a
-    umockdev-record text file (``testbed.py``)."""
+def umockdev_tree(pci: list[dict], bindings: dict, vmbus: list[dict] = (),
+                  infiniband: list[dict] = ()) -> str:
+    """The VMBus channels, then the PCI devices (each bound to its driver in ``bindings``), then
+    the InfiniBand devices below their PCI functions, as a umockdev-record text file
+    (``testbed.py``)."""
     records = [testbed.vmbus_record(channel) for channel in vmbus]
     records += [testbed.pci_record(dev, bindings.get(dev["address"])) for dev in pci]
+    by_address = {dev["address"]: dev for dev in pci}
+    records += [testbed.ib_record(ib, by_address[ib["pci"]]) for ib in infiniband
+                if ib["pci"] in by_address]
     return "\n".join(records)
 
 
@@ -407,6 +420,7 @@ class World:
         os.makedirs(os.path.dirname(kmsg), exist_ok=True)
         Path(kmsg).write_text(kmsg_records(case.kernel_log))
         self._config = {"case_id": case.id, "rules": case.tools, "pci": case.pci,
+                        "infiniband": list(case.infiniband),
                         "pci_late": case.pci_late, "vmbus": case.vmbus,
                         "fixture_dirs": case.fixture_dirs, "python": sys.executable,
                         "json_specs": json_specs(case)}
@@ -533,7 +547,8 @@ class World:
         with fx.locked_state(self.layout) as state:
             bindings = dict(state["bindings"])
             present = fx.present_pci(self._config, state)
-        Path(self.layout.tree).write_text(umockdev_tree(present, bindings, self.case.vmbus))
+        Path(self.layout.tree).write_text(umockdev_tree(present, bindings, self.case.vmbus,
+                                                        self.case.infiniband))
 
     def start_product(self, argv: list[str], stdout, stderr) -> subprocess.Popen:
         """Start one product process (``argv`` as :meth:`run` builds it) in this world."""

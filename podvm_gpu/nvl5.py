@@ -1,0 +1,170 @@
+"""The NVLink 5 path's pieces before the fabric manager: the management port and NVLSM.
+
+The order (NVIDIA/nvrc ``src/init.rs``/``src/daemon.rs``, the FM user guide's NVLink 5 chapter,
+siderolabs/extensions#717 and #895):
+
+1. the IB modules (``nvlink5.ib_modules``: mlx5_core, mlx5_ib, ib_umad) load in the ``modules``
+   step (before ``modules.lock_after_boot`` may lock loading), so their devices register while
+   persistenced starts;
+2. :func:`find_port`: wait, bounded by ``nvlink5.ib_wait_s``, for an InfiniBand device on a
+   management port (a ``SW_MNG`` function: only those; compute NICs sort first by name,
+   siderolabs/extensions#893 shows the ports at mlx5_8-11 and NVRC's "first SM-enabled device of
+   all" would take a NIC there) and for ``/dev/infiniband/umad*``; take the first such device by
+   name whose port 1 ``cap_mask`` has IsSMDisabled (bit 10) clear (siderolabs#895, NVRC
+   ``src/infiniband.rs``); its port GUID is the last 64 bits of ``ports/1/gids/0``;
+3. :func:`start_nvlsm`: ``nvlsm -F <nvlink5.nvlsm_config_file> -g <GUID> -f stdout --pid_file
+   /run/podvm-gpu/nvlsm.pid`` (``-F``, ``-g`` and ``-f stdout`` as NVRC ``spawn_nvlsm`` gives
+   them; ``--pid_file`` as siderolabs's wrapper gives it; none checked against a real nvlsm,
+   which this project never ran: docs/compatibility.md), in a unit of its own (``Type=exec``:
+   it stays in the foreground) and ready when the socket it serves the fabric manager on,
+   ``/run/nvidia-fabricmanager/fm_sm_ipc.socket``, accepts a connection *and* its pid file names
+   a running nvlsm (the socket alone may be left from an earlier run; siderolabs waits for the
+   same socket), bounded by ``nvlink5.nvlsm_ready_timeout_s``; NVLSM exiting before that fails
+   with its own last lines;
+4. then the fabricmanager step starts ``nv-fabricmanager -c <cfg> -g <GUID>`` and waits for
+   every GPU's fabric Completed/Success as on NVSwitch boards (steps/fabric.py).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from podvm_gpu.errors import CommandError, StepFailed, ended_text
+from podvm_gpu.fabric_kind import Fabric
+from podvm_gpu.host import infiniband
+from podvm_gpu.readers import daemon_pid
+
+NVLSM_PID = "/run/podvm-gpu/nvlsm.pid"
+NVLSM_COMM = "nvlsm"
+FM_SM_SOCKET = "/run/nvidia-fabricmanager/fm_sm_ipc.socket"
+NVLSM_LOG = "/run/podvm-gpu/nvlsm.log"
+POLL_S = 0.05
+
+
+def _names(devices) -> str:
+    return ", ".join(f"{d.name} ({d.pci_address or 'no PCI parent'})" for d in devices[:6])
+
+
+def find_port(ctx, fabric: Fabric) -> infiniband.IbDevice:
+    """The IB device NVLSM and the fabric manager are given, once it and the umad nodes exist.
+
+    Raises:
+        StepFailed: no IB device on a management port, none with the subnet manager enabled,
+            no GID, or no ``/dev/infiniband/umad*``, when ``nvlink5.ib_wait_s`` (cut to the
+            budget) has passed; each names what was seen.
+    """
+    cfg = ctx.config.nvlink5
+    limit = ctx.wait_limit(cfg.ib_wait_s) if cfg.ib_wait_s > 0 else 0.0
+    end = time.monotonic() + limit
+    dev_ib = ctx.root.resolve("/dev/infiniband")
+    ports = set(fabric.port_addresses)
+    while True:
+        ctx.check_stop()
+        devices = infiniband.ib_devices()
+        candidates = [d for d in devices if d.pci_address in ports]
+        usable = [d for d in candidates if d.sm_enabled and d.port_guid]
+        umad = infiniband.umad_nodes(dev_ib)
+        if usable and umad:
+            return usable[0]
+        if time.monotonic() >= end:
+            break
+        time.sleep(POLL_S)
+    waited = f"after {limit:g} s"
+    where = ", ".join(sorted(ports))
+    if not devices:
+        raise StepFailed(f"no InfiniBand device in /sys/class/infiniband {waited} (mlx5_ib "
+                         f"loaded; the management ports {where} registered none)")
+    if not candidates:
+        raise StepFailed(f"no InfiniBand device on the NVLink management ports ({where}) "
+                         f"{waited}; /sys/class/infiniband has only {_names(devices)}")
+    if not usable:
+        said = "; ".join(
+            f"{d.name} ({d.pci_address}): " + (
+                "no port GUID in ports/1/gids/0" if d.sm_enabled else
+                "cap_mask unreadable" if d.cap_mask is None else
+                f"IsSMDisabled set (cap_mask 0x{d.cap_mask:08x})") for d in candidates)
+        raise StepFailed(f"no NVLink management port with the subnet manager enabled: {said}")
+    raise StepFailed(f"no /dev/infiniband/umad* node {waited} (ib_umad loaded; the port "
+                     f"{usable[0].name} is there): NVLSM cannot reach the switches")
+
+
+def nvlsm_argv(ctx, guid: str) -> list[str]:
+    """NVLSM's command line (the module docstring says where each flag comes from)."""
+    conf = ctx.config.nvlink5.nvlsm_config_file
+    conf = conf if ctx.root.is_host else ctx.root.resolve(conf)
+    pid = NVLSM_PID if ctx.root.is_host else ctx.root.resolve(NVLSM_PID)
+    return ["nvlsm", "-F", conf, "-g", guid, "-f", "stdout", "--pid_file", pid]
+
+
+def _socket_answers(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def start_nvlsm(ctx, guid: str):
+    """Start NVLSM on ``guid`` unless one runs, and wait until it is ready; return
+    ``(daemon or None, message)``.
+
+    Raises:
+        StepFailed: its config file or the program is missing, it could not be started, it
+            exited before it was ready (its last lines), or the wait ran out.
+    """
+    root, cfg = ctx.root, ctx.config.nvlink5
+    sock = root.resolve(FM_SM_SOCKET)
+
+    def running():
+        return daemon_pid(root, NVLSM_PID, NVLSM_COMM)
+
+    pid = running()
+    if pid is not None and _socket_answers(sock):
+        return None, f"NVLSM already running (pid {pid})"
+    daemon = None
+    if pid is None:
+        if ctx.runner.which("nvlsm") is None:
+            raise StepFailed(f"nvlsm not found: {ctx.runner.why_missing('nvlsm')} (NVLink 5 "
+                             "boards need the nvlsm package of the driver's release)")
+        if not root.exists(cfg.nvlsm_config_file):
+            raise StepFailed(f"NVLSM's config {cfg.nvlsm_config_file} is missing (the nvlsm "
+                             "package installs it)")
+        try:
+            daemon = ctx.start_daemon(nvlsm_argv(ctx, guid), NVLSM_LOG)
+        except (CommandError, OSError) as err:
+            raise StepFailed(f"cannot start nvlsm: {err}") from err
+    started = time.monotonic()
+    wait_s = cfg.nvlsm_ready_timeout_s
+    limit = ctx.wait_limit(wait_s)
+    end = started + limit
+    while True:
+        ctx.check_stop()
+        if running() is not None and _socket_answers(sock):
+            how = f"started ({daemon.where})" if daemon else f"running (pid {running()})"
+            return daemon, (f"NVLSM {how} on port GUID {guid}, ready in "
+                            f"{time.monotonic() - started:.2f} s")
+        code = daemon.exit_status() if daemon is not None else None
+        if code is not None and running() is None:
+            said = daemon.last_words()
+            raise StepFailed(f"nvlsm {ended_text(code) if code else 'exited (status 0)'} "
+                             f"before it was ready" + (f": {said}" if said else ""))
+        if time.monotonic() >= end:
+            cut = " (cut to the boot budget)" if limit < wait_s else ""
+            have = "its pid file names no running nvlsm" if running() is None else \
+                f"{FM_SM_SOCKET} does not answer"
+            raise StepFailed(f"timed out after {limit:g} s waiting for NVLSM to be ready "
+                             f"(nvlink5.nvlsm_ready_timeout_s{cut}): {have}; left running")
+        time.sleep(POLL_S)
+
+
+def nvlsm_alive(root) -> int | None:
+    """NVLSM's pid when its pid file names a running nvlsm (check, metrics)."""
+    return daemon_pid(root, NVLSM_PID, NVLSM_COMM)
+
+
+def fm_sm_socket_present(root) -> bool:
+    return os.path.exists(root.resolve(FM_SM_SOCKET))
