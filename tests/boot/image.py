@@ -65,10 +65,14 @@ def require_root() -> None:
         unavailable("needs root (mmdebstrap, systemd-nspawn)")
 
 
-def rootfs_key() -> str:
-    """The base image's cache key: its recipe (package names; the base variant's only key)."""
-    recipe = json.dumps([SUITE, MIRROR, sorted(PACKAGES), DPKG_OPTS, "minbase"])
-    return hashlib.sha256(recipe.encode()).hexdigest()[:16]
+def rootfs_key(packages: tuple[str, ...] | list[str] = tuple(PACKAGES),
+               components: tuple[str, ...] = ("main",)) -> str:
+    """A name-keyed image's cache key: its recipe (the package names; the components when not
+    only ``main``, so that the base image's key, from before variants, stays what it was)."""
+    parts = [SUITE, MIRROR, sorted(packages), DPKG_OPTS, "minbase"]
+    if tuple(components) != ("main",):
+        parts.append(list(components))
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
 _KEYS: dict[str, str] = {}
@@ -94,7 +98,7 @@ class Variant:
         """The cache key; versions are resolved once per test session (an apt-get update and a
         simulated install, about 5 s)."""
         if not self.by_versions:
-            return rootfs_key()
+            return rootfs_key(self.packages, self.components)
         if self.name not in _KEYS:
             recipe = [SUITE, MIRROR, list(self.components), DPKG_OPTS, "minbase",
                       resolved_versions(self.packages, self.components)]
