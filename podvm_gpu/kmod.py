@@ -358,3 +358,21 @@ def modinfo(runner, path: str, field: str) -> list[str]:
     except CommandError:
         pass
     return modinfo_fields(path, field)
+
+
+def absent_file(root: Root, res: Resolution) -> str | None:
+    """Why what ``modprobe <name>`` reaches cannot load: the file ``modules.dep`` names is not
+    in the root (a DKMS build removed, or a module deleted, without running depmod; kmod would
+    fail with "could not insert ...: No such file or directory"); None when it is there or
+    nothing was reached."""
+    if res.file is None or os.path.isfile(root.resolve(res.file)):
+        return None
+    return f"{res.file}, which modules.dep names, is not there"
+
+
+def present_files(root: Root, found: dict[str, dict[str, Resolution]], module: str = "nvidia") -> dict[str, str]:
+    """Kernel -> host path of the ``module`` file ``modprobe`` reaches for that kernel, for the
+    kernels where that file is in the root (``found``: release -> name -> resolution); the
+    modules row says why the others have none."""
+    return {k: r[module].file for k, r in found.items()
+            if module in r and r[module].file and not absent_file(root, r[module])}

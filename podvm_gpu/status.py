@@ -5,6 +5,7 @@ Standard library only: the CPU fast path writes it.
 
 from __future__ import annotations
 
+import errno
 import _thread
 import os
 import time
@@ -79,6 +80,10 @@ def load_status(root: Root) -> dict | None:
     except FileNotFoundError:
         return None
     except OSError as err:
+        if err.errno == errno.ELOOP:  # O_NOFOLLOW met a link: boot never writes one there
+            raise StatusUnreadable(f"{STATUS_PATH} is a symbolic link, not the file boot "
+                                   "writes (it replaces the file, never a link): someone "
+                                   "else put it there") from None
         raise StatusUnreadable(f"{STATUS_PATH}: {err.strerror or err}") from None
     try:
         doc = json.loads(data.decode("utf-8", errors="replace"))

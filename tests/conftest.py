@@ -128,3 +128,12 @@ def prometheus(tmp_path_factory) -> str:
     deb = debian_packages.fetch("prometheus")
     out = debian_packages.unpack(deb, tmp_path_factory.mktemp("prometheus"), "./usr/bin/prometheus")
     return str(out / "usr/bin/prometheus")
+
+
+# --- the order of a run: the tests that need no test image first --------------------------------
+# For .ci/run, which builds the test images in the background (tests/boot/build_images.py): the
+# tests marked slow (boots, real-driver images, packer, mkosi) run after all the others, each
+# group in its usual order, so the image builds overlap with the fast tests instead of holding up
+# the first boot test. A run of slow tests alone keeps its order.
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)

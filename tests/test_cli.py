@@ -542,3 +542,99 @@ def test_ctrl_c_on_status_wait_is_one_line_and_exit_130(tmp_path):
 
     assert waiting.returncode == 130, err
     assert err == "podvm-gpu: interrupted\n"
+
+
+# --- verdicts that differ from boot's, small words (issue 21 items 4, 5, 10) --------------------
+
+def _untrusted_root(tmp_path: Path) -> Path:
+    root = tmp_path / "vm"
+    root.mkdir()
+    os.chmod(root, 0o777)  # another user could swap run/ for a link
+    return root
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_a_dry_run_on_a_root_boot_refuses_says_so_and_exits_as_boot_would(tmp_path, json_out):
+    """``boot --dry-run`` said "would write the unavailable spec and the status" and exited 0
+    on a root the real boot refuses (writes nothing, exit 1)."""
+    root = _untrusted_root(tmp_path)
+    args = ["boot", "--dry-run", "--root", str(root), *(["--json"] if json_out else [])]
+    real = subprocess.run([sys.executable, "-m", "podvm_gpu", "boot", "--root", str(root)],
+                          capture_output=True, text=True, timeout=60)
+
+    dry = subprocess.run([sys.executable, "-m", "podvm_gpu", *args], capture_output=True,
+                         text=True, timeout=60)
+
+    assert real.returncode == 1 and os.listdir(root) == []
+    assert dry.returncode == real.returncode
+    out = json.loads(dry.stdout)["reason"] if json_out else dry.stdout
+    assert f"refusing to write under {root}" in out and "would write the unavailable" not in out
+    assert os.listdir(root) == []
+
+
+@pytest.mark.parametrize("how", ["mode 0664", "another owner"])
+def test_config_gives_boots_verdict_on_a_file_boot_refuses(tmp_path, capsys, how):
+    """``config`` said "valid" (exit 0) for a config boot refuses as untrusted."""
+    path = tmp_path / "etc/podvm-gpu/config.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text("budget_s: 100\n")
+    if how == "mode 0664":
+        os.chmod(path, 0o664)
+    else:
+        os.chown(path, 1000, 1000)
+
+    assert main(["config", "--root", str(tmp_path)]) == 1
+    assert "not trusted" in capsys.readouterr().err
+    assert main(["boot", "--root", str(tmp_path)]) == 1
+
+
+def test_config_without_a_file_says_the_defaults_are_in_force_not_valid(tmp_path, capsys):
+    assert main(["config", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"no config file at {tmp_path}/etc/podvm-gpu/config.yaml: the defaults")
+    assert ": valid" not in out
+    assert main(["config", "--root", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["present"] is False
+
+
+def test_a_link_at_the_status_file_is_named_a_link(tmp_path, capsys):
+    """It was reported as "Too many levels of symbolic links" (O_NOFOLLOW's ELOOP)."""
+    (tmp_path / "run/podvm-gpu").mkdir(parents=True)
+    (tmp_path / "run/podvm-gpu/status.json").symlink_to("/etc/hostname")
+
+    assert main(["status", "--root", str(tmp_path)]) == 3
+    out = capsys.readouterr().out
+    assert "is a symbolic link" in out and "Too many levels" not in out
+
+
+@pytest.mark.parametrize("args, usage", [
+    (["metrics", "--json"], "usage: podvm-gpu metrics"),
+    (["config", "/x"], "usage: podvm-gpu config"),
+    (["status", "--timeout", "soon"], "usage: podvm-gpu status"),
+])
+def test_a_subcommands_bad_argument_is_said_under_its_own_usage_line(args, usage, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage), err
+    assert "podvm-gpu: error: " in err
+
+
+def test_status_json_of_an_unreadable_file_is_indented_as_the_interface_says(tmp_path, capsys):
+    (tmp_path / "run/podvm-gpu").mkdir(parents=True)
+    (tmp_path / "run/podvm-gpu/status.json").write_text("{nope")
+
+    assert main(["status", "--root", str(tmp_path), "--json"]) == 3
+    out = capsys.readouterr().out
+    assert json.loads(out)["state"] is None and out.startswith("{\n  ")
+
+
+@pytest.mark.parametrize("args", [["config"], ["check", "--image", "--json"], ["boot"]])
+def test_a_config_with_a_key_given_twice_is_refused_by_config_check_image_and_boot(tmp_path,
+                                                                                   capsys, args):
+    path = tmp_path / "etc/podvm-gpu/config.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text("budget_s: 1\nbudget_s: 2\n")
+
+    assert main([*args, "--root", str(tmp_path)]) == 1
+    said = capsys.readouterr()
+    assert "budget_s: duplicate key (lines 1 and 2)" in said.out + said.err

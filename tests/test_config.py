@@ -8,6 +8,7 @@ devices (with a config file present, boot always takes the validated path).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 import os
 
@@ -91,7 +92,7 @@ def test_the_detect_section_is_read(config_file):
     ("detect: {expected_gpus: -1}\n", "detect.expected_gpus", "from 0 to 64, not -1"),
     ("detect: {expected_gpus: 65}\n", "detect.expected_gpus", "from 0 to 64, not 65"),
     ("detect: {expected_gpus: true}\n", "detect.expected_gpus", "whole number, not a boolean"),
-    ("detect: {expected_gpus: 1.5}\n", "detect.expected_gpus", "whole number, not a number"),
+    ("detect: {expected_gpus: 1.5}\n", "detect.expected_gpus", "whole number, not 1.5"),
     ("detect: {expected_gpus: '2'}\n", "detect.expected_gpus", "whole number, not a string"),
     ("detect: {late_gpu_wait_s: -1}\n", "detect.late_gpu_wait_s", "at least 0"),
     ("detect: {late_gpu_wait_s: 3601}\n", "detect.late_gpu_wait_s", "at most 3600"),
@@ -451,3 +452,68 @@ def test_an_optional_module_the_agent_does_not_load_is_a_config_error(tmp_path):
 ])
 def test_a_bad_value_is_named_as_the_file_has_it(text, said, config_file):
     assert said in load_error(text, config_file)
+
+
+# --- what a newcomer found (issue 21 items 5, 6, 7, 10) -------------------------------------------
+
+@pytest.mark.parametrize("text, key, lines", [
+    ("budget_s: 1\nbudget_s: 2\n", "budget_s", (1, 2)),
+    ("persistenced:\n  per_gpu_s: 1\n  args: [a]\n  per_gpu_s: 3\n", "persistenced.per_gpu_s", (2, 4)),
+    ("modules:\n  parameters:\n    nvidia: {NVreg_X: 1, NVreg_X: 2}\n",
+     "modules.parameters.nvidia.NVreg_X", (3, 3)),
+])
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(config_file, text, key, lines):
+    """PyYAML keeps the last of two equal keys silently: the image's author meant one of them."""
+    message = load_error(text, config_file)
+
+    assert f"{PATH}: {key}: duplicate key (lines {lines[0]} and {lines[1]})" in message, message
+
+
+def test_a_duplicate_key_fails_compile_and_a_form_compiled_before_that_rule_is_stale(tmp_path):
+    from podvm_gpu.config.load import COMPILED_FORMAT, compile_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("budget_s: 1\nbudget_s: 2\n")
+    with pytest.raises(ConfigError, match="duplicate key"):
+        compile_config(str(path))
+    # what an older version wrote for the same text (PyYAML's last value): ignored now
+    (tmp_path / "config.yaml.compiled.json").write_text(json.dumps(
+        {"format": "podvm-gpu config, compiled, 1", "source": path.read_text(),
+         "settings": {"budget_s": 2}}))
+    assert COMPILED_FORMAT != "podvm-gpu config, compiled, 1"
+    with pytest.raises(ConfigError, match="duplicate key"):
+        load_config(str(path))
+
+
+@pytest.mark.parametrize("written", ["1e400", "1e-320", "1.0e3", "1e3", "2E2", "-5e1", "36e2"])
+def test_the_hint_for_a_number_yaml_reads_as_text_is_a_value_the_parser_accepts(config_file,
+                                                                                written, fs):
+    """``budget_s: 1.0e3`` was told "write it with a dot, as 1.0e3", which YAML 1.1 reads as
+    text too (its float needs a signed exponent): every hint is fed back here."""
+    message = load_error(f"budget_s: {written}\n", config_file)
+
+    assert "YAML reads it as text" in message, message
+    hint = re.search(r"write it as (\S+?)\)", message)
+    if hint is None:  # 1e400: no float can hold it, and the message says so
+        assert "beyond any float" in message
+        return
+    fed_back = yaml.safe_load(f"budget_s: {hint.group(1)}\n")["budget_s"]
+    assert isinstance(fed_back, float) and fed_back == float(written)
+    fs.create_file("/again.yaml", contents=f"budget_s: {hint.group(1)}\n")
+    try:
+        load_config("/again.yaml")
+    except ConfigError as err:  # in range or not, it is a number now
+        assert "YAML reads it as text" not in str(err) and "must be" in str(err), err
+
+
+def test_a_whole_number_written_with_a_fraction_says_what_was_written(config_file):
+    message = load_error("detect: {expected_gpus: 1.0}\n", config_file)
+
+    assert "detect.expected_gpus: must be a whole number, not 1.0" in message, message
+
+
+def test_a_bad_module_parameter_value_names_its_key_once(config_file):
+    message = load_error("modules: {parameters: {nvidia: {NVreg_X: 'a b'}}}\n", config_file)
+
+    assert message.count("NVreg_X") == 1, message
+    assert "modules.parameters.nvidia.NVreg_X: must be one word" in message, message

@@ -350,9 +350,10 @@ def test_config_json_prints_every_key_in_force_as_the_doc_says(tmp_path):
     done = podvm("config", "--root", str(tmp_path), "--json")
     doc = json.loads(done.stdout)
 
-    assert list(doc) == ["config", "valid", "compiled", "settings"] and doc["valid"] is True
-    assert '`{"config": <path>, "valid": true, "compiled": <path or null>, "settings"' in \
-        section("1.4")
+    assert list(doc) == ["config", "valid", "present", "compiled", "settings"]
+    assert doc["valid"] is True and doc["present"] is False
+    assert '`{"config": <path>, "valid": true, "present": <false with no file at the default ' \
+        'path>, "compiled": <path or null>, "settings"' in section("1.4")
     flat = {}
     for name, value in doc["settings"].items():
         if isinstance(value, dict) and name not in ("timeouts", "tools"):  # a section
@@ -513,7 +514,9 @@ RUNS = CPU + [
      ["check", "--config", "/nonexistent/config.yaml"]),
     ("check --image", "a row is `fail`", None, ["check", "--image"]),
     ("config", "the config is valid (or absent at the default path)", None, ["config"]),
-    ("config", "the config is invalid, or a named config is missing", bad_config, ["config"]),
+    ("config", "the config is invalid, a named config is missing, or boot would refuse the file "
+     "(another user than root could change it: the same verdict as boot's)", bad_config,
+     ["config"]),
     ("config --compile", "no config file, or the compiled file cannot be written", None,
      ["config", "--compile"]),
     ("metrics", "printed, or the textfile written", None, ["metrics", "--textfile"]),

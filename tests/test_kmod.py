@@ -128,30 +128,40 @@ class ChrootRunner:
         return Completed(argv, done.returncode, done.stdout, done.stderr, 0.0)
 
 
-CONFIGS = {  # name -> (files to write, files to remove) in the image's /etc/modprobe.d
+CONFIGS = {  # name -> (files to write, files to remove) in the image's /etc/modprobe.d; {file}: the
+    # module's file name (nvidia-current, nvidia-current-open)
     "debian": ({}, []),
     "no-rule": ({}, ["nvidia.conf"]),
     "install-false-first": ({"00-off.conf": "install nvidia /bin/false\n"}, []),
     "install-false-after": ({"zz-off.conf": "install nvidia /bin/false\n"}, []),
-    "alias-instead-of-install": ({"00-alias.conf": "alias nvidia nvidia-current\n"}, ["nvidia.conf"]),
-    "blacklisted": ({"00-bl.conf": "blacklist nvidia\nblacklist nvidia-current\n"}, []),
+    "alias-instead-of-install": ({"00-alias.conf": "alias nvidia {file}\n"}, ["nvidia.conf"]),
+    "blacklisted": ({"00-bl.conf": "blacklist nvidia\nblacklist {file}\n"}, []),
 }
+# Debian's real images (tests/boot/real_driver.py) -> (rootfs, the nvidia module's file name):
+# kmod 30 with the proprietary and the open module, and Debian 13's kmod 34 over the rules of an
+# image whose module failed to build (both must find nothing there).
+IMAGES = {"bookworm": (real_driver.nvidia_rootfs, "nvidia-current"),
+          "bookworm-open": (real_driver.open_rootfs, "nvidia-current-open"),
+          "trixie-no-module": (real_driver.trixie_rootfs, "nvidia-current-open")}
 
 
-@pytest.fixture(scope="module")
-def real_image(tmp_path_factory):
+@pytest.fixture(scope="module", params=list(IMAGES))
+def real_image(request, tmp_path_factory):
     image.require_root()
     image.require_tools("chroot")
-    with image.writable_view(real_driver.nvidia_rootfs(), tmp_path_factory.mktemp("kmod")) as root:
-        yield root
+    rootfs, stem = IMAGES[request.param]
+    with image.writable_view(rootfs(), tmp_path_factory.mktemp("kmod")) as root:
+        yield root, stem
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", list(CONFIGS))
-@pytest.mark.parametrize("name", ["nvidia", "nvidia_uvm", "nvidia-current"])
+@pytest.mark.parametrize("name", ["nvidia", "nvidia_uvm", "{file}"])
 def test_the_reader_and_the_kmod_query_agree_with_real_kmod(real_image, config, name):
-    """Real: Debian 12's kmod 30 (modprobe -S <release> --show-depends) on the image's real module
+    """Real: Debian's kmod (modprobe -S <release> --show-depends) on the image's real module
     tree and modprobe.d (Debian's rules behind the alternatives links), changed per config."""
+    real_image, stem = real_image
+    name = name.format(file=stem)
     confdir = real_image / "etc/modprobe.d"
     saved = real_image.parent / "saved-modprobe.d"
     shutil.copytree(confdir, saved, symlinks=True)
@@ -160,14 +170,17 @@ def test_the_reader_and_the_kmod_query_agree_with_real_kmod(real_image, config, 
         for f in remove:
             (confdir / f).unlink()
         for f, text in add.items():
-            (confdir / f).write_text(text)
+            (confdir / f).write_text(text.format(file=stem))
         release = sorted(p.name for p in (real_image / "lib/modules").iterdir())[-1]
         asked = kmod.kmod_resolve(ChrootRunner(real_image), release, name)
         read = kmod.read_resolve(Root(real_image), release, name)
         assert asked is not None
         assert (read.file, bool(read.blocked)) == (asked.file, bool(asked.blocked)), (asked, read)
-        if config == "debian":
-            assert read.file and read.file.endswith(("nvidia-current.ko", "nvidia-current-uvm.ko"))
+        built = (real_image / f"lib/modules/{release}/updates/dkms/{stem}.ko").exists()
+        if config == "debian" and built:
+            assert read.file and read.file.endswith((f"{stem}.ko", f"{stem}-uvm.ko"))
+        if not built:
+            assert read.file is None, read
     finally:
         shutil.rmtree(confdir)
         shutil.copytree(saved, confdir, symlinks=True)

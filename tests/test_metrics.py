@@ -537,3 +537,19 @@ def test_a_status_with_fields_of_the_wrong_type_still_gives_the_boot_families():
     assert [s.value for s in families["podvm_gpu_nvswitches"].samples] == [0]
     assert [s.value for s in families["podvm_gpu_cdi_devices"].samples] == [0]
     assert [s.value for s in families["podvm_gpu_boot_state"].samples if s.labels["state"] == "ready"] == [1]
+
+
+def test_the_metrics_doc_names_every_reason_the_nvml_error_info_can_give():
+    """docs/metrics.md listed the reasons of ``podvm_gpu_nvml_error_info`` without ``no-status``
+    (issue 21 item 10): every reason the code can give is in the doc."""
+    import re
+
+    repo = Path(__file__).resolve().parents[1]
+    code = (repo / "podvm_gpu/metrics/exporter.py").read_text() + \
+        (repo / "podvm_gpu/metrics/nvml.py").read_text()
+    reasons = set(re.findall(r'return "([a-z][a-z-]+)", ', code)) | \
+        set(re.findall(r'NvmlReading\(False, "([a-z][a-z-]+)"', code))
+    doc = (repo / "docs/metrics.md").read_text()
+
+    assert {"no-status", "timeout", "library-not-found"} <= reasons
+    assert [r for r in sorted(reasons) if f"`{r}`" not in doc] == []

@@ -94,8 +94,11 @@ def test_a_second_kernel_without_the_dkms_build_fails_modules(root):
         code, checks = run_check(root)
         assert code == 1
         assert checks["modules"]["result"] == "fail"
-        assert f"kernel(s) {second}" in checks["modules"]["detail"], checks["modules"]
-        assert release not in checks["modules"]["detail"]
+        detail = checks["modules"]["detail"]
+        assert f"kernel(s) {second} (" in detail, checks["modules"]
+        # DKMS's tree says why, and that the image's own kernel has its build
+        assert f"DKMS nvidia-current/{captured.DRIVER} is not built for {second}" in detail, detail
+        assert detail.endswith(f"; it is built for {release}"), detail
 
 
 def test_without_debians_modprobe_rule_modules_fails_naming_the_renamed_file(root):

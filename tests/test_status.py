@@ -3,6 +3,8 @@ podvm_gpu.model; contract sections 2 and 4)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import stat
@@ -147,11 +149,23 @@ def test_exit_code_for_each_state(doc, code):
     assert exit_code_for(doc) == code
 
 
+@contextlib.contextmanager
+def boot_in_progress(root: Root):
+    """Hold ``boot.lock`` as a live boot does (without it, a ``running`` state is one no boot
+    will finish: issue 21 item 3)."""
+    path = os.path.join(root.path, "run/podvm-gpu/boot.lock")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
 def test_wait_for_final_returns_the_last_document_when_time_runs_out(vm_root):
     StatusFile(vm_root).write(Status())
     started = time.monotonic()
 
-    doc = wait_for_final(vm_root, 0.3, poll_s=0.05)
+    with boot_in_progress(vm_root):
+        doc = wait_for_final(vm_root, 0.3, poll_s=0.05)
 
     assert doc["state"] == "running"
     assert 0.3 <= time.monotonic() - started < 2
@@ -165,7 +179,8 @@ def test_wait_for_final_returns_once_another_writer_finishes(vm_root):
     started = time.monotonic()
     timer.start()
     try:
-        doc = wait_for_final(vm_root, 10, poll_s=0.05)
+        with boot_in_progress(vm_root):
+            doc = wait_for_final(vm_root, 10, poll_s=0.05)
     finally:
         timer.join()
 

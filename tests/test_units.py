@@ -52,6 +52,44 @@ def systemd_analyze(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["systemd-analyze", *args], capture_output=True, text=True, timeout=60)
 
 
+# nspawn's own line when a --read-only container ends (nspawn 252), not systemd-analyze's
+_NSPAWN_LEAVING = re.compile(r'^Attempted to remove disk file system under "/run/systemd/nspawn/[^"]*", '
+                             r"and we can't allow that\.\n", re.M)
+
+
+def analyze_in(rootfs: Path, root: Path, *args: str) -> subprocess.CompletedProcess:
+    """systemd-analyze of the image ``rootfs`` (Debian 13's 257), run inside it with nspawn
+    (read-only), on the unit root ``root`` bound to /mnt; the host's is 252. ``{root}`` in
+    ``args`` is replaced by /mnt."""
+    from boot import image
+
+    image.require_tools("systemd-nspawn")
+    done = subprocess.run(["systemd-nspawn", "--quiet", "--pipe", "--register=no", "--keep-unit", "--read-only",
+                           "--setenv=SYSTEMD_COLORS=0", f"--directory={rootfs}", f"--bind-ro={root}:/mnt",
+                           "systemd-analyze",
+                           *(a.replace("{root}", "/mnt") for a in args)],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          env=image.nspawn_env(rootfs))
+    done.stderr = _NSPAWN_LEAVING.sub("", done.stderr)
+    return done
+
+
+@pytest.fixture(scope="module", params=["host", pytest.param("trixie", marks=pytest.mark.slow)])
+def analyzer(request):
+    """systemd-analyze as ``analyzer(root, *args)`` (``{root}`` in args: the unit root): the
+    host's (Debian 12, systemd 252), and Debian 13's (257), inside the cached trixie base image,
+    so a systemd that judges a setting differently shows up."""
+    if request.param == "host":
+        return lambda root, *args: systemd_analyze(*(a.replace("{root}", str(root)) for a in args))
+    from boot import image
+
+    image.require_root()
+    rootfs = image.variant_rootfs(image.TRIXIE_BASE)
+    version = analyze_in(rootfs, Path("/"), "--version").stdout.split()[1]
+    assert version == "257", version
+    return lambda root, *args: analyze_in(rootfs, root, *args)
+
+
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     """A root with the units installed as install-podvm-gpu.sh installs them."""
@@ -121,18 +159,18 @@ def seconds(timespan: str) -> float:
                                   "nvidia-persistenced.service",
                                   "nvidia-cdi-refresh.service", "nvidia-cdi-refresh.path",
                                   PERSISTENCED.unit, FABRICMANAGER.unit])
-def test_unit_verifies_without_any_warning(root, unit):
+def test_unit_verifies_without_any_warning(root, unit, analyzer):
     """Every unit with its drop-ins: the product's, and the boot tests' stand-ins and drop-ins."""
-    done = systemd_analyze("verify", "--man=no", f"--root={root}", unit)
+    done = analyzer(root, "verify", "--man=no", "--root={root}", unit)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
 
 
-def test_verify_check_catches_a_bad_key(root, tmp_path):
+def test_verify_check_catches_a_bad_key(root, tmp_path, analyzer):
     """The empty-stderr rule is what catches mistakes: systemd-analyze exits 0 on them."""
     broken = root / "etc/systemd/system/broken.service"
     broken.write_text((SYSTEMD / "podvm-gpu.service").read_text().replace("RemainAfterExit=", "RemainAfterExits="))
     try:
-        done = systemd_analyze("verify", "--man=no", f"--root={root}", "broken.service")
+        done = analyzer(root, "verify", "--man=no", "--root={root}", "broken.service")
     finally:
         broken.unlink()
     assert done.returncode == 0
@@ -209,8 +247,8 @@ def test_hardening_leaves_what_gpu_setup_needs(agent):
     ("podvm-gpu-metrics.service", f"{UNIT_DIR}/podvm-gpu-metrics.service", 2.5),
     (PERSISTENCED.unit, f"{DAEMON_DIR}/{PERSISTENCED.unit}", 3.5),
     (FABRICMANAGER.unit, f"{DAEMON_DIR}/{FABRICMANAGER.unit}", 3.5)])
-def test_exposure_score(root, unit, path, most):
-    done = systemd_analyze("security", "--offline=true", f"--root={root}", path)
+def test_exposure_score(root, unit, path, most, analyzer):
+    done = analyzer(root, "security", "--offline=true", "--root={root}", path)
     score = float(re.search(rf"Overall exposure level for {re.escape(unit)}: ([\d.]+)",
                             done.stdout).group(1))
     print(f"systemd-analyze security: {unit} exposure {score}")

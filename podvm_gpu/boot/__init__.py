@@ -94,13 +94,15 @@ def _boot(run: Run, config: str | None) -> int:
     if settings is not None:
         run.write_spec, run.metrics = settings.unavailable_spec, settings.metrics
     budget = settings.budget_s if settings is not None else DEFAULT_BUDGET_S
+    untrusted = untrusted_root(root)
+    if untrusted:
+        # nothing can be written safely, not even a failed status: the journal says why; a dry
+        # run says the same refusal and ends as the boot would
+        refusal = (f"refusing to write under {root.path}: {untrusted}; another user could "
+                   "redirect root's writes through it (make it root's, mode go-w)")
+        log(Log.ERR, refusal)
+        return run.dry_run_refusal(refusal) if run.dry_run else 1
     if not run.dry_run:
-        untrusted = untrusted_root(root)
-        if untrusted:
-            # nothing can be written safely, not even a failed status: the journal says why
-            log(Log.ERR, f"refusing to write under {root.path}: {untrusted}; another user could "
-                         "redirect root's writes through it (make it root's, mode go-w)")
-            return 1
         try:
             lock = acquire_lock(root, budget, log)
         except OSError as err:

@@ -209,6 +209,17 @@ class Run:
         return f"{len(gpus)} GPU(s) ({', '.join(sorted({g.name for g in gpus}))}), CDI spec " \
                f"{CDI_SPEC_PATH}"
 
+    def dry_run_refusal(self, refusal: str) -> int:
+        """What ``boot --dry-run`` says where a boot would refuse to write anything (an untrusted
+        root): the refusal, no commands, exit 1 as the boot's."""
+        if self.json_out:
+            from podvm_gpu.jsontext import dumps
+
+            print(dumps({"dry_run": True, "state": None, "reason": refusal, "commands": []}))
+        else:
+            print(f"dry run: boot would write nothing: {refusal}")
+        return 1
+
     def _dry_run_end(self, state: str, reason: str) -> int:
         if self.json_out:
             from podvm_gpu.jsontext import dumps

@@ -77,14 +77,33 @@ def kata_ordering_row(image: Image) -> Check:
     return kata_ordering_check(root)
 
 
+def _executable(root: Root, host_path: str) -> bool:
+    real = root.resolve(host_path)
+    return os.path.isfile(real) and os.access(real, os.X_OK)
+
+
 def tools_row(image: Image) -> Check:
-    root = image.root
-    missing = [t for t in IMAGE_TOOLS if not any(
-        os.access(root.resolve(f"{d}/{t}"), os.X_OK) for d in _BIN_DIRS)]
+    """The tools found as boot finds them (host/proc.py ``Runner.which``): where the config's
+    ``tools:`` names a path, there and only there; otherwise in the usual program folders (an
+    image has no ``PATH`` to ask)."""
+    root, configured = image.root, image.config.tools
+    found, missing = [], []
+    for tool in IMAGE_TOOLS:
+        path = configured.get(tool)
+        if path:
+            if _executable(root, path):
+                found.append(f"{tool} at {path} (config)")
+            else:
+                missing.append(f"{tool}: {path} (set in the config) is not an executable")
+        elif any(_executable(root, f"{d}/{tool}") for d in _BIN_DIRS):
+            found.append(tool)
+        else:
+            missing.append(tool)
     if missing:
         return Check("tools", FAIL, f"missing: {', '.join(missing)}",
-                     "install nvidia-container-toolkit, the driver's persistenced and kmod")
-    return Check("tools", PASS, f"{', '.join(IMAGE_TOOLS)} present")
+                     "install nvidia-container-toolkit, the driver's persistenced and kmod, or fix "
+                     "the config's tools: paths")
+    return Check("tools", PASS, f"{', '.join(found)} present")
 
 
 def compiled_config_row(image: Image) -> Check:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 
 def run_config(root_dir: str, config: str | None, json_out: bool = False,
                compile_: bool = False) -> int:
-    """``podvm-gpu config``: validate, print the settings in force, optionally compile."""
+    """``podvm-gpu config``: validate, print the settings in force, optionally compile.
+
+    The verdict is boot's: a file boot refuses (another user could change it: its owner, its
+    mode, a folder on its way) is invalid here too, exit 1. With no file at the default path
+    the defaults are in force: said so, exit 0 (``--compile`` has nothing to compile: 1).
+    """
     from podvm_gpu.config.load import DEFAULT_PATH, compile_config, config_location, load_config
     from podvm_gpu.errors import ConfigError
     from podvm_gpu.host.fs import Root
@@ -17,8 +23,11 @@ def run_config(root_dir: str, config: str | None, json_out: bool = False,
     path = config or f"{root.path.rstrip('/')}{DEFAULT_PATH}"
     try:
         path, required = config_location(root, config)
-        settings, compiled = (compile_config(path) if compile_ else
-                              (load_config(path, required=required), None))
+        present = required or os.path.lexists(path)
+        # boot's own load: trusted=True refuses what another user than root could have written
+        settings, compiled = load_config(path, required=required, trusted=True), None
+        if compile_:
+            settings, compiled = compile_config(path)
     except (ConfigError, OSError) as err:
         if json_out:
             print(dumps({"config": path, "valid": False, "error": str(err)}))
@@ -26,9 +35,10 @@ def run_config(root_dir: str, config: str | None, json_out: bool = False,
             print(f"podvm-gpu: error: {err}", file=sys.stderr)
         return 1
     if json_out:
-        print(dumps({"config": path, "valid": True, "compiled": compiled,
+        print(dumps({"config": path, "valid": True, "present": present, "compiled": compiled,
                      "settings": settings.to_dict()}))
     else:
-        print(f"{path}: valid" + (f"; compiled to {compiled}" if compiled else ""))
+        print(f"{path}: valid" + (f"; compiled to {compiled}" if compiled else "") if present
+              else f"no config file at {path}: the defaults")
         print(dumps(settings.to_dict()))
     return 0

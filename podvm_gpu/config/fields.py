@@ -59,7 +59,8 @@ def count(maximum: int):
     """A validator of a whole number from 0 to ``maximum``."""
     def check(value: object, loc: list) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise Invalid(loc, f"must be a whole number, not {_kind(value)}")
+            shown = repr(value) if isinstance(value, float) else _kind(value)
+            raise Invalid(loc, f"must be a whole number, not {shown}")
         if not 0 <= value <= maximum:
             raise Invalid(loc, f"must be from 0 to {maximum}, not {value}")
         return value
@@ -82,14 +83,30 @@ def _string(value: object, loc: list) -> str:
 
 
 def _numeric_text(value: object) -> str:
-    """A hint for text that reads as a number: PyYAML (YAML 1.1) takes ``1e3`` as a string."""
-    if isinstance(value, str):
-        try:
-            float(value)
-        except ValueError:
-            return ""
-        return f" ({value!r}: YAML reads it as text; write it with a dot, as 1.0e3, or in full)"
-    return ""
+    """A hint for text that reads as a number: PyYAML (YAML 1.1) takes ``1e3`` and ``1.0e3`` as
+    strings (its float needs a dot and a signed exponent). The hint is the value written as
+    YAML 1.1 reads a float (``1000.0``, ``1.0e-320``): fed back, it is a number."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    if not math.isfinite(number):
+        return f" ({value!r}: YAML reads it as text, and as a number it is beyond any float)"
+    return f" ({value!r}: YAML reads it as text; write it as {yaml_float(number)})"
+
+
+def yaml_float(number: float) -> str:
+    """``number`` as YAML 1.1's float resolver takes it: a dot in the mantissa and a signed
+    exponent (``[-+]?([0-9][0-9_]*)?\\.[0-9.]*([eE][-+][0-9]+)?``, the YAML 1.1 float type)."""
+    text = repr(number)
+    mantissa, e, exponent = text.partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    if e and exponent[:1] not in "+-":
+        exponent = "+" + exponent
+    return f"{mantissa}e{exponent}" if e else mantissa
 
 
 def absolute_path(value: object, loc: list) -> str:
@@ -163,8 +180,7 @@ def parameter_value(value: object, loc: list) -> str | int | bool:
         return value
     if isinstance(value, str) and value and not any(c.isspace() for c in value):
         return value
-    raise Invalid(loc, f"{loc[-1]}: a value must be one word, a number or a boolean, "
-                        f"not {value!r}")
+    raise Invalid(loc, f"must be one word, a number or a boolean, not {value!r}")
 
 
 class Section:

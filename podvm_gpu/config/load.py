@@ -25,21 +25,60 @@ def parse_config(text: str, path: str) -> Config:
 
 
 def parse_yaml(text: str, path: str) -> object:
-    """The config text as PyYAML's safe loader reads it.
+    """The config text as PyYAML's safe loader reads it, refusing a key given twice in one
+    mapping (PyYAML would keep the last one silently: ``budget_s: 1`` then ``budget_s: 2``).
 
     Raises:
-        ConfigError: not YAML (also: nested too deeply, a number of more than 4300 digits).
+        ConfigError: not YAML (also: nested too deeply, a number of more than 4300 digits), or
+            a duplicate key, named with its dotted path and both lines.
     """
     import yaml
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(node, path)
+        return loader.construct_document(node)
     except (yaml.YAMLError, RecursionError, ValueError) as err:
         # ValueError: a number Python will not read (more than 4300 digits)
         what = " ".join(str(err).split())
         if isinstance(err, RecursionError) or "nesting depth" in what:
             what = "nested too deeply"
         raise ConfigError(f"{path}: not valid YAML: {what[:300]}") from None
+    finally:
+        loader.dispose()
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _refuse_duplicate_keys(root, path: str) -> None:
+    """Raise :class:`ConfigError` for the first mapping of the node tree ``root`` that holds a
+    key twice (the same tag and text; ``<<`` merge keys may repeat, as YAML 1.1 allows)."""
+    import yaml
+
+    todo, seen_nodes = [(root, ())], set()
+    while todo:
+        node, where = todo.pop()
+        if id(node) in seen_nodes:  # an alias: its node was checked where it was defined
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[tuple[str, str], int] = {}
+            for key_node, value_node in node.value:
+                name = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                    key, line = (key_node.tag, key_node.value), key_node.start_mark.line + 1
+                    if key in lines:
+                        dotted = one_line(".".join((*where, str(name))), 200)
+                        raise ConfigError(f"{path}: {dotted}: duplicate key (lines {lines[key]} "
+                                          f"and {line}): say it once")
+                    lines[key] = line
+                todo.append((value_node, (*where, str(name))))
+        elif isinstance(node, yaml.SequenceNode):
+            todo.extend((item, (*where, f"[{i}]")) for i, item in enumerate(node.value))
 
 
 def validate(raw: object, path: str) -> Config:
@@ -77,7 +116,8 @@ def validate(raw: object, path: str) -> Config:
 # YAML. Nothing is trusted that the YAML would not give.
 
 COMPILED_SUFFIX = ".compiled.json"
-COMPILED_FORMAT = "podvm-gpu config, compiled, 1"
+# 2: made by a version that refuses duplicate keys (a form of 1 may hide one: it is stale)
+COMPILED_FORMAT = "podvm-gpu config, compiled, 2"
 _NOT_COMPILED = object()
 
 

@@ -213,12 +213,19 @@ def cdi_duplicates_row(facts) -> Check:
     found = [(facts.root.host_path(p), problem)
              for folder in (cdi.RUN_DIR, cdi.ETC_DIR)
              for p, problem in cdi.other_specs(facts.root, folder)]
-    if found:
-        what = ", ".join(f"{p} (could not be read: {problem})" if problem else p
-                         for p, problem in found)
-        return Check("cdi-duplicates", FAIL, f"also defining nvidia.com/gpu: {what}",
-                     f"remove {found[0][0]}: it defines the same devices, and kata-agent "
+    defining = [p for p, problem in found if not problem]
+    unread = [(p, problem) for p, problem in found if problem]
+    if defining:
+        more = "".join(f"; {p} could not be read ({problem})" for p, problem in unread)
+        return Check("cdi-duplicates", FAIL, f"also defining nvidia.com/gpu: "
+                     f"{', '.join(defining)}{more}",
+                     f"remove {defining[0]}: it defines the same devices, and kata-agent "
                      "drops every device two specs define")
+    if unread:
+        what = "; ".join(f"{p} could not be read ({problem})" for p, problem in unread)
+        return Check("cdi-duplicates", FAIL, f"{what}: whether it defines nvidia.com/gpu is "
+                     "unknown", f"look at {unread[0][0]}: kata-agent would drop every device "
+                     "it defines too; remove it if it is a spec of nvidia.com/gpu")
     return Check("cdi-duplicates", PASS, "no other spec defines nvidia.com/gpu")
 
 

@@ -341,6 +341,14 @@ def modules_image_row(image) -> Check:
             if res.blocked:
                 return Check("modules", FAIL, f"kernel {release}: modprobe {name} loads nothing: "
                              f"{res.blocked}", "remove that line from the image")
+    for release in kernels:
+        for name, res in found[release].items():
+            gone = kmod.absent_file(root, res)
+            if gone:
+                return Check("modules", FAIL, f"kernel {release}: modprobe {name} reaches {gone}",
+                             f"run depmod {release} in the image after removing or rebuilding "
+                             "modules, or install the module again (dkms install, or the "
+                             "driver package)")
     lacking = [(k, name) for k in kernels for name, res in found[k].items() if not res.found]
     if lacking:
         release, name = lacking[0]
@@ -352,9 +360,14 @@ def modules_image_row(image) -> Check:
                          "/etc/modprobe.d/nvidia.conf, set up with libcuda1) or add "
                          f"'install {name} modprobe -i <file name> $CMDLINE_OPTS'")
         kernels_lacking = sorted({k for k, _ in lacking})
+        # a DKMS build that failed (or never ran) says why: dkms.py reads its tree (imported
+        # here: only check --image needs it, not the boot's import cost)
+        from podvm_gpu import dkms
+
+        reason, hint = dkms.why_not_built(root, kernels_lacking) or (
+            "", "build the nvidia modules (DKMS) for every kernel in the image")
         return Check("modules", FAIL, f"no {name} module for kernel(s) {', '.join(kernels_lacking)} "
-                     f"(/lib/modules/{release})",
-                     "build the nvidia modules (DKMS) for every kernel in the image")
+                     f"(/lib/modules/{release})" + (f": {reason}" if reason else ""), hint)
 
     def shown(res: kmod.Resolution) -> str:
         via = f" via {res.rules[0].split(': ', 1)[-1]}" if res.rules else ""
@@ -389,14 +402,16 @@ def firmware_image_row(image) -> Check:
     root, runner, found = image.root, image.runner, image.found
     asked: list[tuple[str, str, str]] = []
     unreadable: list[str] = []
-    for release, resolved in found.items():
-        res = resolved.get("nvidia")
-        if res and res.file:
-            names = kmod.modinfo(runner, root.resolve(res.file), "firmware")
-            if not names and not any(kmod.modinfo(runner, root.resolve(res.file), key)
-                                     for key in ("vermagic", "version")):
-                unreadable.append(res.file)  # no .modinfo at all: not "asks for none"
-            asked += [(release, res.file, name) for name in names]
+    files = kmod.present_files(root, found)
+    if not files:  # nothing compared: not a pass; the modules row fails for the cause
+        return Check("firmware", SKIP, "no nvidia module in the image to read the firmware it "
+                     "asks for from (see modules)", "fix the modules row first")
+    for release, file in files.items():
+        names = kmod.modinfo(runner, root.resolve(file), "firmware")
+        if not names and not any(kmod.modinfo(runner, root.resolve(file), key)
+                                 for key in ("vermagic", "version")):
+            unreadable.append(file)  # no .modinfo at all: not "asks for none"
+        asked += [(release, file, name) for name in names]
     missing = [(k, f, n) for k, f, n in asked if firmware_present(root, k, n) is None]
     if missing:
         release, module, name = missing[0]

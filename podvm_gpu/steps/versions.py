@@ -16,7 +16,7 @@ from podvm_gpu.errors import CommandError, StepFailed, exit_text
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, NVML_SONAME, daemon_pid,
                                find_nvml, find_nvml_elsewhere, kernel_module_version, version_in)
 from podvm_gpu import kmod, readers
-from podvm_gpu.check import FAIL, PASS, Check
+from podvm_gpu.check import FAIL, PASS, SKIP, Check
 
 
 def fabricmanager_version(ctx: BootContext) -> str:
@@ -131,11 +131,14 @@ def versions_image_row(image) -> Check:
     """The nvidia module of every kernel and the user-space driver (NVML) have one version."""
     root, runner = image.root, image.runner
     lib = readers.find_nvml(root)
-    files = {k: r["nvidia"].file for k, r in image.found.items() if r["nvidia"].file}
+    files = kmod.present_files(root, image.found)
     module_versions = {k: module_file_version(runner, root.resolve(f)) for k, f in files.items()}
     if lib is None:
         return Check("versions", FAIL, f"{readers.NVML_SONAME} not in the loader's directories",
                      "install the user-space driver (libnvidia-ml) in the image")
+    if not files:  # nothing compared: not a pass; the modules row fails for the cause
+        return Check("versions", SKIP, "no nvidia module in the image to read a version from "
+                     "(see modules)", "fix the modules row first")
     wrong = {k: v for k, v in module_versions.items() if v != lib.version}
     if wrong:
         k, v = next(iter(wrong.items()))

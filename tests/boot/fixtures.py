@@ -11,14 +11,16 @@ from boot import image
 SPEC_TEMPLATE = Path(__file__).parent / "data/spec-1gpu.yaml"
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """A GPU image with the agent installed, never booted: the base rootfs, the NVIDIA packages'
-    units (enabled, as the packages leave them), podvm-gpu (bundle + installer), and the
-    kata-agent stand-in."""
+@pytest.fixture(scope="module", params=sorted(image.BASES))
+def installed(request, tmp_path_factory):
+    """A GPU image with the agent installed, never booted: the base rootfs (Debian 12 with
+    systemd 252, and Debian 13 with systemd 257: each boot test runs on both), the NVIDIA
+    packages' units (enabled, as the packages leave them), podvm-gpu (bundle + installer for
+    the image's Python), and the kata-agent stand-in."""
     image.require_root()
-    bundle = image.bundle(tmp_path_factory)
-    with image.writable_view(image.base_rootfs(), tmp_path_factory.mktemp("installed")) as root:
+    base = image.variant_rootfs(image.BASES[request.param])
+    bundle = image.bundle(tmp_path_factory, base)
+    with image.writable_view(base, tmp_path_factory.mktemp(f"installed-{request.param}")) as root:
         image.install_nvidia_package_units(root)
         image.install_agent(root, bundle)
         image.install_kata_agent_standin(root)

@@ -2,7 +2,9 @@
 
 The rootfs is what a pod VM image is before podvm-gpu goes in: Debian bookworm minbase with
 systemd, udev, kmod, python3 (no python3-venv), umockdev (for the GPU path) and a cloud kernel
-(for the qemu boots). mmdebstrap builds it once (about a minute) and it is cached under
+(for the qemu boots); ``TRIXIE_BASE`` is the same on Debian 13 (systemd 257, kernel 6.12), and
+the boot tests run on both (``BASES``). Other images are :class:`Variant` s of it
+(tests/boot/real_driver.py). mmdebstrap builds it once (about a minute) and it is cached under
 ``/var/cache/podvm-gpu-test/rootfs-<key>`` (env ``PODVM_GPU_TEST_CACHE``), keyed by everything
 that goes into it, so CI builds it once per machine and every test starts from a view of it.
 The agent is installed the way image builds install it: ``systemd/make-bundle.sh`` on the host,
@@ -19,6 +21,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -66,10 +69,10 @@ def require_root() -> None:
 
 
 def rootfs_key(packages: tuple[str, ...] | list[str] = tuple(PACKAGES),
-               components: tuple[str, ...] = ("main",)) -> str:
-    """A name-keyed image's cache key: its recipe (the package names; the components when not
-    only ``main``, so that the base image's key, from before variants, stays what it was)."""
-    parts = [SUITE, MIRROR, sorted(packages), DPKG_OPTS, "minbase"]
+               components: tuple[str, ...] = ("main",), suite: str = SUITE) -> str:
+    """A name-keyed image's cache key: its recipe (the suite and package names; the components
+    when not only ``main``, so that the keys of images from before variants stay what they were)."""
+    parts = [suite, MIRROR, sorted(packages), DPKG_OPTS, "minbase"]
     if tuple(components) != ("main",):
         parts.append(list(components))
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
@@ -80,12 +83,19 @@ _KEYS: dict[str, str] = {}
 
 @dataclass(frozen=True)
 class Variant:
-    """One cached test image: its packages, archive components and cache folder prefix.
+    """One cached test image: its suite, packages, archive components and cache folder prefix.
 
     ``prefix`` + key names the folder in the cache; only folders with this prefix are pruned
     when this variant is built, so variants never delete each other. ``by_versions`` keys the
     cache on the package versions apt resolves (:func:`resolved_versions`) instead of the
     package names, for images whose packages change under the same names (a driver update).
+    ``updates`` are further suites of the security archive (``bookworm-security``), as a real
+    image's sources have them. ``pin`` = (package, source package): every binary package of the
+    source package is pinned to the upstream version of the package's candidate (one driver
+    version, where the security archive has newer user space than the open module).
+    ``late`` packages are installed after the image is built, in mmdebstrap's customize hook,
+    and their failure is tolerated and logged to ``LATE_LOG`` in the image, as a careless image
+    build does with a DKMS package that cannot build for the kernel.
     """
 
     name: str
@@ -93,51 +103,116 @@ class Variant:
     packages: tuple[str, ...]
     components: tuple[str, ...] = ("main",)
     by_versions: bool = False
+    suite: str = SUITE
+    updates: tuple[str, ...] = ()
+    pin: tuple[str, str] | None = None
+    late: tuple[str, ...] = ()
 
     def key(self) -> str:
         """The cache key; versions are resolved once per test session (an apt-get update and a
         simulated install, about 5 s)."""
         if not self.by_versions:
-            return rootfs_key(self.packages, self.components)
+            return rootfs_key(self.packages, self.components, self.suite)
         if self.name not in _KEYS:
-            recipe = [SUITE, MIRROR, list(self.components), DPKG_OPTS, "minbase",
-                      resolved_versions(self.packages, self.components)]
+            # the recipe of a variant without updates or late packages is as it was before they
+            # existed, so caches built then stay valid
+            recipe = [self.suite, MIRROR, list(self.components), DPKG_OPTS, "minbase", resolved_versions(self)]
+            if self.updates or self.late:
+                recipe += [list(self.updates), list(self.late)]
             _KEYS[self.name] = hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:16]
         return _KEYS[self.name]
 
+    def sources(self) -> list[str]:
+        """The image's apt source lines (one-line style)."""
+        lines = [f"deb {MIRROR} {self.suite} {' '.join(self.components)}"]
+        lines += [f"deb {SECURITY_MIRROR} {suite} {' '.join(self.components)}" for suite in self.updates]
+        return lines
+
     def argv(self, target: Path) -> list[str]:
+        hooks = []
+        if self.pin is not None:
+            preferences = CACHE / f".preferences-{self.name}"  # under the variant's build lock
+            preferences.write_text(pin_preferences(self))
+            hooks.append(f"--setup-hook=mkdir -p \"$1/etc/apt/preferences.d\" && "
+                         f"cp {shlex.quote(str(preferences))} \"$1/etc/apt/preferences.d/50-podvm-gpu-test-pin\"")
+        if self.late:
+            hooks.append("--customize-hook=chroot \"$1\" env DEBIAN_FRONTEND=noninteractive apt-get "
+                         f"install -y --no-install-recommends {' '.join(self.late)} >\"$1{LATE_LOG}\" "
+                         f"2>&1; echo \"exit status $?\" >>\"$1{LATE_LOG}\"")
         return ["mmdebstrap", "--variant=minbase", f"--components={','.join(self.components)}",
                 "--include=" + ",".join(self.packages), *[f"--dpkgopt={o}" for o in DPKG_OPTS],
-                SUITE, str(target), MIRROR]
+                *hooks, self.suite, str(target), *self.sources()]
+
+
+LATE_LOG = "/var/log/podvm-gpu-test-late-packages.log"
+SECURITY_MIRROR = os.environ.get("PODVM_GPU_TEST_SECURITY_MIRROR", "http://deb.debian.org/debian-security")
 
 
 # The folder name of the base image predates variants: kept, so existing caches stay valid.
 BASE = Variant("base", "rootfs-", tuple(PACKAGES))
+# The same base on Debian 13 (systemd 257, kernel 6.12): the boots under a newer systemd.
+TRIXIE_BASE = Variant("trixie-base", "trixie-rootfs-", tuple(PACKAGES), suite="trixie")
+BASES = {"bookworm": BASE, "trixie": TRIXIE_BASE}
 # A stale folder of a variant is pruned only when unused this long: another checkout (with
 # another recipe) may still boot from it.
 STALE_S = 3 * 24 * 3600
 USED_STAMP = ".podvm-gpu-test-used"
 
 
-def _apt_options(folder: Path, components: tuple[str, ...]) -> list[str]:
+def _apt_options(folder: Path, variant: Variant, preferences: str = "") -> list[str]:
     """apt-get options for a private apt state under folder: its own sources, lists and empty
     dpkg status; the host's sources, preferences and installed packages play no part."""
     for sub in ("lists/partial", "cache/archives/partial", "parts"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
-    (folder / "sources.list").write_text(
-        f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {MIRROR} {SUITE} "
-        f"{' '.join(components)}\n")
+    keyring = "[signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
+    (folder / "sources.list").write_text("".join(
+        line.replace("deb ", "deb " + keyring, 1) + "\n" for line in variant.sources()))
     (folder / "status").touch()
+    # one file a variant: variants that share the lists may resolve at the same time
+    (folder / f"preferences-{variant.name}").write_text(preferences)
     settings = {"Dir::Etc::SourceList": folder / "sources.list", "Dir::Etc::SourceParts": folder / "parts",
-                "Dir::Etc::Preferences": "/dev/null", "Dir::Etc::PreferencesParts": folder / "parts",
+                "Dir::Etc::Preferences": folder / f"preferences-{variant.name}", "Dir::Etc::PreferencesParts": folder / "parts",
                 "Dir::State::Lists": folder / "lists", "Dir::State::status": folder / "status",
                 "Dir::Cache": folder / "cache", "Debug::NoLocking": "1", "APT::Architecture": "amd64"}
     return [arg for k, v in settings.items() for arg in ("-o", f"{k}={v}")]
 
 
-def resolved_versions(packages: tuple[str, ...], components: tuple[str, ...]) -> list[str]:
-    """``name=version`` of every package apt would install for ``packages`` from the mirror
-    (``apt-get -s install`` against an empty system), sorted.
+def _apt_state(variant: Variant) -> tuple[Path, list[str]]:
+    """The variant's private apt state in the cache, its lists updated (see resolved_versions)."""
+    folder = CACHE / (".apt-" + hashlib.sha256(json.dumps(
+        [MIRROR, variant.suite, variant.components] + ([variant.updates] if variant.updates else [])
+    ).encode()).hexdigest()[:12])
+    options = _apt_options(folder, variant)
+    if folder not in _UPDATED:
+        update = subprocess.run(["apt-get", *options, "-qq", "update"], stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=300)
+        if update.returncode != 0 and not list((folder / "lists").glob("*Release")):
+            pytest.fail(f"apt-get update against {MIRROR} failed:\n{update.stderr[-2000:]}")
+        _UPDATED.add(folder)
+    return folder, options
+
+
+_UPDATED: set[Path] = set()
+
+
+def pin_preferences(variant: Variant) -> str:
+    """apt_preferences(5) text pinning every binary package of ``variant.pin``'s source package to
+    the upstream version of the pinned package's candidate (``535.261.03-*``)."""
+    assert variant.pin is not None
+    package, source = variant.pin
+    _, options = _apt_state(variant)
+    done = subprocess.run(["apt-cache", *options, "show", "--no-all-versions", package], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+    versions = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("Version:")]
+    if done.returncode != 0 or not versions:
+        pytest.fail(f"apt has no {package} in {variant.suite}:\n{done.stderr[-2000:]}")
+    upstream = versions[0].split(":")[-1].rsplit("-", 1)[0]
+    return f"Package: src:{source}\nPin: version {upstream}-*\nPin-Priority: 1001\n"
+
+
+def resolved_versions(variant: Variant) -> list[str]:
+    """``name=version`` of every package apt would install for the variant's packages (its late
+    ones too) from the mirror (``apt-get -s install`` against an empty system), sorted.
 
     The package lists live in the cache (``.apt-<hash>``) and are refreshed with ``apt-get
     update`` (a second call fetches only the unchanged InRelease, about 4 s); when the mirror
@@ -145,14 +220,12 @@ def resolved_versions(packages: tuple[str, ...], components: tuple[str, ...]) ->
     a busy machine) runs once per state of the lists: its answer is kept beside them, under the
     hash of the InRelease files, which change whenever any package of the suite does.
     """
-    folder = CACHE / (".apt-" + hashlib.sha256(json.dumps([MIRROR, SUITE, components]).encode()).hexdigest()[:12])
-    options = _apt_options(folder, components)
-    update = subprocess.run(["apt-get", *options, "-qq", "update"], stdin=subprocess.DEVNULL,
-                            capture_output=True, text=True, timeout=300)
+    folder, options = _apt_state(variant)
+    preferences = pin_preferences(variant) if variant.pin else ""
+    options = _apt_options(folder, variant, preferences)
+    packages = [*variant.packages, *variant.late]
     releases = sorted((folder / "lists").glob("*Release"))
-    if update.returncode != 0 and not releases:
-        pytest.fail(f"apt-get update against {MIRROR} failed:\n{update.stderr[-2000:]}")
-    state = hashlib.sha256(json.dumps(sorted(packages)).encode())
+    state = hashlib.sha256(json.dumps([sorted(packages), preferences]).encode())
     for release in releases:
         state.update(release.read_bytes())
     answer = folder / f"resolved-{state.hexdigest()[:16]}.json"
@@ -216,24 +289,38 @@ def base_rootfs() -> Path:
     return variant_rootfs(BASE)
 
 
-_bundle: Path | None = None
+_bundles: dict[str, Path] = {}
 
 
-def bundle_env() -> dict[str, str]:
-    """make-bundle.sh runs pip with the tests' own interpreter: CI's system python3 has no pip."""
-    return {**os.environ, "PYTHON": sys.executable}
+def bundle_env(python_version: str | None = None) -> dict[str, str]:
+    """make-bundle.sh runs pip with the tests' own interpreter: CI's system python3 has no pip.
+    For an image whose Python is not the host's (Debian 13's 3.13), it downloads the
+    dependencies as wheels for that version (PODVM_GPU_PYTHON_VERSION)."""
+    env = {**os.environ, "PYTHON": sys.executable}
+    if python_version:
+        env["PODVM_GPU_PYTHON_VERSION"] = python_version
+    return env
 
 
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The install bundle of this checkout, built once per test session."""
-    global _bundle
-    if _bundle is None:
+def image_python(rootfs: Path) -> str:
+    """The ``X.Y`` of an image's python3 (Debian links /usr/bin/python3 to python3.Y)."""
+    target = os.readlink(rootfs / "usr/bin/python3")
+    return target.removeprefix("python")
+
+
+def bundle(tmp_path_factory: pytest.TempPathFactory, rootfs: Path | None = None) -> Path:
+    """The install bundle of this checkout for ``rootfs``'s Python (default: the host's, which
+    is bookworm's, as the base image's), built once per test session and Python version."""
+    host = f"{sys.version_info.major}.{sys.version_info.minor}"
+    version = image_python(rootfs) if rootfs is not None else host
+    if version not in _bundles:
         out = tmp_path_factory.mktemp("bundle") / "podvm-gpu-bundle"
         done = subprocess.run(["sh", str(REPO / "systemd/make-bundle.sh"), str(out), str(REPO)],
-                              capture_output=True, text=True, timeout=600, env=bundle_env())
+                              capture_output=True, text=True, timeout=600,
+                              env=bundle_env(None if version == host else version))
         assert done.returncode == 0, f"make-bundle.sh failed:\n{done.stdout}\n{done.stderr}"
-        _bundle = out
-    return _bundle
+        _bundles[version] = out
+    return _bundles[version]
 
 
 @contextlib.contextmanager
@@ -345,11 +432,31 @@ class Boot:
         return (marks["Finished"] - marks["Starting"]) / 1e6
 
 
-def _run(argv: list[str], timeout_s: float) -> tuple[int, str, float]:
+def systemd_version(rootfs: Path) -> int:
+    """The major version of the image's systemd, from its shared library's name
+    (``libsystemd-shared-257.so``, which Debian 12 and 13 keep in /usr/lib/<triplet>/systemd)."""
+    for lib in sorted(rootfs.glob("usr/lib/systemd/libsystemd-shared-*.so")) + sorted(
+            rootfs.glob("usr/lib/*/systemd/libsystemd-shared-*.so")):
+        return int(lib.name.removeprefix("libsystemd-shared-").split(".")[0].split("-")[0])
+    raise AssertionError(f"no libsystemd-shared in {rootfs}")
+
+
+def nspawn_env(rootfs: Path) -> dict[str, str]:
+    """systemd 256 and later refuse the hybrid cgroup hierarchy these hosts have (systemd 252
+    on the host): nspawn gives such a guest the unified one instead (TESTING-NOTES, measured
+    2026-12-01). Older guests keep the host's default, as before."""
+    env = {**os.environ, "SYSTEMD_COLORS": "0"}
+    if systemd_version(rootfs) >= 256:
+        env["SYSTEMD_NSPAWN_UNIFIED_HIERARCHY"] = "1"
+    return env
+
+
+def _run(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> tuple[int, str, float]:
     started = time.monotonic()
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              errors="replace", timeout=timeout_s, env={**os.environ, "SYSTEMD_COLORS": "0"})
+                              errors="replace", timeout=timeout_s,
+                              env=env or {**os.environ, "SYSTEMD_COLORS": "0"})
         returncode, console = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as err:
         output = b"".join(x for x in (err.stdout, err.stderr) if isinstance(x, bytes))
@@ -387,7 +494,7 @@ def boot(rootfs: Path, artifacts: Path, timeout_s: float = 120) -> Boot:
     require_tools("systemd-nspawn")
     argv = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit", "--link-journal=no",
             f"--directory={rootfs}"]
-    returncode, console, wall_s = _run(argv, timeout_s)
+    returncode, console, wall_s = _run(argv, timeout_s, nspawn_env(rootfs))
 
     def fetch(path: str) -> str | None:
         file = rootfs / path.lstrip("/")
@@ -415,7 +522,12 @@ def run_qemu(rootfs: Path, artifacts: Path, paths: list[str], append: str = "",
     subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", "-L", "root", "-d", str(rootfs), str(disk), "3G"],
                    check=True, capture_output=True, timeout=300)
     accel = "kvm" if os.environ.get("PODVM_GPU_TEST_KVM") == "1" else "tcg"
-    argv = ["qemu-system-x86_64", "-machine", "q35", "-accel", accel, "-m", "1024", "-smp", "2",
+    # Debian 13's 6.12 kernel under multi-threaded TCG (QEMU 7.2) died at boot in 1 of 4 boots
+    # here ("Oops: int3" in get_random_u32: a jump label patched on one vCPU while the other
+    # still ran the old code; 2026-12-01). One vCPU has no other to race: 6.12 guests get one.
+    major_minor = tuple(int(x) for x in release.split("-")[0].split("+")[0].split(".")[:2])
+    smp = "1" if accel == "tcg" and major_minor >= (6, 12) else "2"
+    argv = ["qemu-system-x86_64", "-machine", "q35", "-accel", accel, "-m", "1024", "-smp", smp,
             "-nographic", "-no-reboot", "-nic", "none",
             "-kernel", str(kernels[-1]), "-initrd", str(rootfs / f"boot/initrd.img-{release}"),
             "-append", f"root=/dev/vda rw console=ttyS0 panic=-1 {append}".strip(),

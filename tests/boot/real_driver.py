@@ -25,6 +25,38 @@ NVIDIA = image.Variant("nvidia", "nvidia-rootfs-", (*image.PACKAGES, *DRIVER_PAC
                        ("main", "contrib", "non-free", "non-free-firmware"), by_versions=True)
 
 
+# Debian 12's open module (nvidia-open-kernel-dkms, the same 535.261.03 as the proprietary one),
+# from bookworm alone: with bookworm-security in the sources its kernel is 6.1.0-57 (6.1.192),
+# which has the 4-argument pci_resize_resource() of 6.12, and the 535.261.03 build fails there
+# (nv-pci.c:223:9: error: too few arguments to function 'pci_resize_resource'; measured
+# 2026-12-01). Every package of the driver's source is pinned to the open module's version all
+# the same: a point release may carry newer user space of the proprietary driver only, as
+# bookworm-security does (535.309.01; the versions test installs that one on purpose). DKMS
+# builds nvidia-current-open.ko; libcuda1 pulls in glx-alternative-nvidia, which links Debian's
+# modprobe.d install rules.
+OPEN_DRIVER_PACKAGES = tuple(p.replace("nvidia-kernel-dkms", "nvidia-open-kernel-dkms") for p in DRIVER_PACKAGES)
+COMPONENTS = ("main", "contrib", "non-free", "non-free-firmware")
+OPEN = image.Variant("open", "open-rootfs-", (*image.PACKAGES, *OPEN_DRIVER_PACKAGES), COMPONENTS,
+                     by_versions=True, pin=("nvidia-open-kernel-dkms", "nvidia-graphics-drivers"))
+# Debian 13 as a careless image build makes it: the driver's user space and firmware with the
+# image, then the open module's DKMS package last, its failure tolerated (550.163.01 does not
+# build for trixie's 6.12 cloud kernels: pci_resize_resource() has four arguments there).
+TRIXIE = image.Variant("trixie-open", "trixie-open-rootfs-", (*image.PACKAGES, *(
+    p for p in DRIVER_PACKAGES if p != "nvidia-kernel-dkms")), COMPONENTS, by_versions=True,
+    suite="trixie", late=("nvidia-open-kernel-dkms",))
+
+
+def open_rootfs() -> Path:
+    """The cached Debian 12 open-module rootfs (about 5 minutes to build here)."""
+    return image.variant_rootfs(OPEN)
+
+
+def trixie_rootfs() -> Path:
+    """The cached Debian 13 rootfs whose open-module DKMS build failed (or, once Debian has a 550
+    that builds for its kernel, did not)."""
+    return image.variant_rootfs(TRIXIE)
+
+
 def nvidia_rootfs() -> Path:
     """The cached real-driver rootfs; built when the cache lacks it (about 4 minutes here)."""
     return image.variant_rootfs(NVIDIA)
