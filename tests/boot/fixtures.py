@@ -46,8 +46,9 @@ def podman_installed(tmp_path_factory):
     from boot import podman_image
 
     image.require_root()
-    bundle = image.bundle(tmp_path_factory)
-    with image.writable_view(podman_image.podman_rootfs(), tmp_path_factory.mktemp("podman")) as root:
+    base = podman_image.podman_rootfs()
+    bundle = image.bundle(tmp_path_factory, base)
+    with image.writable_view(base, tmp_path_factory.mktemp("podman")) as root:
         image.install_nvidia_package_units(root)
         image.install_agent(root, bundle)
         image.install_kata_agent_standin(root)
