@@ -51,18 +51,25 @@ def parse_rows(text: str, width: int) -> list[list[str]] | None:
     return rows if rows and all(len(row) == width for row in rows) else None
 
 
-def query(ctx: BootContext, argv: list[str], width: int, what: str) -> list[list[str]] | None:
-    """Run one health query; its rows, or None after adding a warning saying why it is unread."""
+def ask(runner, argv: list[str], width: int, timeout: float) -> tuple[list[list[str]] | None, str]:
+    """Run one health query with ``runner``: ``(rows, "")``, or ``(None, why it is unread)``
+    (the boot gate and ``check`` judge the same answer)."""
     try:
-        done = ctx.runner.run(argv, check=False, timeout=ctx.harmless_timeout("nvidia-smi"))
+        done = runner.run(argv, check=False, timeout=timeout)
     except CommandError as err:
-        ctx.warn(f"cdi: health: {what} not read ({err}); the boot does not fail on it")
-        return None
+        return None, str(err)
     rows = parse_rows(done.stdout, width) if done.returncode == 0 else None
     if rows is None:
         said = f"{exit_text(done.returncode)}: {one_line(done.output, 160) or 'no output'}"
-        ctx.warn(f"cdi: health: {what} not read ({' '.join(argv[:2])} {said}); the boot does "
-                 "not fail on it")
+        return None, f"{' '.join(argv[:2])} {said}"
+    return rows, ""
+
+
+def query(ctx: BootContext, argv: list[str], width: int, what: str) -> list[list[str]] | None:
+    """Run one health query; its rows, or None after adding a warning saying why it is unread."""
+    rows, why = ask(ctx.runner, argv, width, ctx.harmless_timeout("nvidia-smi"))
+    if rows is None:
+        ctx.warn(f"cdi: health: {what} not read ({why}); the boot does not fail on it")
     return rows
 
 

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from boot.nvidia_image import VERSION, add_nvidia_driver
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +58,8 @@ def test_an_image_with_driver_units_and_tools_passes(tmp_path):
     assert {name: c["result"] for name, c in checks.items()} == {
         "unit": "pass", "kata-agent-ordering": "pass", "kata-agent-cdi": "skip",
         "tools": "pass", "modules": "pass",
-        "versions": "pass", "firmware": "pass", "cdi-refresh-units": "pass", "trust": "pass",
+        "versions": "pass", "firmware": "pass", "module-compression": "pass",
+        "cdi-refresh-units": "pass", "trust": "pass",
         "config-compiled": "skip"}
     assert VERSION in checks["versions"]["detail"]
     assert f"nvidia/{VERSION}/gsp_ga10x.bin" in checks["firmware"]["detail"]
@@ -180,3 +183,138 @@ def test_an_xz_compressed_module_is_read_without_modinfo(tmp_path):
     assert checks["versions"]["result"] == "pass", checks["versions"]
     assert checks["firmware"]["result"] == "pass" and "gsp" in checks["firmware"]["detail"], checks
     assert code == 0, checks
+
+
+# --- module-compression: the xz check type each kernel's decompressor takes --------------------
+
+# The module-compression lines of the real kernel configs of Debian 13 (6.12.117+deb13-cloud-amd64)
+# and Debian 12 (6.1.0-50-cloud-amd64), as their /boot/config-<release> have them.
+DEBIAN13_CONFIG = """CONFIG_MODULE_COMPRESS=y
+# CONFIG_MODULE_COMPRESS_GZIP is not set
+CONFIG_MODULE_COMPRESS_XZ=y
+# CONFIG_MODULE_COMPRESS_ZSTD is not set
+CONFIG_MODULE_COMPRESS_ALL=y
+CONFIG_MODULE_DECOMPRESS=y
+CONFIG_XZ_DEC=y
+"""
+DEBIAN12_CONFIG = """CONFIG_MODULE_COMPRESS_NONE=y
+# CONFIG_MODULE_COMPRESS_GZIP is not set
+# CONFIG_MODULE_COMPRESS_XZ is not set
+# CONFIG_MODULE_COMPRESS_ZSTD is not set
+CONFIG_XZ_DEC=y
+"""
+# What `xz --check=...` takes and what `xz --list` then calls it.
+XZ_CHECKS = {"none": "None", "crc32": "CRC32", "crc64": "CRC64", "sha256": "SHA-256"}
+
+
+def xz_modules(root: Path, check: str, kernel: str | None = None) -> list[Path]:
+    """Compress the image's nvidia modules with the real xz, ``--check=check``, as a DKMS or
+    akmods build does (``nvidia.ko`` -> ``nvidia.ko.xz``)."""
+    modules = sorted(root.glob(f"lib/modules/{kernel or '*'}/updates/dkms/nvidia*.ko"))
+    subprocess.run(["xz", f"--check={check}", "-T1", *map(str, modules)], check=True, timeout=60)
+    made = [m.with_name(m.name + ".xz") for m in modules]
+    listed = subprocess.run(["xz", "--robot", "--list", str(made[0])], capture_output=True,
+                            text=True, check=True).stdout
+    assert f"\t{XZ_CHECKS[check]}\t" in listed, listed  # the real xz wrote that check type
+    return made
+
+
+def two_kernel_image(root: Path) -> Path:
+    """An image with a Debian 13 kernel (in-kernel xz decompression) and a Debian 12 one."""
+    (root / "boot").mkdir(parents=True)
+    for release, config in (("6.12.117+deb13-cloud-amd64", DEBIAN13_CONFIG),
+                            ("6.1.0-50-cloud-amd64", DEBIAN12_CONFIG)):
+        (root / f"boot/vmlinuz-{release}").write_bytes(b"")
+        (root / f"boot/config-{release}").write_text(config)
+    return make_image(root)
+
+
+@pytest.mark.parametrize("check, result", [("crc64", "fail"), ("sha256", "fail"),
+                                           ("crc32", "pass"), ("none", "pass")])
+def test_an_xz_check_type_the_kernel_does_not_take_fails_where_the_kernel_decompresses(
+        tmp_path, check, result):
+    """ublue-os/akmods#318: user-space xz's default CRC64 makes the in-kernel decompressor of a
+    CONFIG_MODULE_DECOMPRESS kernel fail with status 6; Debian 12's 6.1 lets kmod decompress."""
+    root = two_kernel_image(tmp_path)
+    xz_modules(root, check)
+    code, checks = check_image(root)
+    row = checks["module-compression"]
+    assert row["result"] == result, row
+    if result == "fail":
+        assert code == 1
+        assert row["detail"].startswith("kernel 6.12.117+deb13-cloud-amd64: /lib/modules/6.12.117+"
+                                        "deb13-cloud-amd64/updates/dkms/nvidia"), row
+        assert f"has xz check {XZ_CHECKS[check]}" in row["detail"]
+        assert "CONFIG_MODULE_DECOMPRESS=y" in row["detail"] and "status 6" in row["detail"]
+        assert "6.1.0-50" not in row["detail"], "Debian 12's kernel decompresses in user space"
+        assert "--check=crc32" in row["hint"] and "zstd" in row["hint"]
+    else:
+        assert f"check {XZ_CHECKS[check]}" in row["detail"], row
+        assert code == 0, checks
+
+
+def test_crc64_is_fine_on_a_kernel_whose_kmod_decompresses_in_user_space(tmp_path):
+    root = two_kernel_image(tmp_path)
+    xz_modules(root, "crc64", kernel="6.1.0-50-cloud-amd64")
+    code, checks = check_image(root)
+    row = checks["module-compression"]
+    assert row["result"] == "pass", row
+    assert "6.1.0-50-cloud-amd64: " in row["detail"] and "CRC64" in row["detail"]
+    assert "fine there" in row["detail"] and "user space" in row["detail"]
+
+
+def test_crc64_without_the_kernels_config_is_a_warning(tmp_path):
+    root = make_image(tmp_path)
+    xz_modules(root, "crc64")
+    code, checks = check_image(root)
+    row = checks["module-compression"]
+    assert row["result"] == "warn", row
+    assert "CRC64" in row["detail"] and "no /boot/config-6.1.0-podvm-amd64" in row["detail"]
+    assert "--check=crc32" in row["hint"]
+
+
+def test_a_ko_xz_that_is_not_an_xz_stream_fails(tmp_path):
+    root = two_kernel_image(tmp_path)
+    module = next(root.glob("lib/modules/6.12*/updates/dkms/nvidia.ko"))
+    module.with_name("nvidia.ko.xz").write_bytes(module.read_bytes())  # named .xz, not xz
+    module.unlink()
+    code, checks = check_image(root)
+    row = checks["module-compression"]
+    assert row["result"] == "fail" and "nvidia.ko.xz: not an xz stream" in row["detail"], row
+
+
+REAL_TRIXIE = Path("/var/cache/podvm-gpu-test").glob("trixie-rootfs-*/boot/config-6.12*")
+
+
+@pytest.mark.parametrize("config", sorted(REAL_TRIXIE)[:1] or [None])
+def test_a_real_debian_13_kernel_and_its_own_modules(config):
+    """The real Debian 13 rootfs the boot tests build (when this machine has it cached): its
+    kernel decompresses xz in the kernel, and its own modules (kbuild's) carry CRC32."""
+    if config is None:
+        pytest.skip("no cached Debian 13 rootfs (tests/test_boot_nspawn.py builds it)")
+    from podvm_gpu import modcompress
+    from podvm_gpu.host.fs import Root
+
+    root = Root(str(config.parents[1]))
+    release = config.name.removeprefix("config-")
+    in_kernel, why = modcompress.kernel_decompresses_xz(root, release)
+    assert in_kernel is True, why
+    module = next(config.parents[1].glob(f"lib/modules/{release}/kernel/drivers/net/dummy.ko.xz"))
+    assert modcompress.xz_check(str(module)) == 0x01  # CRC32
+
+
+def test_the_xz_header_is_read_as_the_format_says(tmp_path):
+    """Twelve bytes: magic, stream flags (check ID in the low nibble), their CRC32."""
+    from podvm_gpu import modcompress
+
+    plain = tmp_path / "m.ko"
+    plain.write_bytes(b"\0" * 100)
+    subprocess.run(["xz", "--check=sha256", str(plain)], check=True)
+    made = tmp_path / "m.ko.xz"
+    assert modcompress.xz_check(str(made)) == 0x0A
+    data = bytearray(made.read_bytes())
+    data[7] ^= 0x01  # the check ID changed, the header's CRC32 not
+    made.write_bytes(bytes(data))
+    assert "CRC32 does not match" in modcompress.xz_check(str(made))
+    made.write_bytes(bytes(data[:7]))
+    assert "not an xz stream" in modcompress.xz_check(str(made))

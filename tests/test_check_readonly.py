@@ -24,6 +24,7 @@ READ_ONLY_QUERIES = (
     ("nvidia-smi", "conf-compute", "-f"),
     ("nvidia-smi", "conf-compute", "-grs"),
     ("nvidia-smi", "--query-gpu="),
+    ("nvidia-smi", "--query-remapped-rows="),
     ("nv-fabricmanager", "--version"),
     ("modinfo", "-F", "version"),
     ("nvidia-ctk", "cdi", "list"),

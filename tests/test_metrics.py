@@ -323,6 +323,25 @@ def test_xids_of_the_kernel_log_set_the_last_xid_of_that_gpu(tmp_path, fake_nvml
     assert one(families, "podvm_gpu_kernel_events", kind="xid") == 3  # distinct: 31, 13, 79
 
 
+def test_a_gpu_the_driver_cannot_attach_shows_as_kernel_events_of_its_kinds(tmp_path,
+                                                                            fake_nvml_libs):
+    """Issue 17's recognitions are kinds of ``podvm_gpu_kernel_events`` (no family of their own:
+    the boot's reason says the cause, the kind is what a fleet alerts on); they need no reset,
+    so they are not fatal events."""
+    log = ["NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build",
+           "NVRM: confComputeConstructEngine_IMPL: GPU confidential compute capability is not "
+           "enabled.",
+           "NVRM: GPU 0000:00:04.0: RmInitAdapter failed! (0x22:0x3f:744)",
+           "decompression failed with status 6"]
+    root = make_root(tmp_path / "root", fake_nvml_libs["current"], kernel_log=log)
+    families = scrape(root, describe(tmp_path / "desc", [gpu(0)]))
+    for kind in ("cc-not-enabled", "cannot-attach", "decompress-failed"):
+        assert one(families, "podvm_gpu_kernel_events", kind=kind) == 1, kind
+    for kind in ("lkca-stubs", "swiotlb-full", "dma-mapping", "xid"):
+        assert one(families, "podvm_gpu_kernel_events", kind=kind) == 0, kind
+    assert one(families, "podvm_gpu_kernel_fatal_events") == 0
+
+
 def test_a_hanging_nvml_call_gives_the_bounded_answer_once(gpu_root, tmp_path):
     write_config(gpu_root, nvml_timeout_s=0.5)
     desc = describe(tmp_path / "desc", [gpu(i) for i in range(4)],

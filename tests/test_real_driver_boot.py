@@ -21,20 +21,13 @@ from boot import image, real_driver
 from schemas import assert_status_conforms
 
 pytestmark = pytest.mark.slow
-HERE = image.HERE
 
 
 @pytest.fixture
 def booted(tmp_path_factory, tmp_path):
     image.require_root()
-    bundle = image.bundle(tmp_path_factory)
-    with image.writable_view(real_driver.nvidia_rootfs(), tmp_path / "image") as root:
-        image.install_agent(root, bundle)
-        image.install_kata_agent_standin(root)
-        image.install_file(HERE / "gpu/h100.umockdev", root, "/usr/local/lib/podvm-gpu-test/h100.umockdev")
-        image.install_file(HERE / "real/podvm-gpu.service.d/50-fake-pci.conf", root,
-                           "/etc/systemd/system/podvm-gpu.service.d/50-fake-pci.conf")
-        yield image.boot_qemu(root, tmp_path / "artifacts")
+    return real_driver.boot_with_fake_pci(real_driver.nvidia_rootfs(),
+                                          image.bundle(tmp_path_factory), tmp_path)
 
 
 def test_the_real_module_finds_no_gpu_and_boot_fails_in_modules_quoting_modprobe_and_the_kernel(booted):

@@ -5,8 +5,9 @@ Every check reports ``pass``, ``warn``, ``fail`` or ``skip`` with a detail line 
 found and, on ``warn``/``fail``, a hint saying what to do next. It reuses boot's readers and
 validators and never loads a module, starts a daemon or writes a file: the runner is read-only
 (it refuses to spawn) and the only commands run are queries with timeouts (``nvidia-smi``
-queries, ``nv-fabricmanager --version``, ``modinfo -F version|firmware FILE`` and, on the root
-``/``, ``modprobe -S <release> --show-depends <module>``, which prints what it would load).
+queries, the row remapper's among them, ``nv-fabricmanager --version``, ``modinfo -F
+version|firmware FILE`` and, on the root ``/``, ``modprobe -S <release> --show-depends
+<module>``, which prints what it would load).
 
 Rooms: each boot step's module under :mod:`podvm_gpu.steps` owns its rows (``VM_ROWS``, and
 ``IMAGE_ROWS`` where an image can be judged), beside its ``run``; :mod:`~podvm_gpu.check.vm`

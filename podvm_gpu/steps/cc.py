@@ -124,10 +124,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
 # --- podvm-gpu check ----------------------------------------------------------------------
 
 def confidential_computing_row(facts) -> Check:
-    skip = facts.not_reached("confidential-computing")
-    if skip:
-        return skip
-    skip = facts.needs_driver("confidential-computing")
+    skip = facts.not_reached("confidential-computing") or facts.needs_driver("confidential-computing")
     if skip:
         return skip
     done = facts.runner.run(["nvidia-smi", "conf-compute", "-f"], check=False)
@@ -140,19 +137,39 @@ def confidential_computing_row(facts) -> Check:
     mode = readers.parse_cc_mode(done.output)
     if mode == "off":
         return Check("confidential-computing", SKIP, "CC mode is off")
-    if mode != "on":
+    if mode == "devtools" and not facts.config.confidential_computing.allow_devtools:
+        return Check("confidential-computing", FAIL, "CC mode is DEVTOOLS, a development mode "
+                     "that is not production confidential computing",
+                     "set the GPU's CC mode to on, or allow it with "
+                     "confidential_computing.allow_devtools")
+    if mode not in ("on", "devtools"):
         return Check("confidential-computing", FAIL, f"CC mode unknown ({mode or 'no answer'}, "
                      f"exit {done.returncode})", "run nvidia-smi conf-compute -f by hand")
+    label = "CC on" if mode == "on" else "CC devtools (allowed by confidential_computing." \
+                                         "allow_devtools: not production CC)"
     grs = facts.runner.run(["nvidia-smi", "conf-compute", "-grs"], check=False)
     state = readers.parse_ready_state(grs.output)
     if state == "ready":
-        return Check("confidential-computing", PASS, "CC on, ready state ready")
+        return Check("confidential-computing", PASS if mode == "on" else WARN,
+                     f"{label}, ready state ready")
     if state == "not-ready":
-        return Check("confidential-computing", WARN, "CC on, ready state not-ready",
+        return Check("confidential-computing", WARN, f"{label}, ready state not-ready",
                      "the attestation flow sets it, or set confidential_computing."
                      "set_ready_state: true in the config")
-    return Check("confidential-computing", FAIL, f"CC on, ready state unknown ({state})",
+    return Check("confidential-computing", FAIL, f"{label}, ready state unknown ({state})",
                  "run nvidia-smi conf-compute -grs by hand")
 
 
-VM_ROWS = {"confidential-computing": confidential_computing_row}
+def guest_tee_row(facts) -> Check:
+    """The guest's TEE as the kernel's interfaces say it (host/tee.py), what the boot names in a
+    confidential guest's reasons; no evidence is ``skip`` (it proves nothing either way)."""
+    from podvm_gpu.host import tee
+
+    guest = tee.detect(facts.root)
+    if guest.kind is None:
+        return Check("guest-tee", SKIP, f"{guest.describe()} (a regular VM, or the attestation "
+                     "modules load later)")
+    return Check("guest-tee", PASS, guest.describe())
+
+
+VM_ROWS = {"guest-tee": guest_tee_row, "confidential-computing": confidential_computing_row}

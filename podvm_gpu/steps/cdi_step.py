@@ -28,7 +28,7 @@ from podvm_gpu.host.fs import atomic_write, ensure_dir
 from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
 from podvm_gpu import readers
 from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
-from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, Check
+from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 
 
 
@@ -229,4 +229,43 @@ def cdi_duplicates_row(facts) -> Check:
     return Check("cdi-duplicates", PASS, "no other spec defines nvidia.com/gpu")
 
 
-VM_ROWS = {"cdi-spec": cdi_spec_row, "cdi-duplicates": cdi_duplicates_row}
+def row_remapper_row(facts) -> Check:
+    """The row remapper of each GPU, judged as the health gate judges it (podvm_gpu/health.py):
+    one bounded query; a failure fails, a pending remap fails unless
+    ``health.reset_pending_warns``, an unanswered query warns."""
+    from podvm_gpu import health
+    from podvm_gpu.steps.context import HARMLESS_CALL_S
+
+    skip = facts.not_reached("cdi")
+    if skip:
+        return Check("row-remapper", SKIP, skip.detail)
+    skip = facts.needs_driver("row-remapper")
+    if skip:
+        return skip
+    timeout = min(facts.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
+    rows, why = health.ask(facts.runner, health.remap_argv(), len(health.REMAP_FIELDS), timeout)
+    if rows is None:
+        return Check("row-remapper", WARN, f"not read ({why}); the boot does not fail on it",
+                     "run nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.pending,"
+                     "remapped_rows.failure --format=csv by hand")
+    verdict = health.Verdict()
+    health.judge_remapper(rows, verdict)
+    if verdict.fatal:
+        return Check("row-remapper", FAIL, "; ".join(verdict.fatal + verdict.reset),
+                     "replace the GPU (ask the provider for another host): its memory cannot be "
+                     "repaired")
+    if verdict.reset:
+        warns = facts.config.health.reset_pending_warns
+        return Check("row-remapper", WARN if warns else FAIL, "; ".join(verdict.reset) +
+                     (" (a warning: health.reset_pending_warns)" if warns else ""),
+                     "reset the GPU (nvidia-smi -r with no process using it, or restart the VM "
+                     "on its host); the remap takes effect then")
+    if all(line.endswith("remapper N/A") for line in verdict.read):
+        return Check("row-remapper", SKIP, "no row remapper (before Ampere): " +
+                     "; ".join(verdict.read))
+    return Check("row-remapper", PASS, "; ".join(verdict.read))
+
+
+# The remapper first: the health gate runs before the spec is installed.
+VM_ROWS = {"row-remapper": row_remapper_row, "cdi-spec": cdi_spec_row,
+           "cdi-duplicates": cdi_duplicates_row}

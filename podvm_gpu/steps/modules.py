@@ -41,7 +41,7 @@ from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.readers import kernel_release, modprobe_overrides, module_kernels, module_loaded
-from podvm_gpu import readers
+from podvm_gpu import readers, steps
 from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, Check
 
 REQUIRED = REQUIRED_MODULES
@@ -298,6 +298,11 @@ def modules_row(facts) -> Check:
     missing = [m for m in REQUIRED if not readers.module_loaded(root, m)]
     if not missing:
         version = readers.kernel_module_version(root) or "unknown version"
+        cause = attach_cause(root, facts.messages)  # as the boot's modules step says it
+        if cause:
+            return Check("modules", FAIL, f"nvidia {version} and nvidia_uvm loaded, but the "
+                         f"driver cannot attach the GPU: {cause}", "fix what the kernel log "
+                         "names, then restart the VM (the GPU needs a reset)")
         return Check("modules", PASS, f"nvidia {version} and nvidia_uvm loaded")
     release = readers.kernel_release(root)
     detail = f"{', '.join(missing)} not loaded"
@@ -319,6 +324,10 @@ def modules_row(facts) -> Check:
                      "sign the nvidia modules with a key the kernel trusts (MOK), or boot "
                      "without what refuses them")
     found = kmsg.findings(facts.messages)
+    decompress = next((f for f in reversed(found) if f.kind == "decompress-failed"), None)
+    if decompress:
+        return Check("modules", FAIL, f"{detail}: {decompress.describe()}",
+                     decompress_hint(decompress))
     for f in reversed(found):
         if f.kind in ("unsupported-pci-id", "open-module-unsupported", "gsp-firmware", "bar",
                       "needs-reset", "fell-off-bus", "bound-elsewhere", "no-device"):
@@ -328,7 +337,31 @@ def modules_row(facts) -> Check:
     return Check("modules", FAIL, detail, "run 'modprobe nvidia' and read the kernel log")
 
 
-VM_ROWS = {"modules": modules_row}
+def module_lock_row(facts) -> Check:
+    """Whether module loading is locked (``kernel.modules_disabled``), and whether the config
+    asks for it (``modules.lock_after_boot``: the boot locks it after its last modprobe)."""
+    asked = facts.config.modules.lock_after_boot
+    value = (facts.root.read_text(MODULES_DISABLED) or "").strip()
+    wants = f"modules.lock_after_boot is {'true' if asked else 'false'}"
+    if value == "1":
+        by = "" if asked else " (not by podvm-gpu): no module can load until reboot"
+        return Check("module-lock", PASS, f"module loading locked ({MODULES_DISABLED} is 1){by}; "
+                     f"{wants}")
+    if not asked:
+        said = f"module loading not locked ({MODULES_DISABLED} is 0)" if value == "0" else \
+            f"{MODULES_DISABLED} is not readable"
+        return Check("module-lock", PASS if value == "0" else SKIP, f"{said}; {wants} (the default)")
+    order = steps.GPU_STEPS
+    if not facts.gpus or facts.failed_at and order.index(facts.failed_at) <= order.index("modules"):
+        why = NO_GPU if not facts.gpus else f"the last boot failed at {facts.failed_at}"
+        return Check("module-lock", SKIP, f"not locked: {why}, and the boot locks module loading "
+                     f"after it loads the GPU's modules; {wants}")
+    return Check("module-lock", FAIL, f"{wants} but {MODULES_DISABLED} is {value or 'unreadable'}: "
+                 "module loading is not locked", "see the modules step in podvm-gpu status; "
+                 f"the unit must allow the write (ReadWritePaths={MODULES_DISABLED})")
+
+
+VM_ROWS = {"modules": modules_row, "module-lock": module_lock_row}
 
 
 def modules_image_row(image) -> Check:
@@ -428,4 +461,12 @@ def firmware_image_row(image) -> Check:
     return Check("firmware", PASS, f"{', '.join(names)} present under /lib/firmware")
 
 
-IMAGE_ROWS = {"modules": modules_image_row, "firmware": firmware_image_row}
+def compression_image_row(image) -> Check:
+    """``module-compression``: what each kernel's decompressor takes (podvm_gpu/modcompress.py)."""
+    from podvm_gpu import modcompress
+
+    return modcompress.compression_image_row(image)
+
+
+IMAGE_ROWS = {"modules": modules_image_row, "firmware": firmware_image_row,
+              "module-compression": compression_image_row}

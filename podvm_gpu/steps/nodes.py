@@ -152,10 +152,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
 # --- podvm-gpu check ----------------------------------------------------------------------
 
 def device_nodes_row(facts) -> Check:
-    skip = facts.not_reached("device-nodes")
-    if skip:
-        return skip
-    skip = facts.needs_driver("device-nodes")
+    skip = facts.not_reached("device-nodes") or facts.needs_driver("device-nodes")
     if skip:
         return skip
     majors = readers.char_majors(facts.root)

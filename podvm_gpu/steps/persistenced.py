@@ -145,10 +145,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
 # --- podvm-gpu check ----------------------------------------------------------------------
 
 def persistenced_row(facts) -> Check:
-    skip = facts.not_reached("persistenced")
-    if skip:
-        return skip
-    skip = facts.needs_driver("persistenced")
+    skip = facts.not_reached("persistenced") or facts.needs_driver("persistenced")
     if skip:
         return skip
     pid = readers.daemon_pid(facts.root, readers.PERSISTENCED_PID, readers.PERSISTENCED_COMM)

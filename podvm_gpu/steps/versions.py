@@ -95,10 +95,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
 # --- podvm-gpu check ----------------------------------------------------------------------
 
 def versions_row(facts) -> Check:
-    skip = facts.not_reached("versions")
-    if skip:
-        return skip
-    skip = facts.needs_driver("versions")
+    skip = facts.not_reached("versions") or facts.needs_driver("versions")
     if skip:
         return skip
     kernel = readers.kernel_module_version(facts.root)

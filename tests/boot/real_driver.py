@@ -71,3 +71,18 @@ def add_toolkit_standins(rootfs: Path) -> None:
         path = rootfs / "usr/bin" / command
         path.write_text(f"#!/bin/sh\necho 'stand-in {command}: not for running' >&2\nexit 1\n")
         path.chmod(0o755)
+
+
+def boot_with_fake_pci(rootfs: Path, bundle: Path, workdir: Path) -> "image.Boot":
+    """A qemu boot of a real-driver image in which only the agent's view of PCI is faked: the
+    agent (from ``bundle``) and the kata-agent stand-in installed in a writable view of
+    ``rootfs``, an H100 PCIe through umockdev in the unit's drop-in (tests/boot/real), so the
+    real module in the real kernel finds no device. Artifacts go to ``workdir/artifacts``."""
+    with image.writable_view(rootfs, workdir / "image") as root:
+        image.install_agent(root, bundle)
+        image.install_kata_agent_standin(root)
+        image.install_file(image.HERE / "gpu/h100.umockdev", root,
+                           "/usr/local/lib/podvm-gpu-test/h100.umockdev")
+        image.install_file(image.HERE / "real/podvm-gpu.service.d/50-fake-pci.conf", root,
+                           "/etc/systemd/system/podvm-gpu.service.d/50-fake-pci.conf")
+        return image.boot_qemu(root, workdir / "artifacts")

@@ -94,7 +94,9 @@ def put(root: str, host_path: str, data: bytes | str) -> str:
 CONFIG_KEYS = ["budget_s", "timeouts", "tools", "persistenced", "fabricmanager",
                "confidential_computing", "modules", "unavailable_spec", "ready_timeout_s",
                "per_gpu_s", "args", "config_file", "poll_s", "set_ready_state", "parameters",
-               "optional", "nvidia", "nvidia-ctk", "nvidia-smi", "modprobe", "NVreg_X"]
+               "optional", "nvidia", "nvidia-ctk", "nvidia-smi", "modprobe", "NVreg_X",
+               # issue 17's keys, and the section one of them lives in
+               "allow_devtools", "health", "reset_pending_warns", "lock_after_boot"]
 _CONFIG_ERROR = re.compile(r"^cfg\.yaml: (not valid YAML: |must be a mapping|nested too deeply"
                            r"|.+: )")
 
@@ -111,6 +113,10 @@ def check_config(config: Config) -> None:
     assert valid_seconds(config.persistenced.ready_timeout_s)
     assert isinstance(config.unavailable_spec, bool)
     assert all(isinstance(a, str) and a for a in config.persistenced.args)
+    # booleans stay booleans: a "yes" or a 1 that passed would turn a fail-closed default off
+    assert isinstance(config.confidential_computing.allow_devtools, bool)
+    assert isinstance(config.health.reset_pending_warns, bool)
+    assert isinstance(config.modules.lock_after_boot, bool)
 
 
 @FAST
@@ -118,6 +124,10 @@ def check_config(config: Config) -> None:
     lambda doc: yaml.safe_dump(doc, allow_unicode=True))))
 @example('"a\\nb": 1')  # a key with a line break made a two-line error
 @example("timeouts: {" + "x" * 5000 + ": 1}")
+@example("health: {reset_pending_warns: 1}")  # issue 17's keys, whatever the draw
+@example("modules: {lock_after_boot: 'true'}")
+@example("confidential_computing: {allow_devtools: [true]}")
+@example("health: {reset_pending_warns: true, lock_after_boot: true}")
 def test_any_config_text_is_a_valid_config_or_a_config_error_naming_the_file_and_key(text):
     try:
         config = parse_config(text, "cfg.yaml")

@@ -1,0 +1,160 @@
+"""The ``check`` rows of issue 17 on a running VM (contract section 5.1), through the real command:
+each case's world is booted by the real ``podvm-gpu boot`` under the scenario harness (umockdev,
+the case's fake tools), then ``podvm-gpu check --json`` runs on what that boot left.
+
+- ``row-remapper``: the remapper per GPU, judged as the health gate judges it (S24-S27);
+- ``module-lock``: ``kernel.modules_disabled`` and ``modules.lock_after_boot`` (S33);
+- ``guest-tee``: the guest's TEE from the kernel's interfaces (S20, S30);
+- ``modules``: the cause the boot's modules step gives, the driver's own words (S20, S23);
+- ``confidential-computing``: DEVTOOLS judged as the boot judges it (S30, S31).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from scenarios.world import DATA, OWN_CASES, SHARED, World, load_case
+
+pytestmark = pytest.mark.usefixtures("umockdev_run")
+
+
+def case(prefix: str):
+    for folder in (OWN_CASES, SHARED / "cases", DATA / "cases"):
+        found = sorted(folder.glob(f"{prefix}-*.yaml"))
+        if found:
+            return load_case(found[0])
+    raise FileNotFoundError(prefix)
+
+
+def booted_check(the_case, after_boot=None) -> dict[str, dict]:
+    """Boot the case's world, then ``check --json``: its rows by name."""
+    with World(the_case) as world:
+        world.run("boot")
+        if after_boot:
+            after_boot(world)
+        run = world.run("check")
+        assert run.rc in (0, 1), run.stderr
+        return {row["name"]: row for row in json.loads(run.stdout)["checks"]}
+
+
+def test_a_row_remapping_failure_fails_the_row_naming_the_gpu():
+    row = booted_check(case("S24"))["row-remapper"]
+    assert row["result"] == "fail", row
+    assert row["detail"].startswith("GPU 00000000:00:04.0: row remapping failed"), row
+    assert "replac" in row["hint"]
+
+
+def test_a_pending_remap_fails_the_row_as_it_fails_the_boot():
+    row = booted_check(case("S25"))["row-remapper"]
+    assert row["result"] == "fail", row
+    assert "GPU 00000000:00:04.0: a row remap is pending" in row["detail"]
+    assert "GPU reset needed" in row["detail"] and "reset the GPU" in row["hint"]
+
+
+def test_a_pending_remap_with_reset_pending_warns_is_a_warning():
+    row = booted_check(case("S26"))["row-remapper"]
+    assert row["result"] == "warn", row
+    assert "a row remap is pending" in row["detail"] and "health.reset_pending_warns" in row["detail"]
+
+
+def test_a_gpu_without_a_remapper_is_na_and_a_healthy_one_passes():
+    row = booted_check(case("S27"))["row-remapper"]
+    assert row["result"] == "skip", row
+    assert "00000000:00:04.0 remapper N/A" in row["detail"]
+    # P02: the harness answers the query for a healthy GPU
+    row = booted_check(case("P02"))["row-remapper"]
+    assert row == {"name": "row-remapper", "result": "pass",
+                   "detail": "00000000:00:04.0 remap pending No, failure No", "hint": ""}
+
+
+def test_a_remapper_query_no_rule_answers_is_a_warning_not_a_failure():
+    the_case = copy.deepcopy(case("S24"))
+    for rule in the_case.tools:
+        if rule["argv"][1:2] == ["--query-remapped-rows=gpu_bus_id,remapped_rows.pending,"
+                                 "remapped_rows.failure"]:
+            rule.update(rc=2, stdout='Field "remapped_rows.failure" is not a valid field to '
+                        'query.\n')
+    row = booted_check(the_case)["row-remapper"]
+    assert row["result"] == "warn", row
+    assert row["detail"].startswith("not read (nvidia-smi --query-remapped-rows"), row
+    assert "exit 2" in row["detail"] and "not a valid field" in row["detail"]
+
+
+def test_the_module_lock_the_config_asks_for_is_seen_on():
+    checks = booted_check(case("S33"))
+    row = checks["module-lock"]
+    assert row["result"] == "pass", row
+    assert "locked (/proc/sys/kernel/modules_disabled is 1)" in row["detail"]
+    assert "modules.lock_after_boot is true" in row["detail"]
+
+
+def test_a_module_lock_the_config_asks_for_but_that_is_off_fails():
+    """The config asks for the lock, the boot that loaded the modules did not set it (here: the
+    config changed after the boot, as an image update would leave it)."""
+    def ask_for_the_lock(world):
+        path = Path(world.path("/etc/podvm-gpu/config.yaml"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("modules:\n  lock_after_boot: true\n")
+
+    the_case = copy.deepcopy(case("S33"))
+    the_case.files.pop("etc/podvm-gpu/config.yaml")
+    row = booted_check(the_case, after_boot=ask_for_the_lock)["module-lock"]
+    assert row["result"] == "fail", row
+    assert row["detail"] == ("modules.lock_after_boot is true but /proc/sys/kernel/"
+                             "modules_disabled is 0: module loading is not locked")
+    # and without the config asking: a plain fact
+    the_case = copy.deepcopy(case("S33"))
+    the_case.files.pop("etc/podvm-gpu/config.yaml")
+    row = booted_check(the_case)["module-lock"]
+    assert row["result"] == "pass" and "not locked" in row["detail"], row
+    assert "modules.lock_after_boot is false" in row["detail"]
+    # P02 has no /proc/sys/kernel/modules_disabled: unknown, not "not locked"
+    row = booted_check(case("P02"))["module-lock"]
+    assert row["result"] == "skip" and "modules_disabled is not readable" in row["detail"], row
+
+
+def test_the_guest_tee_row_names_the_tee_and_its_evidence():
+    row = booted_check(case("S30"))["guest-tee"]
+    assert row == {"name": "guest-tee", "result": "pass",
+                   "detail": "Intel TDX (/proc/cpuinfo flag tdx_guest)", "hint": ""}
+    row = booted_check(case("P02"))["guest-tee"]
+    assert row["result"] == "skip" and "no TEE evidence" in row["detail"], row
+
+
+def test_the_modules_row_quotes_the_attach_cause_the_boot_gives():
+    """S20: the driver loaded but cannot attach the GPU (the host left CC off): the boot's reason
+    and check's modules row say the same, not that the modules are loaded."""
+    the_case = case("S20")
+    with World(the_case) as world:
+        reason = world.run("boot").status["reason"]
+        checks = {r["name"]: r for r in json.loads(world.run("check").stdout)["checks"]}
+    row = checks["modules"]
+    assert row["result"] == "fail", row
+    said = " ".join(row["detail"].split("but the driver cannot attach the GPU: ", 1)[1].split())
+    # the boot's reason (one line, spaces collapsed): that cause, then what section 9 adds
+    assert reason.startswith(f"modules: the driver loaded but cannot attach the GPU: {said}"), \
+        (row, reason)
+    assert "confidential computing" in said and "0x22:0x3f:744" in said
+    assert "Intel TDX (/proc/cpuinfo flag tdx_guest)" in row["detail"]
+    assert checks["guest-tee"]["result"] == "pass"
+
+
+def test_the_modules_row_names_a_module_the_kernel_could_not_decompress():
+    row = booted_check(case("S23"))["modules"]
+    assert row["result"] == "fail", row
+    assert "could not decompress the module (status 6)" in row["detail"], row
+    assert "XZ_OPTIONS_ERROR" in row["hint"] and "--check=crc32" in row["hint"]
+
+
+def test_devtools_is_judged_as_the_boot_judges_it():
+    row = booted_check(case("S30"))["confidential-computing"]
+    assert row["result"] == "fail", row
+    assert "DEVTOOLS" in row["detail"] and "allow_devtools" in row["hint"]
+    row = booted_check(case("S31"))["confidential-computing"]
+    assert row["result"] == "warn", row
+    assert row["detail"].startswith("CC devtools (allowed by confidential_computing."
+                                    "allow_devtools"), row
