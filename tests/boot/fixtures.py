@@ -37,3 +37,27 @@ def rootfs(tmp_path, installed):
 def host_has_nvidia_pci_device() -> bool:
     return any((dev / "vendor").read_text().strip() == "0x10de"
                for dev in Path("/sys/bus/pci/devices").glob("*") if (dev / "vendor").exists())
+
+
+@pytest.fixture(scope="module")
+def podman_installed(tmp_path_factory):
+    """As ``installed``, on the podman image (tests/boot/podman_image.py), with the local
+    container image imported and the CDI hook's stand-in."""
+    from boot import podman_image
+
+    image.require_root()
+    base = podman_image.podman_rootfs()
+    bundle = image.bundle(tmp_path_factory, base)
+    with image.writable_view(base, tmp_path_factory.mktemp("podman")) as root:
+        image.install_nvidia_package_units(root)
+        image.install_agent(root, bundle)
+        image.install_kata_agent_standin(root)
+        podman_image.add_podman(root)
+        yield root
+
+
+@pytest.fixture
+def podman_rootfs(tmp_path, podman_installed):
+    """A fresh view of the podman image for one boot."""
+    with image.writable_view(podman_installed, tmp_path / "image") as root:
+        yield root

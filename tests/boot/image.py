@@ -68,10 +68,14 @@ def require_root() -> None:
         unavailable("needs root (mmdebstrap, systemd-nspawn)")
 
 
-def rootfs_key() -> str:
-    """The base image's cache key: its recipe (package names; the base variant's only key)."""
-    recipe = json.dumps([SUITE, MIRROR, sorted(PACKAGES), DPKG_OPTS, "minbase"])
-    return hashlib.sha256(recipe.encode()).hexdigest()[:16]
+def rootfs_key(packages: tuple[str, ...] | list[str] = tuple(PACKAGES),
+               components: tuple[str, ...] = ("main",), suite: str = SUITE) -> str:
+    """A name-keyed image's cache key: its recipe (the suite and package names; the components
+    when not only ``main``, so that the keys of images from before variants stay what they were)."""
+    parts = [suite, MIRROR, sorted(packages), DPKG_OPTS, "minbase"]
+    if tuple(components) != ("main",):
+        parts.append(list(components))
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
 _KEYS: dict[str, str] = {}
@@ -108,8 +112,7 @@ class Variant:
         """The cache key; versions are resolved once per test session (an apt-get update and a
         simulated install, about 5 s)."""
         if not self.by_versions:
-            return rootfs_key() if self.suite == SUITE else hashlib.sha256(json.dumps(
-                [self.suite, MIRROR, sorted(self.packages), DPKG_OPTS, "minbase"]).encode()).hexdigest()[:16]
+            return rootfs_key(self.packages, self.components, self.suite)
         if self.name not in _KEYS:
             # the recipe of a variant without updates or late packages is as it was before they
             # existed, so caches built then stay valid

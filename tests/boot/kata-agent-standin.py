@@ -12,6 +12,15 @@ import subprocess
 import time
 
 OUT = "/var/lib/kata-agent-standin"
+# The podman boots (tests/boot/podman_image.py): the CDI requests to run as containers, and the
+# local image; the shell inside lists /dev, prints the environment and the mount points
+# the container got.
+PODMAN_REQUESTS = os.environ.get("KATA_STANDIN_PODMAN", "").split()
+PODMAN_IMAGE = "localhost/podvm-gpu-test:1"
+CONTAINER_SCRIPT = ("/bin/busybox ls -ln /dev; echo ---; /bin/busybox env; echo ---; "
+                    "/bin/busybox cut -d' ' -f2 /proc/self/mounts")
+# A module to load after the agent's unit (the module lock boots): modules_disabled's proof.
+PROBE_MODULE = os.environ.get("KATA_STANDIN_MODPROBE", "")
 SHOW = ["ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainPID", "ExecMainStartTimestampMonotonic",
         "ExecMainExitTimestampMonotonic", "InactiveExitTimestampMonotonic"]
 
@@ -44,6 +53,36 @@ def daemon(root: str) -> dict | None:
             "cgroup": read_text(f"/proc/{pid}/cgroup")}
 
 
+def podman_run(root: str, request: str) -> dict:
+    """``podman run --device REQUEST`` of the local image, as kata-agent would start a pod's
+    container: the CDI library reads /etc/cdi and /var/run/cdi, so when the agent worked on
+    another root its CDI folder is bound over /run/cdi in a mount namespace of this run only."""
+    argv = ["podman", "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend",
+            "none", "run", "--rm", "--pull", "never", "--network", "none", "--device", request,
+            PODMAN_IMAGE, "/bin/busybox", "sh", "-c", CONTAINER_SCRIPT]
+    if root != "/":
+        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                'mkdir -p /run/cdi && mount --bind "$0/var/run/cdi" /run/cdi && exec "$@"',
+                root, *argv]
+    started = time.monotonic()
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+        rc, out, err = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out, err = None, str(e.stdout or ""), f"timed out after 240 s: {e.stderr or ''}"
+    return {"request": request, "rc": rc, "stdout": out, "stderr": err,
+            "seconds": round(time.monotonic() - started, 2)}
+
+
+def module_lock_probe(module: str) -> dict:
+    """kernel.modules_disabled as the agent's unit left it, then ``modprobe MODULE``."""
+    before = (read_text("/proc/sys/kernel/modules_disabled") or "").strip()
+    done = subprocess.run(["modprobe", module], capture_output=True, text=True, timeout=60)
+    return {"modules_disabled": before, "module": module, "modprobe_rc": done.returncode,
+            "modprobe_stderr": done.stderr.strip(),
+            "loaded_after": os.path.isdir(f"/sys/module/{module}")}
+
+
 def main() -> None:
     started = time.clock_gettime(time.CLOCK_MONOTONIC)
     root = os.environ.get("PODVM_GPU_ROOT") or "/"
@@ -62,6 +101,10 @@ def main() -> None:
         "persistenced": daemon(root),
         "nvidia_units_ran": sorted(n for n in os.listdir("/var/lib") if n.startswith("nvidia-unit-ran-")),
     }
+    if PROBE_MODULE:  # before the containers: nothing they do can change it
+        record["module_lock"] = module_lock_probe(PROBE_MODULE)
+    if PODMAN_REQUESTS:
+        record["podman"] = [podman_run(root, request) for request in PODMAN_REQUESTS]
     journal = subprocess.run(["journalctl", "-b", "--no-pager", "-o", "short-monotonic"],
                              capture_output=True, text=True, timeout=30).stdout
     agent_journal = subprocess.run(["journalctl", "-b", "--no-pager", "-o", "json",

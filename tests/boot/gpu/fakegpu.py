@@ -127,6 +127,9 @@ def modprobe(args):
     if not any(line.split(" ", 1)[0] == module for line in read(modules).splitlines()):
         write(modules, read(modules) + f"{module} 12345 0 - Live 0x0000000000000000\n")
     os.makedirs(under(ROOT, f"/sys/module/{module}"), exist_ok=True)
+    testbed = os.environ.get("UMOCKDEV_DIR")
+    if testbed:  # the kernel's /sys/module/<name>, which an agent on the VM's own root reads
+        write(f"{testbed}/sys/module/{module}/initstate", "live\n")
     if module == "nvidia":
         write(under(ROOT, "/sys/module/nvidia/version"), DRIVER_VERSION + "\n")
         write(under(ROOT, "/proc/driver/nvidia/version"),

@@ -76,12 +76,14 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 
 def populate(rootfs: Path, spec_template: Path, fail_cdi_generate: bool = False,
              fail_persistenced: bool = False, kill_persistenced: bool = False,
-             hang_persistenced: bool = False) -> Path:
+             hang_persistenced: bool = False, driver_files: bool = False) -> Path:
     """Write the fake GPU VM into rootfs; returns the host path of /srv/gpu. With
     ``fail_cdi_generate`` the boot fails in its last step, after persistenced started; with
     ``fail_persistenced`` the daemon fails to initialise (fakegpu.py says how); with
     ``kill_persistenced`` it is killed by SIGKILL while it initialises; with
-    ``hang_persistenced`` it initialises for ever."""
+    ``hang_persistenced`` it initialises for ever. ``driver_files``: every file the spec mounts
+    into a container exists under the fake root (empty), as a driver install leaves them, so a
+    real runtime can start a container with the spec (the podman boots)."""
     home = rootfs / "srv/gpu"
     root = home / "root"
     files = {
@@ -102,6 +104,14 @@ def populate(rootfs: Path, spec_template: Path, fail_cdi_generate: bool = False,
     _write(root / "usr/bin/nvidia-cdi-hook", "#!/bin/sh\n# stand-in for the toolkit's CDI hook\nexit 0\n", 0o755)
     for lib in ("libnvidia-ml", "libcuda"):
         (root / f"usr/lib/x86_64-linux-gnu/{lib}.so.1").symlink_to(f"{lib}.so.{VERSION}")
+    if driver_files:
+        import yaml
+
+        spec = yaml.safe_load(spec_template.read_text())
+        for mount in spec["containerEdits"].get("mounts", []):
+            path = root / mount["hostPath"].lstrip("/")
+            if not path.exists():
+                _write(path, "", 0o755 if "/bin/" in mount["hostPath"] else 0o644)
     for folder in ("run", "var/run", "etc"):
         (root / folder).mkdir(parents=True, exist_ok=True)
 
@@ -128,3 +138,20 @@ def populate(rootfs: Path, spec_template: Path, fail_cdi_generate: bool = False,
         dropin.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(HERE / f"{unit}.d/50-fake-gpu.conf", dropin)
     return home
+
+
+REAL_ROOT_UNITS = ("podvm-gpu.service", "kata-agent.service")
+
+
+def on_the_real_root(rootfs: Path, config: str) -> None:
+    """The agent (and the kata-agent stand-in) on the VM's own root ``/`` instead of the fake
+    one, with ``config`` as /etc/podvm-gpu/config.yaml: only /sys is mocked (umockdev: the H100
+    and, once the fake modprobe ran, /sys/module/<name>), so what the agent writes below /proc
+    reaches the real kernel through the unit's real sandbox. The fake tools still change only
+    /srv/gpu/root, so the boot fails after the modules step (the real /proc knows no driver)."""
+    for unit in REAL_ROOT_UNITS:
+        dropin = rootfs / f"etc/systemd/system/{unit}.d/60-real-root.conf"
+        dropin.parent.mkdir(parents=True, exist_ok=True)
+        dropin.write_text("# module lock boot tests: the agent works on the VM's own root\n"
+                          "[Service]\nEnvironment=PODVM_GPU_ROOT=/\n")
+    _write(rootfs / "etc/podvm-gpu/config.yaml", config)
