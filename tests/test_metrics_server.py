@@ -342,3 +342,19 @@ def test_web_config_setting_must_be_an_absolute_path():
     assert MetricsSettings.from_mapping({"web_config": "/etc/podvm-gpu/web.yml"}).web_config
     with pytest.raises(MetricsConfigError, match="metrics.web_config: must be an absolute"):
         MetricsSettings.from_mapping({"web_config": "web.yml"})
+
+
+def test_the_kernels_listen_queue_holds_as_many_connections_as_the_server_lets_wait():
+    """A burst of 200 connects sometimes waited 1 s for a SYN retransmit: the listen queue was
+    128 while up to 512 connections may wait (the kernel's ListenOverflows counter said so).
+    ``ss`` shows a listening socket's backlog as its Send-Q."""
+    server = MetricsServer("127.0.0.1", 0, lambda request: Response(200, b""), max_connections=512)
+    try:
+        port = server.server_address[1]
+        done = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True,
+                              timeout=10)
+        fields = done.stdout.split()
+        assert done.returncode == 0 and fields, done
+        assert int(fields[2]) >= 512, done.stdout  # State Recv-Q Send-Q Local ...
+    finally:
+        server.server_close()

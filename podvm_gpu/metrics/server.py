@@ -170,7 +170,10 @@ class MetricsServer:
         try:
             self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.socket.bind((host, port))
-            self.socket.listen(128)
+            # the kernel's queue holds as many as the server lets wait: with 128, a burst of
+            # connects overflowed it while the selector thread was busy, and the 129th
+            # waited a 1 s SYN retransmit (ListenOverflows, bench/metrics.py)
+            self.socket.listen(max(128, max_connections))
             self.socket.setblocking(False)
         except OSError:
             self.socket.close()
