@@ -197,12 +197,13 @@ class Run:
     def _write_metrics_textfile(self) -> None:
         """The boot's metrics for node-exporter's textfile collector (config metrics.textfile),
         after the status: they are read from it. A failure is a log line, not a failed boot."""
-        from podvm_gpu.metrics.command import write_boot_textfile
+        from podvm_gpu.metrics.command import in_words, write_boot_textfile
 
         try:
             write_boot_textfile(self.root, self.metrics)
-        except (OSError, ImportError) as err:
-            self.log(Log.WARNING, f"metrics: cannot write {self.metrics.textfile_path}: {err}")
+        except (OSError, ImportError) as err:  # in words, naming the textfile, not its temporary
+            self.log(Log.WARNING, f"metrics: cannot write {self.metrics.textfile_path}: "
+                                  f"{in_words(err)}")
 
     def _ready_line(self) -> str:
         gpus = self.status.gpus
