@@ -108,9 +108,6 @@ V = ssl.TLSVersion
     ("  min_version: TLS12\n  max_version: TLS12\n", None, V.TLSv1_3, "TLSv1.2"),
     ("", V.TLSv1, V.TLSv1_1, None),  # default minimum TLS12
     ("", None, None, "TLSv1.3"),
-    ("  min_version: TLS10\n", V.TLSv1, V.TLSv1, "TLSv1"),
-    ("  min_version: TLS11\n  max_version: TLS11\n", V.TLSv1, V.TLSv1_1, "TLSv1.1"),
-    ("  min_version: TLS11\n  max_version: TLS11\n", V.TLSv1, V.TLSv1, None),
 ])
 def test_tls_versions_bound_what_a_real_client_can_agree(tmp_path, tls_files, serve_in_process,
                                                          extra, lowest, highest, agreed):
@@ -153,7 +150,17 @@ def test_min_version_above_max_version_is_refused_naming_both(tmp_path, tls_file
 def test_an_unknown_tls_version_is_refused(tmp_path, tls_files, value):
     web = web_with(tmp_path, tls_files, f"  max_version: {value}\n")
     with pytest.raises(WebConfigError, match="tls_server_config.max_version: must be one of "
-                                             "TLS10, TLS11, TLS12, TLS13"):
+                                             "TLS12, TLS13"):
+        load_web_config(str(web))
+
+
+@pytest.mark.parametrize("extra", ["  min_version: TLS10\n", "  min_version: TLS11\n",
+                                   "  max_version: TLS11\n"])
+def test_tls_1_0_and_1_1_are_refused_by_name_not_offered(tmp_path, tls_files, extra):
+    """Deprecated (RFC 8996); OpenSSL 3 would speak them only at security level 0, which this
+    server will not lower to."""
+    web = web_with(tmp_path, tls_files, extra)
+    with pytest.raises(WebConfigError, match="is not implemented: TLS 1.0 and 1.1 are deprecated"):
         load_web_config(str(web))
 
 

@@ -8,7 +8,7 @@ What is implemented::
       key_file: server.key
       client_auth_type: NoClientCert   # or VerifyClientCertIfGiven, RequireAndVerifyClientCert
       client_ca_file: ca.crt       # needed by the two Verify types
-      min_version: TLS12           # TLS10 .. TLS13 (exporter-toolkit's default: TLS12)
+      min_version: TLS12           # TLS12 or TLS13 (exporter-toolkit's default: TLS12)
       max_version: TLS13
     http_server_config:
       http2: false                 # only false: the server speaks HTTP/1.1
@@ -32,7 +32,7 @@ _TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "min
              "max_version", "prefer_server_cipher_suites")
 _TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users")
 _CLIENT_AUTH = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
-_VERSIONS = ("TLS10", "TLS11", "TLS12", "TLS13")
+_VERSIONS = ("TLS12", "TLS13")
 # exporter-toolkit refuses these response headers too (they belong to the server)
 _RESERVED_HEADERS = ("content-type", "content-length", "content-encoding", "www-authenticate",
                      "connection", "date", "server", "transfer-encoding")
@@ -241,23 +241,26 @@ def _ssl_context(tls: dict, base: str, bad):
 
 
 # exporter-toolkit's names; its default minimum is TLS12, its maximum the newest there is
-_TLS_NAMES = {"TLS10": "TLSv1", "TLS11": "TLSv1_1", "TLS12": "TLSv1_2", "TLS13": "TLSv1_3"}
-# OpenSSL 3's security level 1 and above refuse the SHA-1 signatures of TLS 1.0 and 1.1, so a
-# minimum of TLS10/TLS11 needs level 0 to be met at all, as Go's TLS meets it; the suites stay
-# the forward-secret AEAD and AES ones (CBC-SHA only where a version below 1.2 needs them)
-_OLD_TLS_CIPHERS = "ECDH+AESGCM:ECDH+CHACHA20:ECDH+AES:!aNULL:!eNULL:@SECLEVEL=0"
+_TLS_NAMES = {"TLS12": "TLSv1_2", "TLS13": "TLSv1_3"}
+# TLS 1.0 and 1.1 are deprecated (RFC 8996), and OpenSSL 3 speaks them only below security level
+# 1: a server a confidential VM exposes refuses to offer them rather than lower its level
+_DEPRECATED = ("TLS10", "TLS11")
 
 
 def _versions(context, tls: dict, bad) -> None:
     """``tls_server_config.min_version``/``max_version`` onto the context's
     ``minimum_version``/``maximum_version`` (``ssl.SSLContext`` has no ``min_version``: setting
-    that name did nothing, and ``min_version: TLS13`` still spoke TLS 1.2)."""
+    that name did nothing, and ``min_version: TLS13`` still spoke TLS 1.2). ``TLS10`` and
+    ``TLS11`` are exporter-toolkit's names too, refused by name here (RFC 8996)."""
     import ssl
-    import warnings
 
     chosen = {}
     for option, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
         value = tls.get(option, default)
+        if value in _DEPRECATED:
+            raise bad(f"tls_server_config.{option}", f"{value} is not implemented: TLS 1.0 and "
+                                                     "1.1 are deprecated (RFC 8996); this "
+                                                     "server speaks TLS12 and TLS13")
         if not isinstance(value, str) or value not in _TLS_NAMES:
             raise bad(f"tls_server_config.{option}", f"must be one of {', '.join(_VERSIONS)}, "
                                                      f"not {value!r}")
@@ -270,14 +273,10 @@ def _versions(context, tls: dict, bad) -> None:
                               ("max_version", "maximum_version")):
         value = chosen[option]
         try:
-            with warnings.catch_warnings():  # TLSv1 and TLSv1_1 are deprecated names
-                warnings.simplefilter("ignore", DeprecationWarning)
-                setattr(context, attribute, getattr(ssl.TLSVersion, _TLS_NAMES[value]))
+            setattr(context, attribute, getattr(ssl.TLSVersion, _TLS_NAMES[value]))
         except (ValueError, ssl.SSLError) as err:
             raise bad(f"tls_server_config.{option}", f"{value} is refused by this Python's "
                                                      f"OpenSSL: {err}") from err
-    if _VERSIONS.index(low) < _VERSIONS.index("TLS12"):
-        context.set_ciphers(_OLD_TLS_CIPHERS)
 
 
 def _regular(path: str, key: str, bad) -> str:
