@@ -642,3 +642,20 @@ def test_a_config_with_a_key_given_twice_is_refused_by_config_check_image_and_bo
     assert main([*args, "--root", str(tmp_path)]) == 1
     said = capsys.readouterr()
     assert "budget_s: duplicate key (lines 1 and 2)" in said.out + said.err
+
+
+def test_a_dry_run_that_would_wait_in_vain_for_gpus_ends_as_that_boot_would(tmp_path):
+    """Found by a newcomer: with ``detect.expected_gpus: 1`` on a machine without a GPU the dry
+    run said ``no-gpu`` and exited 0, the boot ``failed`` and 1."""
+    config = tmp_path / "etc/podvm-gpu/config.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("detect: {expected_gpus: 1, late_gpu_wait_s: 1}\n")
+    argv = [sys.executable, "-m", "podvm_gpu", "boot", "--root", str(tmp_path)]
+
+    dry = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True, timeout=60)
+    real = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+    assert real.returncode == 1 and real.stdout.startswith("failed: detect: timed out")
+    assert dry.returncode == real.returncode, dry.stdout
+    assert dry.stdout.startswith("dry run: failed: detect: ") and "would wait up to 1 s" in \
+        dry.stdout, dry.stdout

@@ -147,8 +147,12 @@ def _boot(run: Run, config: str | None) -> int:
     if late is not None:
         detect.message += f"; {late.outcome()}" if not run.dry_run else \
             f"; a boot would wait up to {late.limit()} for {late.awaited()}"
-        if not run.dry_run and late.missing_parts():
-            detect.result, detect.message = StepResult.FAILED, late.failure()
+        if late.missing_parts():
+            # a dry run ends as a boot would with the PCI it sees now: failed, unless the
+            # awaited devices come within the wait
+            detect.result, detect.message = StepResult.FAILED, late.failure() if not \
+                run.dry_run else (f"{detect.message}; none of it has come yet: a boot that "
+                                  f"waits in vain ends failed ({'; '.join(late.missing_parts())})")
     log.step(detect)
     if detect.result == StepResult.FAILED:  # a GPU was announced but never came: not no-gpu
         return run.fail(f"detect: {detect.message}")
