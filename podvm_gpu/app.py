@@ -73,7 +73,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     sub["metrics"].add_argument("--openmetrics", action="store_true",
                                 help="print the OpenMetrics format")
     sub["metrics"].add_argument("--web-config", metavar="FILE",
-                                help="TLS and basic auth from this exporter-toolkit web config")
+                                help="TLS and basic auth from this exporter-toolkit web config "
+                                     "(needs --serve or --listen)")
     sub["metrics"].add_argument("--textfile", action="store_true",
                                 help="write the textfile (with --serve: every interval)")
     return parser, sub

@@ -83,6 +83,21 @@ def config_problem(path: str | None, source: str = "--config") -> str | None:
     return None
 
 
+def web_config_problem(options: dict) -> str | None:
+    """Why ``metrics``' ``--web-config`` cannot be taken, or None: only a server reads it, so
+    without ``--serve``/``--listen`` it would be silently ignored (even a bad file), and an empty
+    value would silently mean plain HTTP (the config key's ``""`` says that; the option names a
+    file or is left out)."""
+    web_config = options.get("web_config")
+    if web_config is None:
+        return None
+    if not web_config:
+        return "--web-config is empty"
+    if not options.get("serve") and options.get("listen") is None:
+        return "--web-config needs --serve or --listen"
+    return None
+
+
 def parse_timeout(text: str) -> float | None:
     """``--timeout`` of status: a finite number of seconds, at least 0; None when it is not."""
     try:
@@ -195,6 +210,8 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
         options["timeout"] = parse_timeout(text)
         if options["timeout"] is None:
             problem = f"--timeout {text!r} is not a number of seconds (0 or more)"
+    if command == "metrics" and not problem:
+        problem = web_config_problem(options)
     if problem:
         from podvm_gpu.app import usage_error
 

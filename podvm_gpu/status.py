@@ -75,18 +75,26 @@ def load_status(root: Root) -> dict | None:
     """
     import json
 
+    path = None
     try:
-        data = read_bounded(root.resolve(STATUS_PATH, follow_last=False), MAX_STATUS_BYTES)
+        path = root.resolve(STATUS_PATH, follow_last=False)
+        data = read_bounded(path, MAX_STATUS_BYTES)
     except FileNotFoundError:
         return None
     except OSError as err:
-        if err.errno == errno.ELOOP:  # O_NOFOLLOW met a link: boot never writes one there
+        if err.errno == errno.ELOOP and path is not None and os.path.islink(path):
+            # O_NOFOLLOW met a link at the file itself: boot never writes one there
             raise StatusUnreadable(f"{STATUS_PATH} is a symbolic link, not the file boot "
                                    "writes (it replaces the file, never a link): someone "
                                    "else put it there") from None
-        raise StatusUnreadable(f"{STATUS_PATH}: {err.strerror or err}") from None
+        where = "" if path is not None else " (a folder on its way is a link loop)"
+        raise StatusUnreadable(f"{STATUS_PATH}: {err.strerror or err}{where}") from None
     try:
-        doc = json.loads(data.decode("utf-8", errors="replace"))
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise StatusUnreadable(f"{STATUS_PATH} is not UTF-8 text (byte {err.start})") from None
+    try:
+        doc = json.loads(text)
     except (ValueError, RecursionError) as err:
         why = "nested too deeply" if isinstance(err, RecursionError) else str(err)
         raise StatusUnreadable(f"{STATUS_PATH} is not JSON ({why})") from None

@@ -339,7 +339,7 @@ def test_cpu_boot_json_prints_the_status_document(tmp_path, podvm, empty_path):
 
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert doc["version"] == 1 and doc["state"] == "no-gpu"
+    assert doc["version"] == 2 and doc["state"] == "no-gpu"
     assert doc["reason"] == "detect: no NVIDIA GPU on PCI (3 devices scanned)"
     assert doc["gpus"] == [] and doc["nvswitches"] == []
     assert [(s["name"], s["result"]) for s in doc["steps"]] == [("detect", "ok")]
@@ -437,18 +437,22 @@ def test_boot_dry_run_json_prints_one_document_and_writes_nothing(tmp_path, podv
         assert doc["state"] == state
     else:
         assert [g["pci_address"] for g in doc["gpus"]] == ["0000:00:04.0"]
-        assert ["modprobe", "nvidia"] in doc["commands"]
+        # one GPU and no fabric: the driver trains no NVLink (issue 16, as NVRC does)
+        assert ["modprobe", "nvidia", "NVreg_NvLinkDisable=1"] in doc["commands"]
     assert snapshot(root) == before
 
 
 @pytest.mark.parametrize("with_file", [False, True])
 def test_dry_run_plans_the_fabric_manager_exactly_as_boot_starts_it(tmp_path, podvm, empty_path,
                                                                     with_file):
-    """-c only with a config file the root has (steps/fabric.py), in the plan as in the run."""
-    cfg = tmp_path / "usr/share/nvidia/nvswitch/fabricmanager.cfg"
+    """-c only with a config file the root has (steps/fabric.py), in the plan as in the run:
+    since issue 16 the copy under /run with the keys the VM's role needs (FABRIC_MODE=0, the
+    rail policy), made from the stock file."""
+    stock = tmp_path / "usr/share/nvidia/nvswitch/fabricmanager.cfg"
+    cfg = tmp_path / "run/podvm-gpu/fabricmanager.cfg"
     if with_file:
-        cfg.parent.mkdir(parents=True)
-        cfg.write_text("LOG_LEVEL=4\n")
+        stock.parent.mkdir(parents=True)
+        stock.write_text("LOG_LEVEL=4\n")
 
     done = podvm(["boot", "--dry-run", "--json", "--root", str(tmp_path)],
                  tree="hgx-h200-8gpu-4nvswitch", env={"PATH": empty_path})

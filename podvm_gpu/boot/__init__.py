@@ -108,6 +108,9 @@ def _boot(run: Run, config: str | None) -> int:
         except OSError as err:
             # no lock file means no status file either (same folder), and no other boot can
             # hold the lock: end failed with what can still be written (spec, console, journal)
+            if err.filename and str(err.filename).endswith("/" + os.path.basename(LOCK_PATH)):
+                return run.fail(f"status: cannot open the boot lock {LOCK_PATH}: "
+                                f"{err.strerror or err}")
             return run.fail(f"status: cannot make {os.path.dirname(STATUS_PATH)} for the boot "
                             f"lock and the status: {oserror(err)}")
         if lock is None:

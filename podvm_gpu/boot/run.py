@@ -21,7 +21,7 @@ import sys
 import time
 
 from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
-from podvm_gpu.host.fs import Root, ensure_dir, folder_trust_problems
+from podvm_gpu.host.fs import TMP_SUFFIX, Root, ensure_dir, folder_trust_problems
 from podvm_gpu.model import REASON_MAX, State, Status, Step, StepResult
 from podvm_gpu.status import LOCK_PATH, STATUS_PATH, StatusFile
 
@@ -197,12 +197,13 @@ class Run:
     def _write_metrics_textfile(self) -> None:
         """The boot's metrics for node-exporter's textfile collector (config metrics.textfile),
         after the status: they are read from it. A failure is a log line, not a failed boot."""
-        from podvm_gpu.metrics.command import write_boot_textfile
+        from podvm_gpu.metrics.command import in_words, write_boot_textfile
 
         try:
             write_boot_textfile(self.root, self.metrics)
-        except (OSError, ImportError) as err:
-            self.log(Log.WARNING, f"metrics: cannot write {self.metrics.textfile_path}: {err}")
+        except (OSError, ImportError) as err:  # in words, naming the textfile, not its temporary
+            self.log(Log.WARNING, f"metrics: cannot write {self.metrics.textfile_path}: "
+                                  f"{in_words(err)}")
 
     def _ready_line(self) -> str:
         gpus = self.status.gpus
@@ -238,8 +239,9 @@ class Run:
         flight (the earliest, when several ran at once; the others are named too and fail
         alike); the daemons the boot started are left alone (they are not its children)."""
         steps = signal.steps or [self.running_step()]
-        message = f"interrupted by {signal.name} (the unit was stopped, the VM is shutting " \
-                  "down, or TimeoutStartSec= passed)"
+        why = ("Ctrl-C, or kill -INT" if signal.signum == _signal.SIGINT else
+               "the unit was stopped, the VM is shutting down, or TimeoutStartSec= passed")
+        message = f"interrupted by {signal.name} ({why})"
         for step in steps:
             step.result, step.message = StepResult.FAILED, message
             step.duration_s = time.monotonic() - step.started
@@ -256,7 +258,12 @@ class Run:
 
 
 def oserror(err: OSError) -> str:
-    return f"{err.strerror or err}" + (f" ({err.filename})" if err.filename else "")
+    """An OS error in words with the file it is about: the target of a rename (an atomic
+    write's), never its temporary name (``.status.json.<pid>.tmp``), which no reader knows."""
+    name = getattr(err, "filename2", None) or err.filename
+    if name and os.path.basename(str(name)).startswith(".") and str(name).endswith(TMP_SUFFIX):
+        name = None
+    return f"{err.strerror or err}" + (f" ({name})" if name else "")
 
 
 def acquire_lock(root: Root, timeout_s: float, log: Log) -> int | None:
@@ -374,7 +381,6 @@ def remove_leftovers(root: Root) -> None:
     """Remove the temporary files of an earlier boot that was killed mid-write (``.<name>.<pid>
     .tmp`` in the run and spec directories). Called with the lock held, so no other boot is
     writing them."""
-    from podvm_gpu.host.fs import TMP_SUFFIX
 
     for folder in ("/run/podvm-gpu", "/var/run/cdi"):
         try:

@@ -99,7 +99,9 @@ def validate(raw: object, path: str) -> Config:
     if errors:
         first = errors[0]
         # a key may hold line breaks or be long: the message stays one bounded line
-        key = one_line(".".join(str(p) for p in first.loc), 200) or "(top level)"
+        # a YAML null key (~) is None here: named as written
+        key = one_line(".".join("~" if p is None else str(p) for p in first.loc), 200) \
+            or "(top level)"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         message = " ".join(first.message.split())[:300]
         raise ConfigError(f"{path}: {key}: {message}{more}")
@@ -244,7 +246,11 @@ def load_config(path: str, *, required: bool = False, trusted: bool = False) -> 
     if text is None:
         return Config()
     raw = compiled_settings(path, text, trusted)
-    return parse_config(text, path) if raw is _NOT_COMPILED else validate(raw, path)
+    if raw is _NOT_COMPILED:
+        return parse_config(text, path)
+    # the YAML is right or wrong by its own text: a bad compiled form is the compiled form's
+    return validate(raw, f"{compiled_path(path)} (compiled from {path}; run podvm-gpu config "
+                         "--compile again)")
 
 
 def trust_problems(path: str, info: os.stat_result | None = None, *,

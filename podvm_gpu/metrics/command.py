@@ -14,6 +14,16 @@ import threading
 from podvm_gpu.host.fs import Root, atomic_write, ensure_dir
 from podvm_gpu.metrics.settings import MetricsSettings, parse_listen
 
+
+def in_words(err: Exception) -> str:
+    """An error as its words: ``strerror`` of an ``OSError`` (``Address already in use``), without
+    the ``[Errno N]`` and the file names Python adds (``atomic_write``'s temporary file is not
+    what the reader asked for: the caller names its target); ``str()`` of anything else."""
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return str(err)
+
+
 def print_once(root: Root, settings: MetricsSettings, openmetrics: bool = False,
                out=None) -> int:
     """Print the metrics once: Prometheus text format 0.0.4, or OpenMetrics 1.0.0.
@@ -40,7 +50,7 @@ def print_once(root: Root, settings: MetricsSettings, openmetrics: bool = False,
         stream.write(text)
         stream.flush()
     except OSError as err:
-        print(f"podvm-gpu metrics: cannot write the metrics: {err}", file=sys.stderr)
+        print(f"podvm-gpu metrics: cannot write the metrics: {in_words(err)}", file=sys.stderr)
         return 1
     return 0
 
@@ -191,7 +201,7 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
         try:
             server = make_server(root, settings, listen, exporter, web)
         except (OSError, ValueError) as err:
-            print(f"podvm-gpu metrics: cannot listen on {listen}: {err}", file=sys.stderr)
+            print(f"podvm-gpu metrics: cannot listen on {listen}: {in_words(err)}", file=sys.stderr)
             return 1
         host, port = server.server_address[:2]
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -206,7 +216,8 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
                 try:
                     write_textfile(root, settings, exporter)
                 except OSError as err:
-                    print(f"podvm-gpu metrics: cannot write {settings.textfile_path}: {err}",
+                    print(f"podvm-gpu metrics: cannot write {settings.textfile_path}: "
+                          f"{in_words(err)}",
                           file=sys.stderr, flush=True)
             stop.wait(settings.textfile_interval_s if settings.textfile else None)
     finally:
@@ -244,7 +255,8 @@ def _run(root: Root, settings: MetricsSettings, listen: str | None, serving: boo
         try:
             path = write_textfile(root, settings)
         except OSError as err:
-            print(f"podvm-gpu metrics: cannot write {settings.textfile_path}: {err}", file=sys.stderr)
+            print(f"podvm-gpu metrics: cannot write {settings.textfile_path}: {in_words(err)}",
+                  file=sys.stderr)
             return 1
         print(f"podvm-gpu metrics: wrote {root.host_path(path)}", file=sys.stderr)
         return 0

@@ -52,6 +52,52 @@ GaugeMetricFamily = _metrics_core.GaugeMetricFamily
 InfoMetricFamily = _metrics_core.InfoMetricFamily
 Metric = _metrics_core.Metric
 generate_latest = _exposition.generate_latest  # Prometheus text 0.0.4
-choose_encoder = _exposition.choose_encoder  # by the Accept header, as prometheus-client serves
-gzip_accepted = _exposition.gzip_accepted
+_choose_encoder = _exposition.choose_encoder
 generate_openmetrics = _openmetrics.generate_latest  # OpenMetrics 1.0.0
+
+
+def acceptable(header: str) -> list[tuple[str, str]]:
+    """The items of an ``Accept`` or ``Accept-Encoding`` value that are acceptable (RFC 9110
+    section 12.4.2): ``[(lower-case name, the item as given), ...]``, without those of ``q=0``.
+
+    prometheus-client reads only the names, so ``gzip;q=0`` ("not gzip") got gzip. A q-value
+    that is not a number from 0 to 1 makes its item not acceptable: the server then sends the
+    plain form, which every client reads.
+    """
+    items = []
+    for item in (header or "").split(","):
+        name, *params = item.split(";")
+        name = name.strip().lower()
+        if not name:
+            continue
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value.strip())
+                except ValueError:
+                    q = 0.0
+                if not 0.0 <= q <= 1.0:
+                    q = 0.0
+        if q > 0.0:
+            items.append((name, item))
+    return items
+
+
+def choose_encoder(accept: str):
+    """``(encoder, content type)`` for an ``Accept`` header, as prometheus-client serves
+    (OpenMetrics when asked for, else text 0.0.4), with the media types of ``q=0`` left out."""
+    return _choose_encoder(",".join(item for _, item in acceptable(accept)))
+
+
+def gzip_accepted(accept_encoding: str) -> bool:
+    """Whether an ``Accept-Encoding`` header accepts gzip: ``gzip`` (or ``x-gzip``) with a q-value
+    above 0, or ``*`` above 0 where gzip is not named. ``gzip;q=0`` and ``*;q=0`` refuse it;
+    ``identity;q=0`` alone does not make gzip acceptable (the body is sent plain then: every
+    client reads that, and a scraper that cannot is told nothing better by a 406)."""
+    named = {name for name, _ in acceptable(accept_encoding)}
+    listed = {item.split(";")[0].strip().lower() for item in (accept_encoding or "").split(",")}
+    if named & {"gzip", "x-gzip"}:
+        return True
+    return "*" in named and not listed & {"gzip", "x-gzip"}

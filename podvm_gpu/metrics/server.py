@@ -29,6 +29,7 @@ import binascii
 import collections
 import concurrent.futures
 import errno
+import re
 import selectors
 import socket
 import sys
@@ -41,6 +42,7 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"
             503: "Service Unavailable"}
 _MAX_HEADERS = 100
 _ONE_LINE_EVERY_S = 60.0
+_END_OF_HEAD = re.compile(rb"\r?\n\r?\n")  # the blank line, CRLF or bare LF
 
 
 class Request:
@@ -69,12 +71,21 @@ class Response:
 
 def parse_request(data: bytes) -> Request | Response:
     """The request in ``data`` (everything up to and including the blank line), or the
-    :class:`Response` (400, 405) that refuses it."""
+    :class:`Response` (400, 405) that refuses it.
+
+    A line may end with a bare LF as well as CRLF: RFC 9112 section 2.2 lets a recipient take LF
+    as the line terminator and ignore a CR before it, and a hand-typed ``printf 'GET /metrics
+    HTTP/1.1\n\n' | nc`` then gets its answer (before, it got nothing until the request's time
+    ran out). A CR anywhere else in a line is refused with 400 (section 2.2: a bare CR is
+    invalid), never taken as a line end.
+    """
     try:
         text = data.decode("iso-8859-1")
     except UnicodeDecodeError:  # cannot happen with latin-1; kept for clarity
         return Response(400, b"bad request\n")
-    lines = text.split("\r\n")
+    lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+    if any("\r" in line for line in lines):
+        return Response(400, b"bare CR in the request\n")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
         return Response(400, b"not an HTTP/1 request\n")
@@ -281,9 +292,9 @@ class MetricsServer:
                     self._drop(sel, conn)
                     return
                 conn.buf += chunk
-                end = conn.buf.find(b"\r\n\r\n")
-                if end >= 0 and end + 4 <= self.max_request_bytes:
-                    self._hand_over(sel, conn, bytes(conn.buf[:end + 4]))
+                found = _END_OF_HEAD.search(conn.buf)  # CRLF or bare LF (parse_request)
+                if found and found.end() <= self.max_request_bytes:
+                    self._hand_over(sel, conn, bytes(conn.buf[:found.end()]))
                     return
                 if len(conn.buf) > self.max_request_bytes:
                     self._refuse(sel, conn, Response(431, b"request headers too large\n"))

@@ -16,6 +16,10 @@ PROFILES = ("auto", "full", "cc-safe")
 DEFAULT_LISTEN = "127.0.0.1:9400"
 DEFAULT_TEXTFILE_PATH = "/run/podvm-gpu/metrics.prom"
 MAX_SECONDS = 3600.0
+# where a textfile must never go: CDI readers take every spec file there, the config is boot's
+TEXTFILE_FORBIDDEN = tuple((folder, "a CDI spec folder (CDI readers load every file there)")
+                           for folder in ("/etc/cdi", "/var/run/cdi", "/run/cdi")) + (
+    ("/etc/podvm-gpu", "the agent's config folder"),)
 
 
 class MetricsConfigError(ConfigError):
@@ -106,6 +110,8 @@ class MetricsSettings:
         if not isinstance(textfile_path, str) or not textfile_path.startswith("/") \
                 or textfile_path.endswith("/"):
             raise MetricsConfigError("metrics.textfile_path", "must be an absolute file path")
+        if textfile_path != DEFAULT_TEXTFILE_PATH:
+            _check_textfile_path(textfile_path)
         if not isinstance(web_config, str) or web_config and (
                 not web_config.startswith("/") or web_config.endswith("/")):
             raise MetricsConfigError("metrics.web_config", "must be an absolute file path, or "
@@ -145,6 +151,30 @@ class MetricsSettings:
 
     def __repr__(self) -> str:
         return f"MetricsSettings({self.to_dict()})"
+
+
+def _check_textfile_path(path: str) -> None:
+    """Refuse a textfile path that would overwrite the agent's own files.
+
+    The textfile is written over whatever is at its path: ``/var/run/cdi/nvidia.yaml`` replaced
+    the unavailable spec (kata-agent lost its fast failure), ``/run/podvm-gpu/status.json`` broke
+    ``status``, ``/etc/podvm-gpu/config.yaml`` the config. The rule is the reader's: node-exporter's
+    textfile collector reads only the files of its folder named ``*.prom`` (collector/textfile.go),
+    so nothing else is a textfile; and none goes under a CDI spec folder or the agent's config
+    folder, whatever its name.
+    """
+    import posixpath
+
+    name = posixpath.basename(path)
+    if not name.endswith(".prom") or name == ".prom":
+        raise MetricsConfigError("metrics.textfile_path", f"{path!r}: must be a file named "
+                                 "NAME.prom: node-exporter's textfile collector reads only those "
+                                 "(and any other name may be one of the agent's own files)")
+    normal = posixpath.normpath(path)
+    for folder, what in TEXTFILE_FORBIDDEN:
+        if normal.startswith(folder + "/"):
+            raise MetricsConfigError("metrics.textfile_path", f"{path!r}: not under {folder}: "
+                                                              f"{what}")
 
 
 def _seconds(key: str, value: object) -> float:

@@ -8,7 +8,7 @@ What is implemented::
       key_file: server.key
       client_auth_type: NoClientCert   # or VerifyClientCertIfGiven, RequireAndVerifyClientCert
       client_ca_file: ca.crt       # needed by the two Verify types
-      min_version: TLS12           # TLS10 .. TLS13 (exporter-toolkit's default: TLS12)
+      min_version: TLS12           # TLS12 or TLS13 (exporter-toolkit's default: TLS12)
       max_version: TLS13
     http_server_config:
       http2: false                 # only false: the server speaks HTTP/1.1
@@ -32,7 +32,7 @@ _TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "min
              "max_version", "prefer_server_cipher_suites")
 _TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users")
 _CLIENT_AUTH = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
-_VERSIONS = ("TLS10", "TLS11", "TLS12", "TLS13")
+_VERSIONS = ("TLS12", "TLS13")
 # exporter-toolkit refuses these response headers too (they belong to the server)
 _RESERVED_HEADERS = ("content-type", "content-length", "content-encoding", "www-authenticate",
                      "connection", "date", "server", "transfer-encoding")
@@ -112,13 +112,14 @@ def load_web_config(path: str) -> WebConfig:
     """
     import yaml
 
+    from podvm_gpu.host.fs import read_bounded
+
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+        # links followed here (a mounted secret is one), then read as every file the agent
+        # reads: regular files only, without blocking (a FIFO hung the server's start)
+        data = read_bounded(os.path.realpath(path), MAX_FILE_BYTES)
     except OSError as err:
         raise WebConfigError(f"{path}: cannot read the web config: {err.strerror or err}") from err
-    if len(data) > MAX_FILE_BYTES:
-        raise WebConfigError(f"{path}: over {MAX_FILE_BYTES} bytes: not a web config")
     try:
         doc = yaml.safe_load(data)
     except yaml.YAMLError as err:
@@ -206,25 +207,10 @@ def _ssl_context(tls: dict, base: str, bad):
             raise bad(f"tls_server_config.{key}", "must be a file path")
         return value if os.path.isabs(value) else os.path.join(base, value)
 
-    cert, key = file_of("cert_file"), file_of("key_file")
+    cert, key = _regular(file_of("cert_file"), "cert_file", bad), \
+        _regular(file_of("key_file"), "key_file", bad)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    versions = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
-                "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
-    for option, default in (("min_version", "TLS12"), ("max_version", None)):
-        value = tls.get(option, default)
-        if value is None:
-            continue
-        if value not in versions:
-            raise bad(f"tls_server_config.{option}", f"must be one of {', '.join(_VERSIONS)}, "
-                                                     f"not {value!r}")
-        try:
-            setattr(context, option, versions[value])
-        except (ValueError, ssl.SSLError) as err:
-            raise bad(f"tls_server_config.{option}", f"{value} is refused by this Python's "
-                                                     f"OpenSSL: {err}") from err
-    if context.maximum_version != ssl.TLSVersion.MAXIMUM_SUPPORTED \
-            and context.maximum_version < context.minimum_version:
-        raise bad("tls_server_config.max_version", "is below min_version")
+    _versions(context, tls, bad)
     prefer = tls.get("prefer_server_cipher_suites", True)
     if not isinstance(prefer, bool):
         raise bad("tls_server_config.prefer_server_cipher_suites", "must be true or false")
@@ -241,7 +227,7 @@ def _ssl_context(tls: dict, base: str, bad):
         raise bad("tls_server_config.client_auth_type", f"must be one of "
                   f"{', '.join(_CLIENT_AUTH)} (others are not implemented), not {auth!r}")
     if auth != "NoClientCert":
-        ca = file_of("client_ca_file")
+        ca = _regular(file_of("client_ca_file"), "client_ca_file", bad)
         try:
             context.load_verify_locations(cafile=ca)
         except (OSError, ssl.SSLError) as err:
@@ -252,3 +238,57 @@ def _ssl_context(tls: dict, base: str, bad):
         raise bad("tls_server_config.client_ca_file", "is used only with a client_auth_type "
                                                       "that verifies client certificates")
     return context
+
+
+# exporter-toolkit's names; its default minimum is TLS12, its maximum the newest there is
+_TLS_NAMES = {"TLS12": "TLSv1_2", "TLS13": "TLSv1_3"}
+# TLS 1.0 and 1.1 are deprecated (RFC 8996), and OpenSSL 3 speaks them only below security level
+# 1: a server a confidential VM exposes refuses to offer them rather than lower its level
+_DEPRECATED = ("TLS10", "TLS11")
+
+
+def _versions(context, tls: dict, bad) -> None:
+    """``tls_server_config.min_version``/``max_version`` onto the context's
+    ``minimum_version``/``maximum_version`` (``ssl.SSLContext`` has no ``min_version``: setting
+    that name did nothing, and ``min_version: TLS13`` still spoke TLS 1.2). ``TLS10`` and
+    ``TLS11`` are exporter-toolkit's names too, refused by name here (RFC 8996)."""
+    import ssl
+
+    chosen = {}
+    for option, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
+        value = tls.get(option, default)
+        if value in _DEPRECATED:
+            raise bad(f"tls_server_config.{option}", f"{value} is not implemented: TLS 1.0 and "
+                                                     "1.1 are deprecated (RFC 8996); this "
+                                                     "server speaks TLS12 and TLS13")
+        if not isinstance(value, str) or value not in _TLS_NAMES:
+            raise bad(f"tls_server_config.{option}", f"must be one of {', '.join(_VERSIONS)}, "
+                                                     f"not {value!r}")
+        chosen[option] = value
+    low, high = chosen["min_version"], chosen["max_version"]
+    if _VERSIONS.index(low) > _VERSIONS.index(high):
+        raise bad("tls_server_config.min_version", f"{low} is above tls_server_config."
+                                                   f"max_version {high}: no version is left")
+    for option, attribute in (("min_version", "minimum_version"),
+                              ("max_version", "maximum_version")):
+        value = chosen[option]
+        try:
+            setattr(context, attribute, getattr(ssl.TLSVersion, _TLS_NAMES[value]))
+        except (ValueError, ssl.SSLError) as err:
+            raise bad(f"tls_server_config.{option}", f"{value} is refused by this Python's "
+                                                     f"OpenSSL: {err}") from err
+
+
+def _regular(path: str, key: str, bad) -> str:
+    """``path`` when it is a regular file (links followed) or missing (the load then says so);
+    ssl opens these files by their path itself, so a FIFO there would block the server's start
+    for ever: it is refused by name first."""
+    import stat
+
+    try:
+        info = os.stat(path)
+    except OSError:
+        return path
+    if not stat.S_ISREG(info.st_mode):
+        raise bad(f"tls_server_config.{key}", f"{path}: not a regular file")
+    return path

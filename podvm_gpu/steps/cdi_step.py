@@ -227,8 +227,8 @@ def cdi_duplicates_row(facts) -> Check:
         more = "".join(f"; {p} could not be read ({problem})" for p, problem in unread)
         return Check("cdi-duplicates", FAIL, f"also defining nvidia.com/gpu: "
                      f"{', '.join(defining)}{more}",
-                     f"remove {defining[0]}: it defines the same devices, and kata-agent "
-                     "drops every device two specs define")
+                     f"remove {', '.join(defining[:3])}: each defines the same devices, and "
+                     "kata-agent drops every device two specs define")
     if unread:
         what = "; ".join(f"{p} could not be read ({problem})" for p, problem in unread)
         return Check("cdi-duplicates", FAIL, f"{what}: whether it defines nvidia.com/gpu is "
