@@ -31,10 +31,12 @@ import os
 import socket
 import time
 
+from podvm_gpu import kmod
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
 from podvm_gpu.fabric_kind import Fabric
 from podvm_gpu.host import infiniband
-from podvm_gpu.readers import daemon_pid
+from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, find_nvml,
+                               module_loaded, version_in)
 
 NVLSM_PID = "/run/podvm-gpu/nvlsm.pid"
 NVLSM_COMM = "nvlsm"
@@ -80,14 +82,19 @@ def find_port(ctx, fabric: Fabric) -> infiniband.IbDevice:
         raise StepFailed(f"no InfiniBand device on the NVLink management ports ({where}) "
                          f"{waited}; /sys/class/infiniband has only {_names(devices)}")
     if not usable:
-        said = "; ".join(
-            f"{d.name} ({d.pci_address}): " + (
-                "no port GUID in ports/1/gids/0" if d.sm_enabled else
-                "cap_mask unreadable" if d.cap_mask is None else
-                f"IsSMDisabled set (cap_mask 0x{d.cap_mask:08x})") for d in candidates)
-        raise StepFailed(f"no NVLink management port with the subnet manager enabled: {said}")
+        raise StepFailed(f"no NVLink management port with the subnet manager enabled: "
+                         f"{sm_said(candidates)}")
     raise StepFailed(f"no /dev/infiniband/umad* node {waited} (ib_umad loaded; the port "
                      f"{usable[0].name} is there): NVLSM cannot reach the switches")
+
+
+def sm_said(candidates) -> str:
+    """Why none of the IB devices on the management ports can carry NVLSM, one phrase each."""
+    return "; ".join(
+        f"{d.name} ({d.pci_address}): " + (
+            "no port GUID in ports/1/gids/0" if d.sm_enabled else
+            "cap_mask unreadable" if d.cap_mask is None else
+            f"IsSMDisabled set (cap_mask 0x{d.cap_mask:08x})") for d in candidates)
 
 
 def nvlsm_argv(ctx, guid: str) -> list[str]:
@@ -168,3 +175,140 @@ def nvlsm_alive(root) -> int | None:
 
 def fm_sm_socket_present(root) -> bool:
     return os.path.exists(root.resolve(FM_SM_SOCKET))
+
+
+# --- podvm-gpu check (steps/fabric.py's rows) ----------------------------------------------
+
+def daemon_unit(root, pid: int) -> str | None:
+    """The systemd unit a process runs in: the last ``*.service`` of its cgroup v2 path
+    (``0::/system.slice/podvm-gpu-nvlsm.service``, ``/proc/<pid>/cgroup``); None when unknown."""
+    for line in (root.read_text(f"/proc/{pid}/cgroup") or "").splitlines():
+        if line.startswith("0::"):
+            units = [p for p in line[3:].split("/") if p.endswith(".service")]
+            return units[-1] if units else None
+    return None
+
+
+def _alive(root, name: str, pid: int) -> str:
+    unit = daemon_unit(root, pid)
+    return f"{name} running (pid {pid}" + (f", unit {unit})" if unit else ")")
+
+
+def diagnose(root, config, fabric: Fabric, booted: dict | None) -> tuple[list[str], list[str]]:
+    """What a running NVLink 5 VM has of the path (module docstring) and what it lacks, as
+    ``(found, problems)`` phrases, read as the boot reads them (host/infiniband.py) but without
+    touching anything: NVLSM's socket is looked at, never connected to.
+
+    Args:
+        root: the VM's root; config: the config in force (``nvlink5``).
+        fabric: the kind found on PCI now (``nvlink5``).
+        booted: status.json's ``fabric`` object of the last boot, or None (its ``port_guid``
+            is the GUID NVLSM was given).
+    """
+    found = [f"management port(s) {', '.join(p.describe() for p in fabric.ports)}"]
+    problems = []
+    modules = tuple(config.nvlink5.ib_modules)
+    missing = [m for m in modules if not module_loaded(root, m)]
+    if missing:
+        problems.append(f"IB module(s) not loaded: {', '.join(missing)}")
+    else:
+        found.append(f"IB modules {', '.join(modules)} loaded")
+    devices = infiniband.ib_devices()
+    ports = set(fabric.port_addresses)
+    candidates = [d for d in devices if d.pci_address in ports]
+    usable = [d for d in candidates if d.sm_enabled and d.port_guid]
+    if not devices:
+        problems.append("no InfiniBand device in /sys/class/infiniband")
+    elif not candidates:
+        problems.append(f"no InfiniBand device on the management ports; /sys/class/infiniband "
+                        f"has only {_names(devices)}")
+    elif not usable:
+        problems.append(f"no management port with the subnet manager enabled: "
+                        f"{sm_said(candidates)}")
+    else:
+        port = usable[0]
+        found.append(f"port {port.name} ({port.pci_address}), GUID {port.port_guid}, subnet "
+                     "manager enabled")
+        given = (booted or {}).get("port_guid")
+        if given and given != port.port_guid:
+            problems.append(f"NVLSM was given GUID {given} at boot, but the first management "
+                            f"port with the subnet manager enabled is now {port.name} "
+                            f"({port.port_guid})")
+    umad = infiniband.umad_nodes(root.resolve("/dev/infiniband"))
+    if umad:
+        found.append(f"{len(umad)} /dev/infiniband/umad* node(s)")
+    else:
+        problems.append("no /dev/infiniband/umad* node (ib_umad's)")
+    pid = nvlsm_alive(root)
+    if pid is None:
+        problems.append(f"NVLSM is not running ({NVLSM_PID} names no live nvlsm)")
+    elif not fm_sm_socket_present(root):
+        problems.append(f"NVLSM runs (pid {pid}) but has no {FM_SM_SOCKET}")
+    else:
+        found.append(_alive(root, "NVLSM", pid) + f", {FM_SM_SOCKET} present")
+    fm = daemon_pid(root, FABRICMANAGER_PID, FABRICMANAGER_COMM)
+    found.append(_alive(root, "nv-fabricmanager", fm) if fm else
+                 "nv-fabricmanager not running (see the fabricmanager row)")
+    return found, problems
+
+
+def fm_package_version(root) -> str | None:
+    """The version of the fabric manager package installed in an image root, from dpkg's
+    database (``/var/lib/dpkg/status``: NVIDIA's CUDA repository names it
+    ``nvidia-fabricmanager-<branch>``, newer releases ``nvidia-fabricmanager``); None when no
+    such package is installed or the image has no dpkg database."""
+    for block in (root.read_text("/var/lib/dpkg/status") or "").split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if fields.get("Package", "").startswith("nvidia-fabricmanager") and \
+                fields.get("Status", "").endswith(" installed"):
+            return version_in(fields.get("Version", ""))
+    return None
+
+
+def image_lacks(image) -> tuple[list[str], list[str]]:
+    """What an image has and lacks for NVLink 5 VMs, as ``(have, lacks)`` phrases: the IB
+    modules (``nvlink5.ib_modules``) for every kernel, as ``modprobe`` would find them
+    (kmod.resolve); nvlsm where boot would run it and its config file; nv-fabricmanager of the
+    user-space driver's version (``nv-fabricmanager --version`` on the root ``/``, else the
+    dpkg package's version: :func:`fm_package_version`).
+
+    Args:
+        image: a :class:`podvm_gpu.check.image.Image` (``tool(name)``: where boot finds it).
+    """
+    root, cfg = image.root, image.config.nvlink5
+    have, lacks = [], []
+    for kernel in image.kernels:
+        gone = [m for m in cfg.ib_modules
+                if not kmod.resolve(root, kernel, m, image.runner).found]
+        if gone:
+            lacks.append(f"IB module(s) {', '.join(gone)} for kernel {kernel}")
+    if not image.kernels:
+        lacks.append("a kernel with the IB modules (no /boot/vmlinuz-*, no /lib/modules/*)")
+    elif not lacks:
+        have.append(f"IB modules {', '.join(cfg.ib_modules)} for {len(image.kernels)} kernel(s)")
+    nvlsm = image.tool("nvlsm")
+    if nvlsm is None:
+        lacks.append("nvlsm (the nvlsm package of the driver's release)")
+    elif not root.exists(cfg.nvlsm_config_file):
+        lacks.append(f"NVLSM's config {cfg.nvlsm_config_file}")
+    else:
+        have.append(f"nvlsm at {nvlsm} and {cfg.nvlsm_config_file}")
+    lib = find_nvml(root)
+    driver = lib.version if lib is not None else None
+    fm = image.tool("nv-fabricmanager")
+    if fm is None:
+        lacks.append(f"nv-fabricmanager (the fabric manager of driver {driver or '?'})")
+        return have, lacks
+    version = None
+    if root.is_host:
+        version = version_in(image.runner.run(["nv-fabricmanager", "--version"],
+                                              check=False).output)
+    version = version or fm_package_version(root)
+    if version is None:
+        lacks.append("a fabric manager whose version can be told (no nv-fabricmanager "
+                     "--version here, no nvidia-fabricmanager package in dpkg's database)")
+    elif driver and version != driver:
+        lacks.append(f"the fabric manager of driver {driver} (nv-fabricmanager is {version})")
+    else:
+        have.append(f"nv-fabricmanager {version}" + (" = the driver's" if driver else ""))
+    return have, lacks

@@ -59,7 +59,7 @@ def test_an_image_with_driver_units_and_tools_passes(tmp_path):
         "unit": "pass", "kata-agent-ordering": "pass", "kata-agent-cdi": "skip",
         "tools": "pass", "modules": "pass",
         "versions": "pass", "firmware": "pass", "module-compression": "pass",
-        "cdi-refresh-units": "pass", "trust": "pass",
+        "cdi-refresh-units": "pass", "trust": "pass", "fabric": "warn",
         "config-compiled": "skip"}
     assert VERSION in checks["versions"]["detail"]
     assert f"nvidia/{VERSION}/gsp_ga10x.bin" in checks["firmware"]["detail"]
@@ -318,3 +318,77 @@ def test_the_xz_header_is_read_as_the_format_says(tmp_path):
     assert "CRC32 does not match" in modcompress.xz_check(str(made))
     made.write_bytes(bytes(data[:7]))
     assert "not an xz stream" in modcompress.xz_check(str(made))
+
+
+IB_MODULES = {"mlx5_core": "drivers/net/ethernet/mellanox/mlx5/core",
+              "mlx5_ib": "drivers/infiniband/hw/mlx5", "ib_umad": "drivers/infiniband/core"}
+
+
+def add_nvlink5(root: Path, fm_version: str = VERSION, nvlsm: bool = True) -> Path:
+    """What an NVLink 5 VM needs beyond the driver: the IB modules for every kernel, nvlsm and
+    its config, nv-fabricmanager and its dpkg record (the version the row reads)."""
+    for kernel in (k.name.removeprefix("vmlinuz-") for k in (root / "boot").glob("vmlinuz-*")):
+        for name, folder in IB_MODULES.items():
+            path = root / f"lib/modules/{kernel}/kernel/{folder}/{name}.ko"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"")
+    tools = ["nv-fabricmanager"] + (["nvlsm"] if nvlsm else [])
+    for tool in tools:
+        path = root / "usr/bin" / tool
+        path.write_text("#!/bin/sh\nexit 1\n")
+        path.chmod(0o755)
+    conf = root / "usr/share/nvidia/nvlsm/nvlsm.conf"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text("log_flags 0x03\n")
+    dpkg = root / "var/lib/dpkg/status"
+    dpkg.parent.mkdir(parents=True, exist_ok=True)
+    dpkg.write_text("Package: kmod\nStatus: install ok installed\nVersion: 30+20221128-1\n\n"
+                    f"Package: nvidia-fabricmanager-{fm_version.split('.')[0]}\n"
+                    f"Status: install ok installed\nVersion: {fm_version}-1\n")
+    return root
+
+
+def serving_nvlink5(root: Path) -> Path:
+    config = root / "etc/podvm-gpu/config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("nvlink5:\n  image_serves: true\n")
+    return root
+
+
+def test_an_image_for_nvlink5_vms_passes_the_fabric_row(tmp_path):
+    code, checks = check_image(add_nvlink5(make_image(tmp_path)))
+    assert checks["fabric"]["result"] == "pass", checks["fabric"]
+    assert "mlx5_core, mlx5_ib, ib_umad" in checks["fabric"]["detail"]
+    assert f"nv-fabricmanager {VERSION}" in checks["fabric"]["detail"]
+
+
+def test_an_image_without_nvlink5_parts_warns_naming_them_unless_it_says_it_serves_them(tmp_path):
+    code, checks = check_image(make_image(tmp_path / "plain"))
+    row = checks["fabric"]
+    assert (code, row["result"]) == (0, "warn"), row
+    for lacking in ("mlx5_core, mlx5_ib, ib_umad for kernel", "nvlsm", "nv-fabricmanager",
+                    "image_serves is false"):
+        assert lacking in row["detail"], row
+    code, checks = check_image(serving_nvlink5(make_image(tmp_path / "serving")))
+    assert (code, checks["fabric"]["result"]) == (1, "fail"), checks["fabric"]
+    assert "image_serves is true" in checks["fabric"]["detail"]
+
+
+@pytest.mark.parametrize("change, lacking", [
+    ({"fm_version": "550.90.07"}, f"the fabric manager of driver {VERSION} (nv-fabricmanager is 550.90.07)"),
+    ({"nvlsm": False}, "nvlsm (the nvlsm package"),
+])
+def test_an_image_serving_nvlink5_fails_on_each_missing_part(tmp_path, change, lacking):
+    code, checks = check_image(serving_nvlink5(add_nvlink5(make_image(tmp_path), **change)))
+    assert (code, checks["fabric"]["result"]) == (1, "fail"), checks["fabric"]
+    assert lacking in checks["fabric"]["detail"]
+
+
+def test_an_ib_module_one_kernel_lacks_is_named_with_that_kernel(tmp_path):
+    root = make_image(tmp_path)
+    (root / "boot/vmlinuz-6.12.0-other").write_bytes(b"")
+    add_nvlink5(root)
+    shutil.rmtree(root / "lib/modules/6.12.0-other/kernel/drivers/infiniband")
+    code, checks = check_image(serving_nvlink5(root))
+    assert checks["fabric"]["result"] == "fail"
+    assert "IB module(s) mlx5_ib, ib_umad for kernel 6.12.0-other" in checks["fabric"]["detail"]

@@ -8,6 +8,7 @@ prints or serves with prometheus-client's own parsers.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import stat
 import subprocess
@@ -281,6 +282,59 @@ def test_fabric_manager_state_only_on_nvswitch_machines(tmp_path, fake_nvml_libs
     assert values(pcie, "podvm_gpu_daemon_up", daemon="nv-fabricmanager") == []
 
 
+COMPLETED = {"fabric.state": 3, "fabric.status": 0}
+
+
+def fabric_states(families: dict) -> dict[str, str]:
+    """GPU index -> the fabric state whose series is 1 (exactly one per GPU)."""
+    found: dict[str, list[str]] = {}
+    for s in families["podvm_gpu_fabric_state"].samples:
+        found.setdefault(s.labels["gpu"], [])
+        if s.value == 1:
+            found[s.labels["gpu"]].append(s.labels["state"])
+    assert all(len(v) == 1 for v in found.values()), found
+    return {gpu: states[0] for gpu, states in found.items()}
+
+
+def test_the_fabric_kind_and_each_gpus_fabric_state_and_status_are_gauges(tmp_path,
+                                                                          fake_nvml_libs):
+    root = make_root(tmp_path / "root", fake_nvml_libs["current"], gpus=3, fabric="nvlink5")
+    log = tmp_path / "log"
+    desc = describe(tmp_path / "desc", [gpu(0, **COMPLETED),
+                                        gpu(1, **{"fabric.state": 3, "fabric.status": 26}),
+                                        gpu(2, **{"fabric.state": 2})], log=log)
+    families = scrape(root, desc)
+    kind = families["podvm_gpu_fabric_kind_info"].samples
+    assert [s.labels for s in kind] == [{"kind": "nvlink5", "port": "mlx5_2",
+                                         "port_guid": "0xa088c20300543a1e"}]
+    assert fabric_states(families) == {"0": "completed", "1": "completed", "2": "in-progress"}
+    assert len(families["podvm_gpu_fabric_state"].samples) == 3 * 4
+    status = {s.labels["gpu"]: s.value for s in families["podvm_gpu_fabric_status"].samples}
+    assert status == {"0": 0, "1": 26}, "a status only once the state is completed"
+    assert "nvmlDeviceGetGpuFabricInfoV" in calls(log)
+    assert "nvmlDeviceGetGpuFabricInfo" not in calls(log), "the newer call answered"
+
+
+def test_the_535_library_gives_the_fabric_state_through_the_older_call(tmp_path, fake_nvml_libs):
+    root = make_root(tmp_path / "root", fake_nvml_libs["535"], gpus=1, nvswitches=2)
+    log = tmp_path / "log"
+    families = scrape(root, describe(tmp_path / "desc", [gpu(0, **COMPLETED)], log=log))
+    assert fabric_states(families) == {"0": "completed"}
+    assert "nvmlDeviceGetGpuFabricInfo" in calls(log)
+    assert [s.labels["kind"] for s in families["podvm_gpu_fabric_kind_info"].samples] == ["nvswitch"]
+
+
+def test_no_fabric_state_series_where_nvml_gives_none_and_no_kind_before_the_boot_looked(
+        gpu_root, tmp_path):
+    families = scrape(gpu_root, describe(tmp_path / "desc", [gpu(0)]))  # NOT_SUPPORTED
+    assert "podvm_gpu_fabric_state" not in families and "podvm_gpu_fabric_status" not in families
+    assert one(families, "podvm_gpu_nvml_gpu_up", gpu="0") == 1, "the GPU itself still answers"
+    cpu = make_root(tmp_path / "cpu", None, state="no-gpu", gpus=0)
+    status = cpu / "run/podvm-gpu/status.json"
+    status.write_text(json.dumps({**json.loads(status.read_text()), "fabric": None}))
+    assert "podvm_gpu_fabric_kind_info" not in scrape(cpu)
+
+
 def test_library_missing_or_outside_the_loader_path_is_named_without_importing_pynvml(tmp_path, fake_nvml_libs):
     root = make_root(tmp_path / "root", None)
     probe = ("import sys; from podvm_gpu.host.fs import Root; from podvm_gpu.metrics.command import "
@@ -530,7 +584,7 @@ def test_the_metrics_doc_lists_every_metric_with_its_type_and_profile(tmp_path, 
     seen: dict[str, str] = {}
     cases = [(make_root(tmp_path / "full", lib, nvswitches=2, kernel_log=[
                  "NVRM: Xid (PCI:0000:18:00): 13, pid=1, Graphics Exception."]),
-              describe(tmp_path / "d1", [gpu(0), gpu(1, lost=1)]), FULL),
+              describe(tmp_path / "d1", [gpu(0, **COMPLETED), gpu(1, lost=1)]), FULL),
              (make_root(tmp_path / "cc", lib), describe(tmp_path / "d2", [gpu(0)], cc="on"), CC_SAFE),
              (make_root(tmp_path / "failed", lib, state="failed", reason="modules: x"), None, CC_SAFE)]
     for root, desc, profile in cases:

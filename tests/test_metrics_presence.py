@@ -53,6 +53,21 @@ def test_daemon_series_only_for_daemons_the_boot_meant_to_run(tmp_path, state, n
     assert daemon_series(scrape(root)) == expected
 
 
+@pytest.mark.parametrize("fabric, running, expected", [
+    ("nvlink5", (), {"nvlsm": 0, "nv-fabricmanager": 0}),  # both meant to run, both gone
+    ("nvlink5", ("nvlsm", "nv-fabricmanager"), {"nvlsm": 1, "nv-fabricmanager": 1}),
+    ("nvswitch", (), {"nv-fabricmanager": 0}),  # no NVLSM on an NVSwitch board
+    ("none", (), {}),  # the fabric, if any, is managed outside the VM
+    ("mixed", (), {}),  # refused before any daemon starts
+])
+def test_fabric_daemon_series_follow_the_fabric_kind_of_the_boot(tmp_path, fabric, running,
+                                                                 expected):
+    """issue 16: an NVLink 5 VM has no NVSwitch on PCI, yet the boot starts NVLSM and the fabric
+    manager; keyed on ``nvswitches`` their series were missing and their death never alerted."""
+    root = make_root(tmp_path / "root", None, gpus=8, fabric=fabric, running=running)
+    assert daemon_series(scrape(root)) == {"nvidia-persistenced": 1, **expected}
+
+
 def test_a_boot_still_before_the_daemons_or_failed_before_them_has_no_daemon_series():
     from podvm_gpu.metrics.exporter import daemons_due
 
@@ -72,6 +87,12 @@ def test_a_boot_still_before_the_daemons_or_failed_before_them_has_no_daemon_ser
         {"name": "persistenced", "result": "ok"}, {"name": "fabricmanager", "result": "failed"}]}
     assert daemons_due(failed_there, {"nvidia-persistenced": True, "nv-fabricmanager": False}) == {
         "nvidia-persistenced": True, "nv-fabricmanager": False}
+    nvl5_failed = {"state": "failed", "nvswitches": [], "fabric": {"kind": "nvlink5"}, "steps": [
+        {"name": "persistenced", "result": "ok"}, {"name": "fabricmanager", "result": "failed"}]}
+    assert daemons_due(nvl5_failed, {**down, "nvlsm": False}) == {
+        "nvidia-persistenced": False, "nvlsm": False, "nv-fabricmanager": False}
+    nvl5_early = {**nvl5_failed, "steps": [{"name": "modules", "result": "failed"}]}
+    assert daemons_due(nvl5_early, {**down, "nvlsm": False}) == {}
     skipped = {"state": "failed", "nvswitches": [], "steps": [
         {"name": "persistenced", "result": "ok"}, {"name": "fabricmanager", "result": "skipped"}]}
     assert daemons_due(skipped, {"nvidia-persistenced": True, "nv-fabricmanager": False}) == {

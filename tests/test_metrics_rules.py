@@ -106,8 +106,10 @@ def test_no_alert_on_a_cpu_vm_a_fractional_vgpu_or_a_healthy_gpu_vm(promtool, tm
     assert booted.returncode == 0, booted.stderr
     worlds = {"cpu-vm": scrape(cpu, None)}
     lib = fake_nvml_libs["current"]
-    worlds["healthy"] = scrape(make_root(tmp_path / "ok", lib, gpus=2),
-                               describe(tmp_path / "d1", [gpu(0), gpu(1)]))
+    done = {"fabric.state": 3, "fabric.status": 0}
+    worlds["healthy"] = scrape(make_root(tmp_path / "ok", lib, gpus=2, nvswitches=2,
+                                         running=("nv-fabricmanager",)),
+                               describe(tmp_path / "d1", [gpu(0, **done), gpu(1, **done)]))
     vgpu = gpu(0, name="GRID A100-10C", **dict.fromkeys(("ecc.sbe_vol", "ecc.dbe_vol", "power_mw",
                                                            "remap.failure", "temp.slowdown")))
     worlds["vgpu"] = scrape(make_root(tmp_path / "vgpu", lib, gpus=1),
@@ -121,6 +123,7 @@ def test_no_alert_on_a_cpu_vm_a_fractional_vgpu_or_a_healthy_gpu_vm(promtool, tm
     ("fatal-xid-persistenced-gone", {"PodvmGpuFatalXid", "PodvmGpuDaemonDown", "PodvmGpuNvmlDown"}),
     ("gpu-lost", {"PodvmGpuLost"}),
     ("failed", {"PodvmGpuBootFailed"}),
+    ("nvlink5-fabric-in-progress", {"PodvmGpuFabricNotCompleted", "PodvmGpuDaemonDown"}),
 ])
 def test_the_alerts_fire_on_what_a_broken_world_really_exports(promtool, tmp_path, fake_nvml_libs,
                                                                world, expected):
@@ -132,6 +135,11 @@ def test_the_alerts_fire_on_what_a_broken_world_really_exports(promtool, tmp_pat
     elif world == "gpu-lost":
         root = make_root(tmp_path / "root", lib, gpus=2)
         desc = describe(tmp_path / "d", [gpu(0), gpu(1, lost=1)])
+    elif world == "nvlink5-fabric-in-progress":  # NVLSM died after a ready boot
+        root = make_root(tmp_path / "root", lib, gpus=2, fabric="nvlink5",
+                         running=("nv-fabricmanager",))
+        desc = describe(tmp_path / "d", [gpu(0, **{"fabric.state": 2}),
+                                         gpu(1, **{"fabric.state": 3, "fabric.status": 0})])
     else:
         root = make_root(tmp_path / "root", lib, state="failed", reason="modules: nvidia: no such module")
         desc = None

@@ -38,6 +38,16 @@ class Image:
         self.found = {k: {m: kmod.resolve(root, k, m, runner) for m in REQUIRED_MODULES}
                       for k in self.kernels}
 
+    def tool(self, name: str) -> str | None:
+        """Where boot would run tool ``name`` in this image (host/proc.py ``Runner.which``):
+        the config's ``tools:`` path when it names one (there only), else the first of the
+        usual program folders; None when it is not an executable there."""
+        path = self.config.tools.get(name)
+        if path:
+            return path if _executable(self.root, path) else None
+        return next((f"{d}/{name}" for d in _BIN_DIRS if _executable(self.root, f"{d}/{name}")),
+                    None)
+
 
 def image_kernels(root: Root) -> list[str]:
     """The image's kernels: releases of ``/boot/vmlinuz-*``, else the folders of /lib/modules."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from podvm_gpu import readers, steps, units
+from podvm_gpu import fabric_kind, readers, steps, units
 from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check, isolated, safely
 from podvm_gpu.check.units import (kata_agent_version, kata_cdi_check, kata_ordering_check,
                                   refresh_units_check)
@@ -29,6 +29,9 @@ class Facts:
         loaded: whether the nvidia module is loaded; messages: the kernel log's records.
         minors: PCI address -> minor of ``/dev/nvidia<minor>``; failed_at: the GPU step the
             last boot failed at, or None.
+        fabric: the fabric kind PCI shows now (:func:`podvm_gpu.fabric_kind.detect`, the boot's
+            reader), None without a GPU or when it cannot be read; boot_fabric: status.json's
+            ``fabric`` object of the last boot, or None.
     """
 
     def __init__(self, root: Root, config: Config, runner: Runner):
@@ -44,6 +47,10 @@ class Facts:
         self.messages = safely(lambda: kmsg.read_kernel_log(root), [])
         self.minors = safely(lambda: readers.gpu_minors(root, self.gpus), {})
         self.failed_at = safely(lambda: boot_failed_at(root), None)
+        self.fabric = safely(lambda: fabric_kind.detect([s.pci_address for s in self.nvswitches]),
+                             None) if self.gpus else None
+        booted = safely(lambda: (read_status(root) or {}).get("fabric"), None)
+        self.boot_fabric = booted if isinstance(booted, dict) else None
 
     def failed_before(self, step: str) -> bool:
         """Whether the last boot failed at a GPU step before ``step`` (so never reached it)."""

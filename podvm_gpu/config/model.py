@@ -42,8 +42,8 @@ class NvLink5Config(Section):
     ``ib_wait_s`` the longest wait for their InfiniBand devices and ``/dev/infiniband/umad*``
     nodes to appear after the load (the driver registers them asynchronously); NVLSM's config
     file (``-F``, the nvlsm package's path NVRC uses) and its readiness wait; ``image_serves``:
-    this image serves NVL5 VMs (meant for a ``check --image`` row that fails instead of warning
-    on what NVL5 needs; that row is not written yet, so nothing reads the key)."""
+    this image serves NVL5 VMs: ``check --image``'s ``fabric`` row (steps/fabric.py) fails
+    instead of warning on what NVL5 needs; boot does not read it."""
 
     FIELDS = {"ib_modules": (module_names, ("mlx5_core", "mlx5_ib", "ib_umad")),
               "ib_wait_s": (seconds(0, True), 15.0),

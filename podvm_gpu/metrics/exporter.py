@@ -12,6 +12,7 @@ from podvm_gpu.metrics import families as fam
 from podvm_gpu.metrics.prom import generate_latest, generate_openmetrics
 from podvm_gpu.metrics.reading import NvmlReading, cc_safe
 from podvm_gpu.metrics.settings import MetricsSettings
+from podvm_gpu.nvl5 import NVLSM_COMM, NVLSM_PID
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, PERSISTENCED_COMM,
                                PERSISTENCED_PID, daemon_pid)
 from podvm_gpu.status import StatusUnreadable, load_status
@@ -39,14 +40,33 @@ def nvml_gate(status: dict | None, persistenced_up: bool) -> tuple[str, str] | N
     return None
 
 
+# The fabric daemons each fabric kind (status.json ``fabric.kind``, docs/interface.md 3.10) has
+# the boot start: the fabric manager on NVSwitch VMs, NVLSM and then the fabric manager on
+# NVLink 5 VMs; none on ``none`` (the fabric, if any, is managed outside the VM) or ``mixed``
+# (refused before any daemon starts).
+FABRIC_DAEMONS = {"nvswitch": ("nv-fabricmanager",), "nvlink5": ("nvlsm", "nv-fabricmanager")}
+
+
+def fabric_kind_of(status: dict | None) -> str | None:
+    """The fabric kind of the last boot: status.json's ``fabric.kind``; a document without a
+    fabric object (version 1, or a boot that ended before it looked) counts NVSwitches on PCI
+    as version 1 did (``nvswitch`` when there are some); None when nothing says."""
+    status = status if isinstance(status, dict) else {}
+    fabric = status.get("fabric")
+    if isinstance(fabric, dict) and isinstance(fabric.get("kind"), str):
+        return fabric["kind"]
+    return "nvswitch" if status.get("nvswitches") else None
+
+
 def daemons_due(status: dict | None, running: dict[str, bool]) -> dict[str, bool]:
     """The daemons whose ``podvm_gpu_daemon_up`` series a scrape exports, name -> running.
 
     A daemon is exported when it runs, or when the boot meant it to run: nvidia-persistenced
     after a ``ready`` boot or one whose ``persistenced`` step started (ok or failed); the
-    fabric manager only with NVSwitches in the VM and then the same way (``fabricmanager``
-    step). So a CPU VM (``no-gpu``), a boot still running or failed before the step, and a
-    machine without NVSwitch have no series that reads as down (no false alarm).
+    fabric daemons of the boot's fabric kind (:data:`FABRIC_DAEMONS`, from
+    :func:`fabric_kind_of`) the same way (``fabricmanager`` step). So a CPU VM (``no-gpu``), a
+    boot still running or failed before the step, and a VM whose fabric kind has no daemon
+    have no series that reads as down (no false alarm).
 
     Args:
         status: status.json's document, or None.
@@ -56,9 +76,10 @@ def daemons_due(status: dict | None, running: dict[str, bool]) -> dict[str, bool
     steps = {s.get("name"): s.get("result") for s in status.get("steps") or []
              if isinstance(s, dict)}
     ready = status.get("state") == "ready"
-    due = {"nvidia-persistenced": ready or steps.get("persistenced") in ("ok", "failed"),
-           "nv-fabricmanager": bool(status.get("nvswitches")) and (
-               ready or steps.get("fabricmanager") in ("ok", "failed"))}
+    fabric_step = ready or steps.get("fabricmanager") in ("ok", "failed")
+    due = {"nvidia-persistenced": ready or steps.get("persistenced") in ("ok", "failed")}
+    for name in FABRIC_DAEMONS.get(fabric_kind_of(status), ()):
+        due[name] = fabric_step
     return {name: up for name, up in running.items() if up or due.get(name)}
 
 
@@ -100,10 +121,12 @@ class Exporter:
             status, status_error = None, str(err)
         out = fam.boot_families(status, status_error)
         persistenced = daemon_pid(self.root, PERSISTENCED_PID, PERSISTENCED_COMM) is not None
-        fabric = daemon_pid(self.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is not None \
-            if status and status.get("nvswitches") else False
-        out.append(fam.daemon_family(daemons_due(status, {"nvidia-persistenced": persistenced,
-                                                          "nv-fabricmanager": fabric})))
+        out.append(fam.daemon_family(daemons_due(status, {
+            "nvidia-persistenced": persistenced,
+            "nvlsm": daemon_pid(self.root, NVLSM_PID, NVLSM_COMM) is not None,
+            "nv-fabricmanager": daemon_pid(self.root, FABRICMANAGER_PID,
+                                           FABRICMANAGER_COMM) is not None})))
+        out += fam.fabric_kind_families(status)
         messages = kmsg.read_kernel_log(self.root)
         found = kmsg.findings(messages)
         xids = kmsg.xid_records(messages)
@@ -122,6 +145,7 @@ class Exporter:
             reading = self.reader.read(self.settings.profile)
         profile = fam.CC_SAFE if cc_safe(self.settings.profile, reading.cc_mode) else fam.FULL
         out += fam.nvml_families(reading, profile, self.settings.profile)
+        out += fam.gpu_fabric_families(reading)
         last_xid = {fam.pci_bus_id(pci): code for pci, code in xids}
         out += fam.dcgm_families(reading, self.hostname, last_xid, profile)
         return out

@@ -72,7 +72,9 @@ DCGM_COUNTERS = frozenset(name for name, (kind, _, _) in DCGM_FIELDS.items() if 
 DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
                "DCGM_FI_DRIVER_VERSION")
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device")  # the agent's per-GPU series; join on these
-DAEMONS = ("nvidia-persistenced", "nv-fabricmanager")
+DAEMONS = ("nvidia-persistenced", "nvlsm", "nv-fabricmanager")
+# NVML_GPU_FABRIC_STATE_* 0..3 (nvml.h), as the ``state`` label of podvm_gpu_fabric_state
+FABRIC_STATES = ("not-supported", "not-started", "in-progress", "completed")
 
 
 def pci_bus_id(address: str) -> str:
@@ -167,6 +169,52 @@ def daemon_family(running: dict[str, bool]) -> Metric:
     for name, up in running.items():
         family.add_metric([name], 1 if up else 0)
     return family
+
+
+def fabric_kind_families(status: dict | None) -> list[Metric]:
+    """``podvm_gpu_fabric_kind_info{kind, port, port_guid}`` from status.json's ``fabric``
+    object (docs/interface.md 3.10: ``none``, ``nvswitch``, ``nvlink5``, ``mixed``; the port and
+    its GUID on NVLink 5 once found, else ``""``); no family when the status has no fabric
+    object (no status, a CPU VM, a boot that ended before it looked, a version 1 document)."""
+    fabric = status.get("fabric") if isinstance(status, dict) else None
+    if not isinstance(fabric, dict) or not isinstance(fabric.get("kind"), str):
+        return []
+    info = InfoMetricFamily("podvm_gpu_fabric_kind", "The VM's NVLink fabric kind the last boot "
+                            "found on PCI (status.json fabric.kind), with the NVLink 5 "
+                            "management port and its GUID when found.")
+    info.add_metric([], {"kind": fabric["kind"], "port": str(fabric.get("port") or ""),
+                         "port_guid": str(fabric.get("port_guid") or "")})
+    return [info]
+
+
+def gpu_fabric_families(reading) -> list[Metric]:
+    """Each GPU's fabric state and status from NVML (``nvmlDeviceGetGpuFabricInfoV``, else
+    ``nvmlDeviceGetGpuFabricInfo``: what ``nvidia-smi -q -d FABRIC`` shows), for the GPUs that
+    answered it; no family when none did (NVML down, a library or GPU without the call).
+
+    ``podvm_gpu_fabric_state{GPU labels, state}``: 1 for the GPU's state, 0 for the other
+    :data:`FABRIC_STATES`. ``podvm_gpu_fabric_status{GPU labels}``: NVML's status of the fabric
+    (an ``nvmlReturn_t``: 0 success, else the error code), only once the state is
+    ``completed`` (nvml.h: the status is valid only then).
+
+    Args:
+        reading: the scrape's ``nvml.NvmlReading``.
+    """
+    answered = [g for g in reading.gpus if g.up and g.fabric_state in range(len(FABRIC_STATES))]
+    if not answered:
+        return []
+    states = _gauge("podvm_gpu_fabric_state", "1 for the GPU's NVLink fabric state (NVML): "
+                    "not-supported, not-started, in-progress, completed.",
+                    labels=(*GPU_LABELS, "state"))
+    status = _gauge("podvm_gpu_fabric_status", "NVML's status of the GPU's NVLink fabric once "
+                    "its state is completed: 0 success, else the NVML error code.",
+                    labels=GPU_LABELS)
+    for gpu in answered:
+        for i, name in enumerate(FABRIC_STATES):
+            states.add_metric([*_gpu_labels(gpu), name], 1 if gpu.fabric_state == i else 0)
+        if gpu.fabric_state == FABRIC_STATES.index("completed") and gpu.fabric_status is not None:
+            status.add_metric(_gpu_labels(gpu), gpu.fabric_status)
+    return [states, status] if status.samples else [states]
 
 
 def kernel_families(records: int, finding_kinds: list[str], fatal: int,

@@ -10,7 +10,8 @@ What is read, and from which NVML function (NVML API reference, ``nvml.h``):
 - each GPU, every profile (state and health): UUID, name, PCI bus id; temperature
   (``nvmlDeviceGetTemperatureV``, else the deprecated ``nvmlDeviceGetTemperature`` that 535 has)
   and its slowdown, shutdown and maximum operating thresholds; ECC totals; retired pages; remapped
-  rows; PCIe replays.
+  rows; PCIe replays; the NVLink fabric's state and status (``nvmlDeviceGetGpuFabricInfoV``,
+  else ``nvmlDeviceGetGpuFabricInfo``, which is all the 535 branch has).
 - each GPU, ``full`` profile only: power, energy, SM and memory clocks, utilisation (GPU, memory,
   encoder, decoder), frame-buffer memory. In ``cc-safe`` these functions are never *called*, not
   only never exported: the mode is read first and decides.
@@ -357,6 +358,7 @@ def _read_gpu(nv, call, gpu: GpuReading, full: bool) -> None:
                        "DCGM_FI_DEV_ROW_REMAP_FAILURE": failure})
     put("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", get("nvmlDeviceGetPcieReplayCounter",
                                                nv.nvmlDeviceGetPcieReplayCounter))
+    _read_fabric(nv, call, gpu, handle)
     if not full:
         return
     put("DCGM_FI_DEV_POWER_USAGE", get("nvmlDeviceGetPowerUsage", nv.nvmlDeviceGetPowerUsage), 1e-3)
@@ -383,3 +385,26 @@ def _read_gpu(nv, call, gpu: GpuReading, full: bool) -> None:
         if hasattr(memory, "reserved"):
             values["DCGM_FI_DEV_FB_RESERVED"] = memory.reserved // _MIB
 
+
+def _read_fabric(nv, call, gpu: GpuReading, handle) -> None:
+    """The GPU's fabric state and status: ``nvmlDeviceGetGpuFabricInfoV`` (550 and later, its
+    v2 struct), else ``nvmlDeviceGetGpuFabricInfo`` (the 535 branch has only this one); left
+    None when neither answers.
+
+    Raises:
+        _GpuDown: the GPU is lost or needs a reset.
+    """
+    i = gpu.index
+    newer, older = nv.c_nvmlGpuFabricInfoV_t(), nv.c_nvmlGpuFabricInfo_t()
+    try:
+        call(f"nvmlDeviceGetGpuFabricInfoV(GPU {i})", nv.nvmlDeviceGetGpuFabricInfoV, handle,
+             nv.byref(newer))
+        info = newer
+    except nv.NVMLError as err:
+        if type(err).__name__ in _DOWN:
+            raise _GpuDown(reason_of(err), f"nvmlDeviceGetGpuFabricInfoV(GPU {i}): {err}") from err
+        if optional(nv, call, f"nvmlDeviceGetGpuFabricInfo(GPU {i})",
+                    nv.nvmlDeviceGetGpuFabricInfo, handle, nv.byref(older)) is None:
+            return
+        info = older
+    gpu.fabric_state, gpu.fabric_status = int(info.state), int(info.status)

@@ -19,9 +19,12 @@ class GpuReading:
         reason, message: why it is down: a reason word (``gpu-is-lost``) and NVML's text.
         values: DCGM field name -> value in DCGM's unit (C, W, mJ, MHz, %, MiB, counts); a field
             the GPU does not support is missing.
+        fabric_state: NVML's fabric state (``NVML_GPU_FABRIC_STATE_*``, 0 not supported .. 3
+            completed), None when NVML gave none; fabric_status: its ``nvmlReturn_t`` status.
     """
 
-    __slots__ = ("index", "uuid", "name", "pci_bus_id", "up", "reason", "message", "values")
+    __slots__ = ("index", "uuid", "name", "pci_bus_id", "up", "reason", "message", "values",
+                 "fabric_state", "fabric_status")
 
     def __init__(self, index: int):
         self.index = index
@@ -32,6 +35,8 @@ class GpuReading:
         self.reason: str | None = None
         self.message: str | None = None
         self.values: dict[str, float] = {}
+        self.fabric_state: int | None = None
+        self.fabric_status: int | None = None
 
 
 class NvmlReading:

@@ -32,7 +32,7 @@ from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, FabricStat
                                nvsmi_no_driver, parse_fabric)
 from podvm_gpu.steps import Skipped
 from podvm_gpu import fabric_kind, nvl5, readers, units
-from podvm_gpu.check import FAIL, PASS, SKIP, Check
+from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.host.fs import atomic_write, ensure_dir
 
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
@@ -311,37 +311,28 @@ def plan(ctx: BootContext) -> list[list[str]]:
 # --- podvm-gpu check ----------------------------------------------------------------------
 
 def fabricmanager_row(facts) -> Check:
-    """The fabric manager's version is checked even when the last boot never reached the step
-    (a property of the image)."""
-    if not facts.nvswitches:
+    """The fabric manager of a VM whose fabric kind runs one (``nvswitch``, ``nvlink5``): its
+    version equals the driver's (checked even when the last boot never reached the step: a
+    property of the image), it runs, every GPU's fabric is Completed/Success. Kind ``none``:
+    the state of a fabric managed outside the VM, if the GPUs report one; ``mixed``: the
+    fabric row fails it."""
+    fabric = facts.fabric
+    kind = fabric.kind if fabric is not None else (
+        fabric_kind.NVSWITCH if facts.nvswitches else fabric_kind.NONE)
+    managed_here = kind in (fabric_kind.NVSWITCH, fabric_kind.NVLINK5)
+    if not managed_here:
         skip = facts.not_reached("fabricmanager")
         if skip:
             return skip
     skip = facts.needs_driver("fabricmanager")
     if skip:
         return skip
+    if kind == fabric_kind.MIXED:
+        return Check("fabricmanager", SKIP, "mixed fabric topology: no fabric manager is "
+                     "started (see fabric)")
+    if not managed_here:
+        return _outside_row(facts)
     driver = readers.kernel_module_version(facts.root)
-    if not facts.nvswitches:
-        note = ""
-        if units.enabled_by(facts.root, "nvidia-fabricmanager.service"):
-            note = ("; the image's nvidia-fabricmanager.service is enabled and fails with "
-                    "NV_WARN_NOTHING_TO_DO here, which is harmless")
-        # shared-NVSwitch virtualization: the fabric is managed outside the VM, and the
-        # GPUs still report it; one that never completed is as unusable as with NVSwitches
-        done = facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"], check=False)
-        states = readers.parse_fabric(done.stdout) if done.returncode == 0 else []
-        managed = [s for s in states if s.supported]
-        bad = [s for s in managed if not s.success]
-        if bad:
-            what = ", ".join(f"{s.gpu}: State {s.state}, Status {s.status}" for s in bad[:3])
-            return Check("fabricmanager", FAIL, f"no NVSwitch in the VM, but the fabric "
-                         f"managed outside it is not ready: {what}",
-                         "the host's fabric manager has not finished this VM's partition: "
-                         "ask the provider, or replace the VM")
-        if managed:
-            return Check("fabricmanager", PASS, f"no NVSwitch in the VM; fabric managed "
-                         f"outside it Completed/Success on {len(managed)} GPU(s)")
-        return Check("fabricmanager", SKIP, f"no NVSwitch on PCI{note}")
     done = facts.runner.run(["nv-fabricmanager", "--version"], check=False)
     fm = readers.version_in(done.output)
     if fm and driver and fm != driver:
@@ -351,18 +342,96 @@ def fabricmanager_row(facts) -> Check:
         return Check("fabricmanager", SKIP, f"fabric manager {fm or '(version unknown)'}; not "
                      f"started: the last boot failed at {facts.failed_at} (see status)")
     pid = readers.daemon_pid(facts.root, readers.FABRICMANAGER_PID, readers.FABRICMANAGER_COMM)
+    what = f"{len(facts.nvswitches)} NVSwitch(es)" if kind == fabric_kind.NVSWITCH else \
+        "NVLink 5 management ports"
     if pid is None:
-        return Check("fabricmanager", FAIL, f"{len(facts.nvswitches)} NVSwitch(es) but "
-                     "nv-fabricmanager is not running", "see the fabricmanager step in "
-                     "podvm-gpu status and /var/log/fabricmanager.log")
+        return Check("fabricmanager", FAIL, f"{what} but nv-fabricmanager is not running",
+                     "see the fabricmanager step in podvm-gpu status and "
+                     "/var/log/fabricmanager.log")
     states = readers.parse_fabric(facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"]).stdout)
     bad = [s for s in states if not s.success]
     if bad or not states:
         what = ", ".join(f"{s.gpu}: State {s.state}, Status {s.status}" for s in bad[:3])
         return Check("fabricmanager", FAIL, f"fabric not ready: {what or 'no state'}",
-                     "read /var/log/fabricmanager.log")
+                     "read /var/log/fabricmanager.log" + (
+                         " and NVLSM's journal (podvm-gpu-nvlsm.service)"
+                         if kind == fabric_kind.NVLINK5 else ""))
     return Check("fabricmanager", PASS, f"running (pid {pid}); fabric Completed/Success on "
                  f"{len(states)} GPU(s)")
 
 
-VM_ROWS = {"fabricmanager": fabricmanager_row}
+def _outside_row(facts) -> Check:
+    """Kind ``none``: shared-NVSwitch virtualization manages the fabric outside the VM, and the
+    GPUs still report it; one that never completed is as unusable as with NVSwitches."""
+    note = ""
+    if units.enabled_by(facts.root, "nvidia-fabricmanager.service"):
+        note = ("; the image's nvidia-fabricmanager.service is enabled and fails with "
+                "NV_WARN_NOTHING_TO_DO here, which is harmless")
+    done = facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"], check=False)
+    states = readers.parse_fabric(done.stdout) if done.returncode == 0 else []
+    managed = [s for s in states if s.supported]
+    bad = [s for s in managed if not s.success]
+    if bad:
+        what = ", ".join(f"{s.gpu}: State {s.state}, Status {s.status}" for s in bad[:3])
+        return Check("fabricmanager", FAIL, f"no NVSwitch in the VM, but the fabric "
+                     f"managed outside it is not ready: {what}",
+                     "the host's fabric manager has not finished this VM's partition: "
+                     "ask the provider, or replace the VM")
+    if managed:
+        return Check("fabricmanager", PASS, f"no NVSwitch in the VM; fabric managed "
+                     f"outside it Completed/Success on {len(managed)} GPU(s)")
+    return Check("fabricmanager", SKIP, f"no NVSwitch on PCI{note}")
+
+
+def fabric_row(facts) -> Check:
+    """Which fabric kind PCI shows and why (the boot's reader, fabric_kind.detect), against the
+    kind the last boot recorded; on NVLink 5 every part of the path (nvl5.diagnose: the IB
+    modules, the port with its GUID and subnet manager, the umad nodes, NVLSM and the fabric
+    manager alive and their units). The fabric manager's version and the fabric state are the
+    fabricmanager row's."""
+    if not facts.gpus:
+        return Check("fabric", SKIP, NO_GPU)
+    fabric = facts.fabric
+    if fabric is None:
+        return Check("fabric", FAIL, "cannot read the fabric kind from PCI (the VPD of the "
+                     "ConnectX functions)", "report this with podvm-gpu check --json")
+    said = f"{fabric.kind}: {fabric.why()}"
+    booted = (facts.boot_fabric or {}).get("kind")
+    if booted and booted != fabric.kind:
+        return Check("fabric", FAIL, f"{said}; the last boot found {booted}",
+                     "PCI changed since the boot: reboot the VM")
+    if fabric.kind == fabric_kind.MIXED:
+        return Check("fabric", FAIL, said, "a VM has NVSwitch functions or ConnectX NVLink "
+                     "management ports, never both: ask the provider for a shape with one")
+    if fabric.kind != fabric_kind.NVLINK5:
+        return Check("fabric", PASS, said)
+    if facts.failed_before("fabricmanager"):
+        return Check("fabric", SKIP, f"{said}; not reached: the last boot failed at "
+                     f"{facts.failed_at} (see status)")
+    found, problems = nvl5.diagnose(facts.root, facts.config, fabric, facts.boot_fabric)
+    if problems:
+        return Check("fabric", FAIL, f"NVLink 5: {'; '.join(problems)} (found: "
+                     f"{'; '.join(found)})", "see the fabricmanager step in podvm-gpu status "
+                     "and NVLSM's journal (journalctl -u podvm-gpu-nvlsm)")
+    return Check("fabric", PASS, f"NVLink 5: {'; '.join(found)}")
+
+
+VM_ROWS = {"fabric": fabric_row, "fabricmanager": fabricmanager_row}
+
+
+def fabric_image_row(image) -> Check:
+    """What the image lacks for NVLink 5 VMs (HGX B200/B300; nvl5.image_lacks): ``warn``
+    unless the config's ``nvlink5.image_serves`` says the image serves them, then ``fail``."""
+    have, lacks = nvl5.image_lacks(image)
+    if not lacks:
+        return Check("fabric", PASS, f"NVLink 5: {'; '.join(have)}")
+    serves = image.config.nvlink5.image_serves
+    why = "nvlink5.image_serves is true" if serves else \
+        "a warning: nvlink5.image_serves is false, and only NVLink 5 VMs need them"
+    return Check("fabric", FAIL if serves else WARN, f"for NVLink 5 VMs the image lacks: "
+                 f"{'; '.join(lacks)} ({why})", "install the IB modules for every kernel, "
+                 "nvlsm and the fabric manager of the driver's release, or set "
+                 "nvlink5.image_serves: false for images that never serve NVLink 5 VMs")
+
+
+IMAGE_ROWS = {"fabric": fabric_image_row}

@@ -29,12 +29,17 @@ FUNCTIONS = [
     "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetClockInfo",
     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetEncoderUtilization",
     "nvmlDeviceGetDecoderUtilization", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV",
 ]
 # Of those, what Debian 12's real libnvidia-ml1 535.309.01 does not export (checked against
 # the real library by test_metrics_real_nvml.py).
-ABSENT_IN_535 = ["nvmlSystemGetConfComputeSettings", "nvmlDeviceGetTemperatureV"]
+ABSENT_IN_535 = ["nvmlSystemGetConfComputeSettings", "nvmlDeviceGetTemperatureV",
+                 "nvmlDeviceGetGpuFabricInfoV"]
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"
-PERSISTENCED_PID = 4242  # a pid of the root's own /proc: nothing runs under it on this host
+PERSISTENCED_PID = 4242
+# daemon -> its pid file (podvm_gpu/readers.py, podvm_gpu/nvl5.py)
+FABRIC_DAEMON_FILES = {"nvlsm": "/run/podvm-gpu/nvlsm.pid",
+                       "nv-fabricmanager": "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"}  # a pid of the root's own /proc: nothing runs under it on this host
 
 
 def build(out_dir: Path, branch: int | None = None) -> Path:
@@ -109,7 +114,8 @@ def describe(path: Path, gpus: list[dict], *, cc: str = "off", cc_ready: int = 1
 
 def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int = 8,
               nvswitches: int = 0, persistenced: bool = True, kernel_log: list[str] = (),
-              reason: str | None = None) -> Path:
+              reason: str | None = None, fabric: str | None = None,
+              running: tuple[str, ...] = ()) -> Path:
     """A pod VM root after a boot that ended in ``state`` with ``gpus`` GPUs found on PCI.
 
     Args:
@@ -117,10 +123,15 @@ def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int =
         persistenced: True: persistenced's pid file names a live ``nvidia-persistenced``.
         kernel_log: messages for ``/dev/kmsg`` (a plain file under the root), as the kernel
             writes them after the record prefix.
+        fabric: status.json's ``fabric.kind`` (podvm_gpu/fabric_kind.py); None: ``nvswitch``
+            with NVSwitches, else ``none``; ``nvlink5`` gets port mlx5_2 and its GUID.
+        running: fabric daemons whose pid files name a live process (``nvlsm``,
+            ``nv-fabricmanager``).
     """
     from podvm_gpu.host.fs import Root
     from podvm_gpu.model import PciDevice, Status, Step, StepResult
     from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
+    from podvm_gpu.fabric_kind import Fabric
     from podvm_gpu.status import StatusFile
 
     status = Status()
@@ -128,6 +139,10 @@ def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int =
                              "H100 SXM5 80GB") for i in range(gpus)]
     status.nvswitches = [PciDevice(f"0000:{0x90 + i:02x}:00.0", "10de", "22a3", "068000", "nvidia",
                                    "NVSwitch") for i in range(nvswitches)]
+    status.fabric = Fabric(fabric or ("nvswitch" if nvswitches else "none"),
+                           [s.pci_address for s in status.nvswitches], [], [])
+    if status.fabric.kind == "nvlink5":
+        status.fabric.port, status.fabric.guid = "mlx5_2", "0xa088c20300543a1e"
     for name, seconds in (("pci", 0.004), ("modules", 1.9), ("persistenced", 11.2), ("cdi", 0.8)):
         step = Step(name, StepResult.OK if state != "failed" or name != "cdi" else StepResult.FAILED)
         step.duration_s = seconds
@@ -146,6 +161,12 @@ def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int =
         proc = root / f"proc/{PERSISTENCED_PID}"
         proc.mkdir(parents=True, exist_ok=True)
         (proc / "comm").write_text("nvidia-persiste\n")
+    for pid, (daemon, pid_file) in enumerate(sorted(FABRIC_DAEMON_FILES.items()), 4243):
+        if daemon in running:
+            (root / pid_file.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            (root / pid_file.lstrip("/")).write_text(f"{pid}\n")
+            (root / f"proc/{pid}").mkdir(parents=True, exist_ok=True)
+            (root / f"proc/{pid}/comm").write_text(daemon[:15] + "\n")
     (root / "dev").mkdir(exist_ok=True)
     (root / "dev/kmsg").write_text("".join(f"6,{i},{1000 * i},-;{m}\n"
                                            for i, m in enumerate(kernel_log)))

@@ -13,6 +13,8 @@
  *   gpu.0.power_mw 70000  gpu.0.energy_mj 123  gpu.0.clock.sm 1980  gpu.0.clock.mem 2619
  *   gpu.0.util.gpu 3 ..memory 1 ..encoder 0 ..decoder 0
  *   gpu.0.mem.total (bytes) ..free ..used ..reserved   gpu.0.lost 1 (fallen off the bus)
+ *   gpu.0.fabric.state 3 (NVML_GPU_FABRIC_STATE_*: 0 not supported .. 3 completed)
+ *   gpu.0.fabric.status 0 (an nvmlReturn_t)   gpu.0.fabric.clique 1
  *   error.<function>[.<gpu>] <NVML return code>     hang.<function>[.<gpu>] 1
  *   log <path>  (each call appends "<function> <gpu or ->")
  *
@@ -20,7 +22,8 @@
  *
  * A field a GPU lacks answers NVML_ERROR_NOT_SUPPORTED, as a GPU without the feature does.
  * Built with -DFAKE_NVML_BRANCH=535, it lacks what Debian 12's real 535.309.01 library lacks of
- * these calls (nvmlDeviceGetTemperatureV, nvmlSystemGetConfComputeSettings), so nvidia-ml-py
+ * these calls (nvmlDeviceGetTemperatureV, nvmlSystemGetConfComputeSettings,
+ * nvmlDeviceGetGpuFabricInfoV: 535.261.03 exports only nvmlDeviceGetGpuFabricInfo), so nvidia-ml-py
  * raises FunctionNotFound for them. Error strings and the before-init answers are those of that
  * real library (tests/test_metrics_nvml_real.py compares them).
  */
@@ -52,11 +55,17 @@ typedef struct { unsigned int gpu, memory; } utilization_t;
 typedef struct { unsigned int environment, ccFeature, devToolsMode; } cc_state_t;
 typedef struct { unsigned int version, environment, ccFeature, devToolsMode, multiGpuMode; } cc_settings_t;
 typedef struct { unsigned int version; int sensorType; int temperature; } temperature_v1_t;
+/* nvml.h nvmlGpuFabricInfo_t and nvmlGpuFabricInfo_v2_t (nvmlGpuFabricInfoV_t) */
+typedef struct { unsigned char clusterUuid[16]; unsigned int status, cliqueId, state; } fabric_info_t;
+typedef struct {
+    unsigned int version; unsigned char clusterUuid[16]; unsigned int status, cliqueId, state, healthMask;
+} fabric_info_v2_t;
 
 /* struct versions as nvml.h makes them: sizeof | version << 24 */
 #define MEMORY_V2 (unsigned int)(sizeof(memory_v2_t) | 2 << 24)
 #define CC_SETTINGS_V1 (unsigned int)(sizeof(cc_settings_t) | 1 << 24)
 #define TEMPERATURE_V1 (unsigned int)(sizeof(temperature_v1_t) | 1 << 24)
+#define FABRIC_INFO_V2 (unsigned int)(sizeof(fabric_info_v2_t) | 2 << 24)
 
 static char *keys[MAX_ENTRIES], *values[MAX_ENTRIES];
 static int entries, initialised;
@@ -400,3 +409,29 @@ int nvmlDeviceGetMemoryInfo_v2(device_t *device, memory_v2_t *memory) {
     if ((rc = number(gpu, "mem.free", &memory->free))) return rc;
     return number(gpu, "mem.used", &memory->used);
 }
+
+/* The fabric: state and status from the description; a GPU without fabric.state answers
+ * NOT_SUPPORTED. */
+static int fabric(int gpu, unsigned int *status, unsigned int *clique, unsigned int *state) {
+    int rc;
+    if ((rc = number_u(gpu, "fabric.state", state))) return rc;
+    if (number_u(gpu, "fabric.status", status)) *status = SUCCESS;
+    if (number_u(gpu, "fabric.clique", clique)) *clique = 0;
+    return SUCCESS;
+}
+
+int nvmlDeviceGetGpuFabricInfo(device_t *device, fabric_info_t *info) {
+    DEVICE_CALL("nvmlDeviceGetGpuFabricInfo", device)
+    memset(info->clusterUuid, 0, sizeof info->clusterUuid);
+    return fabric(gpu, &info->status, &info->cliqueId, &info->state);
+}
+
+#if FAKE_NVML_BRANCH != 535
+int nvmlDeviceGetGpuFabricInfoV(device_t *device, fabric_info_v2_t *info) {
+    DEVICE_CALL("nvmlDeviceGetGpuFabricInfoV", device)
+    if (info->version != FABRIC_INFO_V2) return ERR_ARGUMENT_VERSION_MISMATCH;
+    memset(info->clusterUuid, 0, sizeof info->clusterUuid);
+    info->healthMask = 0;
+    return fabric(gpu, &info->status, &info->cliqueId, &info->state);
+}
+#endif

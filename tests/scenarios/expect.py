@@ -115,7 +115,7 @@ def judge_check(world: World, run: Run, expect: dict) -> list[str]:
         results = {check["name"]: check for check in document["checks"]}
     except (ValueError, KeyError, TypeError) as err:
         return problems + [f"check --json stdout is not {{'checks': [{{'name', 'result', ...}}]}}: {err}"]
-    for key, result in (("fails", "fail"), ("warns", "warn")):
+    for key, result in (("fails", "fail"), ("warns", "warn"), ("passes", "pass")):
         for name in expect.get(key) or []:
             got = results.get(name, {}).get("result", "missing")
             if got != result:

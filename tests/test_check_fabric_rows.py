@@ -1,0 +1,74 @@
+"""The ``fabric`` and ``fabricmanager`` rows of ``check`` on a running VM (issue 16; contract
+section 5.1), through the real command: each case's world is booted by the real ``podvm-gpu
+boot`` under the scenario harness, then ``podvm-gpu check --json`` runs on what that boot left.
+
+- ``fabric``: the kind PCI shows and why; on NVLink 5 the IB modules, the port chosen as the boot
+  chooses it with its GUID and subnet manager, the umad nodes, NVLSM and the fabric manager
+  alive (S36, S41, S45, S49, S46);
+- ``fabricmanager``: keyed on the kind, so an NVLink 5 VM is not "managed outside the VM".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from test_check_vm_rows import booted_check, case
+
+pytestmark = pytest.mark.usefixtures("umockdev_run")
+
+
+def test_an_nvlink5_vm_names_its_port_guid_modules_nodes_and_daemons():
+    checks = booted_check(case("S36"))
+    row = checks["fabric"]
+    assert row["result"] == "pass", row
+    for fact in ("NVLink 5", "0000:e1:00.0 (VPD keyword V3 carries SW_MNG)",
+                 "IB modules mlx5_core, mlx5_ib, ib_umad loaded",
+                 "port mlx5_2 (0000:e1:00.0), GUID 0xa088c20300543a1e, subnet manager enabled",
+                 "umad* node(s)", "NVLSM running (pid", "fm_sm_ipc.socket present",
+                 "nv-fabricmanager running (pid"):
+        assert fact in row["detail"], (fact, row)
+    fm = checks["fabricmanager"]
+    assert fm["result"] == "pass", fm
+    assert "outside" not in fm["detail"], "an NVLink 5 VM runs its own fabric manager"
+    assert fm["detail"].startswith("running (pid"), fm
+
+
+def test_nvlsm_gone_after_the_boot_fails_the_fabric_row():
+    def nvlsm_gone(world):
+        Path(world.path("/run/podvm-gpu/nvlsm.pid")).unlink()
+
+    row = booted_check(case("S36"), after_boot=nvlsm_gone)["fabric"]
+    assert row["result"] == "fail", row
+    assert "NVLSM is not running (/run/podvm-gpu/nvlsm.pid names no live nvlsm)" in row["detail"]
+    assert "port mlx5_2" in row["detail"], "what was found is still said"
+
+
+def test_sm_disabled_on_every_management_port_fails_both_rows_naming_the_ports():
+    checks = booted_check(case("S41"))
+    row = checks["fabric"]
+    assert row["result"] == "fail", row
+    assert "no management port with the subnet manager enabled: mlx5_2 (0000:e1:00.0): " \
+           "IsSMDisabled set" in row["detail"], row
+    assert "mlx5_0" not in row["detail"], "a compute NIC is never a candidate"
+    fm = checks["fabricmanager"]
+    assert fm["result"] == "fail" and "NVLink 5 management ports but nv-fabricmanager is not " \
+        "running" in fm["detail"], fm
+
+
+def test_a_direct_nvswitch_board_and_a_vm_without_fabric_pass_naming_the_kind():
+    row = booted_check(case("S49"))["fabric"]
+    assert row["result"] == "pass", row
+    assert row["detail"].startswith("nvswitch: 4 NVSwitch function(s)"), row
+    row = booted_check(case("S46"))["fabric"]
+    assert row["result"] == "pass", row
+    assert row["detail"].startswith("none: no NVSwitch function and no ConnectX function"), row
+    assert "malformed VPD" in row["detail"], "the functions that are not ports are named"
+
+
+def test_a_mixed_topology_fails_the_fabric_row_and_starts_no_fabric_manager():
+    checks = booted_check(case("S45"))
+    assert checks["fabric"]["result"] == "fail", checks["fabric"]
+    assert checks["fabric"]["detail"].startswith("mixed: "), checks["fabric"]
+    assert checks["fabricmanager"]["result"] == "skip", checks["fabricmanager"]
