@@ -41,10 +41,15 @@ LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 NO_DEVICES = "No devices were found"  # nvidia-smi's words, exit 6, when NVML lists no GPU
 
 
-def nvml_bus_ids(text: str) -> set[str]:
+def nvml_bus_ids(text: str) -> set[str] | None:
     """The GPUs an ``nvidia-smi -q`` answer lists (``GPU <bus id>`` at the line start), as
-    :func:`bus_id` gives them: the GPUs NVML enumerates."""
-    return {bus_id(line.split()[1]) for line in text.splitlines()
+    :func:`bus_id` gives them: the GPUs NVML enumerates. None when the text is not nvidia-smi's
+    report (it always has its ``Attached GPUs :`` line): garbage or an empty answer is no
+    evidence that NVML sees fewer GPUs (issue 16: "a query nobody answers is not evidence")."""
+    lines = text.splitlines()
+    if not any(line.strip().startswith("Attached GPUs") and ":" in line for line in lines):
+        return None
+    return {bus_id(line.split()[1]) for line in lines
             if line.startswith("GPU ") and len(line.split()) == 2 and ":" in line}
 
 
