@@ -51,6 +51,8 @@ def main(work: str, run_cdi: str, etc_cdi: str, image_tar: str, requests: list[s
               f"lowerdir=/dev,upperdir={work}/dev-overlay/upper,workdir={work}/dev-overlay/work", "/dev"])
         for path, major, minor in nodes:
             os.makedirs(os.path.dirname(path), exist_ok=True)
+            if os.path.lexists(path):  # the host's own, seen through the overlay: replaced in it
+                os.unlink(path)
             os.mknod(path, 0o666 | 0o020000, os.makedev(major, minor))
     podman = ["podman", "--root", f"{work}/storage", "--runroot", "/run/podman-test",  # the namespace's tmpfs; podman allows 50 characters
              
