@@ -98,18 +98,39 @@ class Generated:
 
 
 def run(ctx: BootContext) -> Generated:
-    """Generate and validate the spec, then the health gate (podvm_gpu/health.py: a spec must mean
-    a usable GPU); nothing is written.
+    """Generate and validate the spec while the health gate (podvm_gpu/health.py: a spec must
+    mean a usable GPU) reads the GPUs: two independent NVML clients, both after persistenced, so
+    the gate's queries cost the boot no time beyond the generation's. Nothing is written.
 
     Raises:
         StepFailed: nvidia-ctk failed or timed out (its last error, the driver version, and the
             MIG state when that is the cause), the spec breaks a rule of contract section 8, or
-            the health gate read a GPU that needs replacing or a reset.
+            the health gate read a GPU that needs replacing or a reset (the generation's
+            failure is named first when both fail).
     """
+    import threading
+
     from podvm_gpu import health
 
-    generated = generate(ctx)
-    generated.health = health.gate(ctx)
+    said: dict = {}
+
+    def read_health() -> None:
+        try:
+            said["health"] = health.gate(ctx)
+        except BaseException as err:  # re-raised in the step's own thread below
+            said["error"] = err
+
+    reader = threading.Thread(target=read_health, name="step-cdi-health", daemon=True)
+    reader.start()
+    try:
+        generated = generate(ctx)
+    finally:
+        # the generation's end (or failure) is the step's; the gate is bounded by its own
+        # timeouts, and a stop of the boot cancels its calls as it cancels every call
+        reader.join()
+    if "error" in said:
+        raise said["error"]
+    generated.health = said["health"]
     return generated
 
 
