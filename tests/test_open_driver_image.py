@@ -57,8 +57,10 @@ def open_module(root: Path) -> str:
 @BOTH
 def test_the_open_module_image_passes(root, run_check):
     code, checks = run_check(root)
+    # an image that does not say it serves NVLink 5 VMs is warned about what NVL5 needs (issue 16)
+    assert checks["fabric"]["result"] == "warn", checks["fabric"]
     others = {n: c for n, c in checks.items()
-              if n not in ("kata-agent-cdi", "config-compiled") and c["result"] != "pass"}
+              if n not in ("kata-agent-cdi", "config-compiled", "fabric") and c["result"] != "pass"}
     assert not others and code == 0, checks
     assert f"{open_module(root)} via install nvidia modprobe -i nvidia-current-open" in \
         checks["modules"]["detail"], checks["modules"]
