@@ -84,8 +84,10 @@ class Signals:
         self.late: list[str] = []
         self._previous = {s: _signal.signal(s, self._raise) for s in _SIGNAL_NAMES}
 
-    @staticmethod
-    def _raise(signum, frame):
+    def _raise(self, signum, frame):
+        # the first signal starts the ending: any later one (systemd's again, a second Ctrl-C)
+        # is only noted, so it cannot cut the ending short before its final status is written
+        self.finishing()
         raise Interrupted(signum)
 
     def _note(self, signum, frame):
