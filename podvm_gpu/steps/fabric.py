@@ -32,6 +32,7 @@ from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, FabricStat
                                nvsmi_no_driver, parse_fabric)
 from podvm_gpu.steps import Skipped
 from podvm_gpu import fabric_kind, nvl5, readers, units
+from podvm_gpu.fm_watch import FmWatch
 from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.host.fs import atomic_write, ensure_dir
 
@@ -128,10 +129,14 @@ def seen(ctx: BootContext, states: list[FabricState]) -> str:
 
 
 def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
-                    nvlsm: Daemon | None = None) -> list[FabricState]:
+                    nvlsm: Daemon | None = None, pid: int | None = None) -> list[FabricState]:
     """Poll the fabric state until every GPU of the VM reports Completed/Success; fail at once
-    when a GPU is Completed with another status (unhealthy), the fabric manager exits with an
-    error or nvidia-smi cannot run at all. Every failure says the last state seen.
+    when a GPU is Completed with another status (unhealthy), the fabric manager is gone
+    (:class:`FmWatch`: exited with an error, or its daemon died or never ran) or nvidia-smi
+    cannot run at all. Every failure says the last state seen.
+
+    Args:
+        daemon: the fabric manager the boot started; pid: one found running instead.
 
     Raises:
         StepFailed: see above, or the wait (``ready_timeout_s + per_gpu_s * GPUs``, cut to the
@@ -143,6 +148,7 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
     end = time.monotonic() + limit
     states: list[FabricState] = []
     counted = False
+    watch = FmWatch(ctx.root, daemon, pid)
     nvl5_vm = ctx.fabric is not None and ctx.fabric.kind == fabric_kind.NVLINK5
     while True:
         ctx.check_stop()
@@ -167,11 +173,7 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
         bad = [s for s in states if s.completed and not s.success]
         if bad:
             raise StepFailed(f"fabric unhealthy: {summarize(bad)}")
-        code = daemon.exit_status() if daemon is not None else None
-        if code not in (None, 0):
-            said = daemon.last_words()
-            raise StepFailed(f"nv-fabricmanager {ended_text(code)}"
-                             + (f": {said}" if said else "") + f"; last seen: {seen(ctx, states)}")
+        watch.check(seen(ctx, states))
         if nvl5_vm and nvl5.nvlsm_alive(ctx.root) is None:
             code = nvlsm.exit_status() if nvlsm is not None else None
             said = nvlsm.last_words() if nvlsm is not None else ""
@@ -289,11 +291,11 @@ def run(ctx: BootContext) -> str:
     how = f"started ({daemon.where})" if daemon is not None else f"already running (pid {pid})"
     if fabric.kind == fabric_kind.NVLINK5:
         fabric.record("fabricmanager", "ok", f"nv-fabricmanager {how}", 0.0)
-        states, took = _part(ctx, "fabric", lambda: wait_for_fabric(ctx, daemon, nvlsm_daemon))
+        states, took = _part(ctx, "fabric", lambda: wait_for_fabric(ctx, daemon, nvlsm_daemon, pid))
         fabric.record("fabric", "ok", f"Completed/Success on {len(states)} GPU(s)", took)
         return (f"NVLink 5: {'; '.join(parts)}; fabric manager {how}; fabric Completed/Success "
                 f"on {len(states)} GPU(s) in {time.monotonic() - started:.2f} s")
-    states = wait_for_fabric(ctx, daemon)
+    states = wait_for_fabric(ctx, daemon, pid=pid)
     return (f"{how}; {len(ctx.nvswitches)} NVSwitch(es); fabric Completed/Success on "
             f"{len(states)} GPU(s) in {time.monotonic() - started:.2f} s")
 
