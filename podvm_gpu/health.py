@@ -14,6 +14,8 @@ distributed-ai#1190). Two bounded nvidia-smi queries, each at most the harmless-
   or a retirement included, and would fail a repaired GPU forever; and page retirement pending
   (the pre-Ampere repair; ``[N/A]`` on GPUs that remap rows instead).
 
+Then the reset status and the recovery action, each a query of its own (podvm_gpu/recovery.py).
+
 A remap failure fails the boot (the GPU needs replacing). A pending remap, a pending retirement or
 a volatile uncorrectable ECC error fails it with "GPU reset needed", or is a warning with
 ``health.reset_pending_warns``. Only a value actually read fails the boot: a query that is not
@@ -22,6 +24,7 @@ answered (not supported, a tool too old, a timeout, a field it does not know) is
 
 from __future__ import annotations
 
+from podvm_gpu import recovery
 from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.steps.context import BootContext
 
@@ -123,6 +126,14 @@ def gate(ctx: BootContext) -> str:
     rows = query(ctx, ecc_argv(), len(ECC_FIELDS), "ECC errors and page retirement")
     if rows is not None:
         judge_ecc(rows, verdict)
+    found = recovery.read(ask, ctx.runner, ctx.harmless_timeout("nvidia-smi"))  # issue 28
+    verdict.fatal += found.fatal
+    verdict.reset += found.reset
+    verdict.read += found.read
+    for line in found.warn:
+        ctx.warn(f"cdi: health: {line}")
+    for line in found.unread:
+        ctx.warn(f"cdi: health: {line}; the boot does not fail on it")
     if verdict.fatal:
         raise StepFailed("; ".join(verdict.fatal + verdict.reset) + "; spec not installed")
     if verdict.reset and not ctx.config.health.reset_pending_warns:

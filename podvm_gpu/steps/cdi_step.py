@@ -201,7 +201,8 @@ def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: the spec's generation, then the health gate's queries."""
     from podvm_gpu import health
 
-    return [generate_argv(ctx), health.remap_argv(), health.ecc_argv()]
+    return [generate_argv(ctx), health.remap_argv(), health.ecc_argv(),
+            health.recovery.reset_argv(), health.recovery.action_argv()]
 
 
 # --- podvm-gpu check ----------------------------------------------------------------------
@@ -295,6 +296,14 @@ def row_remapper_row(facts) -> Check:
     return Check("row-remapper", PASS, "; ".join(verdict.read))
 
 
+def recovery_action_row(facts) -> Check:
+    """The GPUs' reset status and recovery action (podvm_gpu/recovery.py, issue 28)."""
+    from podvm_gpu import health
+
+    return health.recovery.check_row(facts, health.ask)
+
+
 # The remapper first: the health gate runs before the spec is installed.
-VM_ROWS = {"row-remapper": row_remapper_row, "cdi-spec": cdi_spec_row,
+VM_ROWS = {"row-remapper": row_remapper_row, "recovery-action": recovery_action_row,
+           "cdi-spec": cdi_spec_row,
            "cdi-duplicates": cdi_duplicates_row}

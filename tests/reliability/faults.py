@@ -179,6 +179,15 @@ SCENARIOS = (
                             "managed outside the VM, and no GPU reports one (step skipped)")),
         CC_MODE,
         GENERATE,
+        # issue 28: the health gate's reset-status and recovery-action queries; only a value
+        # actually read fails the boot (podvm_gpu/recovery.py)
+        Command(("nvidia-smi", "--query-gpu=pci.bus_id,reset_status.reset_required,"
+                 "reset_status.drain_and_reset_recommended"), "cdi",
+                every_fault("a health query not answered is a warning: only a value read "
+                            "fails the boot")),
+        Command(("nvidia-smi", "--query-gpu=pci.bus_id,gpu_recovery_action"), "cdi",
+                every_fault("a health query not answered is a warning: only a value read "
+                            "fails the boot")),
     ), tools={"modprobe": "modules", "nvidia-ctk": "device-nodes",
               "nvidia-persistenced": "persistenced", "nvidia-smi": "confidential-computing"}),
     Scenario("P03", "P03-hgx-h200-8gpu-4nvswitch-ready.yaml", (

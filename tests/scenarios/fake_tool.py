@@ -24,7 +24,10 @@ Health queries (``--query-remapped-rows=`` and ``--query-gpu=`` lists naming ``e
 ``retired_pages.*``): the world's GPUs are healthy unless the case says otherwise, so with no
 matching rule the harness answers for every bound GPU (no remapped rows, none pending, no
 failure, ECC counters 0, ``[N/A]`` retired pages, as an H100 has none); a matching rule answers
-alone, stdout included (the case's GPU is not healthy).
+alone, stdout included (the case's GPU is not healthy). ``reset_status.*`` fields are health
+fields (healthy: ``No``). ``gpu_recovery_action`` in a ``--query-gpu=`` list is answered, with no
+matching rule, as every Debian nvidia-smi answers it: ``Field "gpu_recovery_action" is not a valid
+field to query.``, a blank line, exit 2; a matching rule answers alone (an nvidia-smi 565+).
 
 A rule's ``keep_output_s`` (the harness's own key): after answering, the fake leaves a child
 that holds its stdout and stderr open that many seconds, as a tool whose helper outlives it.
@@ -56,7 +59,14 @@ _GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\
 HEALTHY = {"remapped_rows.correctable": "0", "remapped_rows.uncorrectable": "0",
            "remapped_rows.pending": "No", "remapped_rows.failure": "No",
            "retired_pages.pending": "[N/A]", "retired_pages.single_bit_ecc.count": "[N/A]",
-           "retired_pages.double_bit.count": "[N/A]"}
+           "retired_pages.double_bit.count": "[N/A]",
+           # issue 28: no reset required or recommended (the Yes/No form of retired_pages.pending;
+           # no binary we could run printed these fields with a value)
+           "reset_status.reset_required": "No", "reset_status.drain_and_reset_recommended": "No"}
+# What every Debian nvidia-smi (535.261.03 to 555.58.02) says to gpu_recovery_action, exit 2
+# before any NVML call (../shared/nvidia-smi-real.md, "Which --query-gpu fields each version accepts")
+NOT_A_FIELD_RC = 2
+RECOVERY_NOT_A_FIELD = 'Field "gpu_recovery_action" is not a valid field to query.\n\n'
 _QUERY_FIELDS = {"fabric.state": 0, "fabric.status": 1, "fabric.clique_id": 2,
                  "fabric.cluster_uuid": 3}
 
@@ -92,7 +102,9 @@ def owned_query(argv: list[str], state: dict) -> str | None:
     if fx.option_value(argv, "--query-remapped-rows"):
         return "health"
     fields = fx.option_value(argv, "--query-gpu")
-    if fields and any(f.strip().startswith(("ecc.errors.", "retired_pages."))
+    if fields and "gpu_recovery_action" in [f.strip() for f in fields.split(",")]:
+        return "recovery"
+    if fields and any(f.strip().startswith(("ecc.errors.", "retired_pages.", "reset_status."))
                       for f in fields.split(",")):
         return "health"
     if fields and any(field.strip() in _QUERY_FIELDS for field in fields.split(",")):
@@ -189,6 +201,8 @@ def smi_answer(kind: str, argv: list[str], rule_stdout: str | None, world: World
         kind: what :func:`owned_query` returned.
         rule_stdout: the stdout of the rule that answered rc 0, or None when no rule matched.
     """
+    if kind == "recovery":
+        return NOT_A_FIELD_RC, RECOVERY_NOT_A_FIELD
     state = world.state()
     if kind == "cc":
         return 0, f"Confidential Compute GPUs Ready state: {state['cc_ready_state']}\n"
@@ -323,9 +337,9 @@ def main(config_path: str) -> int:
         except (fx.EffectError, OSError) as err:
             rc, stderr = 1, stderr + f"scenario harness: {err}\n"
             log.write("harness-error", message=str(err))
-    if owned and rc == 0 and not (owned == "health" and rule):
+    if owned and rc == 0 and not (owned in ("health", "recovery") and rule):
         rc, stdout = smi_answer(owned, argv, stdout if rule else None, world)
-    harness_out = owned and rule and owned != "health"
+    harness_out = owned and rule and owned not in ("health", "recovery")
     answer = (f"rule {index + 1}" if rule else "harness") + (", harness stdout" if harness_out else "")
     sys.stdout.write(stdout)
     sys.stderr.write(stderr)

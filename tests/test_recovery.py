@@ -1,0 +1,96 @@
+"""Reset status and recovery action (podvm_gpu/recovery.py, issue 28): each value's verdict, the
+Debian nvidia-smi's refusal of ``gpu_recovery_action`` as "not offered", and the health gate
+that carries them (boot-level: scenarios S101-S104)."""
+
+from __future__ import annotations
+
+import pytest
+
+from podvm_gpu import health, recovery
+from podvm_gpu.host.proc import Completed
+
+# Every Debian nvidia-smi, 535.261.03 to 555.58.02 (../shared/nvidia-smi-real.md), exit 2
+DEBIAN_REFUSAL = 'Field "gpu_recovery_action" is not a valid field to query.\n\n'
+
+
+class Runner:
+    """Answers each argv with (rc, stdout); records what it ran."""
+
+    def __init__(self, answers):
+        self.answers, self.ran = answers, []
+
+    def run(self, argv, check=False, timeout=None):
+        self.ran.append(argv)
+        rc, out = self.answers[tuple(argv)]
+        return Completed(argv=argv, returncode=rc, stdout=out, stderr="", duration_s=0.01)
+
+
+def answers(reset=(0, "00000000:18:00.0, No, No\n"), action=(2, DEBIAN_REFUSAL)):
+    return {tuple(recovery.reset_argv()): reset, tuple(recovery.action_argv()): action}
+
+
+def read(**kw) -> recovery.Found:
+    return recovery.read(health.ask, Runner(answers(**kw)), 5)
+
+
+def test_the_queries_are_their_own_never_fields_of_the_ecc_query():
+    assert recovery.reset_argv() == [
+        "nvidia-smi", "--query-gpu=pci.bus_id,reset_status.reset_required,"
+        "reset_status.drain_and_reset_recommended", "--format=csv,noheader"]
+    assert recovery.action_argv() == ["nvidia-smi", "--query-gpu=pci.bus_id,gpu_recovery_action",
+                                      "--format=csv,noheader"]
+    assert not set(health.ECC_FIELDS) & {"gpu_recovery_action", "reset_status.reset_required"}
+
+
+def test_debian_nvidia_smis_refusal_of_the_field_is_not_offered_and_no_warning():
+    found = read()
+    assert found.unread == [] and found.fatal == [] and found.reset == [] and found.warn == []
+    assert found.read == ["00000000:18:00.0 reset required No, drain and reset No",
+                          "recovery action not offered by this nvidia-smi"]
+
+
+def test_another_failure_of_the_action_query_is_unread_with_its_words():
+    found = read(action=(15, "Unable to determine the device handle for GPU0000:18:00.0: GPU is "
+                             "lost.  Reboot the system to recover this GPU\n"))
+    assert len(found.unread) == 1
+    assert found.unread[0].startswith("recovery action not read (nvidia-smi --query-gpu=")
+    assert "GPU is lost" in found.unread[0]
+
+
+@pytest.mark.parametrize("value, where", [
+    ("None", "read"), ("0", "read"),
+    ("GPU Reset", "reset"), ("1", "reset"), ("Reset", "reset"),
+    ("Drain and Reset", "reset"), ("4", "reset"),
+    ("Node Reboot", "fatal"), ("2", "fatal"),
+    ("Drain P2P", "warn"), ("3", "warn"),
+])
+def test_each_recovery_action_has_its_verdict(value, where):
+    found = read(action=(0, f"00000000:18:00.0, {value}\n"))
+    lists = {"fatal": found.fatal, "reset": found.reset, "warn": found.warn}
+    for name, got in lists.items():
+        assert bool(got) == (name == where), (name, got)
+    if where == "reset":
+        assert found.reset[0].endswith("GPU reset needed")
+
+
+def test_an_action_not_understood_and_na_are_not_verdicts():
+    found = read(action=(0, "00000000:18:00.0, Quarantine\n00000000:29:00.0, [N/A]\n"))
+    assert found.unread == ["GPU 00000000:18:00.0: recovery action 'Quarantine' not understood"]
+    assert "00000000:29:00.0 recovery action N/A" in found.read
+    assert not (found.fatal or found.reset or found.warn)
+
+
+@pytest.mark.parametrize("row, resets", [
+    ("Yes, No", 1), ("No, Yes", 1), ("Yes, Yes", 2), ("No, No", 0), ("[N/A], [N/A]", 0),
+    ("True, False", 1),
+])
+def test_reset_required_and_drain_recommended_each_need_a_reset(row, resets):
+    found = read(reset=(0, f"00000000:18:00.0, {row}\n"))
+    assert len(found.reset) == resets
+    assert all(line.endswith("GPU reset needed") for line in found.reset)
+
+
+def test_an_unanswered_reset_query_is_unread_not_a_failure():
+    found = read(reset=(2, 'Field "reset_status.reset_required" is not a valid field to query.\n\n'))
+    assert found.unread and found.unread[0].startswith("reset status not read")
+    assert not (found.fatal or found.reset)
