@@ -50,11 +50,16 @@ def test_debian_nvidia_smis_refusal_of_the_field_is_not_offered_and_no_warning()
 
 
 def test_another_failure_of_the_action_query_is_unread_with_its_words():
-    found = read(action=(15, "Unable to determine the device handle for GPU0000:18:00.0: GPU is "
-                             "lost.  Reboot the system to recover this GPU\n"))
+    found = read(action=(1, "Unknown Error\n"))
     assert len(found.unread) == 1
     assert found.unread[0].startswith("recovery action not read (nvidia-smi --query-gpu=")
-    assert "GPU is lost" in found.unread[0]
+    assert "Unknown Error" in found.unread[0]
+
+
+def test_a_lost_gpu_is_never_an_unread_warning():
+    with pytest.raises(health.Broken, match="GPU is lost"):
+        read(action=(15, "Unable to determine the device handle for GPU0000:18:00.0: GPU is "
+                         "lost.  Reboot the system to recover this GPU\n"))
 
 
 @pytest.mark.parametrize("value, where", [
