@@ -26,6 +26,7 @@ import fake_nvml
 from fake_nvml import describe, gpu, make_root, metrics_env
 
 from podvm_gpu.metrics.families import CC_SAFE, DCGM_FIELDS, DCGM_LABELS, FULL
+from podvm_gpu.metrics.health_families import FAMILIES as FLEET
 
 FULL_ONLY = {name for name, (_, _, profile) in DCGM_FIELDS.items() if profile == FULL}
 HEALTH = set(DCGM_FIELDS) - FULL_ONLY
@@ -104,10 +105,16 @@ def test_eight_gpus_export_every_dcgm_field_under_dcgm_names_and_labels(gpu_root
     assert one(families, "podvm_gpu_nvml_gpus") == 8
     exported = {name for name in families if name.startswith("DCGM_")}
     retired = {"DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_RETIRED_PENDING"}
-    assert exported == set(DCGM_FIELDS) - retired
+    # issue 28's families (tests/test_metrics_health.py): the CC mode (off in this world) and
+    # dcgm-exporter's own; the recovery action only where the driver gives one
+    fleet = set(FLEET) - {"DCGM_FI_DEV_GPU_RECOVERY_ACTION"}
+    assert exported - fleet == set(DCGM_FIELDS) - retired
+    assert fleet <= exported
     for name in exported:
         for sample in families[name].samples:
-            assert set(sample.labels) == set(DCGM_LABELS), name
+            extra = {"DCGM_EXP_GPU_HEALTH_STATUS": {"health_watch", "health_error_code"},
+                     "DCGM_EXP_XID_ERRORS_COUNT": {"window_size_in_ms"}}.get(name, set())
+            assert set(sample.labels) == set(DCGM_LABELS) | extra, name
     labels = families["DCGM_FI_DEV_GPU_TEMP"].samples[3].labels
     assert labels == {"gpu": "3", "UUID": gpu(3)["uuid"], "pci_bus_id": "00000000:48:00.0",
                       "device": "nvidia3", "modelName": "NVIDIA H100 80GB HBM3",
@@ -148,7 +155,11 @@ def test_cc_mode_auto_profile_reads_and_exports_only_state_and_health(gpu_root, 
     desc = describe(tmp_path / "desc", [gpu(i) for i in range(8)], cc=mode, log=log)
     families = scrape(gpu_root, desc)
     exported = {name for name in families if name.startswith("DCGM_")}
-    assert exported == HEALTH, "every health field, and nothing of the full profile"
+    assert exported - set(FLEET) == HEALTH, "every health field, and nothing of the full profile"
+    # issue 28: the cc-safe profile keeps the CC mode (1: on, devtools and protected PCIe are
+    # all confidential modes), the health status and the Xid count
+    assert one(families, "DCGM_FI_DEV_CC_MODE", gpu="0") == 1
+    assert {"DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_XID_ERRORS_COUNT"} <= exported
     assert not FULL_ONLY_CALLS & set(calls(log)), "the cc-safe profile never even asks NVML"
     assert families["podvm_gpu_metrics_profile_info"].samples[0].labels["profile"] == CC_SAFE
     assert one(families, "podvm_gpu_cc_mode", mode=mode) == 1
@@ -584,7 +595,8 @@ def test_the_metrics_doc_lists_every_metric_with_its_type_and_profile(tmp_path, 
     seen: dict[str, str] = {}
     cases = [(make_root(tmp_path / "full", lib, nvswitches=2, kernel_log=[
                  "NVRM: Xid (PCI:0000:18:00): 13, pid=1, Graphics Exception."]),
-              describe(tmp_path / "d1", [gpu(0, **COMPLETED), gpu(1, lost=1)]), FULL),
+              describe(tmp_path / "d1", [gpu(0, recovery_action=3, **COMPLETED), gpu(1, lost=1)]),
+              FULL),
              (make_root(tmp_path / "cc", lib), describe(tmp_path / "d2", [gpu(0)], cc="on"), CC_SAFE),
              (make_root(tmp_path / "failed", lib, state="failed", reason="modules: x"), None, CC_SAFE)]
     for root, desc, profile in cases:

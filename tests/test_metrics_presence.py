@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fake_nvml import describe, gpu, make_root, metrics_env
 
 from podvm_gpu.metrics.families import DCGM_FIELDS
+from podvm_gpu.metrics.health_families import FAMILIES as FLEET
 
 
 def scrape(root, desc=None) -> dict:
@@ -140,6 +141,7 @@ def test_every_field_that_fails_costs_its_own_series_only(tmp_path, fake_nvml_li
     every = set(DCGM_FIELDS)
     for i, call in enumerate(calls + [None]):
         present = {name for name, family in families.items() if name.startswith("DCGM_")
+                   and name not in FLEET  # issue 28's: test_metrics_health.py
                    for s in family.samples if s.labels["gpu"] == str(i)}
         assert present == every - CALL_FIELDS.get(call, set()), (i, call)
 
@@ -163,10 +165,18 @@ def test_a_fractional_vgpu_exports_what_it_has_and_the_scrape_stands(tmp_path, f
                for s in family.samples if s.labels["gpu"] == "0"}
     assert set(on_vgpu) == {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_SM_CLOCK",
                             "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_GPU_UTIL",
-                            "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED"}
+                            "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED",
+                            # issue 28: CC not supported reads as mode 0; no recovery action
+                            "DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_XID_ERRORS_COUNT",
+                            "DCGM_FI_DEV_CC_MODE"}
     assert on_vgpu["DCGM_FI_DEV_FB_USED"] == 4, "4 MiB used, from the older memory call"
+    # no ECC, remap or retirement value read on the vGPU: no MEM health watch, never a "pass"
+    watches = {s.labels["gpu"]: set() for s in families["DCGM_EXP_GPU_HEALTH_STATUS"].samples}
+    for s in families["DCGM_EXP_GPU_HEALTH_STATUS"].samples:
+        watches[s.labels["gpu"]].add(s.labels["health_watch"])
+    assert watches == {"0": {"ALL"}, "1": {"ALL", "MEM"}}
     on_full = {name for name, family in families.items() if name.startswith("DCGM_")
-               for s in family.samples if s.labels["gpu"] == "1"}
+               and name not in FLEET for s in family.samples if s.labels["gpu"] == "1"}
     assert on_full == set(DCGM_FIELDS)
     assert [s.labels["modelName"] for s in families["DCGM_FI_DEV_GPU_TEMP"].samples] == [
         "GRID A100-10C", "NVIDIA H100 80GB HBM3"]

@@ -62,7 +62,11 @@ def scraped(prometheus, tmp_path_factory, fake_nvml_libs):
     tmp_path = tmp_path_factory.mktemp("prometheus-scrape")
     root = make_root(tmp_path / "root", fake_nvml_libs["current"],
                      kernel_log=["NVRM: Xid (PCI:0000:28:00): 13, pid=1, Graphics Exception."])
-    desc = describe(tmp_path / "desc", [gpu(i) for i in range(8)])
+    # issue 28: the kernel's clock 60 s after boot (the Xid's record is in the 5-minute window);
+    # GPU 2's driver asks for a GPU reset
+    (root / "proc/uptime").write_text("60.00 50.00\n")
+    desc = describe(tmp_path / "desc", [gpu(i, **({"recovery_action": 1} if i == 2 else {}))
+                                        for i in range(8)])
     cert, key = make_cert(tmp_path / "tls")
     hashed = bcrypt.hashpw(b"scrape-pw", bcrypt.gensalt(4)).decode()
     web = tmp_path / "web.yml"
@@ -155,3 +159,22 @@ def test_the_dcgm_exporter_dashboards_queries_answer(scraped):
 
 
 DASHBOARD_SUM = 'sum(DCGM_FI_DEV_POWER_USAGE{{instance="{target}"}})'
+
+
+def test_prometheus_has_the_fleet_health_families_under_dcgm_exporters_names(scraped):
+    """Issue 28: what a dashboard or alert built for dcgm-exporter's 2026 names queries."""
+    base, target = scraped
+    health = instant(base, 'DCGM_EXP_GPU_HEALTH_STATUS{job="podvm", health_watch="ALL"}')
+    assert {r["metric"]["gpu"]: float(r["value"][1]) for r in health} == {
+        str(i): (20.0 if i == 2 else 0.0) for i in range(8)}
+    assert {r["metric"]["health_error_code"] for r in health if r["metric"]["gpu"] == "2"} == {
+        "DCGM_FR_UNKNOWN"}
+    xid = instant(base, 'DCGM_EXP_XID_ERRORS_COUNT{job="podvm", xid="13"}')
+    assert [(r["metric"]["gpu"], r["metric"]["window_size_in_ms"], float(r["value"][1]))
+            for r in xid] == [("1", "300000", 1.0)]
+    assert len(instant(base, 'DCGM_EXP_XID_ERRORS_COUNT{job="podvm", xid=""} == 0')) == 7
+    assert len(instant(base, 'DCGM_FI_DEV_CC_MODE{job="podvm"} == 0')) == 8
+    action = instant(base, 'podvm_gpu_recovery_action{job="podvm"} == 1')
+    assert [(r["metric"]["gpu"], r["metric"]["action"]) for r in action] == [("2", "GPU Reset")]
+    assert float(instant(base, 'DCGM_FI_DEV_GPU_RECOVERY_ACTION{job="podvm", gpu="2"}')[0]
+                 ["value"][1]) == 1

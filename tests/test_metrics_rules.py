@@ -68,7 +68,10 @@ def input_series(exposition: str, instance: str) -> list[dict]:
                 continue
             labels = {**s.labels, "instance": instance, "job": "podvm"}
             selector = ", ".join(f"{k}={_quote(v)}" for k, v in sorted(labels.items()))
-            out.append({"series": f"{s.name}{{{selector}}}", "values": f"{s.value:g}x15"})
+            # prometheus-client's parser adds _total to a counter's samples; Prometheus keeps
+            # the name the exposition has (dcgm-exporter's counters have no _total)
+            name = s.name if s.name in exposition else s.name.removesuffix("_total")
+            out.append({"series": f"{name}{{{selector}}}", "values": f"{s.value:g}x15"})
     return out
 
 
@@ -124,6 +127,9 @@ def test_no_alert_on_a_cpu_vm_a_fractional_vgpu_or_a_healthy_gpu_vm(promtool, tm
     ("gpu-lost", {"PodvmGpuLost"}),
     ("failed", {"PodvmGpuBootFailed"}),
     ("nvlink5-fabric-in-progress", {"PodvmGpuFabricNotCompleted", "PodvmGpuDaemonDown"}),
+    # issue 28: a GPU whose driver asks for Drain and Reset: the action and the health status
+    ("recovery-drain-and-reset", {"PodvmGpuRecoveryActionNeeded", "PodvmGpuHealthFailed"}),
+    ("recovery-drain-p2p", set()),  # a warning only: the GPU itself works
 ])
 def test_the_alerts_fire_on_what_a_broken_world_really_exports(promtool, tmp_path, fake_nvml_libs,
                                                                world, expected):
@@ -140,6 +146,10 @@ def test_the_alerts_fire_on_what_a_broken_world_really_exports(promtool, tmp_pat
                          running=("nv-fabricmanager",))
         desc = describe(tmp_path / "d", [gpu(0, **{"fabric.state": 2}),
                                          gpu(1, **{"fabric.state": 3, "fabric.status": 0})])
+    elif world.startswith("recovery-"):
+        root = make_root(tmp_path / "root", lib, gpus=1)
+        action = 4 if world == "recovery-drain-and-reset" else 3
+        desc = describe(tmp_path / "d", [gpu(0, recovery_action=action)])
     else:
         root = make_root(tmp_path / "root", lib, state="failed", reason="modules: nvidia: no such module")
         desc = None

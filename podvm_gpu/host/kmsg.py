@@ -33,7 +33,15 @@ def read_kernel_log(root: Root) -> list[str]:
 
 def read_kernel_records(root: Root) -> list[tuple[int, str]]:
     """Every kernel record since boot as ``(level, message)``, oldest first: level is the
-    syslog level (0 emerg ... 3 err ... 7 debug); a line without the record prefix gets 6.
+    syslog level (0 emerg ... 3 err ... 7 debug); a line without the record prefix gets 6
+    (:func:`read_timed_records` without the time)."""
+    return [(level, message) for level, message, _usec in read_timed_records(root)]
+
+
+def read_timed_records(root: Root) -> list[tuple[int, str, int | None]]:
+    """Every kernel record since boot as ``(level, message, usec)``: ``usec`` is the record's
+    time stamp, microseconds since boot on the kernel's monotonic clock (the third field of the
+    record prefix; None for a line without the prefix).
 
     The newest 4 MiB are kept (the kernel's ring buffer is at most a few MiB; a larger file is
     not a kernel log), and at most 64 MiB are read, so no file or device given as the log can
@@ -74,20 +82,25 @@ def read_kernel_records(root: Root) -> list[tuple[int, str]]:
     lines = b"".join(kept).decode("utf-8", errors="replace").splitlines()
     if cut and lines:
         lines = lines[1:]  # the first line may be the tail of a record
-    records = (_record(line) for line in lines if line and not line.startswith(" "))
-    return [(level, m[:_MAX_MESSAGE]) for level, m in records if m is not None]
+    records = (_timed(line) for line in lines if line and not line.startswith(" "))
+    return [(level, m[:_MAX_MESSAGE], usec) for level, m, usec in records if m is not None]
 
 
-_RECORD = re.compile(r"(\d+),\d+,\d+,[^;]*")
+_RECORD = re.compile(r"(\d+),\d+,(\d+),[^;]*")
 
 
-def _record(line: str) -> tuple[int, str | None]:
+def _timed(line: str) -> tuple[int, str | None, int | None]:
     head, sep, message = line.partition(";")
     m = _RECORD.fullmatch(head) if sep else None
     if m is None:
-        return 6, line
+        return 6, line, None
     prio = int(m.group(1))
-    return prio & 7, (message if prio >> 3 == 0 else None)
+    return prio & 7, (message if prio >> 3 == 0 else None), int(m.group(2))
+
+
+def _record(line: str) -> tuple[int, str | None]:
+    level, message, _usec = _timed(line)
+    return level, message
 
 
 def parse_record(line: str) -> str | None:
@@ -319,6 +332,18 @@ def xid_records(messages: list[str]) -> list[tuple[str, int]]:
             if m:
                 records.append((m.group("pci").lower(), int(m.group("code"))))
     return records
+
+
+def timed_xids(records: list[tuple[int, str, int | None]]) -> list[tuple[int | None, str, int]]:
+    """``(usec, pci, code)`` of every Xid record of :func:`read_timed_records`, oldest first,
+    repeats included (as :func:`xid_records`, with the record's time)."""
+    found = []
+    for _level, msg, usec in records:
+        if "Xid" in msg:
+            m = XID_PATTERN.search(msg)
+            if m:
+                found.append((usec, m.group("pci").lower(), int(m.group("code"))))
+    return found
 
 
 def findings(messages: list[str]) -> list[Finding]:

@@ -9,6 +9,7 @@ import os
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.metrics import families as fam
+from podvm_gpu.metrics import health_families as hfam
 from podvm_gpu.metrics.prom import generate_latest, generate_openmetrics
 from podvm_gpu.metrics.reading import NvmlReading, cc_safe
 from podvm_gpu.metrics.settings import MetricsSettings
@@ -83,6 +84,17 @@ def daemons_due(status: dict | None, running: dict[str, bool]) -> dict[str, bool
     return {name: up for name, up in running.items() if up or due.get(name)}
 
 
+def kernel_clock_usec(root: Root) -> int | None:
+    """The kernel's clock now, microseconds since boot, as the kernel log's record times count
+    (``/proc/uptime``'s first number, read under the root as a bounded regular file: the same
+    clock in a VM that never suspends); None when unreadable (no Xid is then in any window)."""
+    text = (root.read_text("/proc/uptime", limit=256) or "").split()
+    try:
+        return int(float(text[0]) * 1_000_000) if text else None
+    except ValueError:
+        return None
+
+
 def hostname(root: Root) -> str:
     """The VM's host name (dcgm-exporter's ``Hostname`` label): the root's kernel host name."""
     name = (root.read_text("/proc/sys/kernel/hostname") or "").strip()
@@ -127,7 +139,8 @@ class Exporter:
             "nv-fabricmanager": daemon_pid(self.root, FABRICMANAGER_PID,
                                            FABRICMANAGER_COMM) is not None})))
         out += fam.fabric_kind_families(status)
-        messages = kmsg.read_kernel_log(self.root)
+        records = kmsg.read_timed_records(self.root)
+        messages = [message for _level, message, _usec in records]
         found = kmsg.findings(messages)
         xids = kmsg.xid_records(messages)
         out += fam.kernel_families(len(messages), [f.kind for f in found],
@@ -148,6 +161,14 @@ class Exporter:
         out += fam.gpu_fabric_families(reading)
         last_xid = {fam.pci_bus_id(pci): code for pci, code in xids}
         out += fam.dcgm_families(reading, self.hostname, last_xid, profile)
+        fatal: dict[str, list[int]] = {}
+        for pci, code in xids:
+            if code in kmsg.FATAL_XIDS:
+                fatal.setdefault(fam.pci_bus_id(pci), []).append(code)
+        counts = hfam.xid_counts(kmsg.timed_xids(records), kernel_clock_usec(self.root))
+        out += hfam.health_families(
+            reading, lambda gpu: fam.dcgm_labels(gpu, self.hostname, reading), fatal, counts,
+            gpu_labels=fam._gpu_labels)
         return out
 
     def close(self) -> None:

@@ -68,7 +68,9 @@ DCGM_FIELDS: dict[str, tuple[str, str, str]] = {
     "DCGM_FI_DEV_FB_USED": ("gauge", "Frame buffer memory used (MiB).", FULL),
     "DCGM_FI_DEV_FB_RESERVED": ("gauge", "Frame buffer memory reserved by the driver (MiB).", FULL),
 }
-DCGM_COUNTERS = frozenset(name for name, (kind, _, _) in DCGM_FIELDS.items() if kind == "counter")
+# with dcgm-exporter's own counters (etc/default-counters.csv; metrics/health_families.py)
+DCGM_COUNTERS = frozenset(name for name, (kind, _, _) in DCGM_FIELDS.items() if kind == "counter") | {
+    "DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_XID_ERRORS_COUNT"}
 DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
                "DCGM_FI_DRIVER_VERSION")
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device")  # the agent's per-GPU series; join on these
@@ -299,6 +301,12 @@ def _gpu_labels(gpu) -> list[str]:
     return [str(gpu.index), gpu.uuid, gpu.pci_bus_id, f"nvidia{gpu.index}"]
 
 
+def dcgm_labels(gpu, hostname: str, reading) -> dict[str, str]:
+    """dcgm-exporter's labels of one GPU (:data:`DCGM_LABELS`)."""
+    return dict(zip(DCGM_LABELS, _gpu_labels(gpu) + [gpu.name, hostname,
+                                                    reading.driver_version or ""]))
+
+
 def dcgm_families(reading, hostname: str, last_xid: dict[str, int], profile: str) -> list[Metric]:
     """The DCGM-compatible families of the GPUs that answered.
 
@@ -312,8 +320,7 @@ def dcgm_families(reading, hostname: str, last_xid: dict[str, int], profile: str
     for gpu in reading.gpus:
         if not gpu.up:
             continue
-        labels = dict(zip(DCGM_LABELS, _gpu_labels(gpu) + [gpu.name, hostname,
-                                                           reading.driver_version or ""]))
+        labels = dcgm_labels(gpu, hostname, reading)
         values = dict(gpu.values)
         values["DCGM_FI_DEV_XID_ERRORS"] = last_xid.get(gpu.pci_bus_id.upper(), 0)
         for name, value in values.items():

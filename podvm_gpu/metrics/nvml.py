@@ -11,7 +11,8 @@ What is read, and from which NVML function (NVML API reference, ``nvml.h``):
   (``nvmlDeviceGetTemperatureV``, else the deprecated ``nvmlDeviceGetTemperature`` that 535 has)
   and its slowdown, shutdown and maximum operating thresholds; ECC totals; retired pages; remapped
   rows; PCIe replays; the NVLink fabric's state and status (``nvmlDeviceGetGpuFabricInfoV``,
-  else ``nvmlDeviceGetGpuFabricInfo``, which is all the 535 branch has).
+  else ``nvmlDeviceGetGpuFabricInfo``, which is all the 535 branch has); the recovery action
+  (``nvmlDeviceGetFieldValues`` of ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, driver 565+).
 - each GPU, ``full`` profile only: power, energy, SM and memory clocks, utilisation (GPU, memory,
   encoder, decoder), frame-buffer memory. In ``cc-safe`` these functions are never *called*, not
   only never exported: the mode is read first and decides.
@@ -305,6 +306,7 @@ def _cc_mode(nv, call) -> str | None:
 
 
 _MIB = 1024 * 1024
+RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvml.h, 565+)
 
 
 def _read_gpu(nv, call, gpu: GpuReading, full: bool) -> None:
@@ -359,6 +361,12 @@ def _read_gpu(nv, call, gpu: GpuReading, full: bool) -> None:
     put("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", get("nvmlDeviceGetPcieReplayCounter",
                                                nv.nvmlDeviceGetPcieReplayCounter))
     _read_fabric(nv, call, gpu, handle)
+    # issue 28: the driver's recovery action (565+; NOT_SUPPORTED per field before): a state,
+    # not a rate, so every profile reads it
+    answer = get("nvmlDeviceGetFieldValues", nv.nvmlDeviceGetFieldValues,
+                 [getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", RECOVERY_ACTION_FIELD)])
+    if answer and answer[0].nvmlReturn == nv.NVML_SUCCESS:
+        gpu.recovery_action = int(answer[0].value.uiVal)
     if not full:
         return
     put("DCGM_FI_DEV_POWER_USAGE", get("nvmlDeviceGetPowerUsage", nv.nvmlDeviceGetPowerUsage), 1e-3)

@@ -21,10 +21,12 @@ class GpuReading:
             the GPU does not support is missing.
         fabric_state: NVML's fabric state (``NVML_GPU_FABRIC_STATE_*``, 0 not supported .. 3
             completed), None when NVML gave none; fabric_status: its ``nvmlReturn_t`` status.
+        recovery_action: ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``'s value
+            (``nvmlDeviceGpuRecoveryAction_t``: 0 none .. 4 drain and reset), None when unread.
     """
 
     __slots__ = ("index", "uuid", "name", "pci_bus_id", "up", "reason", "message", "values",
-                 "fabric_state", "fabric_status")
+                 "fabric_state", "fabric_status", "recovery_action")
 
     def __init__(self, index: int):
         self.index = index
@@ -37,6 +39,7 @@ class GpuReading:
         self.values: dict[str, float] = {}
         self.fabric_state: int | None = None
         self.fabric_status: int | None = None
+        self.recovery_action: int | None = None
 
 
 class NvmlReading:

@@ -29,7 +29,7 @@ FUNCTIONS = [
     "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetClockInfo",
     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetEncoderUtilization",
     "nvmlDeviceGetDecoderUtilization", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2",
-    "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV",
+    "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetFieldValues",
 ]
 # Of those, what Debian 12's real libnvidia-ml1 535.309.01 does not export (checked against
 # the real library by test_metrics_real_nvml.py).

@@ -15,6 +15,7 @@
  *   gpu.0.mem.total (bytes) ..free ..used ..reserved   gpu.0.lost 1 (fallen off the bus)
  *   gpu.0.fabric.state 3 (NVML_GPU_FABRIC_STATE_*: 0 not supported .. 3 completed)
  *   gpu.0.fabric.status 0 (an nvmlReturn_t)   gpu.0.fabric.clique 1
+ *   gpu.0.recovery_action 1 (nvmlDeviceGpuRecoveryAction_t, through nvmlDeviceGetFieldValues)
  *   error.<function>[.<gpu>] <NVML return code>     hang.<function>[.<gpu>] 1
  *   log <path>  (each call appends "<function> <gpu or ->")
  *
@@ -571,5 +572,39 @@ int nvmlSystemSetConfComputeGpusReadyState(unsigned int accepting) {
     if (!(f = fopen(path, "w"))) return ERR_NOT_SUPPORTED;
     fprintf(f, "%u\n", accepting);
     fclose(f);
+    return SUCCESS;
+}
+
+/* nvml.h nvmlFieldValue_t (issue 28): the field-values call, for NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+ * (230, driver 565+) only, answered from gpu.N.recovery_action (an nvmlDeviceGpuRecoveryAction_t
+ * number); without that key, or for any other field id, the entry's nvmlReturn is NOT_SUPPORTED
+ * (the call itself succeeds, as NVML's does: each field has its own return). */
+#define FI_DEV_GET_GPU_RECOVERY_ACTION 230
+#define VALUE_TYPE_UNSIGNED_INT 1
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType, nvmlReturn;
+    union { double d; unsigned int ui; unsigned long ul; unsigned long long ull; long long sll;
+            int si; unsigned short us; } value;
+} field_value_t;
+
+int nvmlDeviceGetFieldValues(device_t *device, int count, field_value_t *values) {
+    DEVICE_CALL("nvmlDeviceGetFieldValues", device)
+    if (count < 0 || (count > 0 && !values)) return ERR_INVALID_ARGUMENT;
+    for (int i = 0; i < count; i++) {
+        unsigned int action;
+        values[i].timestamp = 0;
+        values[i].latencyUsec = 0;
+        if (values[i].fieldId == FI_DEV_GET_GPU_RECOVERY_ACTION &&
+                number_u(gpu, "recovery_action", &action) == SUCCESS) {
+            values[i].valueType = VALUE_TYPE_UNSIGNED_INT;
+            values[i].value.ull = 0;
+            values[i].value.ui = action;
+            values[i].nvmlReturn = SUCCESS;
+        } else {
+            values[i].nvmlReturn = ERR_NOT_SUPPORTED;
+        }
+    }
     return SUCCESS;
 }

@@ -1,0 +1,168 @@
+"""The fleet-health families of issue 28, under dcgm-exporter's names where it has them.
+
+Read from NVIDIA/dcgm-exporter at commit d5e5f510a1b6b393f39a43293ccd9dc985defc79 (read, not
+copied; docs/metrics.md cites each file):
+
+- ``DCGM_EXP_GPU_HEALTH_STATUS``: type ``counter`` (``etc/default-counters.csv``), one series per
+  GPU and health watch with the labels ``health_watch`` (``PCIE``, ``NVLINK``, ``MEM``, ...,
+  ``ALL``) and ``health_error_code`` (a ``DCGM_FR_*`` name), the value DCGM's health result: 0
+  pass, 10 warn, 20 fail (``internal/pkg/collector/gpu_health_collector.go``; the numbers are
+  go-dcgm's ``DCGM_HEALTH_RESULT_*``). DCGM computes it; here it is computed from what the agent
+  reads (:func:`health_results`), and only for the watches the agent reads: ``MEM``, ``NVLINK``
+  (where the GPU reports a fabric) and ``ALL`` (recovery action, fatal Xids). A watch the agent
+  does not read has no series: a ``0`` would claim a check that was never made.
+- ``DCGM_EXP_XID_ERRORS_COUNT``: type ``counter``, per GPU, one series per Xid code seen in the
+  window with labels ``xid`` and ``window_size_in_ms`` (default 300000: 5 minutes), value the
+  count in the window; a GPU with none has one series without ``xid``, value 0
+  (``internal/pkg/collector/xid_collector.go``, ``expcollector.go``, ``pkg/cmd/app.go``).
+- ``DCGM_FI_DEV_CC_MODE`` (DCGM field 74, ``dcgm_fields.h``: "ConfidentialCompute/AmpereProtected
+  Memory status for this system, 0 = disabled, 1 = enabled"): a gauge per GPU.
+- ``DCGM_FI_DEV_GPU_RECOVERY_ACTION`` (DCGM field 1523, the newer name of
+  ``DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION``): NVML's number, a gauge per GPU; and the agent's own
+  ``podvm_gpu_recovery_action{GPU labels, action}``: 1 for the GPU's action by its name.
+"""
+
+from __future__ import annotations
+
+from podvm_gpu.metrics.prom import GaugeMetricFamily, Metric
+from podvm_gpu.recovery import ACTIONS, DRAIN_AND_RESET, DRAIN_P2P, GPU_RESET, NODE_REBOOT
+
+PASS, WARN, FAIL = 0, 10, 20  # DCGM_HEALTH_RESULT_*
+COUNTERS = frozenset({"DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_XID_ERRORS_COUNT"})
+# every DCGM-named family of this module (all kept by the cc-safe profile: states and counts,
+# none a rate or a use that could time the GPU's work)
+FAMILIES = (*sorted(COUNTERS), "DCGM_FI_DEV_CC_MODE", "DCGM_FI_DEV_GPU_RECOVERY_ACTION")
+XID_WINDOW_MS = 300000  # dcgm-exporter's --xid-count-window-size default
+# Xids after which the GPU is unusable until it is reset (host/kmsg.py FATAL_XIDS) fail ALL;
+# Xid 95 is DCGM's uncontained error, the others have no DCGM_FR_ code of their own
+_FATAL_RECOVERY = {NODE_REBOOT: FAIL, GPU_RESET: FAIL, DRAIN_AND_RESET: FAIL, DRAIN_P2P: WARN}
+# recovery action names, extended with the values newer nvml.h files add (nvidia-ml-py 13.x)
+ACTION_NAMES = {**ACTIONS, 5: "Recover IMEX Domain", 6: "Bus Reset", 7: "System Reboot"}
+_WORSE_ACTIONS = {"Bus Reset": FAIL, "System Reboot": FAIL, "Recover IMEX Domain": WARN}
+
+
+def health_results(gpu, fatal_xids: list[int]) -> dict[str, tuple[int, str]]:
+    """health watch -> (result, ``DCGM_FR_*`` code) for one GPU, worst finding first.
+
+    - ``MEM``: a row remap failure (``DCGM_FR_ROW_REMAP_FAILURE``) or volatile uncorrectable
+      ECC errors (``DCGM_FR_VOLATILE_DBE_DETECTED``) fail; a pending row remap
+      (``DCGM_FR_PENDING_ROW_REMAP``) or pending page retirement
+      (``DCGM_FR_PENDING_PAGE_RETIREMENTS``) warn; else pass (``DCGM_FR_OK``). Only when NVML
+      gave at least one of those values.
+    - ``NVLINK``: when the GPU reports a fabric (state not "not supported"): completed with a
+      status other than success fails, not completed warns (``DCGM_FR_NVLINK_DOWN``); completed
+      with success passes.
+    - ``ALL``: a fatal Xid of this GPU in the kernel log since boot fails
+      (``DCGM_FR_UNCONTAINED_ERROR`` for Xid 95, else ``DCGM_FR_UNKNOWN``); a recovery action
+      Node Reboot, GPU Reset, Drain and Reset, Bus Reset or System Reboot fails, Drain P2P or
+      Recover IMEX Domain warns (``DCGM_FR_UNKNOWN``: DCGM has no failure code for it, the gap
+      of NVIDIA/DCGM#263; ``podvm_gpu_recovery_action`` names it); else pass. Always present.
+
+    Args:
+        gpu: a ``reading.GpuReading`` that answered NVML.
+        fatal_xids: codes of the fatal Xids the kernel log has for this GPU.
+    """
+    out: dict[str, tuple[int, str]] = {}
+    v = gpu.values
+    mem_keys = ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_RETIRED_PENDING")
+    if any(k in v for k in mem_keys):
+        if v.get("DCGM_FI_DEV_ROW_REMAP_FAILURE"):
+            out["MEM"] = (FAIL, "DCGM_FR_ROW_REMAP_FAILURE")
+        elif v.get("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"):
+            out["MEM"] = (FAIL, "DCGM_FR_VOLATILE_DBE_DETECTED")
+        elif v.get("DCGM_FI_DEV_ROW_REMAP_PENDING"):
+            out["MEM"] = (WARN, "DCGM_FR_PENDING_ROW_REMAP")
+        elif v.get("DCGM_FI_DEV_RETIRED_PENDING"):
+            out["MEM"] = (WARN, "DCGM_FR_PENDING_PAGE_RETIREMENTS")
+        else:
+            out["MEM"] = (PASS, "DCGM_FR_OK")
+    if gpu.fabric_state in (1, 2, 3):  # NVML_GPU_FABRIC_STATE_NOT_STARTED .. COMPLETED
+        if gpu.fabric_state != 3:
+            out["NVLINK"] = (WARN, "DCGM_FR_NVLINK_DOWN")
+        elif gpu.fabric_status not in (None, 0):
+            out["NVLINK"] = (FAIL, "DCGM_FR_NVLINK_DOWN")
+        else:
+            out["NVLINK"] = (PASS, "DCGM_FR_OK")
+    action = ACTION_NAMES.get(gpu.recovery_action) if gpu.recovery_action is not None else None
+    result = max(_FATAL_RECOVERY.get(action, 0), _WORSE_ACTIONS.get(action, 0))
+    if fatal_xids:
+        out["ALL"] = (FAIL, "DCGM_FR_UNCONTAINED_ERROR" if 95 in fatal_xids else "DCGM_FR_UNKNOWN")
+    elif result:
+        out["ALL"] = (result, "DCGM_FR_UNKNOWN")
+    else:
+        out["ALL"] = (PASS, "DCGM_FR_OK")
+    return out
+
+
+def xid_counts(timed: list[tuple[int | None, str, int]], now_usec: int | None,
+               window_ms: int = XID_WINDOW_MS) -> dict[str, dict[int, int]]:
+    """NVML-form PCI bus id -> Xid code -> how many records in the last ``window_ms``.
+
+    Args:
+        timed: ``kmsg.timed_xids`` (usec since boot, the driver's pci, code).
+        now_usec: the kernel's monotonic clock now, microseconds (None: unknown, then no record
+            is in the window: never guess).
+    """
+    from podvm_gpu.metrics.families import pci_bus_id
+
+    out: dict[str, dict[int, int]] = {}
+    if now_usec is None:
+        return out
+    start = now_usec - window_ms * 1000
+    for usec, pci, code in timed:
+        if usec is None or usec < start or usec > now_usec:
+            continue
+        per = out.setdefault(pci_bus_id(pci), {})
+        per[code] = per.get(code, 0) + 1
+    return out
+
+
+def health_families(reading, dcgm_labels, fatal_by_gpu: dict[str, list[int]],
+                    xids: dict[str, dict[int, int]], window_ms: int = XID_WINDOW_MS,
+                    gpu_labels=None) -> list[Metric]:
+    """The families of this module for the GPUs that answered NVML.
+
+    Args:
+        reading: the scrape's ``nvml.NvmlReading``.
+        dcgm_labels: ``gpu -> dict`` of dcgm-exporter's labels for a GPU (families.dcgm_labels).
+        fatal_by_gpu: NVML-form PCI bus id -> fatal Xid codes since boot.
+        xids: :func:`xid_counts`.
+        gpu_labels: ``gpu -> list`` of the agent's GPU label values (families._gpu_labels).
+    """
+    health = Metric("DCGM_EXP_GPU_HEALTH_STATUS", "Health of the GPU per health watch, computed "
+                    "by podvm-gpu from what it reads: 0 pass, 10 warn, 20 fail.", "unknown")
+    xid = Metric("DCGM_EXP_XID_ERRORS_COUNT", "Xid records of the GPU in the kernel log within "
+                 "the window, by Xid code.", "unknown")
+    cc = Metric("DCGM_FI_DEV_CC_MODE", "Confidential-computing mode of the GPU: 1 enabled "
+                "(on, devtools, protected PCIe), 0 disabled.", "gauge")
+    action = Metric("DCGM_FI_DEV_GPU_RECOVERY_ACTION", "The driver's recovery action for the GPU "
+                    "(nvmlDeviceGpuRecoveryAction_t: 0 none, 1 GPU reset, 2 node reboot, 3 drain "
+                    "P2P, 4 drain and reset).", "gauge")
+    named = GaugeMetricFamily("podvm_gpu_recovery_action", "1 for the driver's recovery action "
+                              "for the GPU, by its name (NVML, driver 565+).",
+                              labels=["gpu", "UUID", "pci_bus_id", "device", "action"])
+    cc_value = {"on": 1, "devtools": 1, "ppcie": 1, "off": 0}.get(reading.cc_mode or "")
+    for gpu in reading.gpus:
+        if not gpu.up:
+            continue
+        labels = dcgm_labels(gpu)
+        bus = gpu.pci_bus_id.upper()
+        for watch, (result, code) in health_results(gpu, fatal_by_gpu.get(bus, [])).items():
+            health.add_sample("DCGM_EXP_GPU_HEALTH_STATUS",
+                              {**labels, "health_watch": watch, "health_error_code": code}, result)
+        seen = xids.get(bus, {})
+        window = {"window_size_in_ms": str(window_ms)}
+        for code, count in sorted(seen.items()):
+            xid.add_sample("DCGM_EXP_XID_ERRORS_COUNT", {**labels, **window, "xid": str(code)},
+                           count)
+        if not seen:
+            xid.add_sample("DCGM_EXP_XID_ERRORS_COUNT", {**labels, **window}, 0)
+        if cc_value is not None:
+            cc.add_sample("DCGM_FI_DEV_CC_MODE", labels, cc_value)
+        if gpu.recovery_action is not None:
+            action.add_sample("DCGM_FI_DEV_GPU_RECOVERY_ACTION", labels, gpu.recovery_action)
+            name = ACTION_NAMES.get(gpu.recovery_action, f"unknown({gpu.recovery_action})")
+            for known in dict.fromkeys([*ACTION_NAMES.values(), name]):
+                named.add_metric([*gpu_labels(gpu), known], 1 if known == name else 0)
+    return [f for f in (health, xid, cc, action, named) if f.samples]
