@@ -1,5 +1,5 @@
 """A fabric manager that starts and dies ends the fabric wait at once (issue 28, NVSentinel#883):
-podvm_gpu/fm_watch.py's pid-file and process check, one look at a time, on a temporary root
+podvm_gpu/steps/fabric/fm_watch.py's pid-file and process check, one look at a time, on a temporary root
 (the boot-level proof is scenario S100 and the fabric wait test below)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from podvm_gpu import fm_watch
+from podvm_gpu.steps.fabric import fm_watch
 from podvm_gpu.errors import StepFailed
-from podvm_gpu.fm_watch import FmWatch
+from podvm_gpu.steps.fabric.fm_watch import FmWatch
 from podvm_gpu.host.daemons import Daemon
 from podvm_gpu.host.fs import Root
 from podvm_gpu.readers import FABRICMANAGER_PID
@@ -128,7 +128,7 @@ def test_a_non_zero_exit_fails_at_once_with_its_words(tmp_path):
 def test_a_fabric_manager_that_dies_mid_wait_fails_the_boot_within_the_poll_plus_5_s():
     """The boot-level proof for a daemon that ran and died (S100 is the one that never ran):
     the P03 world (8 x H200, 4 NVSwitch) whose fabric stays In Progress with a 120 s wait and a
-    1 s poll; 1 s after the fabric manager's pid file appears its process goes (its
+    1 s poll; once the wait has looked at the running fabric manager its process goes (its
     /proc/<pid>/comm under the root, what the boot reads, and the stand-in itself)."""
     import copy
     import os
@@ -144,13 +144,23 @@ def test_a_fabric_manager_that_dies_mid_wait_fails_the_boot_within_the_poll_plus
     fm["effects"] = [{"fabric": "in-progress"}]
     killed = {}
 
-    def kill_it(root: str, stop: threading.Event) -> None:
+    def fabric_queries(calls: str) -> int:
+        try:
+            with open(calls) as f:
+                return sum(1 for line in f if '"start"' in line and "fabric.state" in line)
+        except OSError:
+            return 0
+
+    def kill_it(root: str, calls: str, stop: threading.Event) -> None:
         pid_file = os.path.join(root, FABRICMANAGER_PID.lstrip("/"))
         while not stop.is_set() and not os.path.exists(pid_file):
             time.sleep(0.05)
+        seen = fabric_queries(calls)
+        # two more fabric queries started: the first answered, the wait looked at the daemon
+        while not stop.is_set() and fabric_queries(calls) < seen + 2:
+            time.sleep(0.05)
         if stop.is_set():
             return
-        time.sleep(1)
         pid = int(open(pid_file).read())
         os.unlink(os.path.join(root, f"proc/{pid}/comm"))
         os.kill(pid, signal.SIGKILL)
@@ -158,7 +168,8 @@ def test_a_fabric_manager_that_dies_mid_wait_fails_the_boot_within_the_poll_plus
 
     with World(world_case) as world:
         stop = threading.Event()
-        killer = threading.Thread(target=kill_it, args=(world.layout.root, stop))
+        killer = threading.Thread(target=kill_it, args=(world.layout.root, world.layout.calls,
+                                                        stop))
         killer.start()
         try:
             run = world.run("boot")

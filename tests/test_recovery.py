@@ -1,4 +1,4 @@
-"""Reset status and recovery action (podvm_gpu/recovery.py, issue 28): each value's verdict, the
+"""Reset status and recovery action (podvm_gpu/steps/cdi/recovery.py, issue 28): each value's verdict, the
 Debian nvidia-smi's refusal of ``gpu_recovery_action`` as "not offered", and the health gate
 that carries them (boot-level: scenarios S101-S104)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from podvm_gpu import health, recovery
+from podvm_gpu.steps.cdi import health, recovery
 from podvm_gpu.host.proc import Completed
 
 # Every Debian nvidia-smi, 535.261.03 to 555.58.02 (../shared/nvidia-smi-real.md), exit 2

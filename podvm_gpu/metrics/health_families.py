@@ -25,7 +25,7 @@ copied; docs/metrics.md cites each file):
 from __future__ import annotations
 
 from podvm_gpu.metrics.prom import GaugeMetricFamily, Metric
-from podvm_gpu.recovery import ACTIONS, DRAIN_AND_RESET, DRAIN_P2P, GPU_RESET, NODE_REBOOT
+from podvm_gpu.steps.cdi.recovery import ACTIONS, DRAIN_AND_RESET, DRAIN_P2P, GPU_RESET, NODE_REBOOT
 
 PASS, WARN, FAIL = 0, 10, 20  # DCGM_HEALTH_RESULT_*
 COUNTERS = frozenset({"DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_XID_ERRORS_COUNT"})

@@ -180,7 +180,7 @@ SCENARIOS = (
         CC_MODE,
         GENERATE,
         # issue 28: the health gate's reset-status and recovery-action queries; only a value
-        # actually read fails the boot (podvm_gpu/recovery.py)
+        # actually read fails the boot (podvm_gpu/steps/cdi/recovery.py)
         Command(("nvidia-smi", "--query-gpu=pci.bus_id,reset_status.reset_required,"
                  "reset_status.drain_and_reset_recommended"), "cdi",
                 every_fault("a health query not answered is a warning: only a value read "

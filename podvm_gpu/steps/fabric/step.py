@@ -1,8 +1,8 @@
-"""Step 7, ``fabricmanager``: the VM's NVLink fabric, by its kind (podvm_gpu/fabric_kind.py).
+"""Step 7, ``fabricmanager``: the VM's NVLink fabric, by its kind (podvm_gpu/steps/fabric/fabric_kind.py).
 
 - ``nvswitch``: start nv-fabricmanager and wait, bounded, until every GPU reports fabric State
   Completed with Status Success.
-- ``nvlink5``: find the management port, start NVLSM and wait for it (podvm_gpu/nvl5.py), then
+- ``nvlink5``: find the management port, start NVLSM and wait for it (podvm_gpu/steps/fabric/nvl5.py), then
   start nv-fabricmanager with the port's GUID (``-g``) and wait as above. Each part is recorded
   in status.json's ``fabric.steps``.
 - ``none``: the fabric manager is never started; if the GPUs still report a fabric state other
@@ -11,7 +11,7 @@
 - ``mixed``: fails (NVRC ``src/mode.rs`` refuses it as an unexpected topology).
 
 The state comes from ``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status
---format=csv,noheader`` (readers.fabric_argv; NVIDIA's real 535 to 555 builds refuse ``-q -d
+--format=csv,noheader`` (parse.fabric_argv; NVIDIA's real 535 to 555 builds refuse ``-q -d
 FABRIC``: ``Failed to parse --display/-d flags``, exit 2, nvidia-smi-real.md), whose rows are
 also the GPUs NVML enumerates: fewer than PCI has fails the step (siderolabs/talos#14015, where
 NVML saw 0 of 4 passed-through A100s and nvidia-ctk later said only "empty device edits"); a
@@ -32,11 +32,12 @@ import time
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon
-from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, FabricState, daemon_pid,
-                               nvsmi_no_driver, parse_fabric_rows)
+from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, nvsmi_no_driver
 from podvm_gpu.steps import Skipped
-from podvm_gpu import fabric_kind, nvl5, readers, units
-from podvm_gpu.fm_watch import FmWatch
+from podvm_gpu import readers, units
+from podvm_gpu.steps.fabric import fabric_kind, nvl5
+from podvm_gpu.steps.fabric.fm_watch import FmWatch
+from podvm_gpu.steps.fabric.parse import FabricState, fabric_argv, parse_fabric_rows
 from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.host.fs import atomic_write, ensure_dir
 
@@ -66,7 +67,7 @@ def lost_text(ctx: BootContext, states: list[FabricState]) -> str:
 
 
 def query(ctx: BootContext, timeout: float | None = None) -> list[FabricState]:
-    """Every GPU's fabric state (one :func:`readers.fabric_argv` call); the GPUs it lists are
+    """Every GPU's fabric state (one :func:`parse.fabric_argv` call); the GPUs it lists are
     kept in ``ctx.nvml_seen`` (an empty set when nvidia-smi says it found no device).
 
     Raises:
@@ -75,7 +76,7 @@ def query(ctx: BootContext, timeout: float | None = None) -> list[FabricState]:
         CommandError: nvidia-smi failed otherwise, timed out, or printed no rows (also for "No
             devices were found").
     """
-    argv = readers.fabric_argv()
+    argv = fabric_argv()
     try:
         out = ctx.runner.run(argv, timeout=timeout).stdout
     except CommandError as err:
@@ -218,7 +219,7 @@ def fm_config(ctx: BootContext, write: bool = True) -> str | None:
 
     An operator's ``fabricmanager.config_file`` (any path but the stock one) is used as it is,
     when it exists. Otherwise the stock file is copied to /run/podvm-gpu/fabricmanager.cfg with
-    :func:`podvm_gpu.fabric_kind.fm_keys` set, mode 0400 (``write=False``: the path only, for
+    :func:`podvm_gpu.steps.fabric.fabric_kind.fm_keys` set, mode 0400 (``write=False``: the path only, for
     ``boot --dry-run``).
 
     Raises:
@@ -336,7 +337,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
             daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
         argv = fabricmanager_argv(ctx, write=False)
         argvs.append(argv + (["-g", "<port GUID>"] if kind == fabric_kind.NVLINK5 else []))
-    return [*argvs, readers.fabric_argv()]
+    return [*argvs, fabric_argv()]
 
 
 # --- podvm-gpu check ----------------------------------------------------------------------
@@ -379,8 +380,8 @@ def fabricmanager_row(facts) -> Check:
         return Check("fabricmanager", FAIL, f"{what} but nv-fabricmanager is not running",
                      "see the fabricmanager step in podvm-gpu status and "
                      "/var/log/fabricmanager.log")
-    done = facts.runner.run(readers.fabric_argv(), check=False)
-    states = readers.parse_fabric_rows(done.stdout) if done.returncode == 0 else None
+    done = facts.runner.run(fabric_argv(), check=False)
+    states = parse_fabric_rows(done.stdout) if done.returncode == 0 else None
     if states is None:
         return Check("fabricmanager", FAIL, f"fabric state not read: {fabric_query_said(done)}",
                      "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
@@ -409,8 +410,8 @@ def _outside_row(facts) -> Check:
     if units.enabled_by(facts.root, "nvidia-fabricmanager.service"):
         note = ("; the image's nvidia-fabricmanager.service is enabled and fails with "
                 "NV_WARN_NOTHING_TO_DO here, which is harmless")
-    done = facts.runner.run(readers.fabric_argv(), check=False)
-    states = readers.parse_fabric_rows(done.stdout) if done.returncode == 0 else None
+    done = facts.runner.run(fabric_argv(), check=False)
+    states = parse_fabric_rows(done.stdout) if done.returncode == 0 else None
     if states is None:
         broken = readers.nvsmi_broken(done.returncode, done.output)
         return Check("fabricmanager", FAIL if broken else WARN, "no NVSwitch in the VM; the "

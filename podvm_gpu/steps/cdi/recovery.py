@@ -1,5 +1,5 @@
 """The GPUs' reset status and recovery action (issue 28): part of the health gate
-(podvm_gpu/health.py) and of check's ``recovery-action`` row.
+(steps/cdi/health.py) and of check's ``recovery-action`` row.
 
 The recovery action is the driver's own verdict on what a GPU needs after an error: NVML field
 ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (driver 565+), values ``NVML_GPU_RECOVERY_ACTION_*``:

@@ -4,7 +4,7 @@ NVSentinel#883: on an H100 HGX after maintenance a fabric manager's daemon died 
 unnoticed for 20 days; here the fabric wait ran to its time-out (100 s of the 240 s budget for
 8 GPUs) whenever a forking nv-fabricmanager's first process had exited 0 and its daemon then
 died or never ran. The wait now checks the daemon as persistenced's is checked
-(steps/persistenced.py): its pid file names a pid whose ``/proc/<pid>/comm`` is the daemon's.
+(podvm_gpu/steps/persistenced.py): its pid file names a pid whose ``/proc/<pid>/comm`` is the daemon's.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ read), ``retired_pages.pending`` is ``Yes``/``No``; a GPU lost after NVML took i
 naming its bus id: both fail the boot naming the GPU, as do the other exit statuses that say no
 answer can come (readers.NVSMI_BROKEN: 9, 12, 15, 17, 18).
 
-Then the reset status and the recovery action, each a query of its own (podvm_gpu/recovery.py).
+Then the reset status and the recovery action, each a query of its own (steps/cdi/recovery.py).
 
 A remap failure fails the boot (the GPU needs replacing). A pending remap, a pending retirement or
 a volatile uncorrectable ECC error fails it with "GPU reset needed", or is a warning with
@@ -31,7 +31,8 @@ answered (not supported, a tool too old, a timeout, a field it does not know) is
 
 from __future__ import annotations
 
-from podvm_gpu import readers, recovery
+from podvm_gpu import readers
+from podvm_gpu.steps.cdi import recovery
 from podvm_gpu.errors import CommandError, StepFailed, one_line
 from podvm_gpu.steps.context import BootContext
 
