@@ -75,6 +75,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     sub["metrics"].add_argument("--web-config", metavar="FILE",
                                 help="TLS and basic auth from this exporter-toolkit web config "
                                      "(needs --serve or --listen)")
+    sub["metrics"].add_argument("--pod-labels", action="store_true",
+                                help="write the pod's name and namespace from /run/peerpod/apf.json "
+                                     "to /run/podvm-gpu/pod-labels.json once, and exit")
     sub["metrics"].add_argument("--textfile", action="store_true",
                                 help="write the textfile (with --serve: every interval)")
     return parser, sub

@@ -22,7 +22,8 @@ _COMMON = {"--root": "root_dir", "--config": "config"}
 _FORMS = {
     "boot": ({"--json": "json_out", "--dry-run": "dry_run"}, _COMMON),
     "status": ({"--json": "json_out", "--wait": "wait"}, {**_COMMON, "--timeout": "timeout"}),
-    "metrics": ({"--serve": "serve", "--openmetrics": "openmetrics", "--textfile": "textfile"},
+    "metrics": ({"--serve": "serve", "--openmetrics": "openmetrics", "--textfile": "textfile",
+                 "--pod-labels": "pod_labels"},
                 {**_COMMON, "--listen": "listen", "--web-config": "web_config"}),
     "check": ({"--json": "json_out", "--image": "image"}, _COMMON),
 }

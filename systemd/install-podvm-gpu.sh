@@ -9,6 +9,7 @@
 #   /usr/local/bin/podvm-gpu        link for engineers
 #   /usr/lib/systemd/system/podvm-gpu.service, enabled (multi-user.target.wants)
 #   /usr/lib/systemd/system/podvm-gpu-metrics.service, disabled (the image enables it if wanted)
+#   /usr/lib/systemd/system/podvm-gpu-pod-labels.service, enabled into the metrics unit's wants
 #   /usr/lib/systemd/system/kata-agent.service.d/10-podvm-gpu.conf
 #   /usr/lib/systemd/system-preset/40-podvm-gpu.preset
 #   nvidia-cdi-refresh.path/.service masked: only the agent writes /var/run/cdi/nvidia.yaml
@@ -34,6 +35,7 @@ ln -sfn "$prefix/bin/podvm-gpu" /usr/local/bin/podvm-gpu
 
 install -D -m 0644 "$bundle/podvm-gpu.service" "$unitdir/podvm-gpu.service"
 install -D -m 0644 "$bundle/podvm-gpu-metrics.service" "$unitdir/podvm-gpu-metrics.service"
+install -D -m 0644 "$bundle/podvm-gpu-pod-labels.service" "$unitdir/podvm-gpu-pod-labels.service"
 install -D -m 0644 "$bundle/10-podvm-gpu.conf" "$unitdir/kata-agent.service.d/10-podvm-gpu.conf"
 install -D -m 0644 "$bundle/podvm-gpu.preset" /usr/lib/systemd/system-preset/40-podvm-gpu.preset
 
@@ -45,6 +47,7 @@ if [ -e /etc/podvm-gpu/config.yaml ]; then
 fi
 
 systemctl enable podvm-gpu.service
+systemctl enable podvm-gpu-pod-labels.service  # runs only with the metrics unit (WantedBy=)
 systemctl mask nvidia-cdi-refresh.path nvidia-cdi-refresh.service
 for unit in nvidia-persistenced.service nvidia-fabricmanager.service; do
     if systemctl is-enabled --quiet "$unit" 2>/dev/null; then

@@ -28,6 +28,7 @@ BUDGET_S = 240  # the agent's default budget (contract section 3)
 INSTALLED = {
     SYSTEMD / "podvm-gpu.service": f"{UNIT_DIR}/podvm-gpu.service",
     SYSTEMD / "podvm-gpu-metrics.service": f"{UNIT_DIR}/podvm-gpu-metrics.service",
+    SYSTEMD / "podvm-gpu-pod-labels.service": f"{UNIT_DIR}/podvm-gpu-pod-labels.service",
     SYSTEMD / "kata-agent.service.d/10-podvm-gpu.conf": f"{UNIT_DIR}/kata-agent.service.d/10-podvm-gpu.conf",
     BOOT / "units/kata-agent.service": "/etc/systemd/system/kata-agent.service",
     BOOT / "gpu/podvm-gpu.service.d/50-fake-gpu.conf": "/etc/systemd/system/podvm-gpu.service.d/50-fake-gpu.conf",
@@ -158,7 +159,8 @@ def seconds(timespan: str) -> float:
     return int(re.search(r"μs:\s*(\d+)", out).group(1)) / 1e6
 
 
-@pytest.mark.parametrize("unit", ["podvm-gpu.service", "podvm-gpu-metrics.service", "kata-agent.service",
+@pytest.mark.parametrize("unit", ["podvm-gpu.service", "podvm-gpu-metrics.service",
+                                  "podvm-gpu-pod-labels.service", "kata-agent.service",
                                   "nvidia-persistenced.service",
                                   "nvidia-cdi-refresh.service", "nvidia-cdi-refresh.path",
                                   PERSISTENCED.unit, FABRICMANAGER.unit])
@@ -250,6 +252,7 @@ def test_hardening_leaves_what_gpu_setup_needs(agent):
 @pytest.mark.parametrize("unit, path, most", [
     ("podvm-gpu.service", f"{UNIT_DIR}/podvm-gpu.service", 4.0),
     ("podvm-gpu-metrics.service", f"{UNIT_DIR}/podvm-gpu-metrics.service", 2.5),
+    ("podvm-gpu-pod-labels.service", f"{UNIT_DIR}/podvm-gpu-pod-labels.service", 2.0),
     (PERSISTENCED.unit, f"{DAEMON_DIR}/{PERSISTENCED.unit}", 3.5),
     (FABRICMANAGER.unit, f"{DAEMON_DIR}/{FABRICMANAGER.unit}", 3.5),
     (NVLSM.unit, f"{DAEMON_DIR}/{NVLSM.unit}", 3.5)])
@@ -273,6 +276,8 @@ def test_preset_enables_the_agent_and_disables_the_metrics_and_the_units_it_repl
     lines = [line for line in (SYSTEMD / "podvm-gpu.preset").read_text().splitlines()
              if line and not line.startswith("#")]
     assert lines == ["enable podvm-gpu.service", "disable podvm-gpu-metrics.service",
+                     # issue 28: the pod labels' reader, started only with the metrics unit
+                     "enable podvm-gpu-pod-labels.service",
                      "disable nvidia-persistenced.service",
                      "disable nvidia-fabricmanager.service", "disable nvidia-cdi-refresh.path",
                      "disable nvidia-cdi-refresh.service"]
@@ -315,3 +320,19 @@ def test_metrics_unit_sandbox_leaves_the_kernel_log_nvml_and_the_textfile(metric
     for key in ("ProtectKernelLogs", "ProtectProc", "ProcSubset", "PrivateNetwork", "PrivateDevices",
                 "User", "DynamicUser"):
         assert key not in service, key
+
+
+def test_pod_labels_unit_runs_once_after_process_user_data_and_before_the_exporter():
+    """Issue 28: the reader of apf.json is its own short-lived unit, between cloud-api-adaptor's
+    process-user-data.service (which writes apf.json) and the exporter, which never opens it."""
+    unit = parse_unit(SYSTEMD / "podvm-gpu-pod-labels.service")
+    assert unit["Service"]["Type"] == ["oneshot"]
+    assert unit["Service"]["ExecStart"] == ["/opt/podvm-gpu/bin/podvm-gpu metrics --pod-labels"]
+    assert "process-user-data.service" in unit["Unit"]["After"]
+    assert "podvm-gpu-metrics.service" in unit["Unit"]["Before"]
+    assert unit["Service"]["PrivateNetwork"] == ["yes"]
+    assert unit["Install"]["WantedBy"] == ["podvm-gpu-metrics.service"]
+    metrics = parse_unit(SYSTEMD / "podvm-gpu-metrics.service")["Unit"]
+    assert "podvm-gpu-pod-labels.service" in metrics["After"]  # ordering only, as the test above
+    preset = (SYSTEMD / "podvm-gpu.preset").read_text().splitlines()
+    assert "enable podvm-gpu-pod-labels.service" in preset

@@ -10,6 +10,7 @@ from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.metrics import families as fam
 from podvm_gpu.metrics import health_families as hfam
+from podvm_gpu.metrics.pod import read_labels as read_pod_labels
 from podvm_gpu.metrics.prom import generate_latest, generate_openmetrics
 from podvm_gpu.metrics.reading import NvmlReading, cc_safe
 from podvm_gpu.metrics.settings import MetricsSettings
@@ -160,14 +161,15 @@ class Exporter:
         out += fam.nvml_families(reading, profile, self.settings.profile)
         out += fam.gpu_fabric_families(reading)
         last_xid = {fam.pci_bus_id(pci): code for pci, code in xids}
-        out += fam.dcgm_families(reading, self.hostname, last_xid, profile)
+        pod = read_pod_labels(self.root)  # never apf.json itself: metrics/pod.py
+        out += fam.dcgm_families(reading, self.hostname, last_xid, profile, pod)
         fatal: dict[str, list[int]] = {}
         for pci, code in xids:
             if code in kmsg.FATAL_XIDS:
                 fatal.setdefault(fam.pci_bus_id(pci), []).append(code)
         counts = hfam.xid_counts(kmsg.timed_xids(records), kernel_clock_usec(self.root))
         out += hfam.health_families(
-            reading, lambda gpu: fam.dcgm_labels(gpu, self.hostname, reading), fatal, counts,
+            reading, lambda gpu: fam.dcgm_labels(gpu, self.hostname, reading, pod), fatal, counts,
             gpu_labels=fam._gpu_labels)
         return out
 

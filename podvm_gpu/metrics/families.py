@@ -301,13 +301,16 @@ def _gpu_labels(gpu) -> list[str]:
     return [str(gpu.index), gpu.uuid, gpu.pci_bus_id, f"nvidia{gpu.index}"]
 
 
-def dcgm_labels(gpu, hostname: str, reading) -> dict[str, str]:
-    """dcgm-exporter's labels of one GPU (:data:`DCGM_LABELS`)."""
-    return dict(zip(DCGM_LABELS, _gpu_labels(gpu) + [gpu.name, hostname,
-                                                    reading.driver_version or ""]))
+def dcgm_labels(gpu, hostname: str, reading, pod: dict[str, str] | None = None) -> dict[str, str]:
+    """dcgm-exporter's labels of one GPU (:data:`DCGM_LABELS`), with ``pod`` and ``namespace``
+    when the VM's pod is known (metrics/pod.py; dcgm-exporter's pod-attribution labels)."""
+    return {**dict(zip(DCGM_LABELS, _gpu_labels(gpu) + [gpu.name, hostname,
+                                                       reading.driver_version or ""])),
+            **(pod or {})}
 
 
-def dcgm_families(reading, hostname: str, last_xid: dict[str, int], profile: str) -> list[Metric]:
+def dcgm_families(reading, hostname: str, last_xid: dict[str, int], profile: str,
+                  pod: dict[str, str] | None = None) -> list[Metric]:
     """The DCGM-compatible families of the GPUs that answered.
 
     Args:
@@ -315,12 +318,13 @@ def dcgm_families(reading, hostname: str, last_xid: dict[str, int], profile: str
         hostname: the ``Hostname`` label (the pod VM's host name).
         last_xid: NVML-form PCI bus id -> last Xid code in the kernel log.
         profile: ``full`` or ``cc-safe``; a ``full``-only field is never in ``cc-safe``.
+        pod: ``{"pod", "namespace"}`` labels, or None.
     """
     families: dict[str, Metric] = {}
     for gpu in reading.gpus:
         if not gpu.up:
             continue
-        labels = dcgm_labels(gpu, hostname, reading)
+        labels = dcgm_labels(gpu, hostname, reading, pod)
         values = dict(gpu.values)
         values["DCGM_FI_DEV_XID_ERRORS"] = last_xid.get(gpu.pci_bus_id.upper(), 0)
         for name, value in values.items():
