@@ -124,7 +124,8 @@ def test_plain_command_lines_are_parsed_without_argparse_and_the_rest_goes_to_it
 
     assert fast_args(["metrics", "--root", "/r", "--listen=0.0.0.0:9400", "--textfile"]) == (
         "metrics", {"root_dir": "/r", "config": None, "listen": "0.0.0.0:9400", "serve": False,
-                    "openmetrics": False, "textfile": True})
+                    "openmetrics": False, "textfile": True, "pod_labels": False})
+    assert fast_args(["metrics", "--pod-labels"])[1]["pod_labels"] is True  # issue 28
     assert fast_args(["metrics", "--serve", "--config", "/etc/x.yaml"])[1]["config"] == \
         "/etc/x.yaml"
     for other in (["--help"], ["--listen"], ["--root", "--serve"], ["extra"], ["--json"]):
