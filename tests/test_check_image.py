@@ -392,3 +392,21 @@ def test_an_ib_module_one_kernel_lacks_is_named_with_that_kernel(tmp_path):
     code, checks = check_image(serving_nvlink5(root))
     assert checks["fabric"]["result"] == "fail"
     assert "IB module(s) mlx5_ib, ib_umad for kernel 6.12.0-other" in checks["fabric"]["detail"]
+
+
+def test_an_image_kernel_without_a_firmware_loader_fails_the_firmware_row(tmp_path):
+    """Issue 28, kata-containers#11875: the GSP files are there, but the image's kernel was built
+    without CONFIG_FW_LOADER, so the driver never gets them."""
+    from boot.nvidia_image import KERNEL
+
+    root = make_image(tmp_path)
+    config = root / f"boot/config-{KERNEL}"
+    config.write_text("CONFIG_MODULES=y\n# CONFIG_FW_LOADER is not set\n")
+    code, checks = check_image(root)
+    assert code == 1
+    assert checks["firmware"]["result"] == "fail"
+    assert f"kernel {KERNEL} has no firmware loader" in checks["firmware"]["detail"]
+    assert f"/boot/config-{KERNEL}" in checks["firmware"]["detail"]
+    config.write_text("CONFIG_MODULES=y\nCONFIG_FW_LOADER=y\n")
+    code, checks = check_image(root)
+    assert checks["firmware"]["result"] == "pass", checks["firmware"]

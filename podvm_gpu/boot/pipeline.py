@@ -317,8 +317,10 @@ def _fail(run: Run, reason: str) -> int:
     if cause and "cannot attach" not in reason:
         step, _sep, said = reason.partition(": ")
         reason = f"{step}: the driver cannot attach the GPU: {cause}; {said}"
+    loader = "firmware loader" in reason  # issue 28: not "GSP firmware missing" beside it
     extra = [f.describe() for f in kmsg.findings(messages)
-             if f.summary.lower() not in reason.lower()][:2]
+             if f.summary.lower() not in reason.lower()
+             and not (loader and f.kind == "gsp-firmware")][:2]
     quoted = (reason + " ".join(extra)).lower()
     errors = [e for e in kmsg.driver_errors(records) if e.lower() not in quoted]
     extra += [f'driver: "{e}"' for e in errors]

@@ -66,6 +66,64 @@ def swiotlb_setting(root: Root) -> str:
                                                           "(the kernel's default size)"
 
 
+# The driver's words when the kernel handed it no GSP image (kata-containers#11875: a guest kernel
+# built without CONFIG_FW_LOADER; request_firmware() then fails at once whatever the files).
+NO_GSP_IMAGE = "No firmware image found"
+FIRMWARE_LOADER = "CONFIG_FW_LOADER"
+_GSP_SUFFIXES = (".bin", ".bin.xz", ".bin.zst")
+
+
+def gsp_files(root: Root, version: str | None) -> list[str]:
+    """The GSP images of driver ``version`` under ``/lib/firmware/nvidia/<version>/`` (host
+    paths, sorted; ``gsp*.bin`` plain or compressed as the kernel's loader reads them)."""
+    import os
+
+    if not version:
+        return []
+    folder = f"/lib/firmware/nvidia/{version}"
+    try:
+        names = os.listdir(root.resolve(folder))
+    except OSError:
+        return []
+    return sorted(f"{folder}/{n}" for n in names
+                  if n.startswith("gsp") and n.endswith(_GSP_SUFFIXES)
+                  and os.path.isfile(root.resolve(f"{folder}/{n}")))
+
+
+def firmware_loader_cause(root: Root, finding) -> str | None:
+    """When the driver found no GSP image (``RmFetchGspRmImages: No firmware image found``) while
+    the images of the loaded driver's version are in the image: the guest kernel's missing
+    firmware loader, with its config's word where readable; None otherwise (then "GSP firmware
+    missing" is the right advice: the files are not there).
+
+    Args:
+        finding: a ``gsp-firmware`` finding of :func:`podvm_gpu.host.kmsg.findings`.
+    """
+    from podvm_gpu.readers import kernel_module_version
+
+    if finding.kind != "gsp-firmware" or NO_GSP_IMAGE.lower() not in finding.message.lower():
+        return None
+    version = kernel_module_version(root)
+    files = gsp_files(root, version)
+    if not files:
+        return None
+    have = ", ".join(files[:2]) + (f" and {len(files) - 2} more" if len(files) > 2 else "")
+    said = (f"the driver found no GSP firmware image (kernel: \"{finding.message[:160]}\") "
+            f"although the images of driver {version} are there ({have})")
+    config = kernel_config(root)
+    if config is None:
+        return (f"{said}: the guest kernel did not hand them over, as a kernel without a firmware "
+                f"loader ({FIRMWARE_LOADER}) does; its config is not readable to confirm "
+                "(/boot/config-<release>, /proc/config.gz); build the guest kernel with "
+                f"{FIRMWARE_LOADER}=y (kata-containers#11875)")
+    where, values = config
+    if values.get(FIRMWARE_LOADER) in ("y", "m"):
+        return (f"{said}; the kernel's config has {FIRMWARE_LOADER}={values[FIRMWARE_LOADER]} "
+                f"({where}): see the kernel log for why the loader refused them")
+    return (f"{said}: the guest kernel has no firmware loader (# {FIRMWARE_LOADER} is not set, "
+            f"{where}); build it with {FIRMWARE_LOADER}=y (kata-containers#11875)")
+
+
 def attach_cause(root: Root, messages: list[str]) -> str | None:
     """The reason the driver cannot attach a GPU, one line, or None when the log (since the
     driver last loaded) names none.
@@ -75,6 +133,10 @@ def attach_cause(root: Root, messages: list[str]) -> str | None:
     """
     found = kmsg.findings(kmsg.since_driver_load(messages))
     by_kind = {f.kind: f for f in reversed(found)}
+    gsp = by_kind.get("gsp-firmware")
+    loader = firmware_loader_cause(root, gsp) if gsp is not None else None
+    if loader:  # issue 28: before RmInitAdapter's generic failure, which follows it
+        return loader
     for kind in kmsg.ATTACH_KINDS:
         finding = by_kind.get(kind)
         if finding is None:

@@ -244,12 +244,14 @@ def run(ctx: BootContext) -> str:
                    ib_started)
     fatal = [f for f in kmsg.findings(kmsg.since_driver_load(kmsg.read_kernel_log(ctx.root)))
              if f.fatal]
+    cause = attach_cause(ctx.root, kmsg.read_kernel_log(ctx.root))
+    if fatal and fatal[0].kind == "gsp-firmware" and cause and "firmware loader" in cause:
+        raise StepFailed(f"the driver loaded but cannot attach the GPU: {cause}")  # issue 28
     if fatal:
         # Every NVML client would stall or fail on such a GPU; stop before persistenced starts
         # and the waits begin (field case C26).
         raise StepFailed(f"the kernel log reports a GPU error that needs a GPU reset: "
                          f"{fatal[0].describe()}")
-    cause = attach_cause(ctx.root, kmsg.read_kernel_log(ctx.root))
     if cause:
         # Loaded, but it failed to attach a GPU (an earlier client, a udev autoload): every NVML
         # client after it fails with words of its own; the driver's are the cause.
@@ -309,6 +311,10 @@ def modules_row(facts) -> Check:
     if not missing:
         version = readers.kernel_module_version(root) or "unknown version"
         cause = attach_cause(root, facts.messages)  # as the boot's modules step says it
+        if cause is None:  # issue 28: a GPU the driver cannot attach for its firmware or BAR
+            cause = next((f.describe() for f in reversed(kmsg.findings(
+                kmsg.since_driver_load(facts.messages))) if f.kind in ("gsp-firmware", "bar")),
+                None)
         if cause:
             return Check("modules", FAIL, f"nvidia {version} and nvidia_uvm loaded, but the "
                          f"driver cannot attach the GPU: {cause}", "fix what the kernel log "
@@ -439,6 +445,20 @@ def firmware_present(root: Root, release: str, name: str) -> str | None:
     return None
 
 
+def image_without_loader(root: Root, release: str) -> str | None:
+    """``/boot/config-<release>`` when the image kernel's config says it has no firmware
+    loader (``CONFIG_FW_LOADER`` neither ``y`` nor ``m``); None when it has one or the config is
+    not in the image (nothing to tell: no claim). Read as a bounded regular file."""
+    import re
+
+    where = f"/boot/config-{release}"
+    text = root.read_text(where)
+    if text is None or not re.search(r"^(?:# )?CONFIG_\w+", text, re.M):
+        return None
+    m = re.search(r"^CONFIG_FW_LOADER=(\S+)", text, re.M)
+    return None if m and m.group(1) in ("y", "m") else where
+
+
 def firmware_image_row(image) -> Check:
     """The firmware files the nvidia module asks for (``modinfo -F firmware``, the GSP images of
     535) must be where the kernel's loader finds them, or the driver fails on GSP GPUs."""
@@ -467,6 +487,15 @@ def firmware_image_row(image) -> Check:
                      + ": the firmware it asks for is unknown", kmod.UNREADABLE_MODULE_HINT)
     if not asked:
         return Check("firmware", PASS, "the nvidia module asks for no firmware files")
+    no_loader = [(k, where) for k, where in
+                 ((k, image_without_loader(root, k)) for k in sorted({k for k, _, _ in asked}))
+                 if where]
+    if no_loader:  # issue 28, kata-containers#11875: the files are there, nothing loads them
+        release, where = no_loader[0]
+        return Check("firmware", FAIL, f"kernel {release} has no firmware loader (# "
+                     f"CONFIG_FW_LOADER is not set, {where}): the driver's GSP firmware can "
+                     "never be loaded and every GSP GPU fails to attach",
+                     "build the guest kernel with CONFIG_FW_LOADER=y")
     names = sorted({n for _, _, n in asked})
     return Check("firmware", PASS, f"{', '.join(names)} present under /lib/firmware")
 
