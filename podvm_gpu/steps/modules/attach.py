@@ -159,3 +159,15 @@ def attach_cause(root: Root, messages: list[str]) -> str | None:
             text += f"; {lkca_cause(root)}"
         return text
     return None
+
+
+def image_without_loader(root: Root, release: str) -> str | None:
+    """``/boot/config-<release>`` when the image kernel's config says it has no firmware
+    loader (``CONFIG_FW_LOADER`` neither ``y`` nor ``m``); None when it has one or the config is
+    not in the image (nothing to tell: no claim). Read as a bounded regular file."""
+    where = f"/boot/config-{release}"
+    text = root.read_text(where)
+    if text is None or not re.search(r"^(?:# )?CONFIG_\w+", text, re.M):
+        return None
+    m = re.search(r"^CONFIG_FW_LOADER=(\S+)", text, re.M)
+    return None if m and m.group(1) in ("y", "m") else where

@@ -445,20 +445,6 @@ def firmware_present(root: Root, release: str, name: str) -> str | None:
     return None
 
 
-def image_without_loader(root: Root, release: str) -> str | None:
-    """``/boot/config-<release>`` when the image kernel's config says it has no firmware
-    loader (``CONFIG_FW_LOADER`` neither ``y`` nor ``m``); None when it has one or the config is
-    not in the image (nothing to tell: no claim). Read as a bounded regular file."""
-    import re
-
-    where = f"/boot/config-{release}"
-    text = root.read_text(where)
-    if text is None or not re.search(r"^(?:# )?CONFIG_\w+", text, re.M):
-        return None
-    m = re.search(r"^CONFIG_FW_LOADER=(\S+)", text, re.M)
-    return None if m and m.group(1) in ("y", "m") else where
-
-
 def firmware_image_row(image) -> Check:
     """The firmware files the nvidia module asks for (``modinfo -F firmware``, the GSP images of
     535) must be where the kernel's loader finds them, or the driver fails on GSP GPUs."""
@@ -487,6 +473,8 @@ def firmware_image_row(image) -> Check:
                      + ": the firmware it asks for is unknown", kmod.UNREADABLE_MODULE_HINT)
     if not asked:
         return Check("firmware", PASS, "the nvidia module asks for no firmware files")
+    from podvm_gpu.steps.modules.attach import image_without_loader
+
     no_loader = [(k, where) for k, where in
                  ((k, image_without_loader(root, k)) for k in sorted({k for k, _, _ in asked}))
                  if where]
