@@ -107,7 +107,8 @@ def run_pipeline(run: Run, config: Config | None) -> int:
                       nvswitches=switches)
     from podvm_gpu.steps.fabric import fabric_kind  # the GPU path only: VPD is never read on a CPU VM
 
-    ctx.fabric = run.status.fabric = fabric_kind.detect([s.pci_address for s in switches])
+    ctx.fabric = run.status.fabric = fabric_kind.detect([s.pci_address for s in switches],
+                                                        gpus=gpus)
     if run.dry_run:
         return _dry_run(run, ctx)
     steps = Steps(ctx, run)

@@ -48,7 +48,8 @@ class Facts:
         self.messages = safely(lambda: kmsg.read_kernel_log(root), [])
         self.minors = safely(lambda: readers.gpu_minors(root, self.gpus), {})
         self.failed_at = safely(lambda: boot_failed_at(root), None)
-        self.fabric = safely(lambda: fabric_kind.detect([s.pci_address for s in self.nvswitches]),
+        self.fabric = safely(lambda: fabric_kind.detect([s.pci_address for s in self.nvswitches],
+                                                        gpus=self.gpus),
                              None) if self.gpus else None
         booted = safely(lambda: (read_status(root) or {}).get("fabric"), None)
         self.boot_fabric = booted if isinstance(booted, dict) else None

@@ -10,6 +10,18 @@ Three kinds (docs/design.md, "Fabrics"; NVIDIA/nvrc ``src/mode.rs`` decides the 
   VPD carries ``SW_MNG`` (host/infiniband.py): HGX B200/B300, where NVLSM (the NVLink subnet
   manager) must run on one of those ports before the fabric manager (podvm_gpu/steps/fabric/nvl5.py).
 
+- ``nvlink-rack`` (issue 28): no NVSwitch function and no management port, and GPUs of a
+  rack-scale NVLink system (:data:`RACK_GPU_IDS`: GB200 NVL72 compute trays). The tray has no
+  NVSwitch of its own; the rack's NVLink switch trays and their fabric manager run the fabric,
+  so the agent never starts one here (AgentBaker#8839: one started on a compute tray breaks
+  provisioning) and waits for the fabric as for ``none``. What tells such a VM from an H100 VM
+  behind shared NVSwitches, where the fabric is managed outside the VM too and PCI looks the
+  same (no NVSwitch, no port): the GPUs' PCI device id. A Grace-Blackwell GPU is rack-scale
+  (``nvlink-rack``); a Hopper one is shared-NVSwitch (``none``). After the fabric completes, the
+  step reads each GPU's clique id and cluster UUID from full ``nvidia-smi -q`` (550 and later
+  print them; 535 does not, and no ``--query-gpu`` field has them): a cluster UUID of all zeros
+  means the GPU is in no multi-node NVLink domain.
+
 Both NVSwitch functions and management ports on one VM is ``mixed``: NVRC panics on it
 ("unexpected topology"), and the agent fails the fabricmanager step naming both.
 
@@ -27,8 +39,12 @@ import time
 
 from podvm_gpu.host import infiniband
 
-NONE, NVSWITCH, NVLINK5, MIXED = "none", "nvswitch", "nvlink5", "mixed"
-KINDS = (NONE, NVSWITCH, NVLINK5, MIXED)
+NONE, NVSWITCH, NVLINK5, MIXED, RACK = "none", "nvswitch", "nvlink5", "mixed", "nvlink-rack"
+KINDS = (NONE, NVSWITCH, NVLINK5, MIXED, RACK)
+# The GPUs of rack-scale NVLink systems, by PCI device id (pci_ids.py): GB200 (NVL72, NVL36x2).
+# GB300 belongs here too once its device id is confirmed from the PCI ID Repository.
+RACK_GPU_IDS = {"2941": "GB200"}
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 VPD_TIME_LIMIT_S = 2.0  # every VPD read of a boot together
 
 # fabricmanager.cfg keys the role needs (NVRC src/daemon.rs configure_fabricmanager; the FM user
@@ -58,6 +74,8 @@ class Fabric:
         self.port: str | None = None
         self.guid: str | None = None
         self.steps: list[dict] = []
+        self.rack_gpus: list[str] = []  # "<address> (GB200)" of the rack-scale GPUs
+        self.cliques: list[dict] = []  # nvlink-rack: [{"gpu", "clique_id", "cluster_uuid"}]
 
     @property
     def port_addresses(self) -> list[str]:
@@ -73,6 +91,9 @@ class Fabric:
                          f"({_few([p.describe() for p in self.ports])})")
         if not parts:
             parts.append("no NVSwitch function and no ConnectX function whose VPD carries SW_MNG")
+        if self.kind == RACK:
+            parts.append(f"{len(self.rack_gpus)} rack-scale GPU(s) ({_few(self.rack_gpus)}): a "
+                         "compute tray whose NVLink fabric the rack manages")
         if self.others:
             parts.append(f"not management ports: {_few([o.describe() for o in self.others])}")
         return "; ".join(parts)
@@ -85,8 +106,11 @@ class Fabric:
 
     def to_dict(self) -> dict:
         """status.json's ``fabric`` object (docs/interface.md section 4.1)."""
-        return {"kind": self.kind, "why": self.why(), "management_ports": self.port_addresses,
-                "port": self.port, "port_guid": self.guid, "steps": list(self.steps)}
+        out = {"kind": self.kind, "why": self.why(), "management_ports": self.port_addresses,
+               "port": self.port, "port_guid": self.guid, "steps": list(self.steps)}
+        if self.kind == RACK:
+            out["cliques"] = list(self.cliques)
+        return out
 
 
 def _few(items: list[str], most: int = 4) -> str:
@@ -94,13 +118,15 @@ def _few(items: list[str], most: int = 4) -> str:
 
 
 def detect(nvswitches: list[str], sys_pci: str = infiniband.PCI_DEVICES,
-           limit_s: float = VPD_TIME_LIMIT_S) -> Fabric:
+           limit_s: float = VPD_TIME_LIMIT_S, gpus=()) -> Fabric:
     """The fabric kind of a VM with GPUs (never call it on the CPU fast path).
 
     Args:
         nvswitches: the NVSwitch functions' addresses (detect's).
         sys_pci: the sysfs PCI device folder (never under ``--root``).
         limit_s: the time limit of the VPD reads together.
+        gpus: the GPUs (``model.PciDevice``: ``pci_address``, ``device_id``), for
+            ``nvlink-rack``.
     """
     mellanox = infiniband.mellanox_functions(sys_pci)
     vpds = infiniband.read_vpds(mellanox, limit_s, sys_pci) if mellanox else []
@@ -114,7 +140,40 @@ def detect(nvswitches: list[str], sys_pci: str = infiniband.PCI_DEVICES,
         kind = NVLINK5
     else:
         kind = NONE
-    return Fabric(kind, list(nvswitches), ports, others)
+    rack = [f"{g.pci_address} ({RACK_GPU_IDS[g.device_id.lower().removeprefix('0x')]})"
+            for g in gpus if g.device_id.lower().removeprefix("0x") in RACK_GPU_IDS]
+    if kind == NONE and rack:
+        kind = RACK
+    fabric = Fabric(kind, list(nvswitches), ports, others)
+    fabric.rack_gpus = rack
+    return fabric
+
+
+def parse_cliques(text: str) -> list[dict]:
+    """``[{"gpu", "clique_id", "cluster_uuid"}]`` from the ``Fabric`` block of each GPU in a full
+    ``nvidia-smi -q`` (550 and later: ``CliqueId``, ``ClusterUUID``; ../shared/nvidia-smi-real.md);
+    GPUs whose block lacks them (535) or says ``N/A`` are left out."""
+    import re
+
+    out, gpu, inside = [], None, False
+    for line in text.splitlines():
+        m = re.match(r"^GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", line)
+        if m:
+            gpu, inside = m.group(1), False
+            continue
+        stripped = line.strip()
+        if stripped == "Fabric":
+            inside = True
+            out.append({"gpu": gpu, "clique_id": None, "cluster_uuid": None})
+            continue
+        if not inside or gpu is None or ":" not in stripped:
+            continue
+        key, _sep, value = (p.strip() for p in stripped.partition(":"))
+        if key == "CliqueId" and value.isdigit():
+            out[-1]["clique_id"] = int(value)
+        elif key == "ClusterUUID" and re.fullmatch(r"[0-9a-fA-F-]{36}", value):
+            out[-1]["cluster_uuid"] = value.lower()
+    return [c for c in out if c["clique_id"] is not None and c["cluster_uuid"] is not None]
 
 
 def set_keys(text: str, keys: dict[str, str]) -> str:
@@ -184,3 +243,25 @@ def record_ib(ctx, module: str | None, result: str, message: str,
     if module is not None and module not in ib_modules(ctx):
         return
     ctx.fabric.record("ib-modules", result, message, time.monotonic() - since)
+
+
+def rack_cliques(ctx, fabric: Fabric) -> str:
+    """Each GPU's clique id and cluster UUID from a full ``nvidia-smi -q`` (550+), kept in
+    ``fabric.cliques`` for status.json; one phrase for the step's message. A query not answered
+    or a 535 nvidia-smi (no such lines) is said, never a failure: the fabric is already ready."""
+    from podvm_gpu.errors import CommandError
+
+    try:
+        out = ctx.runner.run(["nvidia-smi", "-q"], timeout=ctx.harmless_timeout("nvidia-smi")).stdout
+    except CommandError as err:
+        return f"clique and cluster UUID not read ({err})"
+    fabric.cliques = parse_cliques(out)
+    if not fabric.cliques:
+        return "clique and cluster UUID not printed by this nvidia-smi (550 and later print them)"
+    pairs: dict[tuple[int, str], int] = {}
+    for c in fabric.cliques:
+        key = (c["clique_id"], c["cluster_uuid"])
+        pairs[key] = pairs.get(key, 0) + 1
+    return "; ".join(f"clique {q}, cluster UUID {u} on {n} GPU(s)" + (
+        " (all zeros: no multi-node NVLink)" if u == ZERO_UUID else "")
+        for (q, u), n in pairs.items())

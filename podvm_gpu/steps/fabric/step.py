@@ -289,13 +289,18 @@ def _part(ctx: BootContext, name: str, func):
 def run(ctx: BootContext) -> str:
     """Start what the VM's fabric kind needs and wait for the fabric."""
     root = ctx.root
-    fabric = ctx.fabric or fabric_kind.detect([s.pci_address for s in ctx.nvswitches])
+    fabric = ctx.fabric or fabric_kind.detect([s.pci_address for s in ctx.nvswitches],
+                                              gpus=ctx.gpus)
     ctx.fabric = fabric
     if fabric.kind == fabric_kind.MIXED:
         raise StepFailed(f"mixed fabric topology: {fabric.why()}; a VM has NVSwitch functions "
                          "or ConnectX NVLink management ports, never both (NVRC refuses it too)")
     if fabric.kind == fabric_kind.NONE:
         return probe_outside(ctx)
+    if fabric.kind == fabric_kind.RACK:  # issue 28: the rack runs the fabric; never start an FM
+        said = probe_outside(ctx).replace("no NVSwitch in the VM; fabric managed outside it",
+                                          "rack-scale NVLink (the rack manages the fabric)")
+        return f"{said}; {fabric_kind.rack_cliques(ctx, fabric)}"
     nvlsm_daemon, parts = None, []
     if fabric.kind == fabric_kind.NVLINK5:
         port, took = _part(ctx, "management-port", lambda: nvl5.find_port(ctx, fabric))
