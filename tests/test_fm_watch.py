@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from podvm_gpu.steps.fabric import fm_watch
 from podvm_gpu.errors import StepFailed
-from podvm_gpu.steps.fabric.fm_watch import FmWatch
 from podvm_gpu.host.daemons import Daemon
 from podvm_gpu.host.fs import Root
 from podvm_gpu.readers import FABRICMANAGER_PID
+from podvm_gpu.steps.fabric import fm_watch
+from podvm_gpu.steps.fabric.fm_watch import FmWatch
 
 
 class FakeDaemon(Daemon):

@@ -6,7 +6,6 @@ DCGM_EXP_XID_ERRORS_COUNT in its window, DCGM_FI_DEV_CC_MODE."""
 from __future__ import annotations
 
 import pytest
-
 from fake_nvml import describe, gpu, make_root
 from test_metrics import one, scrape, values
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from fake_nvml import describe, gpu, make_root, metrics_env
 from test_metrics import scrape
 
@@ -96,8 +95,8 @@ def test_a_fifo_or_link_planted_as_apf_json_cannot_hang_or_redirect_the_reader(t
 
 def test_the_network_facing_exporter_never_opens_apf_json(tmp_path, fake_nvml_libs, monkeypatch):
     """One scrape in this process with every open() recorded: apf.json is not among them."""
+    from podvm_gpu.config.metrics import MetricsSettings
     from podvm_gpu.metrics.exporter import Exporter
-    from podvm_gpu.metrics.settings import MetricsSettings
 
     root = make_root(tmp_path / "root", fake_nvml_libs["current"], gpus=1)
     write_apf(root, APF)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from podvm_gpu.steps.cdi import health, recovery
 from podvm_gpu.host.proc import Completed
+from podvm_gpu.steps.cdi import health, recovery
 
 # Every Debian nvidia-smi, 535.261.03 to 555.58.02 (../shared/nvidia-smi-real.md), exit 2
 DEBIAN_REFUSAL = 'Field "gpu_recovery_action" is not a valid field to query.\n\n'

@@ -12,16 +12,13 @@ initialising when the wait ends is left running: it is never killed mid-way.
 
 from __future__ import annotations
 
-import os
 import time
 
-from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon
-from podvm_gpu.readers import (PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET,
-                               daemon_pid, unrecognized_option)
-from podvm_gpu import readers
-from podvm_gpu.check import FAIL, PASS, WARN, Check
+from podvm_gpu.readers import PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET, daemon_pid, unrecognized_option
+from podvm_gpu.row import FAIL, PASS, WARN, Check
+from podvm_gpu.steps.context import BootContext
 
 POLL_S = 0.01  # a stat and two small reads: the socket is seen within 10 ms, at ~1% of a core
 # A forking daemon's first process exits 0 once the daemon has started (nvidia-persistenced's
@@ -29,6 +26,37 @@ POLL_S = 0.01  # a stat and two small reads: the socket is seen within 10 ms, at
 # gets this long before an exit 0 with no daemon counts as a refusal to start.
 STARTED_GRACE_S = 0.5
 LOG_PATH = "/run/podvm-gpu/nvidia-persistenced.log"
+
+
+class Seen:
+    """What the daemon's pid file and socket say, and what that means: the one decision that
+    boot's wait (:func:`run`) and check's row (:func:`persistenced_row`) both act on.
+
+    Attributes:
+        pid: the running daemon's pid (its pid file names a process whose comm is the
+            daemon's), or None.
+        socket: its socket exists.
+    """
+
+    __slots__ = ("pid", "socket")
+    NOT_RUNNING, STARTING, READY = "not running", "starting", "ready"
+
+    def __init__(self, pid: int | None, socket: bool):
+        self.pid, self.socket = pid, socket
+
+    @property
+    def state(self) -> str:
+        """:data:`READY` (running, socket there), :data:`STARTING` (running, no socket yet:
+        still initialising) or :data:`NOT_RUNNING` (a socket alone, left by an earlier daemon,
+        does not count)."""
+        if self.pid is None:
+            return self.NOT_RUNNING
+        return self.READY if self.socket else self.STARTING
+
+
+def look(root) -> Seen:
+    """The daemon as the root shows it now (:class:`Seen`)."""
+    return Seen(daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM), root.exists(PERSISTENCED_SOCKET))
 
 
 class NotStarted(StepFailed):
@@ -57,13 +85,12 @@ def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: 
             journal under systemd), or the wait timed out (the wait used; the daemon is left
             running).
     """
-    limit = ctx.wait_limit(wait_s)
-    end = time.monotonic() + limit
     exited_0 = None
-    while True:
-        ctx.check_stop()
+
+    def look() -> bool:
+        nonlocal exited_0
         if ready():
-            return
+            return True
         code = daemon.exit_status() if daemon is not None else None
         if code == 0 and running() is None:
             exited_0 = exited_0 or time.monotonic()
@@ -75,37 +102,38 @@ def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: 
             said = daemon.last_words()
             raise StepFailed(f"{what} {ended_text(code)} during the wait"
                              + (f": {said}" if said else ""))
-        if time.monotonic() >= end:
-            cut = " (cut to the boot budget)" if limit < wait_s else ""
-            pid = running()
-            if pid is not None:
-                state = f"left running (pid {pid})"
-            elif daemon is not None and daemon.exit_status() is None:
-                state = f"left running ({daemon.where})"
-            elif daemon is not None:
-                said = daemon.last_words()
-                state = f"{what} {ended_text(daemon.exit_status())} and no daemon is running" + (
-                    f": {said}" if said else "")
-            else:
-                state = "not running"
-            raise StepFailed(f"timed out after {limit:g} s waiting for {what} to be ready "
-                             f"(wait {rule}{cut}); {state}")
-        time.sleep(POLL_S)
+        return False
+
+    waited = ctx.wait(look, wait_s, POLL_S)
+    if waited.held:
+        return
+    limit = waited.limit_s
+    cut = " (cut to the boot budget)" if limit < wait_s else ""
+    pid = running()
+    if pid is not None:
+        state = f"left running (pid {pid})"
+    elif daemon is not None and daemon.exit_status() is None:
+        state = f"left running ({daemon.where})"
+    elif daemon is not None:
+        said = daemon.last_words()
+        state = f"{what} {ended_text(daemon.exit_status())} and no daemon is running" + (
+            f": {said}" if said else "")
+    else:
+        state = "not running"
+    raise StepFailed(f"timed out after {limit:g} s waiting for {what} to be ready "
+                     f"(wait {rule}{cut}); {state}")
 
 
 def run(ctx: BootContext) -> str:
     """Start the daemon unless it runs already, then wait for its socket."""
     root = ctx.root
-    socket = root.resolve(PERSISTENCED_SOCKET)
     cfg = ctx.config.persistenced
     wait_s = cfg.ready_timeout_s + cfg.per_gpu_s * ctx.gpu_count
     rule = f"{cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x {ctx.gpu_count} GPU(s)"
-    pid = daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM)
+    pid = look(root).pid
 
     def ready() -> bool:
-        # the socket alone could be left from an earlier daemon; it must be running too
-        return os.path.exists(socket) and daemon_pid(
-            root, PERSISTENCED_PID, PERSISTENCED_COMM) is not None
+        return look(root).state == Seen.READY
 
     def running():
         return daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM)
@@ -148,15 +176,15 @@ def persistenced_row(facts) -> Check:
     skip = facts.not_reached("persistenced") or facts.needs_driver("persistenced")
     if skip:
         return skip
-    pid = readers.daemon_pid(facts.root, readers.PERSISTENCED_PID, readers.PERSISTENCED_COMM)
-    if pid is None:
+    seen = look(facts.root)
+    if seen.state == Seen.NOT_RUNNING:
         return Check("persistenced", FAIL, "nvidia-persistenced is not running",
                      "boot starts it; see the persistenced step in podvm-gpu status")
-    if not facts.root.exists(readers.PERSISTENCED_SOCKET):
-        return Check("persistenced", WARN, f"running (pid {pid}) but its socket "
-                     f"{readers.PERSISTENCED_SOCKET} is missing: still initialising?",
+    if seen.state == Seen.STARTING:
+        return Check("persistenced", WARN, f"running (pid {seen.pid}) but its socket "
+                     f"{PERSISTENCED_SOCKET} is missing: still initialising?",
                      "wait, then check again; see the kernel log if it stays so")
-    return Check("persistenced", PASS, f"running (pid {pid}), socket present")
+    return Check("persistenced", PASS, f"running (pid {seen.pid}), socket present")
 
 
 VM_ROWS = {"persistenced": persistenced_row}

@@ -32,8 +32,8 @@ answered (not supported, a tool too old, a timeout, a field it does not know) is
 from __future__ import annotations
 
 from podvm_gpu import readers
-from podvm_gpu.steps.cdi import recovery
 from podvm_gpu.errors import CommandError, StepFailed, one_line
+from podvm_gpu.steps.cdi import recovery
 from podvm_gpu.steps.context import BootContext
 
 REMAP_FIELDS = ("gpu_bus_id", "remapped_rows.pending", "remapped_rows.failure")
@@ -122,13 +122,26 @@ def judge_lost(rows: list[list[str]], verdict: "Verdict") -> list[list[str]]:
 
 class Verdict:
     """What the gate found: ``fatal`` (fail whatever the config), ``reset`` (a reset needed),
-    ``read`` (one line per GPU for the step's message)."""
+    ``read`` (one line per GPU for the step's message). :meth:`outcome` is the one decision the
+    boot's gate (:func:`gate`) and check's row (steps/cdi/step.py ``row_remapper_row``) act on."""
+
+    REPLACE, RESET, RESET_WARNS, HEALTHY = "replace", "reset", "reset-warns", "healthy"
 
     def __init__(self):
         self.fatal: list[str] = []
         self.reset: list[str] = []
         self.read: list[str] = []
         self.unread: list[str] = []
+
+    def outcome(self, reset_pending_warns: bool) -> str:
+        """:data:`REPLACE` (a GPU needs replacing: fail, whatever the config), :data:`RESET` (a
+        reset is needed: fail), :data:`RESET_WARNS` (a reset is needed, a warning by
+        ``health.reset_pending_warns``) or :data:`HEALTHY`."""
+        if self.fatal:
+            return self.REPLACE
+        if self.reset:
+            return self.RESET_WARNS if reset_pending_warns else self.RESET
+        return self.HEALTHY
 
 
 def judge_remapper(rows: list[list[str]], verdict: Verdict) -> None:
@@ -191,9 +204,10 @@ def gate(ctx: BootContext) -> str:
         ctx.warn(f"cdi: health: {line}")
     for line in found.unread:
         ctx.warn(f"cdi: health: {line}; the boot does not fail on it")
-    if verdict.fatal:
+    outcome = verdict.outcome(ctx.config.health.reset_pending_warns)
+    if outcome == Verdict.REPLACE:
         raise StepFailed("; ".join(verdict.fatal + verdict.reset) + "; spec not installed")
-    if verdict.reset and not ctx.config.health.reset_pending_warns:
+    if outcome == Verdict.RESET:
         raise StepFailed("; ".join(verdict.reset) + "; spec not installed (health."
                          "reset_pending_warns: true makes this a warning)")
     for line in verdict.reset:

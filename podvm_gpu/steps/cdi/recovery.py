@@ -149,7 +149,7 @@ def check_row(facts, ask):
     Args:
         facts: check's facts (podvm_gpu/check/vm.py); ask: health.ask.
     """
-    from podvm_gpu.check import FAIL, PASS, SKIP, WARN, Check
+    from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check
     from podvm_gpu.steps.context import HARMLESS_CALL_S
 
     name = "recovery-action"

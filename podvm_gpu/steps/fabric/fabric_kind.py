@@ -176,6 +176,15 @@ def parse_cliques(text: str) -> list[dict]:
     return [c for c in out if c["clique_id"] is not None and c["cluster_uuid"] is not None]
 
 
+def kind_of(fabric: Fabric | None, nvswitches: list) -> str:
+    """The fabric kind to act on: the one detected (the boot's, check's reading of PCI), or,
+    where none was (a plan or a context built without detection), ``nvswitch`` when PCI has
+    NVSwitch functions, else ``none``. The one fallback of the fabricmanager step."""
+    if fabric is not None:
+        return fabric.kind
+    return NVSWITCH if nvswitches else NONE
+
+
 def set_keys(text: str, keys: dict[str, str]) -> str:
     """``KEY=value`` lines of a fabricmanager.cfg with ``keys`` set: an existing line (not a
     comment) is replaced in place, a missing key appended (NVRC src/config.rs

@@ -97,3 +97,54 @@ def parse_fabric_rows(text: str) -> list[FabricState] | None:
         return None
     return [FabricState(csv_value(bus), csv_value(state, "state"), csv_value(status, "status"))
             for bus, state, status in rows]
+
+
+def summarize(states: list[FabricState]) -> str:
+    """``State X, Status Y on N GPU(s)`` for each distinct pair."""
+    pairs: dict[tuple[str, str], int] = {}
+    for s in states:
+        pairs[(s.state, s.status)] = pairs.get((s.state, s.status), 0) + 1
+    return "; ".join(f"State {a}, Status {b} on {n} GPU(s)" for (a, b), n in pairs.items())
+
+
+def bus_id(address: str) -> str:
+    """A PCI address as both nvidia-smi (``00000000:18:00.0``) and sysfs (``0000:18:00.0``) can
+    be compared: the domain as a number, lower case."""
+    domain, _, rest = address.strip().lower().partition(":")
+    try:
+        return f"{int(domain, 16):x}:{rest}"
+    except ValueError:
+        return address.strip().lower()
+
+
+class FabricSeen:
+    """The GPUs' fabric state judged against the VM's GPUs: the one decision boot's wait
+    (:func:`wait_for_fabric`) and check's row (:func:`fabricmanager_row`) both act on.
+
+    Args:
+        states: what the fabric query reported (parse.parse_fabric_rows).
+        gpus: the VM's GPUs' PCI addresses (every one must be Completed/Success, not just the
+            ones nvidia-smi happens to list).
+
+    Attributes:
+        waiting: the GPUs (PCI addresses) without fabric Completed/Success.
+        unhealthy: the states Completed with another status than Success (a failure at once).
+        ready: states were reported, every one Completed/Success, and no GPU is waiting.
+    """
+
+    __slots__ = ("states", "waiting", "unhealthy", "ready")
+
+    def __init__(self, states: list[FabricState], gpus: list[str]):
+        done = {bus_id(s.gpu) for s in states if s.success}
+        self.states = states
+        self.waiting = [g for g in gpus if bus_id(g) not in done]
+        self.unhealthy = [s for s in states if s.completed and not s.success]
+        self.ready = bool(states) and not self.waiting and all(s.success for s in states)
+
+    def not_ready_said(self, most: int = 3) -> str:
+        """The GPUs not Completed/Success, for a row: ``<gpu>: State X, Status Y``, then the
+        GPUs that reported nothing; ``no state`` when nothing was reported."""
+        reported = {bus_id(s.gpu) for s in self.states}
+        said = [f"{s.gpu}: State {s.state}, Status {s.status}" for s in self.states if not s.success]
+        said += [f"{g}: no state" for g in self.waiting if bus_id(g) not in reported]
+        return ", ".join(said[:most]) or "no state"

@@ -29,17 +29,17 @@ from __future__ import annotations
 
 import time
 
-from podvm_gpu.steps.context import BootContext
+from podvm_gpu import readers, units
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon
+from podvm_gpu.host.fs import atomic_write, ensure_dir
 from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, nvsmi_no_driver
+from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.steps import Skipped
-from podvm_gpu import readers, units
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.steps.fabric import fabric_kind, nvl5
 from podvm_gpu.steps.fabric.fm_watch import FmWatch
-from podvm_gpu.steps.fabric.parse import FabricState, fabric_argv, parse_fabric_rows
-from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check
-from podvm_gpu.host.fs import atomic_write, ensure_dir
+from podvm_gpu.steps.fabric.parse import FabricSeen, FabricState, bus_id, fabric_argv, parse_fabric_rows, summarize  # noqa: F401
 
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 
@@ -115,31 +115,6 @@ def nvml_count(ctx: BootContext, states: list[FabricState]) -> None:
                      f"on PCI; not seen: {few}; fabric: {fabric}")
 
 
-def summarize(states: list[FabricState]) -> str:
-    """``State X, Status Y on N GPU(s)`` for each distinct pair."""
-    pairs: dict[tuple[str, str], int] = {}
-    for s in states:
-        pairs[(s.state, s.status)] = pairs.get((s.state, s.status), 0) + 1
-    return "; ".join(f"State {a}, Status {b} on {n} GPU(s)" for (a, b), n in pairs.items())
-
-
-def bus_id(address: str) -> str:
-    """A PCI address as both nvidia-smi (``00000000:18:00.0``) and sysfs (``0000:18:00.0``) can
-    be compared: the domain as a number, lower case."""
-    domain, _, rest = address.strip().lower().partition(":")
-    try:
-        return f"{int(domain, 16):x}:{rest}"
-    except ValueError:
-        return address.strip().lower()
-
-
-def not_ready(ctx: BootContext, states: list[FabricState]) -> list[str]:
-    """The GPUs of the VM (PCI addresses) that do not report fabric Completed/Success: every
-    GPU must, not just the ones nvidia-smi happens to list."""
-    done = {bus_id(s.gpu) for s in states if s.success}
-    return [g.pci_address for g in ctx.gpus if bus_id(g.pci_address) not in done]
-
-
 def seen(ctx: BootContext, states: list[FabricState]) -> str:
     """The last fabric state seen, for a reason: the pairs, and the GPUs that did not report."""
     if not states:
@@ -169,14 +144,15 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
     """
     cfg = ctx.config.fabricmanager
     wanted = cfg.ready_timeout_s + cfg.per_gpu_s * ctx.gpu_count
-    limit = ctx.wait_limit(wanted)
-    end = time.monotonic() + limit
     states: list[FabricState] = []
+    failed_query: CommandError | None = None  # the last query's failure, when it failed
     counted = False
     watch = FmWatch(ctx.root, daemon, pid)
     nvl5_vm = ctx.fabric is not None and ctx.fabric.kind == fabric_kind.NVLINK5
-    while True:
-        ctx.check_stop()
+
+    def look() -> bool:
+        nonlocal states, failed_query, counted
+        failed_query = None
         try:
             states = query(ctx)
             if not counted:
@@ -190,27 +166,35 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
                 raise StepFailed(no_driver) from err
             if err.returncode is None and not err.timed_out:  # not there, cannot run
                 raise StepFailed(f"cannot query the NVLink fabric: {err}") from err
-            if err.timed_out or time.monotonic() >= end:
+            if err.timed_out:
                 raise StepFailed(f"nvidia-smi fabric query failed: {err}; last seen: "
                                  f"{seen(ctx, states)}") from err
-        if states and not not_ready(ctx, states):
-            return states
-        bad = [s for s in states if s.completed and not s.success]
-        if bad:
-            raise StepFailed(f"fabric unhealthy: {summarize(bad)}")
-        watch.check(seen(ctx, states))
+            failed_query = err  # asked again until the wait ends
+        judged = FabricSeen(states, [g.pci_address for g in ctx.gpus])
+        if judged.ready:
+            return True
+        if judged.unhealthy:
+            raise StepFailed(f"fabric unhealthy: {summarize(judged.unhealthy)}")
+        watch.check(seen(ctx, states))  # issue 28: exited, died, or never ran
         if nvl5_vm and nvl5.nvlsm_alive(ctx.root) is None:
             code = nvlsm.exit_status() if nvlsm is not None else None
             said = nvlsm.last_words() if nvlsm is not None else ""
             how = ended_text(code) if code else "is no longer running"
             raise StepFailed(f"NVLSM {how} during the fabric wait" + (f": {said}" if said else "")
                              + f"; last seen: {seen(ctx, states)}")
-        if time.monotonic() >= end:
-            cut = " (cut to the boot budget)" if limit < wanted else ""
-            raise StepFailed(f"timed out after {limit:g} s waiting for the NVLink fabric "
-                             f"(wait {cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x "
-                             f"{ctx.gpu_count} GPU(s){cut}): {seen(ctx, states)}")
-        time.sleep(min(cfg.poll_s, max(end - time.monotonic(), 0.01)))
+        return False
+
+    waited = ctx.wait(look, wanted, cfg.poll_s)
+    if waited.held:
+        return states
+    if failed_query is not None:
+        raise StepFailed(f"nvidia-smi fabric query failed: {failed_query}; last seen: "
+                         f"{seen(ctx, states)}") from failed_query
+    limit = waited.limit_s
+    cut = " (cut to the boot budget)" if limit < wanted else ""
+    raise StepFailed(f"timed out after {limit:g} s waiting for the NVLink fabric "
+                     f"(wait {cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x "
+                     f"{ctx.gpu_count} GPU(s){cut}): {seen(ctx, states)}")
 
 
 def fm_config(ctx: BootContext, write: bool = True) -> str | None:
@@ -227,7 +211,10 @@ def fm_config(ctx: BootContext, write: bool = True) -> str | None:
     """
     root = ctx.root
     chosen = ctx.config.fabricmanager.config_file
-    seen_as = (lambda p: p if root.is_host else root.resolve(p))
+
+    def seen_as(path: str) -> str:
+        return path if root.is_host else root.resolve(path)
+
     if chosen != fabric_kind.STOCK_FM_CONFIG:
         return seen_as(chosen) if root.exists(chosen) else None
     stock = root.read_text(fabric_kind.STOCK_FM_CONFIG)
@@ -334,8 +321,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: NVLSM (its GUID is known only at boot: ``<port GUID>``) and the
     fabric manager where the kind needs them, then the fabric query."""
     argvs = []
-    kind = ctx.fabric.kind if ctx.fabric is not None else (
-        fabric_kind.NVSWITCH if ctx.nvswitches else fabric_kind.NONE)
+    kind = fabric_kind.kind_of(ctx.fabric, ctx.nvswitches)
     if kind == fabric_kind.NVLINK5 and nvl5.nvlsm_alive(ctx.root) is None:
         argvs.append(nvl5.nvlsm_argv(ctx, "<port GUID>"))
     if kind in (fabric_kind.NVSWITCH, fabric_kind.NVLINK5) and \
@@ -353,9 +339,7 @@ def fabricmanager_row(facts) -> Check:
     property of the image), it runs, every GPU's fabric is Completed/Success. Kind ``none``:
     the state of a fabric managed outside the VM, if the GPUs report one; ``mixed``: the
     fabric row fails it."""
-    fabric = facts.fabric
-    kind = fabric.kind if fabric is not None else (
-        fabric_kind.NVSWITCH if facts.nvswitches else fabric_kind.NONE)
+    kind = fabric_kind.kind_of(facts.fabric, facts.nvswitches)
     managed_here = kind in (fabric_kind.NVSWITCH, fabric_kind.NVLINK5)
     if not managed_here:
         skip = facts.not_reached("fabricmanager")
@@ -391,10 +375,9 @@ def fabricmanager_row(facts) -> Check:
         return Check("fabricmanager", FAIL, f"fabric state not read: {fabric_query_said(done)}",
                      "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
                      "--format=csv by hand")
-    bad = [s for s in states if not s.success]
-    if bad or not states:
-        what = ", ".join(f"{s.gpu}: State {s.state}, Status {s.status}" for s in bad[:3])
-        return Check("fabricmanager", FAIL, f"fabric not ready: {what or 'no state'}",
+    judged = FabricSeen(states, [g.pci_address for g in facts.gpus])
+    if not judged.ready:
+        return Check("fabricmanager", FAIL, f"fabric not ready: {judged.not_ready_said()}",
                      "read /var/log/fabricmanager.log" + (
                          " and NVLSM's journal (podvm-gpu-nvlsm.service)"
                          if kind == fabric_kind.NVLINK5 else ""))
