@@ -40,6 +40,8 @@ def kernel_config(root: Root) -> tuple[str, dict[str, str]] | None:
         except (OSError, EOFError, ValueError):
             return None
     values = dict(re.findall(r"^(CONFIG_\w+)=(\S+)", text, re.M))
+    # "# CONFIG_X is not set" is kconfig's explicit no (issue 28 reads CONFIG_FW_LOADER's)
+    values.update({k: "n" for k in re.findall(r"^# (CONFIG_\w+) is not set", text, re.M)})
     return where, values
 
 
@@ -120,8 +122,12 @@ def firmware_loader_cause(root: Root, finding) -> str | None:
     if values.get(FIRMWARE_LOADER) in ("y", "m"):
         return (f"{said}; the kernel's config has {FIRMWARE_LOADER}={values[FIRMWARE_LOADER]} "
                 f"({where}): see the kernel log for why the loader refused them")
-    return (f"{said}: the guest kernel has no firmware loader (# {FIRMWARE_LOADER} is not set, "
-            f"{where}); build it with {FIRMWARE_LOADER}=y (kata-containers#11875)")
+    if values.get(FIRMWARE_LOADER) == "n":
+        return (f"{said}: the guest kernel has no firmware loader (# {FIRMWARE_LOADER} is not "
+                f"set, {where}); build it with {FIRMWARE_LOADER}=y (kata-containers#11875)")
+    return (f"{said}: the guest kernel did not hand them over, as a kernel without a firmware "
+            f"loader ({FIRMWARE_LOADER}) does; {where} does not mention it; build the guest "
+            f"kernel with {FIRMWARE_LOADER}=y (kata-containers#11875)")
 
 
 def attach_cause(root: Root, messages: list[str]) -> str | None:
@@ -162,12 +168,11 @@ def attach_cause(root: Root, messages: list[str]) -> str | None:
 
 
 def image_without_loader(root: Root, release: str) -> str | None:
-    """``/boot/config-<release>`` when the image kernel's config says it has no firmware
-    loader (``CONFIG_FW_LOADER`` neither ``y`` nor ``m``); None when it has one or the config is
-    not in the image (nothing to tell: no claim). Read as a bounded regular file."""
+    """``/boot/config-<release>`` when the image kernel's config says ``# CONFIG_FW_LOADER is
+    not set``; None when it has one, does not mention it, or is not in the image (no evidence:
+    no claim). Read as a bounded regular file."""
     where = f"/boot/config-{release}"
     text = root.read_text(where)
-    if text is None or not re.search(r"^(?:# )?CONFIG_\w+", text, re.M):
+    if text is None or not re.search(r"^# CONFIG_FW_LOADER is not set\s*$", text, re.M):
         return None
-    m = re.search(r"^CONFIG_FW_LOADER=(\S+)", text, re.M)
-    return None if m and m.group(1) in ("y", "m") else where
+    return where
