@@ -106,13 +106,15 @@ def _write(root: Root, settings: MetricsSettings, text: bytes) -> str:
     return path
 
 
-def make_server(root: Root, settings: MetricsSettings, listen: str, exporter=None, web=None):
+def make_server(root: Root, settings: MetricsSettings, listen: str, exporter=None, web=None,
+                journal=None):
     """An HTTP server for ``listen`` (``HOST:PORT``; port 0: any free one) that answers
     ``GET /metrics`` with one scrape, negotiated by the ``Accept`` header as prometheus-client
     does (OpenMetrics when asked, else text 0.0.4) and gzipped when accepted.
 
     Args:
         web: a loaded :class:`webconfig.WebConfig` (TLS, basic auth), or None for plain HTTP.
+        journal: the :class:`journal.Journal` of the server's lines (a new one by default).
 
     Returns:
         The :class:`server.MetricsServer`, bound, not yet serving (``serve_forever``).
@@ -143,7 +145,7 @@ def make_server(root: Root, settings: MetricsSettings, listen: str, exporter=Non
             headers.append(("Content-Encoding", "gzip"))
         return Response(200, body, headers)
 
-    server = MetricsServer(host, port, answer, web)
+    server = MetricsServer(host, port, answer, web, journal=journal)
     server.exporter = exporter
     return server
 
@@ -170,6 +172,10 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
     server) and, when ``settings.textfile`` is on, rewrite the textfile every
     ``settings.textfile_interval_s`` seconds; until ``stop`` is set (or the process is stopped).
 
+    Once serving, nothing it says is fatal: the ``serving`` line and every later one are best
+    effort (a stderr on a full disk loses them), and a textfile that cannot be written is said at
+    most once a minute, as the server's own trouble is (``journal.Journal``).
+
     Args:
         web_config: a web config file on this machine (``--web-config``), or None for the
             settings' ``web_config``.
@@ -182,6 +188,7 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
         KeyboardInterrupt: Ctrl-C (:func:`run` turns it into one line and 130).
     """
     from podvm_gpu.metrics.exporter import Exporter
+    from podvm_gpu.metrics.journal import Journal, say
     from podvm_gpu.metrics.webconfig import WebConfigError
 
     listen = settings.listen if listen is None else listen
@@ -196,10 +203,11 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
         return 1
     stop = stop or threading.Event()
     exporter = Exporter(root, settings, keep_open=True)
+    journal = Journal()
     server = None
     if listen:
         try:
-            server = make_server(root, settings, listen, exporter, web)
+            server = make_server(root, settings, listen, exporter, web, journal)
         except (OSError, ValueError) as err:
             print(f"podvm-gpu metrics: cannot listen on {listen}: {in_words(err)}", file=sys.stderr)
             return 1
@@ -207,8 +215,7 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         scheme = "https" if web is not None and web.ssl_context is not None else "http"
         auth = ", basic auth" if web is not None and web.users else ""
-        print(f"podvm-gpu metrics: serving {scheme}://{where}/metrics{auth}", file=sys.stderr,
-              flush=True)
+        say(f"serving {scheme}://{where}/metrics{auth}")
         threading.Thread(target=server.serve_forever, name="podvm-gpu-http", daemon=True).start()
     try:
         while not stop.is_set():
@@ -216,9 +223,8 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
                 try:
                     write_textfile(root, settings, exporter)
                 except OSError as err:
-                    print(f"podvm-gpu metrics: cannot write {settings.textfile_path}: "
-                          f"{in_words(err)}",
-                          file=sys.stderr, flush=True)
+                    journal.say("textfile", f"cannot write {settings.textfile_path}: "
+                                            f"{in_words(err)} (said at most once a minute)")
             stop.wait(settings.textfile_interval_s if settings.textfile else None)
     finally:
         if server is not None:
@@ -241,7 +247,9 @@ def run(root: Root, settings: MetricsSettings, *, listen: str | None = None, ser
     try:
         return _run(root, settings, listen, serving, openmetrics, textfile, web_config)
     except KeyboardInterrupt:
-        print("podvm-gpu metrics: interrupted", file=sys.stderr)
+        from podvm_gpu.metrics.journal import say
+
+        say("interrupted")
         return 130
 
 
