@@ -81,8 +81,8 @@ class WebConfig:
         cost = max((int(hashed[4:6]) for hashed in self.users.values()), default=10)
         self.dummy_hash = b"$2b$%02d$" % cost + _DUMMY_HASH[7:]
         self._lock = threading.Lock()
-        self._good: set[tuple[str, bytes]] = set()
-        self._bad: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
+        self._good: set[bytes] = set()
+        self._bad: collections.OrderedDict[bytes, None] = collections.OrderedDict()
 
     def cached(self, user: str, password: bytes) -> bool | None:
         """What an earlier check of this pair found: True right, False wrong; None when it was
@@ -104,7 +104,8 @@ class WebConfig:
         or not (:attr:`dummy_hash`); its result is kept by user and the password's SHA-256
         (Prometheus sends the same pair every scrape): the right pairs apart from the wrong
         ones, so no number of wrong guesses pushes a right pair out (at most 64 right and 4096
-        wrong pairs, the oldest wrong one forgotten first).
+        wrong pairs, the oldest wrong one forgotten first; 32 bytes each, however long the
+        name).
 
         Raises:
             ImportError: the ``bcrypt`` package is not installed (checked when serving starts).
@@ -133,10 +134,12 @@ class WebConfig:
         return right
 
 
-def _pair(user: str, password: bytes) -> tuple[str, bytes]:
+def _pair(user: str, password: bytes) -> bytes:
+    """The SHA-256 of ``user:password`` (a user name has no colon: ``server.basic_auth`` splits
+    at the first one, so no two pairs give the same text)."""
     import hashlib
 
-    return user, hashlib.sha256(password).digest()
+    return hashlib.sha256(user.encode("utf-8", "surrogatepass") + b":" + password).digest()
 
 
 # bcrypt of "x" (cost 10); WebConfig.dummy_hash puts the configured cost in its place: bcrypt
