@@ -378,3 +378,73 @@ def test_metrics_refuses_a_config_that_boot_config_and_check_refuse(tmp_path, mo
     assert "not trusted: it is writable by group or others" in done.stderr
     assert not (tmp_path / "run/podvm-gpu/metrics.prom").exists()
     assert podvm(tmp_path, "config").returncode == 1
+
+
+# --- item 9 as a property: whatever the web config holds, a WebConfigError or a config -----------
+
+
+KEYS = st.sampled_from(["tls_server_config", "http_server_config", "basic_auth_users",
+                        "cert_file", "key_file", "client_auth_type", "client_ca_file",
+                        "min_version", "max_version", "prefer_server_cipher_suites", "http2",
+                        "headers", "prometheus", "X-Note", "TLS12", "a\0b", "日本"])
+LEAF = (st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
+        | st.sampled_from(["TLS13", "NoClientCert", "RequireAndVerifyClientCert", "a\0b",
+                           "/dev/null", "/", "$2b$10$" + "a" * 53, "$2b$99$" + "a" * 53]))
+FILES = st.sampled_from(["a\0b", "/dev/null", "/dev/zero", "/", "missing", ""]) | LEAF
+ANY = st.recursive(LEAF, lambda inner: st.lists(inner, max_size=3)
+                   | st.dictionaries(KEYS | st.text(max_size=6), inner, max_size=4),
+                   max_leaves=12)
+WEB = ANY | st.fixed_dictionaries({}, optional={
+    "tls_server_config": ANY | st.fixed_dictionaries({}, optional={
+        **{key: FILES for key in ("cert_file", "key_file", "client_ca_file")},
+        **{key: LEAF for key in ("client_auth_type", "min_version", "max_version",
+                                 "prefer_server_cipher_suites")}}),
+    "http_server_config": ANY | st.fixed_dictionaries({}, optional={
+        "http2": LEAF, "headers": ANY | st.dictionaries(KEYS | st.text(max_size=6), LEAF)}),
+    "basic_auth_users": ANY | st.dictionaries(KEYS | st.text(max_size=6), LEAF)})
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=WEB)
+def test_any_web_config_document_is_loaded_or_refused_by_a_web_config_error(doc):
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder, "web.yml")
+        path.write_text(json.dumps(doc))  # JSON is YAML: the structure is what is generated
+        try:
+            load_web_config(str(path))
+        except WebConfigError as err:
+            assert "\n" not in str(err)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=200) | st.binary(max_size=200).map(
+    lambda b: b.decode("latin-1")))
+def test_any_web_config_text_is_loaded_or_refused_by_a_web_config_error(text):
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder, "web.yml")
+        path.write_bytes(text.encode("utf-8", "surrogatepass"))
+        try:
+            load_web_config(str(path))
+        except WebConfigError as err:
+            assert "\n" not in str(err)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "device", "link loop", "dangling link",
+                                  "huge"])
+def test_a_web_config_of_any_file_type_or_size_is_refused_or_taken_at_once(tmp_path, kind):
+    path = tmp_path / "web.yml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    elif kind == "link loop":
+        path.symlink_to(path)
+    elif kind == "dangling link":
+        path.symlink_to(tmp_path / "none")
+    else:
+        path.write_bytes(b"#" * (1024 * 1024 + 1))
+    done = metrics(tmp_path, "--listen", "127.0.0.1:0", "--web-config", str(path), timeout=20)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"podvm-gpu metrics: bad web config: {path}: "), done.stderr

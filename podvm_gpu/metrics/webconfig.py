@@ -261,7 +261,7 @@ def _ssl_context(tls: dict, base: str, bad):
 
     def file_of(key: str) -> str:
         value = tls.get(key)
-        if not isinstance(value, str) or not value:
+        if not isinstance(value, str) or not value or "\0" in value:  # no file name has a NUL
             raise bad(f"tls_server_config.{key}", "must be a file path")
         return value if os.path.isabs(value) else os.path.join(base, value)
 
