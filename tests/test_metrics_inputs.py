@@ -300,6 +300,22 @@ def test_textfile_write_errors_are_said_once_a_minute_not_at_every_write(tmp_pat
                      "(said at most once a minute)"]
 
 
+def test_a_bug_making_the_textfile_is_one_line_a_minute_and_serving_goes_on(tmp_path, capfd,
+                                                                           monkeypatch):
+    from podvm_gpu.metrics import command, exporter
+
+    def broken(self, with_nvml=True):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(exporter.Exporter, "families", broken)
+    stop = StopAfter(50)
+    assert command.serve(Root(str(tmp_path)), MetricsSettings(listen="", textfile=True),
+                         stop=stop) == 0
+    assert stop.waits == 50
+    assert capfd.readouterr().err.splitlines() == [
+        "podvm-gpu metrics: error writing /run/podvm-gpu/metrics.prom: KeyError: 'a bug'"]
+
+
 @pytest.mark.parametrize("value", [0.001, 0.5, 0.999])
 def test_the_textfile_interval_has_a_floor_of_a_second(value):
     with pytest.raises(MetricsConfigError) as err:

@@ -225,6 +225,9 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
                 except OSError as err:
                     journal.say("textfile", f"cannot write {settings.textfile_path}: "
                                             f"{in_words(err)} (said at most once a minute)")
+                except Exception as err:  # as a scrape's 500: one line, and the server goes on
+                    journal.say("textfile-error", f"error writing {settings.textfile_path}: "
+                                                  f"{type(err).__name__}: {err}")
             stop.wait(settings.textfile_interval_s if settings.textfile else None)
     finally:
         if server is not None:
