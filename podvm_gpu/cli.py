@@ -101,12 +101,12 @@ def web_config_problem(options: dict) -> str | None:
 def listen_problem(options: dict) -> str | None:
     """Why ``metrics``' ``--listen`` value is not an address to serve at, or None (``""``: no
     HTTP server, as the config key's ``""``). A value of the wrong shape is a usage error, said
-    in the words of :func:`podvm_gpu.metrics.settings.parse_listen`; an address that has the
+    in the words of :func:`podvm_gpu.config.metrics.parse_listen`; an address that has the
     shape but cannot be bound is the server's to report (exit 1)."""
     listen = options.get("listen")
     if not listen:
         return None
-    from podvm_gpu.metrics.settings import parse_listen
+    from podvm_gpu.config.metrics import parse_listen
 
     try:
         parse_listen(listen, allow_any_port=True)
@@ -238,7 +238,7 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
 
         return run_boot(**options)
     if command == "metrics":
-        from podvm_gpu.metrics.run import run_metrics
+        from podvm_gpu.metrics.command import run_metrics
 
         return run_metrics(**options)
     if command == "check":

@@ -19,7 +19,6 @@ import time
 
 import bcrypt
 import pytest
-
 from fake_nvml import metrics_env
 from metrics_serving import make_cert, start
 

@@ -20,15 +20,14 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_nvml import metrics_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from metrics_serving import make_cert, start
 from prometheus_client.parser import text_string_to_metric_families
 
-from fake_nvml import metrics_env
-from metrics_serving import make_cert, start
-
+from podvm_gpu.config.metrics import MetricsConfigError, MetricsSettings
 from podvm_gpu.host.fs import Root
-from podvm_gpu.metrics.settings import MetricsConfigError, MetricsSettings
 from podvm_gpu.metrics.webconfig import WebConfigError, load_web_config
 
 
