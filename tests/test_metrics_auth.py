@@ -98,7 +98,9 @@ def auth_server(tmp_path):
 
 def test_guesses_from_one_client_cost_one_check_and_never_a_worker(auth_server, held):
     server, port = auth_server
+    server._gate.fail_delay_s = 60.0  # the delay's length is not what is tested: a slow machine
     assert exchange(port, request("prometheus", "right"))[0] == 200  # checked once, kept
+    assert held.entered.acquire(timeout=WAIT_S)  # that check's entry: the next one is the guess's
     held.gate.clear()
     first = threading.Thread(target=exchange, args=(port, request("prometheus", "guess-0")))
     first.start()
@@ -114,7 +116,7 @@ def test_guesses_from_one_client_cost_one_check_and_never_a_worker(auth_server, 
     held.gate.set()
     first.join(WAIT_S)
     assert not first.is_alive()
-    # a client whose guess was wrong waits a second for its next check
+    # a client whose guess was wrong waits (a second, here a minute) for its next check
     assert exchange(port, request("prometheus", "guess-31"))[0] == 429
     # a pair found wrong before is answered 401 again, at once, without a check
     assert exchange(port, request("prometheus", "guess-0"))[0] == 401
@@ -136,7 +138,8 @@ def test_guesses_from_many_clients_are_bounded_in_all_and_the_scraper_still_serv
         t.start()
         waiting.append(t)
     deadline = time.monotonic() + WAIT_S
-    while server._gate.checking() < auth.MAX_CHECKS and time.monotonic() < deadline:
+    while (server._gate.checking() < auth.MAX_CHECKS
+           or len(held.calls) - calls_before < auth.CHECK_THREADS) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert server._gate.checking() == auth.MAX_CHECKS
     # one more client: busy at once; the authorised scraper: answered
