@@ -89,6 +89,7 @@ STATES = {
     "fabric-in-progress": ([fake_nvml.gpu(0, **{"fabric.state": 2})], {}),
     "fabric-completed-error": ([fake_nvml.gpu(0, **{"fabric.state": 3, "fabric.status": 23})], {}),
     "mig-on": ([fake_nvml.gpu(0, mig=1)], {}),
+    "mig-on-with-instances": ([fake_nvml.gpu(0, mig=1, **{"mig.instances": 2})], {}),
     "init-9": ([fake_nvml.gpu(0)], {"init_error": 9}),
     "init-12": ([fake_nvml.gpu(0)], {"init_error": 12}),
     "init-18": ([fake_nvml.gpu(0)], {"init_error": 18}),
@@ -326,12 +327,14 @@ def test_mig_diagnosis_on_the_real_output(builds, world):
         assert cdi_step.mig_problem(ctx) is None
         runner, ctx = in_state(world, build, "mig-on")
         said = cdi_step.mig_problem(ctx)
-        # the fake serves no GPU-instance calls: the real program says so (NVML 13), and the
-        # agent says the instances cannot be listed, never that there are none
-        assert said == ("MIG mode is enabled on GPU 0; its GPU instances cannot be listed "
-                        "(nvidia-smi mig -lgi exit 13: Failed to display GPU instances: "
-                        "Function Not Found)"), (build.ident, said)
+        assert said == ("MIG mode is enabled on GPU 0 but no GPU instances exist (nvidia-smi mig "
+                        "-lgi exit 6: No GPU instances found: Not Found); create GPU instances "
+                        "or disable MIG mode"), (build.ident, said)
         assert runner.asked == [MIG_MODE, MIG_LGI]
+        runner, ctx = in_state(world, build, "mig-on-with-instances")
+        assert cdi_step.mig_problem(ctx) is None
+        assert "|   0  MIG 1g.10gb         19        2          1:1     |" in \
+            runner.run(MIG_LGI).stdout
 
 
 # --- CC texts (the readers only: the decisions are steps/cc.py's) -------------------------------

@@ -31,6 +31,13 @@ FUNCTIONS = [
     "nvmlDeviceGetDecoderUtilization", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2",
     "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV",
 ]
+# What NVIDIA's real nvidia-smi also needs for the agent's command lines (tests/test_real_nvidia_smi.py).
+SMI_FUNCTIONS = [
+    "nvmlInternalGetExportTable", "nvmlSystemGetNVMLVersion", "nvmlDeviceGetArchitecture",
+    "nvmlDeviceGetIndex", "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetPciInfoExt", "nvmlSystemSetConfComputeGpusReadyState",
+    "nvmlDeviceGetGpuInstanceProfileInfoV", "nvmlDeviceGetGpuInstances", "nvmlGpuInstanceGetInfo",
+]
 # Of those, what Debian 12's real libnvidia-ml1 535.309.01 does not export (checked against
 # the real library by test_metrics_real_nvml.py).
 ABSENT_IN_535 = ["nvmlSystemGetConfComputeSettings", "nvmlDeviceGetTemperatureV",

@@ -1,7 +1,8 @@
 /*
- * A fake libnvidia-ml.so.1 for the metrics tests: only the NVML calls the exporter makes through
- * nvidia-ml-py, answering from a description file (env FAKE_NVML_DESCRIPTION), one
- * "key value" per line:
+ * A fake libnvidia-ml.so.1 for the metrics tests (the NVML calls the exporter makes through
+ * nvidia-ml-py) and for NVIDIA's real nvidia-smi (the calls it makes for the agent's command
+ * lines, its private export table included: see the end of this file), answering from a
+ * description file (env FAKE_NVML_DESCRIPTION), one "key value" per line:
  *
  *   driver_version 550.54.15     init_error 9 (nvmlInit fails with it)
  *   cc.feature 1  cc.devtools 0  cc.multigpu 0  cc.ready 1  cc.error 3
@@ -17,6 +18,10 @@
  *   gpu.0.fabric.status 0 (an nvmlReturn_t)   gpu.0.fabric.clique 1
  *   error.<function>[.<gpu>] <NVML return code>     hang.<function>[.<gpu>] 1
  *   log <path>  (each call appends "<function> <gpu or ->")
+ *   for NVIDIA's real nvidia-smi (tests/test_real_nvidia_smi.py): nvml_version 12.535.261.03
+ *   (nvmlSystemGetNVMLVersion, also before init; 535 or later picks error 28's name),
+ *   gpu.0.arch 9 (NVML_DEVICE_ARCH_*, Hopper by default), gpu.0.mig 0|1,
+ *   gpu.0.mig.instances 2, cc.ready_file <path> (the CC ready state, kept across runs)
  *
  * A key given twice: the last line counts.
  *
@@ -571,5 +576,87 @@ int nvmlSystemSetConfComputeGpusReadyState(unsigned int accepting) {
     if (!(f = fopen(path, "w"))) return ERR_NOT_SUPPORTED;
     fprintf(f, "%u\n", accepting);
     fclose(f);
+    return SUCCESS;
+}
+
+/* MIG GPU instances for `nvidia-smi mig -lgi`: with gpu.N.mig 1, profile 0 (1 slice, profile id
+ * 19, "MIG 1g.10gb") is the only one supported, and gpu.N.mig.instances of it exist (0 unless
+ * given). nvml.h nvmlGpuInstanceProfileInfo_v2_t / _v3_t, nvmlGpuInstanceInfo_t. */
+typedef struct {
+    unsigned int version, id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount,
+        copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+} gi_profile_v2_t;
+typedef struct {
+    unsigned int version, id, sliceCount, instanceCount, multiprocessorCount, copyEngineCount,
+        decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+    unsigned int capabilities;
+} gi_profile_v3_t;
+typedef struct { int gpu, id; } gpu_instance_t;
+typedef struct { unsigned int start, size; } gi_placement_t;
+typedef struct { device_t *device; unsigned int id, profileId; gi_placement_t placement; } gi_info_t;
+#define GI_PROFILE_V2 (unsigned int)(sizeof(gi_profile_v2_t) | 2 << 24)
+#define GI_PROFILE_V3 (unsigned int)(sizeof(gi_profile_v3_t) | 3 << 24)
+#define GI_PROFILE_ID 19
+#define MAX_INSTANCES 7
+static gpu_instance_t instances[MAX_GPUS][MAX_INSTANCES];
+
+static int mig_on(int gpu) {
+    unsigned int on = 0;
+    return number_u(gpu, "mig", &on) == SUCCESS && on;
+}
+
+int nvmlDeviceGetGpuInstanceProfileInfoV(device_t *device, unsigned int profile, void *info) {
+    unsigned int version = *(unsigned int *)info;
+    DEVICE_CALL("nvmlDeviceGetGpuInstanceProfileInfoV", device)
+    if (!mig_on(gpu) || profile != 0) return ERR_NOT_SUPPORTED;
+    if (version == GI_PROFILE_V2) {
+        gi_profile_v2_t *p = info;
+        memset(p, 0, sizeof *p);
+        p->version = version; p->id = GI_PROFILE_ID; p->sliceCount = 1;
+        p->instanceCount = MAX_INSTANCES; p->multiprocessorCount = 16; p->memorySizeMB = 9856;
+        snprintf(p->name, sizeof p->name, "MIG 1g.10gb");
+        return SUCCESS;
+    }
+    if (version == GI_PROFILE_V3) {
+        gi_profile_v3_t *p = info;
+        memset(p, 0, sizeof *p);
+        p->version = version; p->id = GI_PROFILE_ID; p->sliceCount = 1;
+        p->instanceCount = MAX_INSTANCES; p->multiprocessorCount = 16; p->memorySizeMB = 9856;
+        snprintf(p->name, sizeof p->name, "MIG 1g.10gb");
+        return SUCCESS;
+    }
+    return ERR_ARGUMENT_VERSION_MISMATCH;
+}
+
+int nvmlDeviceGetGpuInstances(device_t *device, unsigned int profile, gpu_instance_t **out,
+                              unsigned int *count) {
+    unsigned int wanted = 0;
+    DEVICE_CALL("nvmlDeviceGetGpuInstances", device)
+    if (!mig_on(gpu) || profile != GI_PROFILE_ID) return ERR_NOT_SUPPORTED;
+    if (number_u(gpu, "mig.instances", &wanted)) wanted = 0;
+    if (wanted > MAX_INSTANCES) wanted = MAX_INSTANCES;
+    for (unsigned int i = 0; i < wanted; i++) {
+        instances[gpu][i].gpu = gpu;
+        instances[gpu][i].id = (int)i + 1;
+        out[i] = &instances[gpu][i];
+    }
+    *count = wanted;
+    return SUCCESS;
+}
+
+int nvmlGpuInstanceGetInfo(gpu_instance_t *instance, gi_info_t *info) {
+    int rc;
+    if (!initialised) return ERR_UNINITIALIZED;
+    if (!instance || !info) return ERR_INVALID_ARGUMENT;
+    if ((rc = enter("nvmlGpuInstanceGetInfo", instance->gpu))) return rc;
+    info->device = &devices[instance->gpu];
+    info->id = (unsigned int)instance->id;
+    info->profileId = GI_PROFILE_ID;
+    info->placement.start = (unsigned int)instance->id - 1;
+    info->placement.size = 1;
     return SUCCESS;
 }
