@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
-
 import fake_nvml
+import pytest
 from boot.image import unavailable
 from realsmi import fetch, smi
 
@@ -30,11 +29,10 @@ from podvm_gpu import health, readers
 from podvm_gpu.config.load import validate
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import CommandError, StepFailed
-from podvm_gpu.model import PciDevice, Status
-from podvm_gpu.steps import Skipped
-from podvm_gpu.steps import cdi_step, fabric
-from podvm_gpu.steps.context import BootContext
 from podvm_gpu.host.fs import Root
+from podvm_gpu.model import PciDevice, Status
+from podvm_gpu.steps import Skipped, cdi_step, fabric
+from podvm_gpu.steps.context import BootContext
 
 PACKAGE = Path(__file__).resolve().parents[1] / "podvm_gpu"
 
@@ -131,10 +129,9 @@ class RealRunner:
     """The agent's Runner interface (run(argv, timeout=, check=)), answered by one real build
     in one state; the argvs it was asked are kept."""
 
-    timeouts: dict = {}
-
     def __init__(self, build: fetch.Build, description: Path, lib: Path):
         self.build, self.description, self.lib, self.asked = build, description, lib, []
+        self.timeouts: dict[str, float] = {}
 
     def run(self, argv, *, timeout=None, check=True):
         from podvm_gpu.host.proc import Completed
@@ -238,7 +235,7 @@ def test_health_gate_decides_on_the_real_output(builds, world, state):
         if want is None:
             said = health.gate(ctx)
             if state == "healthy":
-                assert said == f"health: 00000000:18:00.0 remap pending 0, failure 0", build
+                assert said == "health: 00000000:18:00.0 remap pending 0, failure 0", build
                 assert not ctx.status.warnings
             else:  # init 3: Failed to initialize NVML: N/A, exit 3: not read, a warning
                 assert said == "health: not read"
@@ -281,14 +278,14 @@ def test_fabric_wait_ends_when_the_real_program_says_completed_success(builds, w
 
 
 @pytest.mark.parametrize("state,want", [
-    ("fabric-not-started", "timed out after 0.4 s waiting for the NVLink fabric (wait 0.4 s + 0 s "
-                           "x 1 GPU(s)): State Not Started, Status N/A on 1 GPU(s)"),
+    ("fabric-not-started", ("timed out after 0.4 s waiting for the NVLink fabric (wait 0.4 s + "
+                            "0 s x 1 GPU(s)): State Not Started, Status N/A on 1 GPU(s)")),
     ("fabric-in-progress", "State In Progress, Status N/A on 1 GPU(s)"),
     ("fabric-completed-error", "fabric unhealthy: State Completed, Status Insufficient Resources"),
-    ("lost-at-handle", "nvidia-smi exit 15 (GPU is lost): Unable to determine the device handle "
-                       "for GPU0000:18:00.0: GPU is lost."),
-    ("lost-after-handle", "1 GPU(s) lost (nvidia-smi printed [GPU is lost] for it; not "
-                          "answering: 0000:18:00.0)"),
+    ("lost-at-handle", ("nvidia-smi exit 15 (GPU is lost): Unable to determine the device "
+                        "handle for GPU0000:18:00.0: GPU is lost.")),
+    ("lost-after-handle", ("1 GPU(s) lost (nvidia-smi printed [GPU is lost] for it; not "
+                           "answering: 0000:18:00.0)")),
     ("one-of-two-lost-after-handle", "not answering: 0000:28:00.0"),
     ("one-of-two-lost-at-handle", "for GPU0000:28:00.0: GPU is lost"),
     ("init-9", "nvidia-smi cannot communicate with the NVIDIA driver (exit 9"),

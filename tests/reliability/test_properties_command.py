@@ -201,8 +201,8 @@ def test_any_sysfs_values_end_in_a_final_state_never_ready(umockdev_run, empty_p
 
 
 def fabric_answer(world: World, text: str) -> None:
-    """Make the fabric query (readers.fabric_argv) print ``text``; every other call goes to the world's
-    fake nvidia-smi, moved into a folder of its own so that it still sees its own name."""
+    """Make the fabric query (readers.fabric_argv) print ``text``; every other call goes to the
+    world's fake nvidia-smi, moved into a folder of its own so that it still sees its own name."""
     bin_dir = Path(world.layout.bin)
     (bin_dir / ".orig").mkdir()
     original = bin_dir / ".orig" / "nvidia-smi"
@@ -210,11 +210,12 @@ def fabric_answer(world: World, text: str) -> None:
     answer = Path(world.layout.dir, "fabric.txt")
     answer.write_text(text)
     (bin_dir / "nvidia-smi").write_text(
-        f'#!/bin/sh\nif [ "$*" = "{' '.join(fabric_argv()[1:])}" ]; then exec /bin/cat {answer}; fi\n'
+        f'#!/bin/sh\nif [ "$*" = "{FABRIC_ARGS}" ]; then exec /bin/cat {answer}; fi\n'
         f'exec {original} "$@"\n')
     (bin_dir / "nvidia-smi").chmod(0o755)
 
 
+FABRIC_ARGS = " ".join(fabric_argv()[1:])
 P03_GPUS = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 FABRIC_GPU = st.tuples(st.sampled_from(P03_GPUS + (0x01, 0x77)), FABRIC_VALUES,
                        st.integers(1, 40), st.sampled_from(["", "    Junk : line\n", "\n\n",
