@@ -152,7 +152,9 @@ def describe(world, build: fetch.Build, name: str, gpus: list[dict], **kw) -> Pa
     path = world.base / f"{build.ident}-{name}.desc"
     kw = dict(kw)
     cc = kw.pop("cc", "off")
-    extra = {"cc.ready_file": str(world.base / f"{build.ident}-{name}.ready")}
+    ready = world.base / f"{build.ident}-{name}.ready"
+    ready.unlink(missing_ok=True)  # each description starts not ready (cc.ready 0)
+    extra = {"cc.ready_file": str(ready)}
     fake_nvml.describe(path, gpus, cc=cc, cc_ready=0, driver_version=build.upstream,
                        nvml_version=version, **extra, **kw)
     path.chmod(0o644)
@@ -346,17 +348,23 @@ def test_cc_readers_on_the_real_output(builds, world):
         srs = runner.run(CC_SRS, check=False)
         assert (srs.stdout, srs.returncode) == ("", 0)
         assert readers.parse_ready_state(runner.run(CC_GRS, check=False).output) == "ready"
-        runner, _ = in_state(world, build, "lost-after-handle")
-        done = runner.run(CC_F, check=False)
-        assert done.returncode == 15 and readers.parse_cc_mode(done.output) is None
-        assert "No CC capable devices found." in done.stdout  # judge the exit status first
+        for state in ("lost-after-handle", "lost-at-handle", "init-9"):
+            runner, _ = in_state(world, build, state)
+            for argv, reader in ((CC_F, readers.parse_cc_mode), (CC_GRS, readers.parse_ready_state)):
+                done = runner.run(argv, check=False)
+                assert done.returncode in (9, 15), (state, done)
+                assert reader(done.output, done.returncode) is None, (state, argv)
+        # lost after its handle: the words say "No CC capable devices found.", the status 15
+        done = in_state(world, build, "lost-after-handle")[0].run(CC_F, check=False)
+        assert done.stdout == ("NVML: Unable to get architecture: GPU is lost\n"
+                               "No CC capable devices found.\n")
 
 
 # --- the scenario harness says what the real program says ---------------------------------------
 
 def test_the_scenario_harness_prints_what_the_real_program_prints(builds, world):
     from scenarios import effects as fx
-    from scenarios.fake_tool import HEALTHY, _query_csv, refusal
+    from scenarios.fake_tool import HEALTHY, _query_csv, cc_ready_text, refusal
 
     nvml_fabric = {"completed": {"fabric.state": 3}, "in-progress": {"fabric.state": 2},
                    "not-started": {"fabric.state": 1},
@@ -380,5 +388,50 @@ def test_the_scenario_harness_prints_what_the_real_program_prints(builds, world)
             done = runner.run(argv, check=False)
             assert refusal(argv) == (done.returncode, done.stdout), argv
         runner, _ = in_state(world, build, "healthy")
+        assert runner.run(CC_GRS).stdout == cc_ready_text("not-ready")
         runner.run(CC_SRS)
-        assert runner.run(CC_GRS).stdout == "\nConfidential Compute GPUs Ready state: ready\n\n"
+        assert runner.run(CC_GRS).stdout == cc_ready_text("ready")
+
+
+# --- check's rows -------------------------------------------------------------------------------
+
+def facts(runner: RealRunner, tmp_path: Path) -> SimpleNamespace:
+    """What check's row-remapper and fabric-outside rows read of ``facts``."""
+    return SimpleNamespace(root=Root(str(tmp_path)), runner=runner, config=Config(),
+                           not_reached=lambda step: None, needs_driver=lambda row: None)
+
+
+@pytest.mark.parametrize("state,result,detail", [
+    ("healthy", "pass", "00000000:18:00.0 remap pending 0, failure 0"),
+    ("remap-failure", "fail", "row remapping failed (remapped_rows.failure 1)"),
+    ("remap-pending", "fail", "a row remap is pending (remapped_rows.pending 1)"),
+    ("lost-at-handle", "fail", "for GPU0000:18:00.0: GPU is lost."),
+    ("one-of-two-lost-after-handle", "fail", "GPU #1 of NVML's list is lost"),
+    ("init-18", "fail", "exit 18 (driver/library version mismatch)"),
+    ("init-3", "warn", "not read (nvidia-smi --query-remapped-rows="),
+])
+def test_check_row_remapper_on_the_real_output(builds, world, tmp_path, state, result, detail):
+    for build in builds:
+        gpus, kw = STATES[state]
+        runner = RealRunner(build, describe(world, build, state, gpus, **kw), world.lib)
+        row = cdi_step.row_remapper_row(facts(runner, tmp_path))
+        assert (row.result, detail in row.detail) == (result, True), (build.ident, row)
+
+
+@pytest.mark.parametrize("state,result,detail", [
+    ("fabric-in-progress", "fail", "not ready: 00000000:18:00.0: State In Progress, Status N/A"),
+    ("fabric-completed-error", "fail", "State Completed, Status Insufficient Resources"),
+    ("healthy", "pass", "Completed/Success on 1 GPU(s)"),
+    ("mig-on", "skip", "no NVSwitch on PCI"),
+    ("lost-after-handle", "fail", "State GPU is lost"),
+    ("lost-at-handle", "fail", "exit 15 (GPU is lost)"),
+    ("init-9", "fail", "exit 9 (driver not loaded)"),
+    ("init-3", "warn", "exit 3 (not supported): Failed to initialize NVML: N/A"),
+])
+def test_check_fabric_managed_outside_the_vm_on_the_real_output(builds, world, tmp_path, state,
+                                                                 result, detail):
+    for build in builds:
+        gpus, kw = STATES[state]
+        runner = RealRunner(build, describe(world, build, state, gpus, **kw), world.lib)
+        row = fabric._outside_row(facts(runner, tmp_path))
+        assert (row.result, detail in row.detail) == (result, True), (build.ident, row)
