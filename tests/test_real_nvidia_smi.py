@@ -25,18 +25,22 @@ import pytest
 from boot.image import unavailable
 from realsmi import fetch, smi
 
-from podvm_gpu import health, readers
+from podvm_gpu import readers
 from podvm_gpu.config.load import validate
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import PciDevice, Status
-from podvm_gpu.steps import Skipped, cdi_step, fabric
+from podvm_gpu.steps import Skipped
+from podvm_gpu.steps.cdi import health
+from podvm_gpu.steps.cdi import step as cdi_step
 from podvm_gpu.steps.context import BootContext
+from podvm_gpu.steps.fabric import parse as fabric_parse
+from podvm_gpu.steps.fabric import step as fabric
 
 PACKAGE = Path(__file__).resolve().parents[1] / "podvm_gpu"
 
-FABRIC = readers.fabric_argv()
+FABRIC = fabric_parse.fabric_argv()
 REMAP = health.remap_argv()
 ECC = health.ecc_argv()
 MIG_MODE = ["nvidia-smi", "--query-gpu=index,mig.mode.current", "--format=csv,noheader"]

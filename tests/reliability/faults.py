@@ -33,7 +33,6 @@ import zlib
 from pathlib import Path
 
 import yaml
-
 from scenarios.expect import judge_cdi, report
 from scenarios.world import DATA, SHARED, Case, Run, World, load_case
 
@@ -76,7 +75,7 @@ class Command:
     """An external command of the boot sequence.
 
     Attributes:
-        argv: the prefix of the calls it covers (``("nvidia-smi", "--query-gpu=pci.bus_id,fabric.state,fabric.status")``).
+        argv: the prefix of the calls it covers (``("nvidia-smi", "conf-compute", "-f")``).
         step: the step that runs it, which a failure must name.
         around: fault -> why boot still ends ``ready`` with it (the faults boot works around).
         daemon: started as a daemon: never killed by the boot, so a hung one stays alive.

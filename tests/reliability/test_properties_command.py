@@ -18,7 +18,6 @@ every example is a process (and the fabric one a whole scenario world).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -26,17 +25,24 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings, strategies as st
-
 from conftest import product_env
-from reliability.faults import SCENARIOS, WAIT_S, final_state_problems
-from reliability.test_properties import (FABRIC_VALUES, TEXT, documents, oracle_kind,
-                                         spec_files, status_files, status_oracle)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scenarios.world import World
 
 from podvm_gpu.config.load import load_config
-from podvm_gpu.readers import fabric_argv
 from podvm_gpu.errors import ConfigError
+from podvm_gpu.steps.fabric.parse import fabric_argv
+from reliability.faults import SCENARIOS, WAIT_S, final_state_problems
+from reliability.test_properties import (
+    FABRIC_VALUES,
+    TEXT,
+    documents,
+    oracle_kind,
+    spec_files,
+    status_files,
+    status_oracle,
+)
 
 COMMAND = settings(max_examples=25, deadline=None, print_blob=True,
                    suppress_health_check=[HealthCheck.too_slow,
@@ -201,7 +207,7 @@ def test_any_sysfs_values_end_in_a_final_state_never_ready(umockdev_run, empty_p
 
 
 def fabric_answer(world: World, text: str) -> None:
-    """Make the fabric query (readers.fabric_argv) print ``text``; every other call goes to the
+    """Make the fabric query (fabric_argv) print ``text``; every other call goes to the
     world's fake nvidia-smi, moved into a folder of its own so that it still sees its own name."""
     bin_dir = Path(world.layout.bin)
     (bin_dir / ".orig").mkdir()

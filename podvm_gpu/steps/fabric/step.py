@@ -1,8 +1,8 @@
-"""Step 7, ``fabricmanager``: the VM's NVLink fabric, by its kind (podvm_gpu/fabric_kind.py).
+"""Step 7, ``fabricmanager``: the VM's NVLink fabric, by its kind (podvm_gpu/steps/fabric/fabric_kind.py).
 
 - ``nvswitch``: start nv-fabricmanager and wait, bounded, until every GPU reports fabric State
   Completed with Status Success.
-- ``nvlink5``: find the management port, start NVLSM and wait for it (podvm_gpu/nvl5.py), then
+- ``nvlink5``: find the management port, start NVLSM and wait for it (podvm_gpu/steps/fabric/nvl5.py), then
   start nv-fabricmanager with the port's GUID (``-g``) and wait as above. Each part is recorded
   in status.json's ``fabric.steps``.
 - ``none``: the fabric manager is never started; if the GPUs still report a fabric state other
@@ -11,7 +11,7 @@
 - ``mixed``: fails (NVRC ``src/mode.rs`` refuses it as an unexpected topology).
 
 The state comes from ``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status
---format=csv,noheader`` (readers.fabric_argv; NVIDIA's real 535 to 555 builds refuse ``-q -d
+--format=csv,noheader`` (parse.fabric_argv; NVIDIA's real 535 to 555 builds refuse ``-q -d
 FABRIC``: ``Failed to parse --display/-d flags``, exit 2, nvidia-smi-real.md), whose rows are
 also the GPUs NVML enumerates: fewer than PCI has fails the step (siderolabs/talos#14015, where
 NVML saw 0 of 4 passed-through A100s and nvidia-ctk later said only "empty device edits"); a
@@ -29,15 +29,16 @@ from __future__ import annotations
 
 import time
 
-from podvm_gpu.steps.context import BootContext
+from podvm_gpu import readers, units
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon
-from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, FabricState, daemon_pid,
-                               nvsmi_no_driver, parse_fabric_rows)
-from podvm_gpu.steps import Skipped
-from podvm_gpu import fabric_kind, nvl5, readers, units
-from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.host.fs import atomic_write, ensure_dir
+from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, nvsmi_no_driver
+from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
+from podvm_gpu.steps import Skipped
+from podvm_gpu.steps.context import BootContext
+from podvm_gpu.steps.fabric import fabric_kind, nvl5
+from podvm_gpu.steps.fabric.parse import FabricState, fabric_argv, parse_fabric_rows
 
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 
@@ -65,7 +66,7 @@ def lost_text(ctx: BootContext, states: list[FabricState]) -> str:
 
 
 def query(ctx: BootContext, timeout: float | None = None) -> list[FabricState]:
-    """Every GPU's fabric state (one :func:`readers.fabric_argv` call); the GPUs it lists are
+    """Every GPU's fabric state (one :func:`fabric_argv` call); the GPUs it lists are
     kept in ``ctx.nvml_seen`` (an empty set when nvidia-smi says it found no device).
 
     Raises:
@@ -74,7 +75,7 @@ def query(ctx: BootContext, timeout: float | None = None) -> list[FabricState]:
         CommandError: nvidia-smi failed otherwise, timed out, or printed no rows (also for "No
             devices were found").
     """
-    argv = readers.fabric_argv()
+    argv = fabric_argv()
     try:
         out = ctx.runner.run(argv, timeout=timeout).stdout
     except CommandError as err:
@@ -163,13 +164,14 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
     """
     cfg = ctx.config.fabricmanager
     wanted = cfg.ready_timeout_s + cfg.per_gpu_s * ctx.gpu_count
-    limit = ctx.wait_limit(wanted)
-    end = time.monotonic() + limit
     states: list[FabricState] = []
+    failed_query: CommandError | None = None  # the last query's failure, when it failed
     counted = False
     nvl5_vm = ctx.fabric is not None and ctx.fabric.kind == fabric_kind.NVLINK5
-    while True:
-        ctx.check_stop()
+
+    def look() -> bool:
+        nonlocal states, failed_query, counted
+        failed_query = None
         try:
             states = query(ctx)
             if not counted:
@@ -183,11 +185,12 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
                 raise StepFailed(no_driver) from err
             if err.returncode is None and not err.timed_out:  # not there, cannot run
                 raise StepFailed(f"cannot query the NVLink fabric: {err}") from err
-            if err.timed_out or time.monotonic() >= end:
+            if err.timed_out:
                 raise StepFailed(f"nvidia-smi fabric query failed: {err}; last seen: "
                                  f"{seen(ctx, states)}") from err
+            failed_query = err  # asked again until the wait ends
         if states and not not_ready(ctx, states):
-            return states
+            return True
         bad = [s for s in states if s.completed and not s.success]
         if bad:
             raise StepFailed(f"fabric unhealthy: {summarize(bad)}")
@@ -202,12 +205,19 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
             how = ended_text(code) if code else "is no longer running"
             raise StepFailed(f"NVLSM {how} during the fabric wait" + (f": {said}" if said else "")
                              + f"; last seen: {seen(ctx, states)}")
-        if time.monotonic() >= end:
-            cut = " (cut to the boot budget)" if limit < wanted else ""
-            raise StepFailed(f"timed out after {limit:g} s waiting for the NVLink fabric "
-                             f"(wait {cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x "
-                             f"{ctx.gpu_count} GPU(s){cut}): {seen(ctx, states)}")
-        time.sleep(min(cfg.poll_s, max(end - time.monotonic(), 0.01)))
+        return False
+
+    waited = ctx.wait(look, wanted, cfg.poll_s)
+    if waited.held:
+        return states
+    if failed_query is not None:
+        raise StepFailed(f"nvidia-smi fabric query failed: {failed_query}; last seen: "
+                         f"{seen(ctx, states)}") from failed_query
+    limit = waited.limit_s
+    cut = " (cut to the boot budget)" if limit < wanted else ""
+    raise StepFailed(f"timed out after {limit:g} s waiting for the NVLink fabric "
+                     f"(wait {cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x "
+                     f"{ctx.gpu_count} GPU(s){cut}): {seen(ctx, states)}")
 
 
 def fm_config(ctx: BootContext, write: bool = True) -> str | None:
@@ -216,7 +226,7 @@ def fm_config(ctx: BootContext, write: bool = True) -> str | None:
 
     An operator's ``fabricmanager.config_file`` (any path but the stock one) is used as it is,
     when it exists. Otherwise the stock file is copied to /run/podvm-gpu/fabricmanager.cfg with
-    :func:`podvm_gpu.fabric_kind.fm_keys` set, mode 0400 (``write=False``: the path only, for
+    :func:`podvm_gpu.steps.fabric.fabric_kind.fm_keys` set, mode 0400 (``write=False``: the path only, for
     ``boot --dry-run``).
 
     Raises:
@@ -224,7 +234,10 @@ def fm_config(ctx: BootContext, write: bool = True) -> str | None:
     """
     root = ctx.root
     chosen = ctx.config.fabricmanager.config_file
-    seen_as = (lambda p: p if root.is_host else root.resolve(p))
+
+    def seen_as(path: str) -> str:
+        return path if root.is_host else root.resolve(path)
+
     if chosen != fabric_kind.STOCK_FM_CONFIG:
         return seen_as(chosen) if root.exists(chosen) else None
     stock = root.read_text(fabric_kind.STOCK_FM_CONFIG)
@@ -334,7 +347,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
             daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
         argv = fabricmanager_argv(ctx, write=False)
         argvs.append(argv + (["-g", "<port GUID>"] if kind == fabric_kind.NVLINK5 else []))
-    return [*argvs, readers.fabric_argv()]
+    return [*argvs, fabric_argv()]
 
 
 # --- podvm-gpu check ----------------------------------------------------------------------
@@ -377,8 +390,8 @@ def fabricmanager_row(facts) -> Check:
         return Check("fabricmanager", FAIL, f"{what} but nv-fabricmanager is not running",
                      "see the fabricmanager step in podvm-gpu status and "
                      "/var/log/fabricmanager.log")
-    done = facts.runner.run(readers.fabric_argv(), check=False)
-    states = readers.parse_fabric_rows(done.stdout) if done.returncode == 0 else None
+    done = facts.runner.run(fabric_argv(), check=False)
+    states = parse_fabric_rows(done.stdout) if done.returncode == 0 else None
     if states is None:
         return Check("fabricmanager", FAIL, f"fabric state not read: {fabric_query_said(done)}",
                      "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
@@ -407,8 +420,8 @@ def _outside_row(facts) -> Check:
     if units.enabled_by(facts.root, "nvidia-fabricmanager.service"):
         note = ("; the image's nvidia-fabricmanager.service is enabled and fails with "
                 "NV_WARN_NOTHING_TO_DO here, which is harmless")
-    done = facts.runner.run(readers.fabric_argv(), check=False)
-    states = readers.parse_fabric_rows(done.stdout) if done.returncode == 0 else None
+    done = facts.runner.run(fabric_argv(), check=False)
+    states = parse_fabric_rows(done.stdout) if done.returncode == 0 else None
     if states is None:
         broken = readers.nvsmi_broken(done.returncode, done.output)
         return Check("fabricmanager", FAIL if broken else WARN, "no NVSwitch in the VM; the "
