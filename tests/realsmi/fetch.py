@@ -154,7 +154,8 @@ def _apt_options(scratch: Path) -> list[str]:
 def _apt(scratch: Path, *args: str, cwd: Path | None = None) -> str:
     argv = [args[0], *_apt_options(scratch), *args[1:]]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=APT_TIMEOUT_S, cwd=cwd)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=APT_TIMEOUT_S, cwd=cwd,
+                              check=False)
     except subprocess.TimeoutExpired as err:
         raise FetchFailed(f"{' '.join(args)} timed out after {APT_TIMEOUT_S} s") from err
     if done.returncode != 0:
@@ -174,7 +175,8 @@ def madison(scratch: Path, package: str) -> list[tuple[str, str]]:
 
 
 def _newer(a: str, b: str) -> bool:
-    return subprocess.run(["dpkg", "--compare-versions", a, "gt", b], timeout=30).returncode == 0
+    return subprocess.run(["dpkg", "--compare-versions", a, "gt", b], timeout=30,
+                          check=False).returncode == 0
 
 
 def resolve(pin: Pin, known: list[tuple[str, str]]) -> str:

@@ -235,7 +235,7 @@ def smi_answer(kind: str, argv: list[str], rule_stdout: str | None, world: World
     """
     state = world.state()
     if kind == "cc":
-        return 0, f"\nConfidential Compute GPUs Ready state: {state['cc_ready_state']}\n\n"
+        return 0, cc_ready_text(state["cc_ready_state"])
     labels = fabric_labels(world.config, state)
     if kind == "full" and rule_stdout is not None:
         return 0, merge_fabric(rule_stdout, fabric_block(labels))
@@ -264,6 +264,11 @@ def smi_answer(kind: str, argv: list[str], rule_stdout: str | None, world: World
                       smi_line(4, "Bus Id", smi_bus_id(address))]
         lines += fabric_block(labels) + [""]
     return 0, "\n".join(lines) + "\n"
+
+
+def cc_ready_text(state: str) -> str:
+    """``conf-compute -grs``'s answer as the real program prints it: between blank lines."""
+    return f"\nConfidential Compute GPUs Ready state: {state}\n\n"
 
 
 def fabric_value(field: str, labels: tuple[str, str, str, str]) -> str:

@@ -107,7 +107,7 @@ def query(ctx: BootContext, argv: list[str], width: int, what: str) -> list[list
     return rows
 
 
-def judge_lost(rows: list[list[str]], verdict: "Verdict") -> list[list[str]]:
+def judge_lost(rows: list[list[str]], verdict: Verdict) -> list[list[str]]:
     """Rows of ``[GPU is lost]`` into ``verdict.fatal`` (by their place in NVML's list); the
     others returned."""
     kept = []

@@ -1,7 +1,11 @@
-"""The fabric state of each GPU: from ``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status``
-(:func:`fabric_argv`, what every real build 535 to 555 answers) or the ``Fabric`` section of a full
-``nvidia-smi -q``, parsed by labels, never by column positions: the fabricmanager step's reader
-(boot's wait and check's row).
+"""The fabric state of each GPU: the fabricmanager step's readers (boot's wait and check's row).
+
+The agent asks ``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status
+--format=csv,noheader`` (:func:`fabric_argv`): NVIDIA's real 535, 550 and 555 builds all refuse
+``-q -d FABRIC`` (``Failed to parse --display/-d flags``, exit 2; ../shared/nvidia-smi-real.md,
+tests/test_real_nvidia_smi.py) and label the CSV values (``state  Completed``, two spaces;
+``status Success``; ``[N/A]`` unlabelled without a fabric). A full ``nvidia-smi -q``'s ``Fabric``
+section is read by :func:`parse_fabric`, by labels, never by column positions.
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ from podvm_gpu.readers import GPU_LOST, csv_rows, csv_value
 
 class FabricState(collections.namedtuple("FabricState", "gpu state status")):
     """One GPU's NVLink fabric state: the GPU's PCI address, its fabric state and status as
-    text (``Completed``/``Success``), from ``--query-gpu=pci.bus_id,fabric.state,fabric.status``
-    (:func:`parse_fabric_rows`) or a full ``nvidia-smi -q`` (:func:`parse_fabric`). A GPU lost
-    after NVML took its handle has ``GPU is lost`` in all three."""
+    text (``Completed``/``Success``), from :func:`fabric_argv`'s rows (:func:`parse_fabric_rows`)
+    or a full ``nvidia-smi -q`` (:func:`parse_fabric`). A GPU lost after NVML took its handle
+    has ``GPU is lost`` in all three."""
 
     __slots__ = ()
 
@@ -83,8 +87,7 @@ FABRIC_FIELDS = ("pci.bus_id", "fabric.state", "fabric.status")
 
 def fabric_argv() -> list[str]:
     """``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status --format=csv,noheader``:
-    the fabric query every real nvidia-smi has (535 to 555); ``-q -d FABRIC`` is refused by all
-    of them (``Failed to parse --display/-d flags``, exit 2)."""
+    the fabric query every real nvidia-smi has (535 to 555)."""
     return ["nvidia-smi", f"--query-gpu={','.join(FABRIC_FIELDS)}", "--format=csv,noheader"]
 
 
