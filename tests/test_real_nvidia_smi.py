@@ -32,7 +32,7 @@ from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import PciDevice, Status
 from podvm_gpu.steps import Skipped
-from podvm_gpu.steps.cdi import health
+from podvm_gpu.steps.cdi import health, recovery
 from podvm_gpu.steps.cdi import step as cdi_step
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.steps.fabric import parse as fabric_parse
@@ -48,6 +48,9 @@ MIG_LGI = ["nvidia-smi", "mig", "-lgi"]
 CC_F = ["nvidia-smi", "conf-compute", "-f"]
 CC_GRS = ["nvidia-smi", "conf-compute", "-grs"]
 CC_SRS = ["nvidia-smi", "conf-compute", "-srs", "1"]
+RESET = recovery.reset_argv()  # issue 28: the health gate's own queries
+ACTION = recovery.action_argv()
+FULL_Q = ["nvidia-smi", "-q"]  # issue 28: the rack-scale kind's cliques
 # Each argv list written in the agent's code (ast.unparse of the list) -> the command line(s) run.
 SITES = {
     "['nvidia-smi', f\"--query-remapped-rows={','.join(REMAP_FIELDS)}\", '--format=csv,noheader']": REMAP,
@@ -58,9 +61,12 @@ SITES = {
     "['nvidia-smi', 'conf-compute', *args]": None,  # the _smi calls below
     "['nvidia-smi', 'conf-compute', '-f']": CC_F,
     "['nvidia-smi', 'conf-compute', '-grs']": CC_GRS,
+    "['nvidia-smi', f\"--query-gpu={','.join(RESET_FIELDS)}\", '--format=csv,noheader']": RESET,
+    "['nvidia-smi', f\"--query-gpu={','.join(ACTION_FIELDS)}\", '--format=csv,noheader']": ACTION,
+    "['nvidia-smi', '-q']": FULL_Q,
 }
 CC_CALLS = {("-grs",): CC_GRS, ("-f",): CC_F, ("-srs", "1"): CC_SRS}
-RUN = [FABRIC, REMAP, ECC, MIG_MODE, MIG_LGI, CC_F, CC_GRS, CC_SRS]  # what this suite runs
+RUN = [FABRIC, REMAP, ECC, MIG_MODE, MIG_LGI, CC_F, CC_GRS, CC_SRS, RESET, ACTION, FULL_Q]
 
 GPU0, GPU1 = "0000:18:00.0", "0000:28:00.0"  # fake_nvml.gpu(0) and gpu(1)
 ALL_CALLS = ("nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetPciInfo",
@@ -241,7 +247,11 @@ def test_health_gate_decides_on_the_real_output(builds, world, state):
         if want is None:
             said = health.gate(ctx)
             if state == "healthy":
-                assert said == "health: 00000000:18:00.0 remap pending 0, failure 0", build
+                # issue 28: every real build accepts reset_status.* (the fake NVML does not serve
+                # the private calls behind it: [N/A]) and refuses gpu_recovery_action
+                assert said == ("health: 00000000:18:00.0 remap pending 0, failure 0; "
+                                "00000000:18:00.0 reset status N/A; recovery action not offered "
+                                "by this nvidia-smi"), build
                 assert not ctx.status.warnings
             else:  # init 3: Failed to initialize NVML: N/A, exit 3: not read, a warning
                 assert said == "health: not read"
@@ -439,3 +449,37 @@ def test_check_fabric_managed_outside_the_vm_on_the_real_output(builds, world, t
         runner = RealRunner(build, describe(world, build, state, gpus, **kw), world.lib)
         row = fabric._outside_row(facts(runner, tmp_path))
         assert (row.result, detail in row.detail) == (result, True), (build.ident, row)
+
+
+# --- issue 28: reset status, recovery action, the rack-scale cliques ----------------------------
+
+def test_every_real_build_answers_reset_status_and_refuses_the_recovery_action(builds, world):
+    """What the scenario harness answers for them (tests/scenarios/fake_tool.py) is what every
+    real build prints: the refusal word for word, exit 2; reset status accepted."""
+    for build in builds:
+        runner, _ = in_state(world, build, "healthy")
+        done = runner.run(ACTION, check=False)
+        assert (done.stdout, done.returncode) == (
+            'Field "gpu_recovery_action" is not a valid field to query.\n\n', 2), build.ident
+        done = runner.run(RESET, check=False)
+        assert done.returncode == 0 and done.stdout.startswith("00000000:18:00.0, "), build.ident
+        found = recovery.read(health.ask, runner, 10)
+        assert not (found.fatal or found.reset or found.warn or found.unread), build.ident
+
+
+
+def test_full_q_is_run_by_no_test_here_but_the_rack_kinds_reader_is_held_to_real_text():
+    """The fake NVML does not serve all a full ``-q`` asks for (every build ends it with
+    ``Internal NVML error``, exit 255): the cliques' reader is held to the 535/550/555 Fabric
+    blocks of nvidia-smi-real.md in tests/test_rack_fabric.py, and a failed ``-q`` is said, never
+    a failure (fabric_kind.rack_cliques)."""
+    from podvm_gpu.steps.fabric import fabric_kind
+
+    class Failing:
+        @staticmethod
+        def run(argv, timeout=None):
+            raise CommandError(argv, 255, "Internal NVML error\n", "")
+
+    ctx = SimpleNamespace(runner=Failing, harmless_timeout=lambda tool: 5)
+    said = fabric_kind.rack_cliques(ctx, fabric_kind.Fabric(fabric_kind.RACK, [], [], []))
+    assert said.startswith("clique and cluster UUID not read (nvidia-smi -q: exit 255")
