@@ -81,6 +81,12 @@ def test_535_off_with_unavailable_environment_says_cc_off_is_not_proven():
     assert closed.outcome == classify.FAIL and "not proven" in closed.reason
 
 
+def test_550_off_with_unavailable_environment_means_what_it_says():
+    found = finding(f=OFF, e=UNAVAILABLE, mgm=MGM_NONE)  # 550 prints failures as failures
+    assert not found.off_unproven
+    assert classify.decide(found, None).reason == "CC mode is off"
+
+
 @pytest.mark.parametrize("answer", [LOST_AFTER_HANDLE, LOST_AT_HANDLE])
 def test_a_lost_gpu_is_judged_by_exit_15_before_its_no_cc_capable_words(answer):
     found = classify.from_smi({"-f": answer})

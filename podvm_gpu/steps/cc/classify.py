@@ -158,8 +158,12 @@ class CcFinding:
 
     @property
     def off_unproven(self) -> bool:
-        """CC OFF with environment UNAVAILABLE: what 535 prints when its CC query fails."""
-        return self.mode == "off" and self.environment == "UNAVAILABLE"
+        """CC OFF with environment UNAVAILABLE from an nvidia-smi that may be 535 (no ``-mgm``,
+        or ``-mgm`` unreadable): what 535 prints when its CC query fails. 550 and later print
+        ``Failed to display ...`` with the error's exit status instead, so there the words
+        mean what they say."""
+        return (self.mode == "off" and self.environment == "UNAVAILABLE"
+                and self.multi_gpu in (MGM_NOT_OFFERED, None))
 
     def mode_words(self) -> str:
         """``CC status: OFF, Multi-GPU Mode: None``: the two answers that make the mode."""
