@@ -17,19 +17,22 @@ state where allowed.
    ``-grs`` again.
 
 ``-srs 1`` never runs for a dev-tools GPU nor for one that is not confidential.
+
+This module imports little: ``podvm-gpu metrics`` imports classify.py, which imports this package
+first; the step's queries (query.py) and check's rows (rows.py, :data:`VM_ROWS`,
+:data:`IMAGE_ROWS`) load when used.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from podvm_gpu.errors import StepFailed
 from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.cc import classify
-from podvm_gpu.steps.cc.query import FABRIC_STEP, conf_compute, guest, read_finding, \
-    ready_state, wait_for_fabric
-from podvm_gpu.steps.context import BootContext
 
-__all__ = ["run", "plan", "before_ready_state", "VM_ROWS", "IMAGE_ROWS", "FABRIC_STEP", "conf_compute",
-           "guest", "read_finding", "ready_state", "wait_for_fabric"]
+if TYPE_CHECKING:
+    from podvm_gpu.steps.context import BootContext
 
 
 def before_ready_state(ctx: BootContext, finding: classify.CcFinding) -> None:
@@ -53,6 +56,9 @@ def run(ctx: BootContext) -> str:
         StepFailed: the decision failed, or a ready-state query or setting failed.
         Skipped: not a confidential GPU on a regular VM (or accepted by ``allow_cc_off``).
     """
+    from podvm_gpu.steps.cc.query import conf_compute, guest, read_finding, ready_state, \
+        wait_for_fabric
+
     finding = read_finding(ctx)
     ctx.status.confidential_computing = finding
     tee, hint = guest(ctx.root)
@@ -93,4 +99,10 @@ def plan(ctx: BootContext) -> list[list[str]]:
     return [["nvidia-smi", "conf-compute", query] for query in classify.QUERIES]
 
 
-from podvm_gpu.steps.cc.rows import IMAGE_ROWS, VM_ROWS  # noqa: E402  (check's rows)
+def __getattr__(name: str):
+    """:data:`VM_ROWS` and :data:`IMAGE_ROWS`, check's rows (rows.py), loaded when asked for."""
+    if name in ("VM_ROWS", "IMAGE_ROWS"):
+        from podvm_gpu.steps.cc import rows
+
+        return getattr(rows, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
