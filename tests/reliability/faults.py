@@ -122,7 +122,9 @@ PERSISTENCED = Command(("nvidia-persistenced",), "persistenced", output_not_read
 REGULAR_VM = ("a regular VM (no TDX/SEV-SNP evidence in /proc/cpuinfo, /sys or /dev): a CC query "
               "nvidia-smi cannot answer is a warning")
 NOT_READ_AS_OFF = dict.fromkeys(("exit", "signal", "garbage", "empty"), REGULAR_VM)
-CC_MODE = Command(("nvidia-smi", "conf-compute", "-f"), "confidential-computing", NOT_READ_AS_OFF)
+# -f's garbage holds near misses ("CC status: MAYBE"): a mode boot does not know fails closed.
+CC_MODE = Command(("nvidia-smi", "conf-compute", "-f"), "confidential-computing",
+                  dict.fromkeys(("exit", "signal", "empty"), REGULAR_VM))
 # CC on: the multi-GPU mode only adds Protected PCIe to a GPU already confidential.
 MGM_ON_CC = Command(("nvidia-smi", "conf-compute", "-mgm"), "confidential-computing",
                     dict.fromkeys(("exit", "signal", "garbage", "empty"),

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import re
 
+from podvm_gpu.errors import exit_text
+
 # The queries, by their short option (the shared cases answer these and the long forms).
 QUERIES = ("-f", "-d", "-e", "-mgm")
 NO_DRIVER_RC = 9  # nvidia-smi cannot reach the driver (readers.NVSMI_NO_DRIVER_RC)
@@ -106,9 +108,10 @@ def smi_unrecognized_option(text: str) -> str | None:
 
 
 def said(rc: int | None, text: str, limit: int = 160) -> str:
-    """``exit N: <first words>`` of an answer, one bounded line."""
+    """``exit N: <first words>`` (``killed by SIGKILL: ...`` for a signal) of an answer, one
+    bounded line."""
     words = " ".join((text or "").split()) or "no output"
-    head = "no exit status" if rc is None else f"exit {rc}"
+    head = "no exit status" if rc is None else exit_text(rc)
     return f"{head}: {words[:limit]}"
 
 
