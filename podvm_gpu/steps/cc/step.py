@@ -24,8 +24,7 @@ from __future__ import annotations
 from podvm_gpu.errors import StepFailed
 from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.cc import classify
-from podvm_gpu.steps.cc.query import conf_compute, guest, read_finding, ready_state, \
-    wait_for_fabric
+from podvm_gpu.steps.cc.query import conf_compute, guest, read_finding, ready_state, wait_for_fabric
 from podvm_gpu.steps.cc.rows import IMAGE_ROWS, VM_ROWS
 from podvm_gpu.steps.context import BootContext
 
