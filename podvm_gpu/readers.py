@@ -3,8 +3,8 @@
 Every function reads files under the root (contract section 1) or parses a tool's text output;
 none changes anything. Formats follow the kernel and the NVIDIA driver: ``/proc/modules``,
 ``/proc/devices``, ``/proc/driver/nvidia/gpus/<pci>/information`` (``Device Minor:``),
-``/sys/module/<name>/version``, nvidia-smi's ``-q`` and ``conf-compute`` texts (parsed by their
-labels, never by column positions).
+``/sys/module/<name>/version``, nvidia-smi's ``-q`` texts (parsed by their labels, never by
+column positions; its ``conf-compute`` texts: podvm_gpu/steps/cc/classify.py).
 """
 
 from __future__ import annotations
@@ -287,37 +287,6 @@ def csv_value(value: str, label: str = "") -> str:
         return value[1:-1].strip()
     if label and re.match(rf"{label}\s", value):
         return value[len(label):].strip()
-    return value
-
-
-def parse_cc_mode(text: str, returncode: int | None = 0) -> str | None:
-    """``on``/``off`` from ``nvidia-smi conf-compute -f`` (``CC status: ON``); another value is
-    returned lowercased as it is (never read as off); None when the label is missing, or when
-    ``returncode`` (nvidia-smi's exit status, when the caller has it) is not 0: a failed query
-    is never read as a value (550 and 555 exit with NVML's code, e.g. 15 for a lost GPU; 535
-    prints ``CC status: OFF`` with exit 0 when the query fails, which no reader can tell:
-    nvidia-smi-real.md)."""
-    if returncode not in (0, None):
-        return None
-    m = re.search(r"CC status\s*:\s*(\S+)", text, re.I)
-    return m.group(1).lower() if m else None
-
-
-def parse_ready_state(text: str, returncode: int | None = 0) -> str | None:
-    """``ready``/``not-ready`` from ``nvidia-smi conf-compute -grs`` (the real program prints
-    the line between blank lines); the negative is matched first, since "not-ready" contains
-    "ready"; another value is returned as it is; None without the label or when ``returncode``
-    is given and not 0 (never a value from a failed query)."""
-    if returncode not in (0, None):
-        return None
-    m = re.search(r"Ready state\s*:\s*(.+)$", text, re.I | re.M)
-    if not m:
-        return None
-    value = m.group(1).strip().lower()
-    if re.fullmatch(r"not[\s_-]?ready", value):
-        return "not-ready"
-    if value == "ready":
-        return "ready"
     return value
 
 

@@ -11,6 +11,7 @@
 #   /usr/lib/systemd/system/podvm-gpu-metrics.service, disabled (the image enables it if wanted)
 #   /usr/lib/systemd/system/podvm-gpu-pod-labels.service, enabled into the metrics unit's wants
 #   /usr/lib/systemd/system/kata-agent.service.d/10-podvm-gpu.conf
+#   /usr/lib/systemd/system/attestation-agent.service.d/10-podvm-gpu.conf
 #   /usr/lib/systemd/system-preset/40-podvm-gpu.preset
 #   nvidia-cdi-refresh.path/.service masked: only the agent writes /var/run/cdi/nvidia.yaml
 #   nvidia-persistenced.service and nvidia-fabricmanager.service disabled where installed:
@@ -37,6 +38,8 @@ install -D -m 0644 "$bundle/podvm-gpu.service" "$unitdir/podvm-gpu.service"
 install -D -m 0644 "$bundle/podvm-gpu-metrics.service" "$unitdir/podvm-gpu-metrics.service"
 install -D -m 0644 "$bundle/podvm-gpu-pod-labels.service" "$unitdir/podvm-gpu-pod-labels.service"
 install -D -m 0644 "$bundle/10-podvm-gpu.conf" "$unitdir/kata-agent.service.d/10-podvm-gpu.conf"
+install -D -m 0644 "$bundle/attestation-agent-10-podvm-gpu.conf" \
+    "$unitdir/attestation-agent.service.d/10-podvm-gpu.conf"
 install -D -m 0644 "$bundle/podvm-gpu.preset" /usr/lib/systemd/system-preset/40-podvm-gpu.preset
 
 # A config already in the image is checked now (an invalid one fails the build) and compiled:

@@ -6,7 +6,8 @@ the case's fake tools), then ``podvm-gpu check --json`` runs on what that boot l
 - ``module-lock``: ``kernel.modules_disabled`` and ``modules.lock_after_boot`` (S33);
 - ``guest-tee``: the guest's TEE from the kernel's interfaces (S20, S30);
 - ``modules``: the cause the boot's modules step gives, the driver's own words (S20, S23);
-- ``confidential-computing``: DEVTOOLS judged as the boot judges it (S30, S31).
+- ``confidential-computing``: dev-tools (``conf-compute -d``: ``DevTools Mode: ON``) judged as
+  the boot judges it (S30, S31).
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ def test_the_modules_row_names_a_module_the_kernel_could_not_decompress():
 def test_devtools_is_judged_as_the_boot_judges_it():
     row = booted_check(case("S30"))["confidential-computing"]
     assert row["result"] == "fail", row
-    assert "DEVTOOLS" in row["detail"] and "allow_devtools" in row["hint"]
+    assert "DevTools Mode: ON" in row["detail"] and "allow_devtools" in row["hint"]
     row = booted_check(case("S31"))["confidential-computing"]
     assert row["result"] == "warn", row
     assert row["detail"].startswith("CC devtools (allowed by confidential_computing."

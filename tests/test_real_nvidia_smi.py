@@ -25,13 +25,15 @@ import pytest
 from boot.image import unavailable
 from realsmi import fetch, smi
 
-from podvm_gpu import readers
 from podvm_gpu.config.load import validate
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import PciDevice, Status
 from podvm_gpu.steps import Skipped
+from podvm_gpu.steps.cc import classify
+from podvm_gpu.steps.cc import query as cc_query
+from podvm_gpu.steps.cc import step as cc_step
 from podvm_gpu.steps.cdi import health, recovery
 from podvm_gpu.steps.cdi import step as cdi_step
 from podvm_gpu.steps.context import BootContext
@@ -48,6 +50,9 @@ MIG_LGI = ["nvidia-smi", "mig", "-lgi"]
 CC_F = ["nvidia-smi", "conf-compute", "-f"]
 CC_GRS = ["nvidia-smi", "conf-compute", "-grs"]
 CC_SRS = ["nvidia-smi", "conf-compute", "-srs", "1"]
+# the CC classification's queries (steps/cc/classify.py QUERIES), asked by query.read_finding
+# and check's row with a variable option
+CC_QUERIES = [["nvidia-smi", "conf-compute", q] for q in ("-f", "-d", "-e", "-mgm")]
 RESET = recovery.reset_argv()  # issue 28: the health gate's own queries
 ACTION = recovery.action_argv()
 FULL_Q = ["nvidia-smi", "-q"]  # issue 28: the rack-scale kind's cliques
@@ -58,15 +63,15 @@ SITES = {
     "['nvidia-smi', f\"--query-gpu={','.join(FABRIC_FIELDS)}\", '--format=csv,noheader']": FABRIC,
     "['nvidia-smi', '--query-gpu=index,mig.mode.current', '--format=csv,noheader']": MIG_MODE,
     "['nvidia-smi', 'mig', '-lgi']": MIG_LGI,
-    "['nvidia-smi', 'conf-compute', *args]": None,  # the _smi calls below
-    "['nvidia-smi', 'conf-compute', '-f']": CC_F,
+    "['nvidia-smi', 'conf-compute', *args]": None,  # the conf_compute calls below
+    "['nvidia-smi', 'conf-compute', query]": None,  # each of CC_QUERIES
     "['nvidia-smi', 'conf-compute', '-grs']": CC_GRS,
     "['nvidia-smi', f\"--query-gpu={','.join(RESET_FIELDS)}\", '--format=csv,noheader']": RESET,
     "['nvidia-smi', f\"--query-gpu={','.join(ACTION_FIELDS)}\", '--format=csv,noheader']": ACTION,
     "['nvidia-smi', '-q']": FULL_Q,
 }
-CC_CALLS = {("-grs",): CC_GRS, ("-f",): CC_F, ("-srs", "1"): CC_SRS}
-RUN = [FABRIC, REMAP, ECC, MIG_MODE, MIG_LGI, CC_F, CC_GRS, CC_SRS, RESET, ACTION, FULL_Q]
+CC_CALLS = {("-grs",): CC_GRS, ("-srs", "1"): CC_SRS}
+RUN = [FABRIC, REMAP, ECC, MIG_MODE, MIG_LGI, *CC_QUERIES, CC_GRS, CC_SRS, RESET, ACTION, FULL_Q]
 
 GPU0, GPU1 = "0000:18:00.0", "0000:28:00.0"  # fake_nvml.gpu(0) and gpu(1)
 ALL_CALLS = ("nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetPciInfo",
@@ -189,7 +194,8 @@ def in_state(world, build, state: str):
 
 def agent_argv_sites() -> tuple[set[str], set[tuple[str, ...]]]:
     """Every list literal starting with "nvidia-smi" in podvm_gpu/ (unparsed), and the
-    arguments of every ``_smi(ctx, ...)`` call (steps/cc.py's conf-compute helper)."""
+    literal arguments of every ``conf_compute(ctx, ...)`` call (steps/cc/query.py's helper;
+    ``conf_compute(ctx, query)`` asks each of CC_QUERIES)."""
     lists, cc_calls = set(), set()
     for path in PACKAGE.rglob("*.py"):
         tree = ast.parse(path.read_text(), str(path))
@@ -198,7 +204,8 @@ def agent_argv_sites() -> tuple[set[str], set[tuple[str, ...]]]:
                     and node.elts[0].value == "nvidia-smi":
                 lists.add(ast.unparse(node))
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                    and node.func.id == "_smi":
+                    and node.func.id == "conf_compute" \
+                    and all(isinstance(a, ast.Constant) for a in node.args[1:]):
                 cc_calls.add(tuple(ast.literal_eval(a) for a in node.args[1:]))
     return lists, cc_calls
 
@@ -207,7 +214,7 @@ def test_the_suite_runs_every_nvidia_smi_call_of_the_agent():
     lists, cc_calls = agent_argv_sites()
     assert lists == set(SITES), "an nvidia-smi call this suite does not run (add it to SITES)"
     assert cc_calls == set(CC_CALLS)
-    wanted = [argv for argv in SITES.values() if argv] + list(CC_CALLS.values())
+    wanted = [argv for argv in SITES.values() if argv] + list(CC_CALLS.values()) + CC_QUERIES
     assert all(argv in RUN for argv in wanted)
     # the functions that build the argvs give what the suite runs
     assert health.remap_argv() == REMAP and health.ecc_argv() == ECC
@@ -350,21 +357,21 @@ def test_mig_diagnosis_on_the_real_output(builds, world):
             runner.run(MIG_LGI).stdout
 
 
-# --- CC texts (the readers only: the decisions are steps/cc.py's) -------------------------------
+# --- CC texts and the CC classification (steps/cc/classify.py) ---------------------------------
 
 def test_cc_readers_on_the_real_output(builds, world):
     for build in builds:
         runner, _ = in_state(world, build, "healthy")  # CC on, not ready, ready state in a file
         done = runner.run(CC_F, check=False)
-        assert (readers.parse_cc_mode(done.output), done.returncode) == ("on", 0)
+        assert (classify.parse_cc_mode(done.output), done.returncode) == ("on", 0)
         grs = runner.run(CC_GRS, check=False)
-        assert readers.parse_ready_state(grs.output) == "not-ready"
+        assert classify.parse_ready_state(grs.output) == "not-ready"
         srs = runner.run(CC_SRS, check=False)
         assert (srs.stdout, srs.returncode) == ("", 0)
-        assert readers.parse_ready_state(runner.run(CC_GRS, check=False).output) == "ready"
+        assert classify.parse_ready_state(runner.run(CC_GRS, check=False).output) == "ready"
         for state in ("lost-after-handle", "lost-at-handle", "init-9"):
             runner, _ = in_state(world, build, state)
-            for argv, reader in ((CC_F, readers.parse_cc_mode), (CC_GRS, readers.parse_ready_state)):
+            for argv, reader in ((CC_F, classify.parse_cc_mode), (CC_GRS, classify.parse_ready_state)):
                 done = runner.run(argv, check=False)
                 assert done.returncode in (9, 15), (state, done)
                 assert reader(done.output, done.returncode) is None, (state, argv)
@@ -372,6 +379,44 @@ def test_cc_readers_on_the_real_output(builds, world):
         done = in_state(world, build, "lost-after-handle")[0].run(CC_F, check=False)
         assert done.stdout == ("NVML: Unable to get architecture: GPU is lost\n"
                                "No CC capable devices found.\n")
+
+
+def real_finding(runner):
+    return classify.from_smi(cc_query.answers(
+        lambda q: runner.run(["nvidia-smi", "conf-compute", q], check=False)))
+
+
+def test_cc_classification_and_step_on_the_real_output(builds, world):
+    """Every CC mode the fake NVML can describe, through the real builds, into the classification
+    and the step: 535 has no -mgm (exit 2: no multi-GPU mode), so it cannot show Protected PCIe;
+    a lost GPU (exit 15) is lost, never 'not CC capable'; -srs 1 runs only for a confidential GPU."""
+    for build in builds:
+        old = build.branch == 535
+        for cc, label in (("on", "on"), ("devtools", "devtools"), ("off", "off"),
+                          ("ppcie", "off" if old else "ppcie")):
+            runner = RealRunner(build, describe(world, build, f"cc-{cc}", [fake_nvml.gpu(0)], cc=cc),
+                                world.lib)
+            found = real_finding(runner)
+            assert (found.label, found.unreadable) == (label, {}), (build.ident, cc, found.to_dict())
+            assert found.multi_gpu == (classify.MGM_NOT_OFFERED if old else
+                                       classify.MGM_PPCIE if cc == "ppcie" else classify.MGM_NONE)
+            ctx = context(runner, 1, confidential_computing={"set_ready_state": True})
+            if label in ("on", "ppcie"):
+                assert cc_step.run(ctx).endswith("ready state set to ready"), (build.ident, cc)
+            elif label == "devtools":
+                with pytest.raises(StepFailed, match="DevTools Mode: ON"):
+                    cc_step.run(ctx)
+            else:
+                with pytest.raises(Skipped):
+                    cc_step.run(ctx)
+            assert classify.parse_ready_state(runner.run(CC_GRS, check=False).output) == \
+                ("ready" if label in ("on", "ppcie") else "not-ready"), (build.ident, cc)
+        for state in ("lost-after-handle", "lost-at-handle", "one-of-two-lost-at-handle"):
+            found = real_finding(in_state(world, build, state)[0])
+            assert found.lost and "exit 15" in found.lost, (build.ident, state, found.to_dict())
+            assert classify.decide(found, None).outcome == classify.FAIL
+        found = real_finding(in_state(world, build, "init-9")[0])
+        assert found.no_driver and classify.decide(found, None).outcome == classify.FAIL
 
 
 # --- the scenario harness says what the real program says ---------------------------------------

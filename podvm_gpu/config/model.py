@@ -69,10 +69,13 @@ class NvLink5Config(Section):
 
 class ConfidentialComputingConfig(Section):
     """Whether boot may set the GPUs' CC ready state itself (``nvidia-smi conf-compute -srs 1``);
-    whether CC mode ``DEVTOOLS`` (a development mode: no production confidentiality) is
-    accepted with a warning instead of failing the boot (``allow_devtools``)."""
+    whether dev-tools mode (``DevTools Mode: ON``, a development mode: no production
+    confidentiality) is accepted with a warning instead of failing the boot (``allow_devtools``);
+    whether a GPU that is not confidential (CC off, no Protected PCIe) in a confidential guest
+    (TDX, SEV-SNP) is accepted with a warning instead of failing the boot (``allow_cc_off``)."""
 
-    FIELDS = {"set_ready_state": (boolean, False), "allow_devtools": (boolean, False)}
+    FIELDS = {"set_ready_state": (boolean, False), "allow_devtools": (boolean, False),
+              "allow_cc_off": (boolean, False)}
     __slots__ = tuple(FIELDS)
 
 
