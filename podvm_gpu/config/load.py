@@ -12,6 +12,7 @@ from podvm_gpu.config.fields import MAX_CONFIG_BYTES, Invalid
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import ConfigError, one_line
 from podvm_gpu.host.fs import folder_trust_problems
+from podvm_gpu.status import shown
 
 
 def parse_config(text: str, path: str) -> Config:
@@ -29,8 +30,8 @@ def parse_yaml(text: str, path: str) -> object:
     mapping (PyYAML would keep the last one silently: ``budget_s: 1`` then ``budget_s: 2``).
 
     Raises:
-        ConfigError: not YAML (also: nested too deeply, a number of more than 4300 digits), or
-            a duplicate key, named with its dotted path and both lines.
+        ConfigError: not YAML (also: nested too deeply, a number of more than 4300 digits), a
+            duplicate key, named with its dotted path and both lines, or an alias (``*name``).
     """
     import yaml
 
@@ -56,15 +57,22 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 def _refuse_duplicate_keys(root, path: str) -> None:
     """Raise :class:`ConfigError` for the first mapping of the node tree ``root`` that holds a
-    key twice (the same tag and text; ``<<`` merge keys may repeat, as YAML 1.1 allows)."""
+    key twice (the same tag and text; ``<<`` merge keys may repeat, as YAML 1.1 allows), and for
+    the first alias (a node reached twice): with aliases a 90 KB file expands to 200 MB, without
+    them the settings are no larger than the text (at most 1 MiB)."""
     import yaml
 
     todo, seen_nodes = [(root, ())], set()
-    while todo:
+    while todo:  # depth first in document order: an anchor is met before its aliases
         node, where = todo.pop()
-        if id(node) in seen_nodes:  # an alias: its node was checked where it was defined
-            continue
+        if id(node) in seen_nodes:
+            # a node met twice is an alias (*name) of an anchored one (&name): refused, since
+            # 90 KB of aliases to one long string make 200 MB of settings (issue 29, item 4)
+            dotted = shown(one_line(".".join(where), 200)) or "(top level)"
+            raise ConfigError(f"{path}: {dotted}: a YAML alias (*name): aliases are not taken "
+                              "(each one copies what its anchor holds); write the value out")
         seen_nodes.add(id(node))
+        children = []
         if isinstance(node, yaml.MappingNode):
             lines: dict[tuple[str, str], int] = {}
             for key_node, value_node in node.value:
@@ -72,13 +80,14 @@ def _refuse_duplicate_keys(root, path: str) -> None:
                 if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
                     key, line = (key_node.tag, key_node.value), key_node.start_mark.line + 1
                     if key in lines:
-                        dotted = one_line(".".join((*where, str(name))), 200)
+                        dotted = shown(one_line(".".join((*where, str(name))), 200))
                         raise ConfigError(f"{path}: {dotted}: duplicate key (lines {lines[key]} "
                                           f"and {line}): say it once")
                     lines[key] = line
-                todo.append((value_node, (*where, str(name))))
+                children += [(key_node, (*where, str(name))), (value_node, (*where, str(name)))]
         elif isinstance(node, yaml.SequenceNode):
-            todo.extend((item, (*where, f"[{i}]")) for i, item in enumerate(node.value))
+            children = [(item, (*where, f"[{i}]")) for i, item in enumerate(node.value)]
+        todo.extend(reversed(children))
 
 
 def validate(raw: object, path: str) -> Config:
@@ -91,21 +100,49 @@ def validate(raw: object, path: str) -> Config:
         return Config()
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: must be a mapping of settings, not {type(raw).__name__}")
-    errors: list[Invalid] = []
+    errors: list[Invalid] = _control_characters(raw)
     try:
         config = Config.validate(raw, [], errors)
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply") from None
     if errors:
         first = errors[0]
-        # a key may hold line breaks or be long: the message stays one bounded line
+        # a key may hold line breaks, ESC or be long: the message stays one bounded line, its
+        # control characters escaped (it reaches terminals, the journal and the console)
         # a YAML null key (~) is None here: named as written
-        key = one_line(".".join("~" if p is None else str(p) for p in first.loc), 200) \
+        key = shown(one_line(".".join("~" if p is None else str(p) for p in first.loc), 200)) \
             or "(top level)"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        message = " ".join(first.message.split())[:300]
+        message = shown(" ".join(first.message.split())[:300])
         raise ConfigError(f"{path}: {key}: {message}{more}")
     return config
+
+
+def _control_characters(raw: object) -> list[Invalid]:
+    """An error for every key or string value of the document ``raw`` that holds a control
+    character (NUL, ESC, a line break: C0 and DEL). No setting needs one; a NUL makes a path
+    unusable (``ValueError: embedded null byte`` where it is opened) and ESC moves the cursor
+    of whoever reads a message that quotes it."""
+    found: list[Invalid] = []
+    todo: list[tuple[object, list]] = [(raw, [])]
+    while todo and len(found) < 100:
+        value, loc = todo.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str) and shown(key) != key:
+                    found.append(Invalid([*loc, key], "a key with a control character "
+                                                      f"({_first_control(key)})"))
+                todo.append((item, [*loc, key]))
+        elif isinstance(value, list):
+            todo.extend((item, [*loc, i]) for i, item in enumerate(value))
+        elif isinstance(value, str) and shown(value) != value:
+            found.append(Invalid(loc, f"holds a control character ({_first_control(value)}): "
+                                      "no setting takes one"))
+    return found
+
+
+def _first_control(text: str) -> str:
+    return next(shown(c) for c in text if shown(c) != c)
 
 
 # --- the compiled form: the YAML parsed once, at image build ----------------------------------
