@@ -132,7 +132,8 @@ def read_status(root: Root) -> dict | None:
 
 
 ORPHANED = ("no boot holds /run/podvm-gpu/boot.lock: the boot that wrote this state ended "
-            "without a final one (killed by SIGKILL, the OOM killer, a crash)")
+            "without writing a final one (its final write failed, a full disk: the journal and "
+            "the console line say so; or it was killed: SIGKILL, the OOM killer, a crash)")
 
 
 def boot_lock_held(root: Root) -> bool | None:

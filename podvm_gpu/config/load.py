@@ -172,8 +172,9 @@ def compile_config(path: str) -> tuple[Config, str]:
         The config and the compiled file's path.
 
     Raises:
-        ConfigError: the config is missing, unreadable or invalid (nothing is written).
-        OSError: the compiled file cannot be written.
+        ConfigError: the config is missing, unreadable or invalid (nothing is written), or the
+            compiled file cannot be written (named, never its temporary file: ``<path>.compiled
+            .json: cannot write: No space left on device``).
     """
     from podvm_gpu.host.fs import atomic_write
     from podvm_gpu.jsontext import dumps
@@ -182,7 +183,11 @@ def compile_config(path: str) -> tuple[Config, str]:
     raw = parse_yaml(text, path)
     config = validate(raw, path)
     target = compiled_path(path)
-    atomic_write(target, dumps({"format": COMPILED_FORMAT, "source": text, "settings": raw}) + "\n")
+    try:
+        atomic_write(target, dumps({"format": COMPILED_FORMAT, "source": text, "settings": raw})
+                     + "\n")
+    except OSError as err:
+        raise ConfigError(f"{target}: cannot write: {err.strerror or err}") from None
     return config, target
 
 
