@@ -69,6 +69,11 @@ def run_boot(root_dir: str = "/", config: str | None = None, json_out: bool = Fa
             run.signals.restore()
 
 
+def _config_warning(run: Run, line: str) -> None:
+    run.log(Log.WARNING, f"config: {line}")
+    run.status.warnings.append(f"config: {line}")
+
+
 def _fail_before_start(run: Run, err: Exception) -> int:
     """End ``failed`` after an error no step handled before the first status write (a bug, a
     broken install): the lock is taken as a boot takes it (the status is written only with it
@@ -105,7 +110,8 @@ def _boot(run: Run, config: str | None) -> int:
         from podvm_gpu.errors import ConfigError
 
         try:
-            settings = load_config(config_path, required=True, trusted=True)
+            settings = load_config(config_path, required=True, trusted=True,
+                                   warn=lambda line: _config_warning(run, line))
         except ConfigError as err:
             config_error = str(err)
         except Exception as err:  # a bug in the validator must still end at the config step

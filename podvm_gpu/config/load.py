@@ -156,8 +156,26 @@ def _first_control(text: str) -> str:
 
 COMPILED_SUFFIX = ".compiled.json"
 # 2: made by a version that refuses duplicate keys (a form of 1 may hide one: it is stale)
-COMPILED_FORMAT = "podvm-gpu config, compiled, 2"
+# 3: with "digest", the settings bound to their source (a form of 2 may have been edited)
+COMPILED_FORMAT = "podvm-gpu config, compiled, 3"
 _NOT_COMPILED = object()
+_EDITED = object()  # format and source match, the settings are not what was compiled
+EDITED = ("was edited after it was compiled (its settings do not match its digest, so they may "
+          "not be what its source says): ignored, the YAML is read")
+
+
+def _digest(text: str, settings: object) -> str:
+    """The digest binding a compiled form's ``settings`` to its ``source`` ``text``: BLAKE2b
+    (128 bits) of the text, a NUL and the settings as :func:`~podvm_gpu.jsontext.dumps` writes
+    them. It catches a hand edit of ``settings`` that kept ``source``, not an attack: whoever
+    can write the compiled file can write the config too (boot trusts neither unless root's).
+    ``_blake2``, the C module under hashlib's blake2b: hashlib also loads OpenSSL (2 ms)."""
+    from _blake2 import blake2b
+
+    from podvm_gpu.jsontext import dumps
+
+    return blake2b(f"{text}\0{dumps(settings)}".encode("utf-8", "surrogatepass"),
+                   digest_size=16).hexdigest()
 
 
 def compiled_path(path: str) -> str:
@@ -184,8 +202,8 @@ def compile_config(path: str) -> tuple[Config, str]:
     config = validate(raw, path)
     target = compiled_path(path)
     try:
-        atomic_write(target, dumps({"format": COMPILED_FORMAT, "source": text, "settings": raw})
-                     + "\n")
+        atomic_write(target, dumps({"format": COMPILED_FORMAT, "source": text, "settings": raw,
+                                    "digest": _digest(text, raw)}) + "\n")
     except OSError as err:
         raise ConfigError(f"{target}: cannot write: {err.strerror or err}") from None
     return config, target
@@ -194,7 +212,8 @@ def compile_config(path: str) -> tuple[Config, str]:
 def compiled_settings(path: str, text: str, trusted: bool = False) -> object:
     """The document of the compiled form of the config at ``path`` if it was made from exactly
     ``text``; :data:`_NOT_COMPILED` when there is none, it is stale, unreadable, not ours, or
-    (``trusted``) another user than root could have written it."""
+    (``trusted``) another user than root could have written it; :data:`_EDITED` when its
+    settings no longer match its digest (edited by hand, ``source`` kept)."""
     from podvm_gpu.jsontext import loads
 
     try:
@@ -218,6 +237,11 @@ def compiled_settings(path: str, text: str, trusted: bool = False) -> object:
     if not isinstance(doc, dict) or doc.get("format") != COMPILED_FORMAT \
             or doc.get("source") != text or "settings" not in doc:
         return _NOT_COMPILED
+    try:
+        if doc.get("digest") != _digest(text, doc["settings"]):
+            return _EDITED
+    except (TypeError, ValueError, RecursionError):  # settings JSON cannot hold: not ours
+        return _EDITED
     return doc["settings"]
 
 
@@ -230,7 +254,10 @@ def compiled_state(path: str) -> str | None:
         return None  # the config itself is the problem; the config check says so
     if text is None:
         return None
-    if compiled_settings(path, text) is not _NOT_COMPILED:
+    found = compiled_settings(path, text)
+    if found is _EDITED:
+        return f"{compiled_path(path)} {EDITED}"
+    if found is not _NOT_COMPILED:
         return None
     if os.path.lexists(compiled_path(path)):
         return f"{compiled_path(path)} was made from another version of the config"
@@ -268,7 +295,8 @@ def config_location(root, config: str | None) -> tuple[str, bool]:
                           f"{err.strerror or err}") from err
 
 
-def load_config(path: str, *, required: bool = False, trusted: bool = False) -> Config:
+def load_config(path: str, *, required: bool = False, trusted: bool = False,
+                warn=None) -> Config:
     """Load and validate the config file at ``path``; the defaults when there is no file.
 
     Read through its compiled form when that was made from the same text (see
@@ -280,6 +308,8 @@ def load_config(path: str, *, required: bool = False, trusted: bool = False) -> 
             is an error rather than the defaults.
         trusted: refuse a file that someone other than root could have written (boot, which
             runs the tools it names as root): see :func:`untrusted_because`.
+        warn: called with one line (``<path>.compiled.json was edited ...``) when the compiled
+            form was edited by hand and is ignored for that.
 
     Raises:
         ConfigError: see :func:`read_config_text` and :func:`parse_config`.
@@ -288,7 +318,9 @@ def load_config(path: str, *, required: bool = False, trusted: bool = False) -> 
     if text is None:
         return Config()
     raw = compiled_settings(path, text, trusted)
-    if raw is _NOT_COMPILED:
+    if raw is _EDITED and warn is not None:
+        warn(f"{compiled_path(path)} {EDITED}")
+    if raw is _NOT_COMPILED or raw is _EDITED:
         return parse_config(text, path)
     # the YAML is right or wrong by its own text: a bad compiled form is the compiled form's
     return validate(raw, f"{compiled_path(path)} (compiled from {path}; run podvm-gpu config "
