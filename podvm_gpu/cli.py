@@ -99,7 +99,10 @@ def web_config_problem(options: dict) -> str | None:
 
 
 def parse_timeout(text: str) -> float | None:
-    """``--timeout`` of status: a finite number of seconds, at least 0; None when it is not."""
+    """``--timeout`` of status: a finite number of seconds, at least 0, in ASCII digits
+    (``float`` would also take ``٣`` and ``1_0``); None when it is not (an empty one too)."""
+    if not text.isascii() or "_" in text:
+        return None
     try:
         value = float(text)
     except ValueError:
@@ -254,9 +257,11 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
     problem = root_problem(options["root_dir"], named["--root"]) or config_problem(
         options["config"], named["--config"])
     if command == "status" and not problem:
-        text = options.get("timeout") or "300"
-        options["timeout"] = parse_timeout(text)
-        if options["timeout"] is None:
+        text = options.get("timeout")
+        options["timeout"] = parse_timeout(text) if text is not None else 300.0
+        if text == "":  # --timeout= is a mistake, not a wish for the default
+            problem = "--timeout is empty"
+        elif options["timeout"] is None:
             problem = f"--timeout {text!r} is not a number of seconds (0 or more)"
     if command == "metrics" and not problem:
         problem = web_config_problem(options)
