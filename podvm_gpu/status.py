@@ -5,14 +5,14 @@ Standard library only: the CPU fast path writes it.
 
 from __future__ import annotations
 
-import errno
 import _thread
+import errno
 import os
 import time
 
 from podvm_gpu.host.fs import Root, atomic_write, ensure_dir, read_bounded
 from podvm_gpu.jsontext import dumps
-from podvm_gpu.model import State, Status, now_iso
+from podvm_gpu.model import State, Status, now_iso, shown  # noqa: F401 (status.shown)
 
 STATUS_PATH = "/run/podvm-gpu/status.json"
 LOCK_PATH = "/run/podvm-gpu/boot.lock"  # boot's flock; readers only look it up (boot_lock_held)
@@ -112,15 +112,6 @@ def load_status(root: Root) -> dict | None:
         except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800"): no writer of ours makes one
             raise StatusUnreadable(f"{STATUS_PATH}: reason or warnings are not text") from None
     return doc
-
-
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f)}
-
-
-def shown(text: str) -> str:
-    """``text`` for a terminal: control characters (ESC, BEL, newlines) as ``\\xNN``, so a
-    status file cannot move the cursor or clear the screen of the engineer reading it."""
-    return text.translate(_CONTROL)
 
 
 def read_status(root: Root) -> dict | None:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from schemas import assert_status_conforms
 
 REPO = Path(__file__).resolve().parents[1]

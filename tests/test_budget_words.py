@@ -8,10 +8,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from scenarios.expect import judge_boot, report
-from test_hung_tools import p03_case
 from scenarios.world import World
+from test_hung_tools import p03_case
 
 BUDGET_S = 4
 

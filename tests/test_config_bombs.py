@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from schemas import assert_status_conforms
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,10 +22,10 @@ HUGE = "1" + "0" * 309  # 10**309: beyond any float (math.isfinite raised Overfl
 
 def seconds_keys() -> list[str]:
     """Every key of the config that is a number of seconds, dotted (from the model itself)."""
-    from podvm_gpu.config.model import Config, DEFAULT_TIMEOUTS
+    from podvm_gpu.config.model import DEFAULT_TIMEOUTS, Config
 
     keys = [f"timeouts.{tool}" for tool in sorted(DEFAULT_TIMEOUTS)[:2]]
-    for name, (check, default) in Config.FIELDS.items():
+    for name, (check, _default) in Config.FIELDS.items():
         if name.endswith("_s"):
             keys.append(name)
         elif hasattr(check, "FIELDS"):

@@ -23,11 +23,11 @@ The order, and what depends on what (contract section 3):
 ``fabricmanager``     }     after persistenced; independent of each other, so they run at the
                             same time. On NVLink 5 the fabricmanager step finds the management
                             port, starts NVLSM, waits for it, then the fabric manager
-                            (podvm_gpu/nvl5.py); none of that touches a GPU, so it runs beside
+                            (podvm_gpu/steps/fabric/nvl5.py); none of that touches a GPU, so it runs beside
 ``confidential-computing``  same time: the fabric wait is tens of seconds on HGX machines,
 ``cdi`` (generate)    }     and nvidia-ctk's generation does not need the fabric or the ready
                             state, only the driver and persistenced.
-``cdi`` (health gate)       after generation, in the same branch (podvm_gpu/health.py): two bounded
+``cdi`` (health gate)       after generation, in the same branch (podvm_gpu/steps/cdi/health.py): two bounded
                             nvidia-smi queries (row remapper; volatile ECC, pages pending), NVML
                             clients, so after persistenced; before the install, since a spec
                             means a usable GPU. No step of its own: the contract's step list
@@ -52,16 +52,15 @@ import _signal
 import threading
 import time
 
+from podvm_gpu import steps as step_list
 from podvm_gpu.boot.run import Interrupted, Log, Run
-from podvm_gpu.model import REASON_MAX
 from podvm_gpu.config.model import Config, timeouts_for
-from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import Cancelled, CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.proc import Runner
-from podvm_gpu.model import Step, StepResult
-from podvm_gpu import steps as step_list
+from podvm_gpu.model import REASON_MAX, Step, StepResult
 from podvm_gpu.steps import Skipped
+from podvm_gpu.steps.context import BootContext
 
 # The step list (podvm_gpu/steps/__init__.py): each step's ``run``, in order; after persistenced,
 # the parallel ones at once; the last of them (the spec) ``finish``es once all have succeeded.
@@ -117,7 +116,7 @@ def run_pipeline(run: Run, config: Config | None) -> int:
     runner = Runner(config.tools, timeouts_for(config), deadline=deadline, trust_tool_paths=True)
     ctx = BootContext(run.root, config, runner, run.status, deadline, gpus=gpus,
                       nvswitches=switches)
-    from podvm_gpu import fabric_kind  # the GPU path only: VPD is never read on a CPU VM
+    from podvm_gpu.steps.fabric import fabric_kind  # the GPU path only: VPD is never read on a CPU VM
 
     ctx.fabric = run.status.fabric = fabric_kind.detect([s.pci_address for s in switches])
     if run.dry_run:
@@ -304,8 +303,8 @@ class Steps:
 
 
 def _dry_run(run: Run, ctx: BootContext) -> int:
-    from podvm_gpu.jsontext import dumps
     from podvm_gpu.boot.plan import plan
+    from podvm_gpu.jsontext import dumps
 
     commands = plan(ctx)
     if run.json_out:
@@ -321,10 +320,10 @@ def _dry_run(run: Run, ctx: BootContext) -> int:
 
 def _fail(run: Run, reason: str) -> int:
     """End the boot ``failed``: the driver's reason for not attaching a GPU first when the log
-    has one (podvm_gpu/attach.py: the tool that failed only says it found no device), what else the
+    has one (podvm_gpu/steps/modules/attach.py: the tool that failed only says it found no device), what else the
     kernel log says appended (the facts the patterns name, then the driver's own error records
     not quoted yet), then :meth:`Run.fail`."""
-    from podvm_gpu.attach import attach_cause
+    from podvm_gpu.steps.modules.attach import attach_cause
 
     records = kmsg.read_kernel_records(run.root)
     messages = [m for _level, m in records]

@@ -22,8 +22,8 @@ import time
 
 from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
 from podvm_gpu.host.fs import TMP_SUFFIX, Root, ensure_dir, folder_trust_problems
-from podvm_gpu.model import REASON_MAX, State, Status, Step, StepResult
-from podvm_gpu.status import LOCK_PATH, STATUS_PATH, StatusFile, shown
+from podvm_gpu.model import REASON_MAX, State, Status, Step, StepResult, shown
+from podvm_gpu.status import LOCK_PATH, STATUS_PATH, StatusFile
 
 KMSG_PATH = "/dev/kmsg"
 _SIGNAL_NAMES = {_signal.SIGTERM: "SIGTERM", _signal.SIGINT: "SIGINT"}

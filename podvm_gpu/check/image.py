@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import os
 
-from podvm_gpu import kmod, steps, units
+from podvm_gpu import steps, units
 from podvm_gpu.check import FAIL, PASS, SKIP, WARN, Check, isolated
 from podvm_gpu.check.units import kata_cdi_check, kata_ordering_check, refresh_units_check
-from podvm_gpu.config.load import DEFAULT_PATH as CONFIG_PATH
 from podvm_gpu.config.fields import REQUIRED_MODULES
+from podvm_gpu.config.load import DEFAULT_PATH as CONFIG_PATH
 from podvm_gpu.config.load import config_location
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import ConfigError
+from podvm_gpu.host import kmod
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 
@@ -134,7 +135,9 @@ def compiled_config_row(image: Image) -> Check:
                      "failed on it", "fix the link, or remove it for the defaults")
     # the compiled file is beside the config's real path (config --compile writes it there and
     # boot reads it there), which is not beside /etc/podvm-gpu/config.yaml when that is a link
-    inside = (lambda p: p if root.is_host else p.replace(root.path, "", 1))
+    def inside(host_path: str) -> str:
+        return host_path if root.is_host else host_path.replace(root.path, "", 1)
+
     why = compiled_state(path)
     if why:
         beside_link = root.resolve(CONFIG_PATH, follow_last=False) + ".compiled.json"
@@ -152,7 +155,7 @@ def trust_row(image: Image) -> Check:
     refuses them otherwise (it runs those tools as root). A file that group or others may
     write fails; one owned by another user only warns, since an image built by an unprivileged
     builder has the builder's files until it is packed (they must be root's in the image)."""
-    from podvm_gpu.config.load import trust_problems
+    from podvm_gpu.host.fs import trust_problems
 
     root, config = image.root, image.config
     paths = [CONFIG_PATH] + sorted(config.tools.values())

@@ -18,25 +18,25 @@ import tempfile
 import types
 
 import yaml
-from hypothesis import HealthCheck, example, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from podvm_gpu import cdi as cdi_dir
 from podvm_gpu.cdi.model import Spec
 from podvm_gpu.cdi.parse import parse_spec
-from podvm_gpu.errors import CdiSpecError
 from podvm_gpu.config.fields import MAX_SECONDS
 from podvm_gpu.config.load import parse_config, read_config_text
 from podvm_gpu.config.model import Config
-from podvm_gpu.errors import QUOTE_MAX, CommandError, ConfigError, exit_text, one_line
+from podvm_gpu.errors import QUOTE_MAX, CdiSpecError, CommandError, ConfigError, exit_text, one_line
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Completed
 from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.model import State, classify
-from podvm_gpu.readers import (char_majors, gpu_minor, loaded_modules, parse_cc_mode,
-                               parse_fabric, parse_ready_state)
+from podvm_gpu.readers import char_majors, gpu_minor, loaded_modules, parse_cc_mode, parse_ready_state
 from podvm_gpu.status import StatusUnreadable, exit_code_for, load_status, run_status
-from podvm_gpu.steps.cdi_step import mig_problem
+from podvm_gpu.steps.cdi.step import mig_problem
+from podvm_gpu.steps.fabric.parse import parse_fabric
 
 # Random inputs on every run (new ones each time); a failure prints the falsifying example and
 # a @reproduce_failure blob, and .hypothesis/ keeps it for the next local run.

@@ -18,19 +18,15 @@ from __future__ import annotations
 
 import os
 
-from podvm_gpu import cdi
+from podvm_gpu import cdi, readers
+from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
 from podvm_gpu.cdi.parse import parse_spec
 from podvm_gpu.cdi.ready import check_ready_spec
-from podvm_gpu.errors import CdiSpecError
-from podvm_gpu.steps.context import BootContext
-from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
-from podvm_gpu.host.fs import atomic_write, ensure_dir
-from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
-from podvm_gpu import readers
 from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
-from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check
-
-
+from podvm_gpu.errors import CdiSpecError, CommandError, StepFailed, exit_text, one_line
+from podvm_gpu.host.fs import atomic_write, ensure_dir
+from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
+from podvm_gpu.steps.context import BootContext
 
 # nvidia-ctk's warnings that can explain a failed generate: the driver libraries and device
 # nodes every spec needs, NVML and the CDI hook. (It warns about dozens of graphics files on
@@ -94,11 +90,11 @@ class Generated:
 
     def __init__(self, text: str, spec):
         self.text, self.spec = text, spec
-        self.health = ""  # what the health gate read (podvm_gpu/health.py), for the step's message
+        self.health = ""  # what the health gate read (podvm_gpu/steps/cdi/health.py), for the step's message
 
 
 def run(ctx: BootContext) -> Generated:
-    """Generate and validate the spec while the health gate (podvm_gpu/health.py: a spec must
+    """Generate and validate the spec while the health gate (podvm_gpu/steps/cdi/health.py: a spec must
     mean a usable GPU) reads the GPUs: two independent NVML clients, both after persistenced, so
     the gate's queries cost the boot no time beyond the generation's. Nothing is written.
 
@@ -110,7 +106,7 @@ def run(ctx: BootContext) -> Generated:
     """
     import threading
 
-    from podvm_gpu import health
+    from podvm_gpu.steps.cdi import health
 
     said: dict = {}
 
@@ -199,7 +195,7 @@ def finish(ctx: BootContext, generated: Generated) -> str:
 
 def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: the spec's generation, then the health gate's queries."""
-    from podvm_gpu import health
+    from podvm_gpu.steps.cdi import health
 
     return [generate_argv(ctx), health.remap_argv(), health.ecc_argv()]
 
@@ -259,10 +255,10 @@ def cdi_duplicates_row(facts) -> Check:
 
 
 def row_remapper_row(facts) -> Check:
-    """The row remapper of each GPU, judged as the health gate judges it (podvm_gpu/health.py):
+    """The row remapper of each GPU, judged as the health gate judges it (podvm_gpu/steps/cdi/health.py):
     one bounded query; a failure fails, a pending remap fails unless
     ``health.reset_pending_warns``, an unanswered query warns."""
-    from podvm_gpu import health
+    from podvm_gpu.steps.cdi import health
     from podvm_gpu.steps.context import HARMLESS_CALL_S
 
     skip = facts.not_reached("cdi")

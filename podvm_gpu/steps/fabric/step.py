@@ -1,8 +1,8 @@
-"""Step 7, ``fabricmanager``: the VM's NVLink fabric, by its kind (podvm_gpu/fabric_kind.py).
+"""Step 7, ``fabricmanager``: the VM's NVLink fabric, by its kind (podvm_gpu/steps/fabric/fabric_kind.py).
 
 - ``nvswitch``: start nv-fabricmanager and wait, bounded, until every GPU reports fabric State
   Completed with Status Success.
-- ``nvlink5``: find the management port, start NVLSM and wait for it (podvm_gpu/nvl5.py), then
+- ``nvlink5``: find the management port, start NVLSM and wait for it (podvm_gpu/steps/fabric/nvl5.py), then
   start nv-fabricmanager with the port's GUID (``-g``) and wait as above. Each part is recorded
   in status.json's ``fabric.steps``.
 - ``none``: the fabric manager is never started; if the GPUs still report a fabric state other
@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import time
 
-from podvm_gpu.steps.context import BootContext
+from podvm_gpu import readers, units
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon
-from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, FabricState, daemon_pid,
-                               nvsmi_no_driver, parse_fabric)
-from podvm_gpu.steps import Skipped
-from podvm_gpu import fabric_kind, nvl5, readers, units
-from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.host.fs import atomic_write, ensure_dir
+from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, nvsmi_no_driver
+from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
+from podvm_gpu.steps import Skipped
+from podvm_gpu.steps.context import BootContext
+from podvm_gpu.steps.fabric import fabric_kind, nvl5
+from podvm_gpu.steps.fabric.parse import FabricState, parse_fabric
 
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 
@@ -139,13 +140,14 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
     """
     cfg = ctx.config.fabricmanager
     wanted = cfg.ready_timeout_s + cfg.per_gpu_s * ctx.gpu_count
-    limit = ctx.wait_limit(wanted)
-    end = time.monotonic() + limit
     states: list[FabricState] = []
+    failed_query: CommandError | None = None  # the last query's failure, when it failed
     counted = False
     nvl5_vm = ctx.fabric is not None and ctx.fabric.kind == fabric_kind.NVLINK5
-    while True:
-        ctx.check_stop()
+
+    def look() -> bool:
+        nonlocal states, failed_query, counted
+        failed_query = None
         try:
             states = query(ctx)
             if not counted:
@@ -159,11 +161,12 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
                 raise StepFailed(no_driver) from err
             if err.returncode is None and not err.timed_out:  # not there, cannot run
                 raise StepFailed(f"cannot query the NVLink fabric: {err}") from err
-            if err.timed_out or time.monotonic() >= end:
+            if err.timed_out:
                 raise StepFailed(f"nvidia-smi fabric query failed: {err}; last seen: "
                                  f"{seen(ctx, states)}") from err
+            failed_query = err  # asked again until the wait ends
         if states and not not_ready(ctx, states):
-            return states
+            return True
         bad = [s for s in states if s.completed and not s.success]
         if bad:
             raise StepFailed(f"fabric unhealthy: {summarize(bad)}")
@@ -178,12 +181,19 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
             how = ended_text(code) if code else "is no longer running"
             raise StepFailed(f"NVLSM {how} during the fabric wait" + (f": {said}" if said else "")
                              + f"; last seen: {seen(ctx, states)}")
-        if time.monotonic() >= end:
-            cut = " (cut to the boot budget)" if limit < wanted else ""
-            raise StepFailed(f"timed out after {limit:g} s waiting for the NVLink fabric "
-                             f"(wait {cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x "
-                             f"{ctx.gpu_count} GPU(s){cut}): {seen(ctx, states)}")
-        time.sleep(min(cfg.poll_s, max(end - time.monotonic(), 0.01)))
+        return False
+
+    waited = ctx.wait(look, wanted, cfg.poll_s)
+    if waited.held:
+        return states
+    if failed_query is not None:
+        raise StepFailed(f"nvidia-smi fabric query failed: {failed_query}; last seen: "
+                         f"{seen(ctx, states)}") from failed_query
+    limit = waited.limit_s
+    cut = " (cut to the boot budget)" if limit < wanted else ""
+    raise StepFailed(f"timed out after {limit:g} s waiting for the NVLink fabric "
+                     f"(wait {cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x "
+                     f"{ctx.gpu_count} GPU(s){cut}): {seen(ctx, states)}")
 
 
 def fm_config(ctx: BootContext, write: bool = True) -> str | None:
@@ -192,7 +202,7 @@ def fm_config(ctx: BootContext, write: bool = True) -> str | None:
 
     An operator's ``fabricmanager.config_file`` (any path but the stock one) is used as it is,
     when it exists. Otherwise the stock file is copied to /run/podvm-gpu/fabricmanager.cfg with
-    :func:`podvm_gpu.fabric_kind.fm_keys` set, mode 0400 (``write=False``: the path only, for
+    :func:`podvm_gpu.steps.fabric.fabric_kind.fm_keys` set, mode 0400 (``write=False``: the path only, for
     ``boot --dry-run``).
 
     Raises:
@@ -200,7 +210,10 @@ def fm_config(ctx: BootContext, write: bool = True) -> str | None:
     """
     root = ctx.root
     chosen = ctx.config.fabricmanager.config_file
-    seen_as = (lambda p: p if root.is_host else root.resolve(p))
+
+    def seen_as(path: str) -> str:
+        return path if root.is_host else root.resolve(path)
+
     if chosen != fabric_kind.STOCK_FM_CONFIG:
         return seen_as(chosen) if root.exists(chosen) else None
     stock = root.read_text(fabric_kind.STOCK_FM_CONFIG)
@@ -353,7 +366,7 @@ def fabricmanager_row(facts) -> Check:
         return Check("fabricmanager", FAIL, f"{what} but nv-fabricmanager is not running",
                      "see the fabricmanager step in podvm-gpu status and "
                      "/var/log/fabricmanager.log")
-    states = readers.parse_fabric(facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"]).stdout)
+    states = parse_fabric(facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"]).stdout)
     bad = [s for s in states if not s.success]
     if bad or not states:
         what = ", ".join(f"{s.gpu}: State {s.state}, Status {s.status}" for s in bad[:3])
@@ -373,7 +386,7 @@ def _outside_row(facts) -> Check:
         note = ("; the image's nvidia-fabricmanager.service is enabled and fails with "
                 "NV_WARN_NOTHING_TO_DO here, which is harmless")
     done = facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"], check=False)
-    states = readers.parse_fabric(done.stdout) if done.returncode == 0 else []
+    states = parse_fabric(done.stdout) if done.returncode == 0 else []
     managed = [s for s in states if s.supported]
     bad = [s for s in managed if not s.success]
     if bad:
