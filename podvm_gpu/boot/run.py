@@ -132,6 +132,7 @@ class Run:
         self.write_spec = True  # the config's unavailable_spec
         self.metrics = None  # the config's metrics settings, when there is a config
         self.budget_s = 240.0  # the config's budget_s once read (boot/__init__.py)
+        self.locked = False  # boot.lock is held (boot/__init__.py)
 
     def running_step(self) -> Step:
         """The step in flight (the earliest one still ``running``: several run at once after
