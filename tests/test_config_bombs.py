@@ -186,7 +186,8 @@ def test_a_control_character_in_any_string_is_refused_by_key(key, value):
     with pytest.raises(ConfigError) as err:
         parse_config(nested(key, value), "c.yaml")
     message = str(err.value)
-    assert message.startswith(f"c.yaml: {key}") and "control character" in message, message
+    said = "NUL character (\\x00)" if "\\0" in value else "control character (\\x1b)"
+    assert message.startswith(f"c.yaml: {key}") and said in message, message
     assert "\0" not in message and "\x1b" not in message
 
 
@@ -196,7 +197,8 @@ def test_an_esc_in_a_key_never_reaches_a_terminal_the_console_or_the_spec_raw(tm
     write_config(tmp_path, '"k\\e[2J\\0": 1\nmetrics: {textfile: true, textfile_path: '
                            '"/run/podvm-gpu/a\\0.prom"}\n')
     done, console = boot_with_console(tmp_path)
-    status = assert_failed_boot(tmp_path, done, console, "k\\x1b[2J\\x00")
+    status = assert_failed_boot(tmp_path, done, console, "k\\x1b[2J\\x00: a key with a "
+                                                         "control character (\\x1b)")
     spec_text = (tmp_path / "var/run/cdi/nvidia.yaml").read_text()
     for text in (done.stdout, done.stderr, console, spec_text, json.dumps(status)):
         assert "\x1b" not in text and "\0" not in text and "\\u0000" not in text, text

@@ -135,19 +135,19 @@ def _control_characters(raw: object) -> list[Invalid]:
         if isinstance(value, dict):
             for key, item in value.items():
                 if isinstance(key, str) and shown(key) != key:
-                    found.append(Invalid([*loc, key], "a key with a control character "
-                                                      f"({_first_control(key)})"))
+                    found.append(Invalid([*loc, key], f"a key with a {_first_control(key)}"))
                 todo.append((item, [*loc, key]))
         elif isinstance(value, list):
             todo.extend((item, [*loc, i]) for i, item in enumerate(value))
         elif isinstance(value, str) and shown(value) != value:
-            found.append(Invalid(loc, f"holds a control character ({_first_control(value)}): "
-                                      "no setting takes one"))
+            found.append(Invalid(loc, f"holds a {_first_control(value)}: no setting takes one"))
     return found
 
 
 def _first_control(text: str) -> str:
-    return next(shown(c) for c in text if shown(c) != c)
+    """``NUL character (\\x00)`` or ``control character (\\x1b)``: the first one in ``text``."""
+    found = next(c for c in text if shown(c) != c)
+    return f"{'NUL' if found == chr(0) else 'control'} character ({shown(found)})"
 
 
 # --- the compiled form: the YAML parsed once, at image build ----------------------------------
