@@ -6,7 +6,8 @@ the case's fake tools), then ``podvm-gpu check --json`` runs on what that boot l
 - ``module-lock``: ``kernel.modules_disabled`` and ``modules.lock_after_boot`` (S33);
 - ``guest-tee``: the guest's TEE from the kernel's interfaces (S20, S30);
 - ``modules``: the cause the boot's modules step gives, the driver's own words (S20, S23);
-- ``confidential-computing``: DEVTOOLS judged as the boot judges it (S30, S31).
+- ``confidential-computing``: dev-tools (``conf-compute -d``: ``DevTools Mode: ON``) judged as
+  the boot judges it (S30, S31).
 """
 
 from __future__ import annotations
@@ -64,10 +65,10 @@ def test_a_gpu_without_a_remapper_is_na_and_a_healthy_one_passes():
     row = booted_check(case("S27"))["row-remapper"]
     assert row["result"] == "skip", row
     assert "00000000:00:04.0 remapper N/A" in row["detail"]
-    # P02: the harness answers the query for a healthy GPU
+    # P02: the harness answers the query for a healthy GPU as the real nvidia-smi does (0, 0)
     row = booted_check(case("P02"))["row-remapper"]
     assert row == {"name": "row-remapper", "result": "pass",
-                   "detail": "00000000:00:04.0 remap pending No, failure No", "hint": ""}
+                   "detail": "00000000:00:04.0 remap pending 0, failure 0", "hint": ""}
 
 
 def test_a_remapper_query_no_rule_answers_is_a_warning_not_a_failure():
@@ -152,7 +153,7 @@ def test_the_modules_row_names_a_module_the_kernel_could_not_decompress():
 def test_devtools_is_judged_as_the_boot_judges_it():
     row = booted_check(case("S30"))["confidential-computing"]
     assert row["result"] == "fail", row
-    assert "DEVTOOLS" in row["detail"] and "allow_devtools" in row["hint"]
+    assert "DevTools Mode: ON" in row["detail"] and "allow_devtools" in row["hint"]
     row = booted_check(case("S31"))["confidential-computing"]
     assert row["result"] == "warn", row
     assert row["detail"].startswith("CC devtools (allowed by confidential_computing."

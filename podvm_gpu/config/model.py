@@ -40,8 +40,8 @@ class PersistencedConfig(Section):
 class FabricManagerConfig(Section):
     """nv-fabricmanager: wait ``ready_timeout_s + per_gpu_s * GPUs`` for fabric State Completed,
     querying it every ``poll_s`` seconds (0.1 s: a fabric that completes is seen within that; one
-    ``nvidia-smi -q -d FABRIC`` runs at a time, so a slow query stretches the interval, never
-    piles up)."""
+    fabric query, ``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status``, runs at a
+    time, so a slow query stretches the interval, never piles up)."""
 
     FIELDS = {"ready_timeout_s": (seconds(0, False), 60.0),
               "per_gpu_s": (seconds(0, True), 5.0),
@@ -69,10 +69,13 @@ class NvLink5Config(Section):
 
 class ConfidentialComputingConfig(Section):
     """Whether boot may set the GPUs' CC ready state itself (``nvidia-smi conf-compute -srs 1``);
-    whether CC mode ``DEVTOOLS`` (a development mode: no production confidentiality) is
-    accepted with a warning instead of failing the boot (``allow_devtools``)."""
+    whether dev-tools mode (``DevTools Mode: ON``, a development mode: no production
+    confidentiality) is accepted with a warning instead of failing the boot (``allow_devtools``);
+    whether a GPU that is not confidential (CC off, no Protected PCIe) in a confidential guest
+    (TDX, SEV-SNP) is accepted with a warning instead of failing the boot (``allow_cc_off``)."""
 
-    FIELDS = {"set_ready_state": (boolean, False), "allow_devtools": (boolean, False)}
+    FIELDS = {"set_ready_state": (boolean, False), "allow_devtools": (boolean, False),
+              "allow_cc_off": (boolean, False)}
     __slots__ = tuple(FIELDS)
 
 

@@ -206,7 +206,7 @@ def fabric_kind_families(status: dict | None) -> list[Metric]:
 
 def gpu_fabric_families(reading) -> list[Metric]:
     """Each GPU's fabric state and status from NVML (``nvmlDeviceGetGpuFabricInfoV``, else
-    ``nvmlDeviceGetGpuFabricInfo``: what ``nvidia-smi -q -d FABRIC`` shows), for the GPUs that
+    ``nvmlDeviceGetGpuFabricInfo``: what nvidia-smi's ``fabric.state``/``fabric.status`` show), for the GPUs that
     answered it; no family when none did (NVML down, a library or GPU without the call).
 
     ``podvm_gpu_fabric_state{GPU labels, state}``: 1 for the GPU's state, 0 for the other
