@@ -28,7 +28,7 @@ import struct
 import zlib
 
 from podvm_gpu.check import FAIL, PASS, WARN, Check
-from podvm_gpu.host.fs import Root
+from podvm_gpu.host.fs import Root, open_regular
 
 XZ_MAGIC = b"\xfd7zXZ\x00"
 # Check IDs of the .xz format (section 2.1.1.2); the others are reserved.
@@ -42,10 +42,11 @@ def xz_check(real_path: str) -> int | str:
     """The check ID of the xz stream at ``real_path``, or why its header cannot be read (a
     string: not an xz stream, a corrupt header, unreadable)."""
     try:
-        with open(real_path, "rb") as f:
+        with open_regular(real_path) as f:  # a FIFO or a device there never blocks
             head = f.read(12)
     except OSError as err:
-        return f"unreadable ({err.strerror or err})"
+        kind = getattr(err, "kind", None)
+        return f"unreadable ({kind + ', not a regular file' if kind else err.strerror or err})"
     if len(head) < 12 or head[:6] != XZ_MAGIC:
         return "not an xz stream (no xz header)"
     flags = head[6:8]

@@ -379,6 +379,12 @@ def modules_image_row(image) -> Check:
     if not kernels:
         return Check("modules", FAIL, "no kernel in the image (/boot/vmlinuz-*, /lib/modules)",
                      "install a kernel")
+    unread = sorted({why for k in kernels for res in found[k].values() for why in res.unread})
+    if unread:  # a FIFO, a device or a folder named *.conf in a modprobe.d folder
+        more = f" (and {len(unread) - 3} more)" if len(unread) > 3 else ""
+        return Check("modules", FAIL, f"{'; '.join(unread[:3])}{more}: kmod reads every *.conf "
+                     "file of the modprobe.d folders, so what modprobe nvidia does cannot be "
+                     "judged", "make it a regular file or remove it from the image")
     for release in kernels:
         for name, res in found[release].items():
             if res.blocked:
