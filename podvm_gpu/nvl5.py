@@ -297,7 +297,9 @@ def image_lacks(image) -> tuple[list[str], list[str]]:
     driver = lib.version if lib is not None else None
     fm = image.tool("nv-fabricmanager")
     if fm is None:
-        lacks.append(f"nv-fabricmanager (the fabric manager of driver {driver or '?'})")
+        lacks.append(f"nv-fabricmanager (the fabric manager of driver {driver})" if driver else
+                     "nv-fabricmanager (the fabric manager of the user-space driver's release; "
+                     "the image has no libnvidia-ml.so.1 to tell which)")
         return have, lacks
     version = None
     if root.is_host:

@@ -433,10 +433,14 @@ def fabric_image_row(image) -> Check:
     serves = image.config.nvlink5.image_serves
     why = "nvlink5.image_serves is true" if serves else \
         "a warning: nvlink5.image_serves is false, and only NVLink 5 VMs need them"
+    install = "install the IB modules for every kernel, nvlsm and the fabric manager of the " \
+        "driver's release"
+    hint = install if serves else (
+        "nothing to do for an image that never serves NVLink 5 VMs (HGX B200/B300); for one that "
+        f"does, {install}, and set nvlink5.image_serves: true so that this row fails until it "
+        "has them")
     return Check("fabric", FAIL if serves else WARN, f"for NVLink 5 VMs the image lacks: "
-                 f"{'; '.join(lacks)} ({why})", "install the IB modules for every kernel, "
-                 "nvlsm and the fabric manager of the driver's release, or set "
-                 "nvlink5.image_serves: false for images that never serve NVLink 5 VMs")
+                 f"{'; '.join(lacks)} ({why})", hint)
 
 
 IMAGE_ROWS = {"fabric": fabric_image_row}
