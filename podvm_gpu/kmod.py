@@ -292,8 +292,12 @@ def resolve(root: Root, release: str, name: str, runner=None) -> Resolution:
 def internal_name(root: Root, host_path: str) -> str | None:
     """The ``name=`` a module file carries in its ``.modinfo`` section: the name the kernel lists
     in ``/proc/modules`` (Debian's ``nvidia-current.ko`` says ``nvidia``). Uncompressed files
-    only; None when unreadable."""
-    return modinfo_field(root.resolve(host_path), "name")
+    only; None when unreadable (a link loop on its way included)."""
+    try:
+        real = root.resolve(host_path)
+    except OSError:
+        return None
+    return modinfo_field(real, "name")
 
 
 def modinfo_field(real_path: str, field: str) -> str | None:
@@ -307,19 +311,24 @@ def modinfo_fields(real_path: str, field: str, limit: int = 128 << 20) -> list[s
     ``key=value`` strings; ``firmware`` appears once per file), in order. Plain, ``.ko.xz`` and
     ``.ko.gz`` files (Debian's DKMS modules are plain; distribution kernels compress theirs);
     ``.ko.zst`` needs ``modinfo`` (no zstd in Python's standard library): ``[]``. A file is read
-    up to 128 MiB (nvidia.ko is about 60 MiB) of its uncompressed bytes."""
+    up to 128 MiB (nvidia.ko is about 60 MiB) of its uncompressed bytes; a file larger than that
+    (``limit``), or not a regular file, gives ``[]`` unread."""
     try:
         raw = open_regular(real_path)  # a FIFO or a device named like a module never blocks
     except OSError:
         return []
     errors: tuple = (OSError, EOFError, ValueError)
     with raw:
+        if os.fstat(raw.fileno()).st_size > limit:
+            return []  # no module is that large, compressed or not: not read at all
         try:
             if real_path.endswith(".xz"):
                 import lzma
 
                 errors += (lzma.LZMAError,)
-                with lzma.open(raw) as f:
+                # the xz format only, as kmod reads .ko.xz: liblzma's auto-detection takes a
+                # file of zeros for a raw LZMA stream and reads all of it
+                with lzma.open(raw, format=lzma.FORMAT_XZ) as f:
                     data = f.read(limit)
             elif real_path.endswith(".gz"):
                 import gzip

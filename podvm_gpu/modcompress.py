@@ -57,6 +57,15 @@ def xz_check(real_path: str) -> int | str:
     return flags[1] & 0x0F
 
 
+def _xz_check_under(root: Root, host_path: str) -> int | str:
+    """:func:`xz_check` of a file under the root; a link loop on its way is unreadable."""
+    try:
+        real = root.resolve(host_path)
+    except OSError as err:
+        return f"unreadable ({err.strerror})"
+    return xz_check(real)
+
+
 def check_name(check_id: int) -> str:
     """``CRC64``, or ``check ID 7`` for a reserved one."""
     return CHECK_NAMES.get(check_id, f"check ID {check_id}")
@@ -106,7 +115,7 @@ def compression_image_row(image) -> Check:
         files = nvidia_xz_modules(root, release, resolved)
         if not files:
             continue
-        read = {path: xz_check(root.resolve(path)) for path in files}
+        read = {path: _xz_check_under(root, path) for path in files}
         unreadable += [f"{path}: {why}" for path, why in read.items() if isinstance(why, str)]
         refused = {path: check for path, check in read.items()
                    if isinstance(check, int) and check not in KERNEL_CHECKS}
