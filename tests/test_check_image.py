@@ -291,7 +291,7 @@ def test_a_real_debian_13_kernel_and_its_own_modules():
     kernel, and its own modules (kbuild's) carry CRC32."""
     from boot import image
 
-    from podvm_gpu import modcompress
+    from podvm_gpu.steps.modules import modcompress
     from podvm_gpu.host.fs import Root
 
     rootfs = image.variant_rootfs(image.TRIXIE_BASE)
@@ -308,7 +308,7 @@ def test_a_real_debian_13_kernel_and_its_own_modules():
 
 def test_the_xz_header_is_read_as_the_format_says(tmp_path):
     """Twelve bytes: magic, stream flags (check ID in the low nibble), their CRC32."""
-    from podvm_gpu import modcompress
+    from podvm_gpu.steps.modules import modcompress
 
     plain = tmp_path / "m.ko"
     plain.write_bytes(b"\0" * 100)
