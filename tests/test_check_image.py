@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from boot.nvidia_image import VERSION, add_nvidia_driver
 
 REPO = Path(__file__).resolve().parents[1]
@@ -291,8 +290,8 @@ def test_a_real_debian_13_kernel_and_its_own_modules():
     kernel, and its own modules (kbuild's) carry CRC32."""
     from boot import image
 
-    from podvm_gpu.steps.modules import modcompress
     from podvm_gpu.host.fs import Root
+    from podvm_gpu.steps.modules import modcompress
 
     rootfs = image.variant_rootfs(image.TRIXIE_BASE)
     configs = sorted(rootfs.glob("boot/config-6.12*"))

@@ -19,10 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
+from boot.nvidia_image import KERNEL
 from scenarios.world import DATA, World, load_case
 from test_check_image import make_image
-from boot.nvidia_image import KERNEL
 
 from podvm_gpu.host.fs import Root, file_kind, open_regular, read_bounded, unread
 

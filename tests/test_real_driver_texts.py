@@ -14,9 +14,9 @@ import json
 import types
 
 import pytest
-
 from boot.nvidia_image import kernel_module
 from boot.real import captured
+
 from podvm_gpu import readers
 from podvm_gpu.errors import CommandError
 from podvm_gpu.host import kmsg

@@ -17,7 +17,6 @@ import stat
 import sys
 
 import pytest
-
 from scenarios.world import DATA, World, load_case
 
 from podvm_gpu.host.proc import TOOL_ENV_ALLOWED, Runner, tool_env

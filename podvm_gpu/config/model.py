@@ -3,10 +3,24 @@ its fields as a table (name -> (validator, default)); ``Config()`` is the defaul
 
 from __future__ import annotations
 
-from podvm_gpu.config.fields import (MAX_GPUS, OPTIONAL_MODULES, Invalid, Section, absolute_path,
-                                     boolean, count, mapping, seconds, string_list, tool,
-                                     module, module_names, optional_modules, parameter_name,
-                                     parameter_value)
+from podvm_gpu.config.fields import (
+    MAX_GPUS,
+    OPTIONAL_MODULES,
+    Invalid,
+    Section,
+    absolute_path,
+    boolean,
+    count,
+    mapping,
+    module,
+    module_names,
+    optional_modules,
+    parameter_name,
+    parameter_value,
+    seconds,
+    string_list,
+    tool,
+)
 
 
 class PersistencedConfig(Section):
@@ -106,7 +120,7 @@ class DetectConfig(Section):
 
 def _metrics(value: object, loc: list):
     """The ``metrics:`` section: the exporter's own settings class checks it (docs/metrics.md)."""
-    from podvm_gpu.metrics.settings import MetricsConfigError, MetricsSettings
+    from podvm_gpu.config.metrics import MetricsConfigError, MetricsSettings
 
     try:
         return MetricsSettings.from_mapping(value)
@@ -117,7 +131,7 @@ def _metrics(value: object, loc: list):
 
 
 def _default_metrics():
-    from podvm_gpu.metrics.settings import MetricsSettings
+    from podvm_gpu.config.metrics import MetricsSettings
 
     return MetricsSettings()
 

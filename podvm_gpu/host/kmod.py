@@ -33,7 +33,8 @@ import os
 import re
 
 from podvm_gpu.errors import CommandError
-from podvm_gpu.host.fs import Root, file_kind, open_regular, read_bounded, unread as _unread
+from podvm_gpu.host.fs import Root, file_kind, open_regular, read_bounded
+from podvm_gpu.host.fs import unread as _unread
 from podvm_gpu.record import REQUIRED, Record
 
 CONFIG_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d", "/usr/lib/modprobe.d",

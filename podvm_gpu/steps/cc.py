@@ -13,13 +13,13 @@ CPU flags, /sys, /dev), then from its log.
 
 from __future__ import annotations
 
-from podvm_gpu.steps.context import BootContext
+from podvm_gpu import readers
 from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host import kmsg
 from podvm_gpu.readers import nvsmi_no_driver, parse_cc_mode, parse_ready_state
+from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check
 from podvm_gpu.steps import Skipped
-from podvm_gpu import readers
-from podvm_gpu.check import FAIL, PASS, SKIP, WARN, Check
+from podvm_gpu.steps.context import BootContext
 
 _CONFIDENTIAL_VM_SIGNS = ("Memory Encryption Features active", "SEV-SNP", "Intel TDX", "tdx: Guest")
 

@@ -43,13 +43,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, example, given, settings, strategies as st
-
 from boot.nvidia_image import KERNEL, kernel_module
 from conftest import product_env
-from reliability.test_properties import TEXT, documents, status_files
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from scenarios.world import DATA, World, load_case
 from test_check_image import make_image
+
+from reliability.test_properties import TEXT, documents, status_files
 
 MEMORY_LIMIT = 512 << 20  # bytes of address space; the commands need under 128 MiB here
 RUN_LIMIT_S = 60  # a command still running then waited on something: a hang
@@ -98,7 +99,7 @@ def base_root(root: Path) -> Path:
     write(root, FILES["config"], BASE_CONFIG)
     write(root, FILES["web-config"], "")
     write(root, FILES["kata-unit"], KATA_UNIT)
-    write(root, FILES["kata-dropin"], f"[Unit]\nAfter=podvm-gpu.service\n")
+    write(root, FILES["kata-dropin"], "[Unit]\nAfter=podvm-gpu.service\n")
     write(root, FILES["agent-dropin"], "[Unit]\nBefore=kata-agent.service\n")
     write(root, FILES["kata-config"], "cdi_timeout = { secs = 30, nanos = 0 }\n")
     write(root, FILES["modprobe.d"], "options nvidia NVreg_OpenRmEnableUnsupportedGpus=1\n")
@@ -277,7 +278,7 @@ def config_texts() -> st.SearchStrategy:
 def unit_texts() -> st.SearchStrategy:
     line = st.sampled_from(["ExecStart=", "ExecStart=/usr/bin/kata-agent --config=",
                             "ExecStart=-/usr/bin/kata-agent -c ", "After=", "Before=",
-                            "ExecStart=/usr/bin/kata-agent --config '"]) 
+                            "ExecStart=/usr/bin/kata-agent --config '"])
     return st.one_of(TEXT.map(str.encode), st.binary(max_size=300),
                      st.lists(st.tuples(line, TEXT), max_size=6).map(
                          lambda ls: ("[Unit]\n[Service]\n" + "\n".join(a + b for a, b in ls)).encode()))
