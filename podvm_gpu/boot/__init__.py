@@ -61,11 +61,35 @@ def run_boot(root_dir: str = "/", config: str | None = None, json_out: bool = Fa
 
         run.log(Log.ERR, traceback.format_exc().replace("\n", " | "))
         if not run.status.steps:
-            return 1
+            return _fail_before_start(run, err)
         return run.fail_unexpectedly(err)
     finally:
         if run.signals:
             run.signals.restore()
+
+
+def _config_warning(run: Run, line: str) -> None:
+    run.log(Log.WARNING, f"config: {line}")
+    run.status.warnings.append(f"config: {line}")
+
+
+def _fail_before_start(run: Run, err: Exception) -> int:
+    """End ``failed`` after an error no step handled before the first status write (a bug, a
+    broken install): the lock is taken as a boot takes it (the status is written only with it
+    held; without it, the unavailable spec and the console line alone), then the same ending as
+    every failed boot. A dry run says it and exits 1."""
+    reason = f"detect: internal error: {type(err).__name__}: {err}"
+    if run.dry_run:
+        return run.fail(reason)
+    try:
+        if untrusted_root(run.root):
+            return 1  # the refusal was logged where it was found; nothing may be written
+        lock = acquire_lock(run.root, run.budget_s - (time.monotonic() - run.started), run.log)
+    except Exception:
+        lock = None
+    if lock is None:
+        run.status_file.enabled = False
+    return run.fail(reason)
 
 
 def _boot(run: Run, config: str | None) -> int:
@@ -85,14 +109,18 @@ def _boot(run: Run, config: str | None) -> int:
         from podvm_gpu.errors import ConfigError
 
         try:
-            settings = load_config(config_path, required=True, trusted=True)
+            settings = load_config(config_path, required=True, trusted=True,
+                                   warn=lambda line: _config_warning(run, line))
         except ConfigError as err:
             config_error = str(err)
+        except Exception as err:  # a bug in the validator must still end at the config step
+            config_error = f"{config_path}: internal error: {type(err).__name__}: {err}"
     elif present is not False:
         config_error = f"{config_path}: cannot resolve: {oserror(present)}"
     if settings is not None:
         run.write_spec, run.metrics = settings.unavailable_spec, settings.metrics
     budget = settings.budget_s if settings is not None else DEFAULT_BUDGET_S
+    run.budget_s = budget
     untrusted = untrusted_root(root)
     if untrusted:
         # nothing can be written safely, not even a failed status: the journal says why; a dry
@@ -106,7 +134,9 @@ def _boot(run: Run, config: str | None) -> int:
             lock = acquire_lock(root, budget, log)
         except OSError as err:
             # no lock file means no status file either (same folder), and no other boot can
-            # hold the lock: end failed with what can still be written (spec, console, journal)
+            # hold the lock: end failed with what can still be written without it (the spec,
+            # the console line, the journal); the status is written only with the lock held
+            run.status_file.enabled = False
             if err.filename and str(err.filename).endswith("/" + os.path.basename(LOCK_PATH)):
                 return run.fail(f"status: cannot open the boot lock {LOCK_PATH}: "
                                 f"{err.strerror or err}")

@@ -80,6 +80,18 @@ def _on_alarm(signum, frame):
     raise BudgetExpired()
 
 
+def budget_cut(err: BaseException) -> CommandError | None:
+    """The tool call behind ``err`` (itself, or the error a step's :class:`StepFailed` was
+    raised from or during) when that call timed out because the boot budget cut its timeout
+    short (``budget_spent``): the budget, not the tool, ended it (docs/interface.md 3.3)."""
+    seen = 0
+    while err is not None and seen < 5:
+        if isinstance(err, CommandError):
+            return err if err.timed_out and err.budget_spent else None
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
+
+
 def describe_command_error(err: CommandError) -> str:
     """One line for a failed command: what ran, exit status or ``timed out``, its last message."""
     cmd = " ".join([err.tool, *err.argv[1:3]])
@@ -264,10 +276,13 @@ class Steps:
             if step.result != StepResult.RUNNING:
                 return None  # the main thread has given the step its end (a signal's)
             step.result, step.message = StepResult.SKIPPED, f"stopped: {why}"
-        except StepFailed as err:
-            step.result, step.message = StepResult.FAILED, str(err)
-        except CommandError as err:
-            step.result, step.message = StepResult.FAILED, describe_command_error(err)
+        except (StepFailed, CommandError) as err:
+            cut = budget_cut(err)
+            step.result = StepResult.FAILED
+            step.message = (f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent "
+                            f"({describe_command_error(cut)}, its timeout cut to the budget)"
+                            if cut else str(err) if isinstance(err, StepFailed)
+                            else describe_command_error(err))
         except BudgetExpired:
             step.result = StepResult.FAILED
             step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent"
