@@ -152,6 +152,10 @@ def product(tree: str, args: list[str], root: Path) -> list[str]:
 
 
 def run_one(name: str, argv: list[str], env: dict[str, str]) -> tuple[str, subprocess.CompletedProcess]:
+    tally = os.environ.get("PODVM_GPU_FUZZ_TALLY")  # a file: one line per command run (figures)
+    if tally:
+        with open(tally, "a") as f:
+            f.write(f"{name}\n")
     try:
         done = subprocess.run(argv, capture_output=True, text=True, errors="replace",
                               timeout=RUN_LIMIT_S, env=env, stdin=subprocess.DEVNULL)
@@ -205,6 +209,10 @@ def run_all(tree: str, planted: dict[str, str | bytes], serve: bool = True) -> N
     """Build a root with ``planted`` (family -> bytes or an :data:`ODD` kind), run every
     command on it and judge each; boot last (it rewrites status.json)."""
     what = {k: (v if isinstance(v, str) else f"{len(v)} bytes") for k, v in planted.items()}
+    tally = os.environ.get("PODVM_GPU_FUZZ_TALLY")
+    if tally:
+        with open(tally, "a") as f:
+            f.write("input " + " ".join(f"{k}={v}" for k, v in sorted(what.items())) + "\n")
     with tempfile.TemporaryDirectory(prefix="pgfuzz") as tmp:
         root = base_root(Path(tmp) / "root")
         for family, value in planted.items():
