@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from hypothesis import HealthCheck, given, settings, strategies as st
-
-from reliability.test_properties import TEXT
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scenarios.world import World
 from test_tool_env import CTK_VARIABLES, install_standin, p02
+
+from reliability.test_properties import TEXT
 
 NAMES = st.sampled_from(sorted(CTK_VARIABLES)) | st.sampled_from(
     ["NVIDIA_CTK_CDI_GENERATE_MODE", "NVIDIA_CTK_CDI_GENERATE_OUTPUT", "NVIDIA_CTK_CONFIG",
