@@ -16,6 +16,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,22 @@ def test_a_gpu_boot_whose_modprobe_failed_names_the_missing_module_past_fifos():
     assert check.rc == 1 and check.wall_s < 10, (check.rc, check.wall_s)
     rows = {c["name"]: c for c in json.loads(check.stdout)["checks"]}
     assert rows["modules"]["result"] == "fail", rows["modules"]
+
+
+def test_the_module_lock_write_fails_closed_on_a_fifo_instead_of_waiting(tmp_path):
+    from podvm_gpu.errors import StepFailed
+    from podvm_gpu.steps.modules.step import lock_module_loading
+
+    (tmp_path / "proc/sys/kernel").mkdir(parents=True)
+    os.mkfifo(tmp_path / "proc/sys/kernel/modules_disabled")
+    started = time.monotonic()
+    with pytest.raises(StepFailed) as failed:
+        lock_module_loading(Root(tmp_path))
+    assert time.monotonic() - started < 5
+    assert str(failed.value) == ("cannot lock module loading (modules.lock_after_boot): writing 1 "
+                                 "to /proc/sys/kernel/modules_disabled failed: it is a FIFO, not a "
+                                 "regular file")
+    (tmp_path / "proc/sys/kernel/modules_disabled").unlink()
+    (tmp_path / "proc/sys/kernel/modules_disabled").write_text("0\n")
+    assert lock_module_loading(Root(tmp_path)).startswith("module loading locked")
+    assert (tmp_path / "proc/sys/kernel/modules_disabled").read_text() == "1\n"
