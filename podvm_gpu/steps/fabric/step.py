@@ -10,10 +10,14 @@
   same wait applies.
 - ``mixed``: fails (NVRC ``src/mode.rs`` refuses it as an unexpected topology).
 
-The state comes from the ``Fabric`` block of ``nvidia-smi -q -d FABRIC``, whose GPU sections are
+The state comes from ``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status
+--format=csv,noheader`` (parse.fabric_argv; NVIDIA's real 535 to 555 builds refuse ``-q -d
+FABRIC``: ``Failed to parse --display/-d flags``, exit 2, nvidia-smi-real.md), whose rows are
 also the GPUs NVML enumerates: fewer than PCI has fails the step (siderolabs/talos#14015, where
 NVML saw 0 of 4 passed-through A100s and nvidia-ctk later said only "empty device edits"); a
-query that gets no answer proves nothing and is not counted.
+query that gets no answer proves nothing and is not counted. A GPU lost (exit 15 naming it, or
+``[GPU is lost]`` in its row) fails the step naming it; so do the other exit statuses that say
+the driver cannot answer (readers.NVSMI_BROKEN).
 
 The fabric manager gets ``-c`` with a copy of the stock fabricmanager.cfg under /run with the keys
 the role needs (fabric_kind.fm_keys: FABRIC_MODE=0, PARTITION_RAIL_POLICY greedy on NVLink 4,
@@ -34,7 +38,7 @@ from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.steps.fabric import fabric_kind, nvl5
-from podvm_gpu.steps.fabric.parse import FabricState, parse_fabric
+from podvm_gpu.steps.fabric.parse import FabricState, fabric_argv, parse_fabric_rows
 
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 
@@ -42,33 +46,53 @@ LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 NO_DEVICES = "No devices were found"  # nvidia-smi's words, exit 6, when NVML lists no GPU
 
 
-def nvml_bus_ids(text: str) -> set[str] | None:
-    """The GPUs an ``nvidia-smi -q`` answer lists (``GPU <bus id>`` at the line start), as
-    :func:`bus_id` gives them: the GPUs NVML enumerates. None when the text is not nvidia-smi's
-    report (it always has its ``Attached GPUs :`` line): garbage or an empty answer is no
-    evidence that NVML sees fewer GPUs (issue 16: "a query nobody answers is not evidence")."""
-    lines = text.splitlines()
-    if not any(line.strip().startswith("Attached GPUs") and ":" in line for line in lines):
+def nvml_bus_ids(states: list[FabricState] | None) -> set[str] | None:
+    """The GPUs the fabric query's rows list, as :func:`bus_id` gives them: the GPUs NVML
+    enumerates. None when there is no answer: garbage or an empty answer is no evidence that
+    NVML sees fewer GPUs (issue 16: "a query nobody answers is not evidence")."""
+    if states is None:
         return None
-    return {bus_id(line.split()[1]) for line in lines
-            if line.startswith("GPU ") and len(line.split()) == 2 and ":" in line}
+    return {bus_id(s.gpu) for s in states if not s.lost}
+
+
+def lost_text(ctx: BootContext, states: list[FabricState]) -> str:
+    """``GPU lost: ...`` for rows of ``[GPU is lost]``, naming the PCI GPUs no row answered for."""
+    answered = {bus_id(s.gpu) for s in states if not s.lost}
+    silent = [g.pci_address for g in ctx.gpus if bus_id(g.pci_address) not in answered]
+    lost = sum(s.lost for s in states)
+    return (f"{lost} GPU(s) lost (nvidia-smi printed {readers.GPU_LOST} for "
+            f"{'it' if lost == 1 else 'them'}; not answering: {', '.join(silent) or 'unknown'}): "
+            "the GPU fell off the bus or needs a reset; reboot the VM or ask for another host")
 
 
 def query(ctx: BootContext, timeout: float | None = None) -> list[FabricState]:
-    """Every GPU's fabric state (one ``nvidia-smi -q -d FABRIC`` call); the GPUs it lists are
+    """Every GPU's fabric state (one :func:`fabric_argv` call); the GPUs it lists are
     kept in ``ctx.nvml_seen`` (an empty set when nvidia-smi says it found no device).
 
     Raises:
-        CommandError: nvidia-smi failed or timed out (also for "No devices were found").
+        StepFailed: a GPU is lost (exit 15 naming its bus id, or rows of ``[GPU is lost]``),
+            or another status of readers.NVSMI_BROKEN.
+        CommandError: nvidia-smi failed otherwise, timed out, or printed no rows (also for "No
+            devices were found").
     """
+    argv = fabric_argv()
     try:
-        out = ctx.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"], timeout=timeout).stdout
+        out = ctx.runner.run(argv, timeout=timeout).stdout
     except CommandError as err:
         if err.returncode == 6 and NO_DEVICES in err.stdout + err.stderr:
             ctx.nvml_seen = set()
+        broken = readers.nvsmi_broken(err.returncode, err.stdout + err.stderr)
+        if broken:
+            raise StepFailed(broken) from err
         raise
-    ctx.nvml_seen = nvml_bus_ids(out)
-    return parse_fabric(out)
+    states = parse_fabric_rows(out)
+    if states is None:
+        raise CommandError(argv, 0, out, message=f"nvidia-smi fabric query printed no rows: "
+                           f"{' '.join(out.split())[:160] or 'nothing'}")
+    if any(s.lost for s in states):
+        raise StepFailed(lost_text(ctx, states))
+    ctx.nvml_seen = nvml_bus_ids(states)
+    return states
 
 
 def nvml_count(ctx: BootContext, states: list[FabricState]) -> None:
@@ -108,11 +132,38 @@ def bus_id(address: str) -> str:
         return address.strip().lower()
 
 
-def not_ready(ctx: BootContext, states: list[FabricState]) -> list[str]:
-    """The GPUs of the VM (PCI addresses) that do not report fabric Completed/Success: every
-    GPU must, not just the ones nvidia-smi happens to list."""
-    done = {bus_id(s.gpu) for s in states if s.success}
-    return [g.pci_address for g in ctx.gpus if bus_id(g.pci_address) not in done]
+class FabricSeen:
+    """The GPUs' fabric state judged against the VM's GPUs: the one decision boot's wait
+    (:func:`wait_for_fabric`) and check's row (:func:`fabricmanager_row`) both act on.
+
+    Args:
+        states: what :func:`~podvm_gpu.steps.fabric.parse.fabric_argv` reported
+            (:func:`~podvm_gpu.steps.fabric.parse.parse_fabric_rows`).
+        gpus: the VM's GPUs' PCI addresses (every one must be Completed/Success, not just the
+            ones nvidia-smi happens to list).
+
+    Attributes:
+        waiting: the GPUs (PCI addresses) without fabric Completed/Success.
+        unhealthy: the states Completed with another status than Success (a failure at once).
+        ready: states were reported, every one Completed/Success, and no GPU is waiting.
+    """
+
+    __slots__ = ("states", "waiting", "unhealthy", "ready")
+
+    def __init__(self, states: list[FabricState], gpus: list[str]):
+        done = {bus_id(s.gpu) for s in states if s.success}
+        self.states = states
+        self.waiting = [g for g in gpus if bus_id(g) not in done]
+        self.unhealthy = [s for s in states if s.completed and not s.success]
+        self.ready = bool(states) and not self.waiting and all(s.success for s in states)
+
+    def not_ready_said(self, most: int = 3) -> str:
+        """The GPUs not Completed/Success, for a row: ``<gpu>: State X, Status Y``, then the
+        GPUs that reported nothing; ``no state`` when nothing was reported."""
+        reported = {bus_id(s.gpu) for s in self.states}
+        said = [f"{s.gpu}: State {s.state}, Status {s.status}" for s in self.states if not s.success]
+        said += [f"{g}: no state" for g in self.waiting if bus_id(g) not in reported]
+        return ", ".join(said[:most]) or "no state"
 
 
 def seen(ctx: BootContext, states: list[FabricState]) -> str:
@@ -165,11 +216,11 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
                 raise StepFailed(f"nvidia-smi fabric query failed: {err}; last seen: "
                                  f"{seen(ctx, states)}") from err
             failed_query = err  # asked again until the wait ends
-        if states and not not_ready(ctx, states):
+        judged = FabricSeen(states, [g.pci_address for g in ctx.gpus])
+        if judged.ready:
             return True
-        bad = [s for s in states if s.completed and not s.success]
-        if bad:
-            raise StepFailed(f"fabric unhealthy: {summarize(bad)}")
+        if judged.unhealthy:
+            raise StepFailed(f"fabric unhealthy: {summarize(judged.unhealthy)}")
         code = daemon.exit_status() if daemon is not None else None
         if code not in (None, 0):
             said = daemon.last_words()
@@ -315,15 +366,14 @@ def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: NVLSM (its GUID is known only at boot: ``<port GUID>``) and the
     fabric manager where the kind needs them, then the fabric query."""
     argvs = []
-    kind = ctx.fabric.kind if ctx.fabric is not None else (
-        fabric_kind.NVSWITCH if ctx.nvswitches else fabric_kind.NONE)
+    kind = fabric_kind.kind_of(ctx.fabric, ctx.nvswitches)
     if kind == fabric_kind.NVLINK5 and nvl5.nvlsm_alive(ctx.root) is None:
         argvs.append(nvl5.nvlsm_argv(ctx, "<port GUID>"))
     if kind in (fabric_kind.NVSWITCH, fabric_kind.NVLINK5) and \
             daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
         argv = fabricmanager_argv(ctx, write=False)
         argvs.append(argv + (["-g", "<port GUID>"] if kind == fabric_kind.NVLINK5 else []))
-    return [*argvs, ["nvidia-smi", "-q", "-d", "FABRIC"]]
+    return [*argvs, fabric_argv()]
 
 
 # --- podvm-gpu check ----------------------------------------------------------------------
@@ -334,9 +384,7 @@ def fabricmanager_row(facts) -> Check:
     property of the image), it runs, every GPU's fabric is Completed/Success. Kind ``none``:
     the state of a fabric managed outside the VM, if the GPUs report one; ``mixed``: the
     fabric row fails it."""
-    fabric = facts.fabric
-    kind = fabric.kind if fabric is not None else (
-        fabric_kind.NVSWITCH if facts.nvswitches else fabric_kind.NONE)
+    kind = fabric_kind.kind_of(facts.fabric, facts.nvswitches)
     managed_here = kind in (fabric_kind.NVSWITCH, fabric_kind.NVLINK5)
     if not managed_here:
         skip = facts.not_reached("fabricmanager")
@@ -366,16 +414,26 @@ def fabricmanager_row(facts) -> Check:
         return Check("fabricmanager", FAIL, f"{what} but nv-fabricmanager is not running",
                      "see the fabricmanager step in podvm-gpu status and "
                      "/var/log/fabricmanager.log")
-    states = parse_fabric(facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"]).stdout)
-    bad = [s for s in states if not s.success]
-    if bad or not states:
-        what = ", ".join(f"{s.gpu}: State {s.state}, Status {s.status}" for s in bad[:3])
-        return Check("fabricmanager", FAIL, f"fabric not ready: {what or 'no state'}",
+    done = facts.runner.run(fabric_argv(), check=False)
+    states = parse_fabric_rows(done.stdout) if done.returncode == 0 else None
+    if states is None:
+        return Check("fabricmanager", FAIL, f"fabric state not read: {fabric_query_said(done)}",
+                     "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
+                     "--format=csv by hand")
+    judged = FabricSeen(states, [g.pci_address for g in facts.gpus])
+    if not judged.ready:
+        return Check("fabricmanager", FAIL, f"fabric not ready: {judged.not_ready_said()}",
                      "read /var/log/fabricmanager.log" + (
                          " and NVLSM's journal (podvm-gpu-nvlsm.service)"
                          if kind == fabric_kind.NVLINK5 else ""))
     return Check("fabricmanager", PASS, f"running (pid {pid}); fabric Completed/Success on "
                  f"{len(states)} GPU(s)")
+
+
+def fabric_query_said(done) -> str:
+    """What a fabric query that gave no rows said: its exit status by NVML meaning, its words."""
+    return (f"nvidia-smi {readers.nvsmi_exit_text(done.returncode)}: "
+            f"{' '.join(done.output.split())[:200] or 'no output'}")
 
 
 def _outside_row(facts) -> Check:
@@ -385,8 +443,14 @@ def _outside_row(facts) -> Check:
     if units.enabled_by(facts.root, "nvidia-fabricmanager.service"):
         note = ("; the image's nvidia-fabricmanager.service is enabled and fails with "
                 "NV_WARN_NOTHING_TO_DO here, which is harmless")
-    done = facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"], check=False)
-    states = parse_fabric(done.stdout) if done.returncode == 0 else []
+    done = facts.runner.run(fabric_argv(), check=False)
+    states = parse_fabric_rows(done.stdout) if done.returncode == 0 else None
+    if states is None:
+        broken = readers.nvsmi_broken(done.returncode, done.output)
+        return Check("fabricmanager", FAIL if broken else WARN, "no NVSwitch in the VM; the "
+                     f"fabric state is not read: {fabric_query_said(done)}",
+                     "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
+                     "--format=csv by hand")
     managed = [s for s in states if s.supported]
     bad = [s for s in managed if not s.success]
     if bad:
