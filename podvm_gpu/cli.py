@@ -152,8 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = _main(args)
     except KeyboardInterrupt:
-        _say("podvm-gpu: interrupted")
-        code = 130
+        if args[:1] == ["boot"]:  # before boot's own handler: nothing written (1.3: exit 1)
+            _say("podvm-gpu: error: stopped by SIGINT before this boot began (nothing written)")
+            code = 1
+        else:
+            _say("podvm-gpu: interrupted")
+            code = 130
     finally:
         sys.stdout = output.target
     try:

@@ -117,3 +117,31 @@ def test_a_running_state_no_boot_finishes_names_a_failed_final_write_first():
 
     assert "its final write failed, a full disk: the journal and the console line say so" \
         in ORPHANED
+
+
+def boot_with_a_bug(root: Path, where: str) -> subprocess.CompletedProcess:
+    """Boot in a child where ``podvm_gpu.boot.<where>`` raises (a bug, a broken install)."""
+    code = ("import sys\n"
+            "import podvm_gpu.boot as boot\n"
+            "def broken(*args, **kwargs):\n"
+            "    raise RuntimeError('a bug')\n"
+            f"boot.{where} = broken\n"
+            "from podvm_gpu.cli import main\n"
+            f"sys.exit(main(['boot', '--root', {str(root)!r}]))\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.parametrize("where", ["channels_without_pci", "remove_leftovers"],
+                         ids=["before the lock", "with the lock held"])
+def test_a_bug_before_the_first_status_still_ends_failed_with_status_and_spec(tmp_path, where):
+    """Item 1's other half: an exception before the first status write ended the boot with
+    nothing written (kata-agent then waits out its own CDI timeout)."""
+    done = boot_with_a_bug(tmp_path, where)
+    assert done.returncode == 1, done.stderr
+    status = json.loads((tmp_path / "run/podvm-gpu/status.json").read_text())
+    assert_status_conforms(status)
+    assert status["state"] == "failed"
+    assert status["reason"] == "detect: internal error: RuntimeError: a bug"
+    spec = yaml.safe_load((tmp_path / "var/run/cdi/nvidia.yaml").read_text())
+    assert spec["devices"][0]["containerEdits"]["env"][0] == "PODVM_GPU_STATE=failed"

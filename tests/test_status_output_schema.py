@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from schemas import STATUS_OUTPUT_SCHEMA, STATUS_SCHEMA, problems
 
 REPO = Path(__file__).resolve().parents[1]

@@ -82,13 +82,23 @@ def _fail_before_start(run: Run, err: Exception) -> int:
     if run.dry_run:
         return run.fail(reason)
     try:
-        if untrusted_root(run.root):
-            return 1  # the refusal was logged where it was found; nothing may be written
-        lock = acquire_lock(run.root, run.budget_s - (time.monotonic() - run.started), run.log)
-    except Exception:
-        lock = None
-    if lock is None:
-        run.status_file.enabled = False
+        untrusted = untrusted_root(run.root)
+    except Exception:  # cannot tell: fail closed, as for an untrusted root
+        untrusted = "its folders cannot be checked"
+    if untrusted:  # nothing may be written under it (3.1), not even the spec
+        run.log(Log.ERR, f"refusing to write under {run.root.path}: {untrusted}")
+        return 1
+    if not run.locked:
+        try:
+            lock = acquire_lock(run.root, run.budget_s - (time.monotonic() - run.started),
+                                run.log)
+        except Exception:  # no lock file can be made: no other boot can hold it either
+            run.status_file.enabled = False
+        else:
+            if lock is None:  # another boot holds it: that boot's files are its own
+                run.log(Log.ERR, f"another boot still holds {LOCK_PATH}; this one ends "
+                                 "without writing anything")
+                return 1
     return run.fail(reason)
 
 
@@ -146,6 +156,7 @@ def _boot(run: Run, config: str | None) -> int:
             log(Log.ERR, f"another boot still holds {LOCK_PATH} after {budget:g} s; this one "
                          "ends without writing anything")
             return 1
+        run.locked = True
         remove_leftovers(root)
     detect = Step("detect")
     run.status.steps.append(detect)

@@ -76,7 +76,15 @@ class BudgetExpired(BaseException):
     """Raised by the interval timer when the budget is spent; a BaseException so no step eats it."""
 
 
+_alarm_due = [0.0]  # when the budget's timer is due (time.monotonic()); 0: not set
+
+
 def _on_alarm(signum, frame):
+    """The budget's timer, or a SIGALRM from outside (``kill -ALRM``): told apart by the time,
+    since the timer fires only at its due time. An outside one ends the boot as any stray
+    signal does (``interrupted by SIGALRM``), not as a spent budget."""
+    if time.monotonic() < _alarm_due[0] - 0.25:
+        raise Interrupted(signum)
     raise BudgetExpired()
 
 
@@ -123,6 +131,7 @@ def run_pipeline(run: Run, config: Config | None) -> int:
         return _dry_run(run, ctx)
     steps = Steps(ctx, run)
     previous = _signal.signal(_signal.SIGALRM, _on_alarm)
+    _alarm_due[0] = time.monotonic() + max(ctx.remaining(), 0) + _ALARM_GRACE_S
     _signal.setitimer(_signal.ITIMER_REAL, max(ctx.remaining(), 0) + _ALARM_GRACE_S)
     try:
         reason = steps.run_all()

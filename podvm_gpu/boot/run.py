@@ -26,7 +26,16 @@ from podvm_gpu.model import REASON_MAX, State, Status, Step, StepResult, shown
 from podvm_gpu.status import LOCK_PATH, STATUS_PATH, StatusFile
 
 KMSG_PATH = "/dev/kmsg"
-_SIGNAL_NAMES = {_signal.SIGTERM: "SIGTERM", _signal.SIGINT: "SIGINT"}
+# The signals that end a boot `failed` (3.5): systemd's stop and Ctrl-C, and those whose default
+# action would kill it mid-write, leaving `running` and temporary files (a hang-up, a stray
+# kill -USR1, a SIGALRM from outside; the GPU path's budget timer tells its own SIGALRM apart)
+_SIGNAL_NAMES = {_signal.SIGTERM: "SIGTERM", _signal.SIGINT: "SIGINT", _signal.SIGHUP: "SIGHUP",
+                 _signal.SIGUSR1: "SIGUSR1", _signal.SIGUSR2: "SIGUSR2",
+                 _signal.SIGALRM: "SIGALRM"}
+_SIGNAL_WHY = {_signal.SIGINT: "Ctrl-C, or kill -INT",
+               _signal.SIGTERM: "the unit was stopped, the VM is shutting down, or "
+                                "TimeoutStartSec= passed",
+               _signal.SIGHUP: "the terminal hung up, or kill -HUP"}
 # syslog facility daemon (3) with level err (3) or notice (5): what /dev/kmsg takes from a
 # program (a record without a facility gets "user"); the console prints err even with "quiet".
 _KMSG_PRIORITY = {State.FAILED: (3 << 3) | 3, State.READY: (3 << 3) | 5,
@@ -63,7 +72,8 @@ class Log:
 
 
 class Interrupted(BaseException):
-    """SIGTERM or SIGINT arrived during the boot; a BaseException so that no step eats it."""
+    """SIGTERM, SIGINT or another signal of :data:`_SIGNAL_NAMES` arrived during the boot; a
+    BaseException so that no step eats it."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -73,8 +83,9 @@ class Interrupted(BaseException):
 
 
 class Signals:
-    """SIGTERM and SIGINT raise :class:`Interrupted` in the boot until :meth:`finishing`; after
-    that they are only noted, so the final spec and status writes always complete.
+    """SIGTERM, SIGINT and the other signals of :data:`_SIGNAL_NAMES` raise :class:`Interrupted`
+    in the boot until :meth:`finishing`; after that they are only noted, so the final spec and
+    status writes always complete.
 
     ``_signal`` is the C module under ``signal``; the Python module imports ``enum``, which costs
     the fast path more than the rest of its imports.
@@ -121,6 +132,7 @@ class Run:
         self.write_spec = True  # the config's unavailable_spec
         self.metrics = None  # the config's metrics settings, when there is a config
         self.budget_s = 240.0  # the config's budget_s once read (boot/__init__.py)
+        self.locked = False  # boot.lock is held (boot/__init__.py)
 
     def running_step(self) -> Step:
         """The step in flight (the earliest one still ``running``: several run at once after
@@ -252,8 +264,8 @@ class Run:
         flight (the earliest, when several ran at once; the others are named too and fail
         alike); the daemons the boot started are left alone (they are not its children)."""
         steps = signal.steps or [self.running_step()]
-        why = ("Ctrl-C, or kill -INT" if signal.signum == _signal.SIGINT else
-               "the unit was stopped, the VM is shutting down, or TimeoutStartSec= passed")
+        why = _SIGNAL_WHY.get(signal.signum, f"kill -{signal.name[3:]} from outside: boot "
+                                             "takes no such signal")
         message = f"interrupted by {signal.name} ({why})"
         for step in steps:
             step.result, step.message = StepResult.FAILED, message
