@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from podvm_gpu.host import kmsg
-from podvm_gpu.host.fs import Root
+from podvm_gpu.host.fs import Root, open_regular
 from podvm_gpu.readers import kernel_release
 
 # What the open module's SPDM glue needs of the kernel, else it compiles stubs
@@ -32,12 +32,13 @@ def kernel_config(root: Root) -> tuple[str, dict[str, str]] | None:
     where = f"/boot/config-{release}"
     if text is None:
         import gzip  # only on this path: a failure the log explains
+        import zlib
 
         where = "/proc/config.gz"
         try:
-            with open(root.resolve(where), "rb") as raw, gzip.open(raw) as data:
+            with open_regular(root.resolve(where)) as raw, gzip.open(raw) as data:
                 text = data.read(_CONFIG_GZ_LIMIT).decode("utf-8", errors="replace")
-        except (OSError, EOFError, ValueError):
+        except (OSError, EOFError, ValueError, zlib.error):
             return None
     values = dict(re.findall(r"^(CONFIG_\w+)=(\S+)", text, re.M))
     return where, values

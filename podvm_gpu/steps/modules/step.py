@@ -30,15 +30,17 @@ permanent, so nothing is retried, and the modules after a failed one are skipped
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import time
 
 from podvm_gpu import readers, steps
 from podvm_gpu.config.fields import OPTIONAL_MODULES, REQUIRED_MODULES
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host import kmod, kmsg
-from podvm_gpu.host.fs import Root
+from podvm_gpu.host.fs import Root, file_kind
 from podvm_gpu.readers import kernel_release, modprobe_overrides, module_kernels, module_loaded
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, Check
 from podvm_gpu.steps.context import BootContext
@@ -278,9 +280,16 @@ def lock_module_loading(root: Root) -> str:
     """
     if (root.read_text(MODULES_DISABLED) or "").strip() == "1":
         return f"module loading already locked ({MODULES_DISABLED} is 1)"
-    try:
-        with open(root.resolve(MODULES_DISABLED), "w") as f:
-            f.write("1\n")
+    try:  # never waits on a FIFO put there: what is not a regular file fails closed, by name
+        path = root.resolve(MODULES_DISABLED)
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"it is {file_kind(mode)}, not a regular file")
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"1\n")
+        finally:
+            os.close(fd)
     except OSError as err:
         raise StepFailed(f"cannot lock module loading (modules.lock_after_boot): writing 1 to "
                          f"{MODULES_DISABLED} failed: {err.strerror or err}") from err
@@ -379,6 +388,12 @@ def modules_image_row(image) -> Check:
     if not kernels:
         return Check("modules", FAIL, "no kernel in the image (/boot/vmlinuz-*, /lib/modules)",
                      "install a kernel")
+    unread = sorted({why for k in kernels for res in found[k].values() for why in res.unread})
+    if unread:  # a FIFO, a device or a folder named *.conf in a modprobe.d folder
+        more = f" (and {len(unread) - 3} more)" if len(unread) > 3 else ""
+        return Check("modules", FAIL, f"{'; '.join(unread[:3])}{more}: kmod reads every *.conf "
+                     "file of the modprobe.d folders, so what modprobe nvidia does cannot be "
+                     "judged", "make it a regular file or remove it from the image")
     for release in kernels:
         for name, res in found[release].items():
             if res.blocked:
