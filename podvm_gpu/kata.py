@@ -50,6 +50,14 @@ def config_file_argument(argv: list[str]) -> str | None:
     return None
 
 
+def ignored_config_arguments(argv: list[str]) -> list[str]:
+    """The tokens of kata-agent's argv that look like a config file argument but that kata-agent
+    does not read as one: ``--config=FILE`` (it takes ``--config FILE`` or ``-c FILE`` only,
+    module docstring), in order. A unit written with ``=`` leaves kata-agent on the kernel
+    command line's settings."""
+    return [arg for arg in argv[1:] if arg.startswith("--config=")]
+
+
 def cdi_wait(root: Root, argv: list[str] | None, cmdline: str | None) -> CdiWait:
     """kata-agent's ``cdi_timeout`` for the argv it is started with.
 
@@ -83,9 +91,9 @@ def cdi_wait(root: Root, argv: list[str] | None, cmdline: str | None) -> CdiWait
 def _from_file(root: Root, path: str, source: str) -> CdiWait:
     import tomllib  # only for an image with kata-agent's config file
 
-    text = root.read_text(path)
+    text, why = root.read_or_why(path)
     if text is None:
-        return CdiWait(None, source, f"{path} is missing or unreadable")
+        return CdiWait(None, source, f"it cannot read its config: {why}")
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

@@ -76,25 +76,41 @@ def _settings(text: str, section: str) -> dict[str, list[str]]:
     return out
 
 
-def _unit_texts(root: Root, unit: str) -> list[str]:
-    """The unit's file (unless masked) and then its drop-ins, in the order systemd applies them:
-    ``<unit>.d/*.conf`` of every unit directory sorted by file name, a name in a higher-priority
-    directory hiding the same name in a lower one."""
+def _unit_files(root: Root, unit: str) -> list[tuple[str, str | None, str]]:
+    """``(host path, text or None, why not read)`` of the unit's file (unless masked) and then
+    its drop-ins, in the order systemd applies them: ``<unit>.d/*.conf`` of every unit
+    directory sorted by file name, a name in a higher-priority directory hiding the same name
+    in a lower one. Each is read as a bounded regular file (host/fs.py ``read_bounded``): a
+    FIFO, a device or a folder there is named in ``why``, never waited on (interface.md 2.7)."""
     main = unit_file(root, unit)
-    texts = []
+    files = []
     if main and not masked(root, unit):
-        texts.append(root.read_text(main) or "")
+        files.append((main, *root.read_or_why(main)))
     dropins = {}
     for folder in reversed(UNIT_DIRS):  # lower priority first: higher ones override by name
-        for path in glob.glob(os.path.join(root.resolve(f"{folder}/{unit}.d"), "*.conf")):
-            dropins[os.path.basename(path)] = path
-    for name in sorted(dropins):
         try:
-            with open(dropins[name], encoding="utf-8", errors="replace") as f:
-                texts.append(f.read())
+            real = root.resolve(f"{folder}/{unit}.d")
         except OSError:
             continue
-    return texts
+        for path in glob.glob(os.path.join(glob.escape(real), "*.conf")):
+            name = os.path.basename(path)
+            dropins[name] = f"{folder}/{unit}.d/{name}"
+    for name in sorted(dropins):
+        files.append((dropins[name], *root.read_or_why(dropins[name])))
+    return files
+
+
+def _unit_texts(root: Root, unit: str) -> list[str]:
+    """The texts :func:`_unit_files` could read, in systemd's order."""
+    return [text for _, text, _ in _unit_files(root, unit) if text is not None]
+
+
+def unread_files(root: Root, unit: str) -> list[str]:
+    """Why each of the unit's files (its file and drop-ins) could not be read, each naming the
+    file (``/etc/systemd/system/kata-agent.service.d/50.conf is a FIFO, not a regular file``);
+    empty when all were. What those files set is unknown to :func:`unit_settings` and
+    :func:`exec_start`, so a row that reads them reports these."""
+    return [why for _, text, why in _unit_files(root, unit) if text is None]
 
 
 def unit_settings(root: Root, unit: str, section: str = "Unit") -> dict[str, list[str]]:

@@ -9,6 +9,7 @@ serde + toml printed ``Ok`` for (tests/data/kata-agent/duration_probe.out).
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -251,3 +252,49 @@ def test_a_duration_kata_agent_cannot_hold_is_not_one(value):
     assert duration_s(tomllib.loads(f"cdi_timeout = {value}")["cdi_timeout"]) is None
     assert duration_s(tomllib.loads("cdi_timeout = { secs = 9223372036854775807, nanos = 0 }")
                       ["cdi_timeout"]) == float(2**63 - 1)
+
+
+# --- issue 29 item 24: the argument kata-agent does not read, and an unreadable unit -------------
+
+def test_config_equals_form_in_the_unit_warns_that_kata_agent_does_not_read_it(tree):
+    # the row passed on defaults for this unit: kata-agent reads only --config FILE / -c FILE
+    tree.kata("[Service]\nExecStart=-/usr/bin/kata-agent --config=/etc/agent-config.toml\n",
+              config="cdi_timeout = { secs = 5, nanos = 0 }\n")
+
+    check = row(tree, cmdline="", version="kata-agent version 3.32.0 (api version: 0.0.1)")
+
+    assert check.result == WARN, check
+    assert "does not read --config=/etc/agent-config.toml" in check.detail, check.detail
+    assert "cdi_timeout 100 s" in check.detail  # the file's 5 s is not what kata-agent waits
+    assert check.hint.startswith("write --config /etc/agent-config.toml (a space, not =)")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_an_unreadable_kata_agent_unit_is_reported_by_name(tree, kind):
+    unit = tree.path / ETC / "kata-agent.service"
+    unit.parent.mkdir(parents=True)
+    os.mkfifo(unit) if kind == "fifo" else unit.mkdir()
+
+    check = row(tree)
+
+    assert check.result == WARN, check
+    assert f"not read here: /{ETC}/kata-agent.service" in check.detail, check.detail
+    assert "make each a regular file" in check.hint
+
+
+def test_a_fifo_drop_in_of_kata_agent_is_named_by_both_kata_rows(tree):
+    tree.kata(PLAIN_UNIT)
+    os.mkfifo(_mkdir(tree, "kata-agent.service.d") / "50.conf")
+    from podvm_gpu.check.units import kata_ordering_check
+
+    cdi, ordering = row(tree), kata_ordering_check(tree.root)
+
+    fifo = f"/{ETC}/kata-agent.service.d/50.conf is a FIFO, not a regular file"
+    assert cdi.result == WARN and fifo in cdi.detail, cdi
+    assert ordering.result == FAIL and fifo in ordering.detail, ordering
+
+
+def _mkdir(tree: Tree, name: str) -> Path:
+    folder = tree.path / ETC / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

@@ -9,7 +9,7 @@ import os
 
 from podvm_gpu import steps, units
 from podvm_gpu.check import FAIL, PASS, SKIP, WARN, Check, isolated
-from podvm_gpu.check.units import kata_cdi_check, kata_ordering_check, refresh_units_check
+from podvm_gpu.check.units import UNREAD_HINT, kata_cdi_check, kata_ordering_check, refresh_units_check, unread_units
 from podvm_gpu.config.fields import REQUIRED_MODULES
 from podvm_gpu.config.load import DEFAULT_PATH as CONFIG_PATH
 from podvm_gpu.config.load import config_location
@@ -82,9 +82,12 @@ def kata_ordering_row(image: Image) -> Check:
     root = image.root
     if units.unit_file(root, units.KATA_UNIT) is None:
         ok, how = units.ordered_before_kata(root)
-        return Check("kata-agent-ordering", PASS if ok else FAIL,
-                     f"{units.KATA_UNIT} not in the image yet; {how}",
-                     "" if ok else f"add Before={units.KATA_UNIT} or the kata-agent drop-in")
+        unread = unread_units(root, units.AGENT_UNIT)
+        said = f"; not read: {'; '.join(unread[:3])}" if unread else ""
+        hints = [] if ok else [f"add Before={units.KATA_UNIT} or the kata-agent drop-in"]
+        return Check("kata-agent-ordering", FAIL if not ok else WARN if unread else PASS,
+                     f"{units.KATA_UNIT} not in the image yet; {how}{said}",
+                     "; ".join(hints + ([UNREAD_HINT] if unread else [])))
     return kata_ordering_check(root)
 
 

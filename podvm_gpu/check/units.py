@@ -24,14 +24,37 @@ def refresh_units_check(root: Root) -> Check:
                  f"masked: {', '.join(masked)}" if masked else "not enabled")
 
 
+UNREAD_HINT = ("make each a regular file (or remove it): what it sets cannot be judged, and "
+               "systemd reads a unit's files when it loads the unit")
+
+
+def unread_units(root: Root, *unit_names: str) -> list[str]:
+    """Why each file of these units (their files and drop-ins) could not be read, naming it
+    (:func:`podvm_gpu.units.unread_files`)."""
+    return [why for unit in unit_names for why in units.unread_files(root, unit)]
+
+
+def _shown(root: Root, texts: list[str]) -> str:
+    """At most three of ``texts`` joined, with how many more, the root's path left out."""
+    shown = "; ".join(texts[:3]) + (f" (and {len(texts) - 3} more)" if len(texts) > 3 else "")
+    return shown if root.is_host else shown.replace(root.path, "")
+
+
 def kata_ordering_check(root: Root) -> Check:
-    """kata-agent.service must start after podvm-gpu.service (ordering, not just a target)."""
+    """kata-agent.service must start after podvm-gpu.service (ordering, not just a target). A
+    file of either unit that cannot be read (a FIFO, a folder, unreadable) is named: ``warn``
+    when the ordering is set anyway, in the ``fail`` otherwise (it may be what sets it)."""
     if units.unit_file(root, units.KATA_UNIT) is None:
         return Check("kata-agent-ordering", SKIP, f"no {units.KATA_UNIT} installed")
     ok, how = units.ordered_before_kata(root)
+    unread = unread_units(root, units.AGENT_UNIT, units.KATA_UNIT)
+    said = f"; not read: {_shown(root, unread)}" if unread else ""
     if not ok:
-        return Check("kata-agent-ordering", FAIL, how, f"install the drop-in {units.KATA_UNIT}.d/"
-                     f"10-podvm-gpu.conf (After= and Wants={units.AGENT_UNIT})")
+        return Check("kata-agent-ordering", FAIL, how + said, f"install the drop-in {units.KATA_UNIT}.d/"
+                     f"10-podvm-gpu.conf (After= and Wants={units.AGENT_UNIT})"
+                     + (f"; {UNREAD_HINT}" if unread else ""))
+    if unread:
+        return Check("kata-agent-ordering", WARN, how + said, UNREAD_HINT)
     return Check("kata-agent-ordering", PASS, how)
 
 
@@ -63,6 +86,8 @@ def kata_cdi_check(root: Root, argv: list[str] | None, cmdline: str | None,
     name = "kata-agent-cdi"
     if units.unit_file(root, units.KATA_UNIT) is None:
         return Check(name, SKIP, f"no {units.KATA_UNIT} installed")
+    unread = unread_units(root, units.KATA_UNIT)
+    ignored = kata.ignored_config_arguments(argv or [])
     wait = kata.cdi_wait(root, argv, cmdline)
     if wait.error:
         hint = ("write it as cdi_timeout = { secs = 100, nanos = 0 }" if "Duration" in wait.error
@@ -70,6 +95,14 @@ def kata_cdi_check(root: Root, argv: list[str] | None, cmdline: str | None,
         return Check(name, FAIL, f"kata-agent will not start: {wait.error}", hint)
     timeout = (f"cdi_timeout {wait.seconds:g} s ({wait.source})" if wait.seconds is not None
                else f"cdi_timeout from {wait.source}")
+    if ignored or unread:
+        notes = [f"kata-agent does not read {arg} (it reads only --config FILE or -c FILE): its "
+                 f"settings come from {wait.source}" for arg in ignored[:1]]
+        notes += [f"not read here: {_shown(root, unread)}; kata-agent's ExecStart= may be "
+                  "set there"] if unread else []
+        hints = [f"write --config {ignored[0].split('=', 1)[1]} (a space, not =)"] if ignored else []
+        hints += [UNREAD_HINT] if unread else []
+        return Check(name, WARN, f"{'; '.join(notes)}; {timeout}", "; ".join(hints))
     found = kata.version(version_text or "")
     if found is None:
         return Check(name, PASS, f"{timeout}; kata-agent's version not known here: 3.32.0 and "

@@ -167,11 +167,15 @@ class SpawnedDaemon(Daemon):
         return self.proc.poll()
 
     def last_words(self) -> str:
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as f:
-                lines = [ln.strip() for ln in f.read()[-65536:].splitlines() if ln.strip()]
+        from podvm_gpu.host.fs import open_regular
+
+        try:  # its last 64 KiB; a FIFO put in its place is not waited on
+            with open_regular(self.log_path) as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+                text = f.read(65536).decode("utf-8", errors="replace")
         except OSError:
             return ""
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
         # as summarize_journal: the last 3, each one bounded line
         return "; ".join(dict.fromkeys(one_line(line) for line in lines[-3:]))
 

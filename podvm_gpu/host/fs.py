@@ -108,6 +108,15 @@ class Root:
             return default
         return data.decode("utf-8", errors="replace")
 
+    def read_or_why(self, host_path: str, limit: int = READ_LIMIT) -> tuple[str | None, str]:
+        """``(text, "")`` of a file under the root, or ``(None, why)``: why it was not read,
+        naming it (:func:`unread`; ``why`` starts with the host path)."""
+        try:
+            data = read_bounded(self.resolve(host_path), limit)
+        except OSError as err:
+            return None, unread(host_path, err)
+        return data.decode("utf-8", errors="replace"), ""
+
     def exists(self, host_path: str) -> bool:
         """True when the path exists under the root (links followed chroot-style)."""
         try:
@@ -116,7 +125,35 @@ class Root:
             return False
 
 
-def read_bounded(path: str, limit: int = READ_LIMIT) -> bytes:
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"),
+          (stat.S_ISLNK, "a link"))
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, for a message: ``a FIFO``, ``a character device``,
+    ``a block device``, ``a socket``, ``a folder``, ``a link`` or ``a regular file``."""
+    return next((name for test, name in _KINDS if test(mode)), "a regular file")
+
+
+def _open_regular(path: str) -> int:
+    """A descriptor of the regular file at ``path``, opened as :func:`read_bounded` says."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ELOOP and os.path.islink(path):
+            raise OSError(errno.ELOOP, "a link, not followed here", path) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        err = OSError(errno.EINVAL, "not a regular file", path)
+        err.kind = file_kind(mode)  # for unread(): "a FIFO, not a regular file"
+        raise err
+    return fd
+
+
+def read_bounded(path: str, limit: int = READ_LIMIT, truncate: bool = False) -> bytes:
     """The bytes of the regular file at ``path``, at most ``limit`` of them.
 
     Opened without blocking and without following a link in the last component (paths come
@@ -124,14 +161,20 @@ def read_bounded(path: str, limit: int = READ_LIMIT) -> bytes:
     cannot hang or redirect the read. procfs and sysfs files count as regular files (their size
     reads 0), so the file is read until its end, not by its size.
 
+    Args:
+        path: a real path (already resolved under the root).
+        limit: the most bytes read.
+        truncate: True: a longer file gives its first ``limit`` bytes (a log, a configuration
+            file read as far as its tool would need); False: it is an error.
+
     Raises:
-        OSError: the file is missing or unreadable, ``EINVAL`` when it is not a regular file,
-            ``EFBIG`` when it holds more than ``limit`` bytes.
+        OSError: the file is missing or unreadable; ``EINVAL`` when it is not a regular file
+            (its ``kind`` attribute says what it is: :func:`file_kind`), ``ELOOP`` for a link,
+            ``EFBIG`` when it holds more than ``limit`` bytes (without ``truncate``).
+            :func:`unread` makes the message.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = _open_regular(path)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
         chunks, size = [], 0
         while True:
             chunk = os.read(fd, min(limit + 1 - size, 1 << 20))
@@ -140,10 +183,40 @@ def read_bounded(path: str, limit: int = READ_LIMIT) -> bytes:
             chunks.append(chunk)
             size += len(chunk)
             if size > limit:
+                if truncate:
+                    return b"".join(chunks)[:limit]
                 raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def open_regular(path: str):
+    """The regular file at ``path`` as a binary file object, for readers that stream it (a
+    compressed kernel module read through ``lzma``/``gzip``); opened as :func:`read_bounded`
+    opens (without blocking, no link in the last component). The caller bounds what it reads.
+
+    Raises:
+        OSError: as :func:`read_bounded`, without ``EFBIG``.
+    """
+    return os.fdopen(_open_regular(path), "rb")
+
+
+def unread(host_path: str, err: OSError) -> str:
+    """Why a file was not read, naming it: ``/etc/modprobe.d/x.conf is a FIFO, not a regular
+    file``, ``/etc/x: Permission denied``, ``/etc/x is larger than 4194304 bytes``.
+
+    Args:
+        host_path: the path as the VM or image names it (not the real path under ``--root``).
+        err: what :func:`read_bounded` or :func:`open_regular` raised.
+    """
+    why = err.strerror or str(err)
+    kind = getattr(err, "kind", None)
+    if kind:
+        return f"{host_path} is {kind}, not a regular file"
+    if err.errno == errno.EFBIG or (err.errno == errno.ELOOP and why.startswith("a link")):
+        return f"{host_path} is {why}"
+    return f"{host_path}: {why}"
 
 
 def atomic_write(path: str, data: str | bytes, mode: int = 0o644) -> None:

@@ -33,7 +33,8 @@ import os
 import re
 
 from podvm_gpu.errors import CommandError
-from podvm_gpu.host.fs import Root
+from podvm_gpu.host.fs import Root, file_kind, open_regular, read_bounded
+from podvm_gpu.host.fs import unread as _unread
 from podvm_gpu.record import REQUIRED, Record
 
 CONFIG_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d", "/usr/lib/modprobe.d",
@@ -66,10 +67,12 @@ class Resolution(Record):
             ``/bin/true``), as ``<file>: <line>``; then ``file`` is None.
         builtin: the module is built into the kernel.
         source: ``modprobe --show-depends`` (the real kmod) or ``modprobe.d and modules.dep``.
+        unread: the modprobe.d files that could not be read, each named with why (a FIFO, a
+            folder, unreadable): what they say is not in this answer (:func:`read_rules`).
     """
 
     FIELDS = (("name", REQUIRED), ("file", REQUIRED), ("rules", ()), ("blocked", None),
-              ("builtin", False), ("source", "modprobe.d and modules.dep"))
+              ("builtin", False), ("source", "modprobe.d and modules.dep"), ("unread", ()))
 
     @property
     def found(self) -> bool:
@@ -90,18 +93,27 @@ def config_files(root: Root) -> list[str]:
     return [chosen[name] for name in sorted(chosen)]
 
 
-def read_rules(root: Root) -> list[Rule]:
+def read_rules(root: Root, unread: list[str] | None = None) -> list[Rule]:
     """Every ``alias``/``install``/``blacklist``/``options``/``remove``/``softdep`` line, in order.
 
     Lines ending in ``\\`` continue on the next; ``#`` starts a comment. A file's links are
-    resolved inside the root (Debian's are absolute links into ``/etc/alternatives``).
+    resolved inside the root (Debian's are absolute links into ``/etc/alternatives``). Each file
+    is read as a bounded regular file (host/fs.py ``read_bounded``, its first
+    ``_MAX_CONFIG`` bytes): a FIFO, a device or a folder named ``*.conf`` is not read and never
+    waited on.
+
+    Args:
+        unread: when given, why each file that could not be read was not, naming it
+            (``/etc/modprobe.d/x.conf is a FIFO, not a regular file``), is appended to it.
     """
     rules = []
     for host_path in config_files(root):
         try:
-            with open(root.resolve(host_path), encoding="utf-8", errors="replace") as f:
-                text = f.read(_MAX_CONFIG)
-        except OSError:
+            text = read_bounded(root.resolve(host_path), _MAX_CONFIG, truncate=True).decode(
+                "utf-8", errors="replace")
+        except OSError as err:
+            if unread is not None:
+                unread.append(_unread(host_path, err))
             continue
         for line in text.replace("\\\n", " ").splitlines():
             words = line.split("#", 1)[0].split(None, 2)
@@ -184,7 +196,8 @@ def install_targets(command: str) -> list[tuple[str, bool]]:
 def read_resolve(root: Root, release: str, name: str) -> Resolution:
     """What ``modprobe <name>`` would load for ``release``, from the root's files (see the module
     docstring for the rules); links resolved inside the root, nothing run."""
-    rules = read_rules(root)
+    unread: list[str] = []
+    rules = read_rules(root, unread)
     modules = _modules_dep(root, release)
     if modules is None:
         modules = _walk_modules(root, release)
@@ -224,7 +237,8 @@ def read_resolve(root: Root, release: str, name: str) -> Resolution:
             return Resolution(name, None, trail, builtin=True)
         return Resolution(name, None, trail)
 
-    return lookup(name, False, 0, ())
+    found = lookup(name, False, 0, ())
+    return Resolution(**{**found.to_dict(), "unread": tuple(unread)}) if unread else found
 
 
 def kmod_resolve(runner, release: str, name: str) -> Resolution | None:
@@ -279,8 +293,12 @@ def resolve(root: Root, release: str, name: str, runner=None) -> Resolution:
 def internal_name(root: Root, host_path: str) -> str | None:
     """The ``name=`` a module file carries in its ``.modinfo`` section: the name the kernel lists
     in ``/proc/modules`` (Debian's ``nvidia-current.ko`` says ``nvidia``). Uncompressed files
-    only; None when unreadable."""
-    return modinfo_field(root.resolve(host_path), "name")
+    only; None when unreadable (a link loop on its way included)."""
+    try:
+        real = root.resolve(host_path)
+    except OSError:
+        return None
+    return modinfo_field(real, "name")
 
 
 def modinfo_field(real_path: str, field: str) -> str | None:
@@ -294,22 +312,36 @@ def modinfo_fields(real_path: str, field: str, limit: int = 128 << 20) -> list[s
     ``key=value`` strings; ``firmware`` appears once per file), in order. Plain, ``.ko.xz`` and
     ``.ko.gz`` files (Debian's DKMS modules are plain; distribution kernels compress theirs);
     ``.ko.zst`` needs ``modinfo`` (no zstd in Python's standard library): ``[]``. A file is read
-    up to 128 MiB (nvidia.ko is about 60 MiB) of its uncompressed bytes."""
-    opener, errors = open, (OSError,)
-    if real_path.endswith(".xz"):
-        import lzma
-
-        opener, errors = lzma.open, (OSError, EOFError, lzma.LZMAError)
-    elif real_path.endswith(".gz"):
-        import gzip
-        import zlib
-
-        opener, errors = gzip.open, (OSError, EOFError, zlib.error)
+    up to 128 MiB (nvidia.ko is about 60 MiB) of its uncompressed bytes; a file larger than that
+    (``limit``), or not a regular file, gives ``[]`` unread."""
     try:
-        with opener(real_path, "rb") as f:
-            data = f.read(limit)
-    except errors:  # unreadable, or a corrupt archive
+        raw = open_regular(real_path)  # a FIFO or a device named like a module never blocks
+    except OSError:
         return []
+    errors: tuple = (OSError, EOFError, ValueError)
+    with raw:
+        if os.fstat(raw.fileno()).st_size > limit:
+            return []  # no module is that large, compressed or not: not read at all
+        try:
+            if real_path.endswith(".xz"):
+                import lzma
+
+                errors += (lzma.LZMAError,)
+                # the xz format only, as kmod reads .ko.xz: liblzma's auto-detection takes a
+                # file of zeros for a raw LZMA stream and reads all of it
+                with lzma.open(raw, format=lzma.FORMAT_XZ) as f:
+                    data = f.read(limit)
+            elif real_path.endswith(".gz"):
+                import gzip
+                import zlib
+
+                errors += (zlib.error,)
+                with gzip.open(raw) as f:
+                    data = f.read(limit)
+            else:
+                data = raw.read(limit)
+        except errors:  # unreadable, or a corrupt archive
+            return []
     pattern = rb"(?:^|\0)" + re.escape(field.encode()) + rb"=([^\0]{1,200})(?=\0)"
     return list(dict.fromkeys(m.decode(errors="replace") for m in re.findall(pattern, data)))
 
@@ -349,7 +381,10 @@ UNREADABLE_MODULE_HINT = ("run the check where modinfo is installed (in the imag
 
 def modinfo(runner, path: str, field: str) -> list[str]:
     """``modinfo -F FIELD FILE`` (one value a line) run by ``runner`` (a read-only
-    :class:`podvm_gpu.host.proc.Runner`), else the file's own ``.modinfo`` strings."""
+    :class:`podvm_gpu.host.proc.Runner`), else the file's own ``.modinfo`` strings; ``[]`` for
+    what is not a regular file (modinfo would wait on a FIFO until its timeout)."""
+    if not_a_file(path):
+        return []
     try:
         done = runner.run(["modinfo", "-F", field, path], check=False)
         values = [line.strip() for line in done.stdout.splitlines() if line.strip()]
@@ -360,12 +395,33 @@ def modinfo(runner, path: str, field: str) -> list[str]:
     return modinfo_fields(path, field)
 
 
+def not_a_file(real_path: str) -> str | None:
+    """What the file at ``real_path`` is when it exists and is not a regular file (``a FIFO``,
+    host/fs.py ``file_kind``), else None."""
+    import stat
+
+    try:
+        mode = os.stat(real_path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else file_kind(mode)
+
+
 def absent_file(root: Root, res: Resolution) -> str | None:
     """Why what ``modprobe <name>`` reaches cannot load: the file ``modules.dep`` names is not
     in the root (a DKMS build removed, or a module deleted, without running depmod; kmod would
-    fail with "could not insert ...: No such file or directory"); None when it is there or
-    nothing was reached."""
-    if res.file is None or os.path.isfile(root.resolve(res.file)):
+    fail with "could not insert ...: No such file or directory"), or is not a regular file (a
+    FIFO, a folder: named, never opened); None when it is there or nothing was reached."""
+    if res.file is None:
+        return None
+    try:
+        real = root.resolve(res.file)
+    except OSError as err:
+        return f"{res.file}, which modules.dep names, cannot be reached: {err.strerror}"
+    kind = not_a_file(real)
+    if kind:
+        return f"{res.file}, which modules.dep names, is {kind}, not a module file"
+    if os.path.isfile(real):
         return None
     return f"{res.file}, which modules.dep names, is not there"
 

@@ -29,6 +29,34 @@ def nvml_client(argv: list[str]) -> bool:
     return argv[0] == "nvidia-smi" or argv[:3] == ["nvidia-ctk", "cdi", "generate"]
 
 
+# The environment variables a tool gets when its name is here, every other one left out (with
+# LC_ALL=C added). nvidia-ctk (urfave/cli) fills every flag the agent does not pass from a
+# variable: NVIDIA_CTK_CDI_GENERATE_DISABLED_HOOKS=all made 1.20.0 write a spec without hooks that
+# passed as ready, and on a real VM (no --root) ROOT, DRIVER_ROOT, NVIDIA_DRIVER_ROOT, DEV_ROOT,
+# NVIDIA_DEV_ROOT, DRY_RUN and NVIDIA_CTK_* redirect or disable what it does (issue 29 item 28);
+# XDG_CONFIG_HOME would point it at another config.toml. Kept: PATH (it finds nvidia-cdi-hook
+# and ldconfig there, as boot finds the tools) and the dynamic loader's LD_LIBRARY_PATH and
+# LD_PRELOAD (read by ld.so for every program, no flag of nvidia-ctk's; where libnvidia-ml.so.1
+# is found, and how the test harness's umockdev works). LANG and LC_* are not kept: Go programs
+# do not read the locale, and LC_ALL=C is set for every tool anyway.
+TOOL_ENV_ALLOWED = {"nvidia-ctk": ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD")}
+
+
+def tool_env(tool: str, env: dict[str, str]) -> dict[str, str]:
+    """The environment ``tool`` runs with: ``env`` (the runner's, ``LC_ALL=C`` in it) for most
+    tools; for those in :data:`TOOL_ENV_ALLOWED` only the variables listed there, plus
+    ``LC_ALL=C``.
+
+    Args:
+        tool: the tool's name (``argv[0]``, e.g. ``nvidia-ctk``).
+        env: the runner's environment.
+    """
+    allowed = TOOL_ENV_ALLOWED.get(tool)
+    if allowed is None:
+        return env
+    return {**{k: env[k] for k in allowed if k in env}, "LC_ALL": "C"}
+
+
 def _in_kernel(pid: int) -> bool:
     """True when the process sleeps uninterruptibly (state D in /proc/<pid>/stat): in the
     kernel, as a client stuck in the driver is. Our own child, so the host's /proc."""
@@ -58,7 +86,8 @@ class Runner:
         tool_paths: tool basename -> absolute path from the config; others are looked up on PATH.
         timeouts: tool basename -> timeout in seconds for one call.
         deadline: a ``time.monotonic()`` value no call may run past (the boot budget), or None.
-        env: the environment for the tools (default: ours, plus ``LC_ALL=C`` for parsable output).
+        env: the environment for the tools (default: ours, plus ``LC_ALL=C`` for parsable output);
+            nvidia-ctk gets only part of it (:func:`tool_env`).
         read_only: when True (``check``), :meth:`spawn` is refused: only queries may run.
         trust_tool_paths: check that a tool, configured or found on PATH, and every directory
             above it, only root can change before running it (boot, which runs them as root);
@@ -175,7 +204,8 @@ class Runner:
         try:
             proc = subprocess.Popen([path, *argv[1:]], stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    errors="replace", env=self.env, start_new_session=True)
+                                    errors="replace", env=tool_env(tool, self.env),
+                                    start_new_session=True)
         except OSError as err:
             raise CommandError(argv, None, message=f"{tool}: cannot run: {err.strerror}") from err
         self._live.add(proc)
@@ -266,7 +296,8 @@ class Runner:
         os.fchmod(fd, 0o644)
         try:
             return subprocess.Popen([path, *argv[1:]], stdin=subprocess.DEVNULL, stdout=fd,
-                                    stderr=fd, env=self.env, start_new_session=True)
+                                    stderr=fd, env=tool_env(tool, self.env),
+                                    start_new_session=True)
         except OSError as err:
             raise CommandError(argv, None, message=f"{tool}: cannot run: {err.strerror}") from err
         finally:

@@ -19,12 +19,13 @@ from __future__ import annotations
 import os
 
 from podvm_gpu import cdi, readers
+from podvm_gpu.cdi import MAX_SPEC_BYTES
 from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
 from podvm_gpu.cdi.parse import parse_spec
 from podvm_gpu.cdi.ready import check_ready_spec
 from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
 from podvm_gpu.errors import CdiSpecError, CommandError, StepFailed, exit_text, one_line
-from podvm_gpu.host.fs import atomic_write, ensure_dir
+from podvm_gpu.host.fs import atomic_write, ensure_dir, read_bounded, unread
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.steps.context import BootContext
 
@@ -204,11 +205,13 @@ def plan(ctx: BootContext) -> list[list[str]]:
 # --- podvm-gpu check ----------------------------------------------------------------------
 
 def cdi_spec_row(facts) -> Check:
-    path = facts.root.resolve(CDI_SPEC_PATH)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
+    try:  # bounded, never waited on: a FIFO there is named, as spec_kind reads the folder
+        text = read_bounded(facts.root.resolve(CDI_SPEC_PATH), MAX_SPEC_BYTES).decode(
+            "utf-8", errors="replace")
+    except OSError as err:
+        if not isinstance(err, FileNotFoundError):
+            return Check("cdi-spec", FAIL, unread(CDI_SPEC_PATH, err),
+                         "run podvm-gpu boot: it replaces the file")
         if not facts.gpus:
             return Check("cdi-spec", SKIP, f"{NO_GPU}; no {CDI_SPEC_PATH}",
                          "" if not facts.config.unavailable_spec else

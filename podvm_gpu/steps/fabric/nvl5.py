@@ -34,6 +34,7 @@ from podvm_gpu.errors import CommandError, StepFailed, ended_text
 from podvm_gpu.host import infiniband, kmod
 from podvm_gpu.host.daemons import socket_answers
 from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, find_nvml, module_loaded, version_in
+from podvm_gpu.row import FAIL, PASS, WARN, Check
 from podvm_gpu.steps.fabric.fabric_kind import Fabric
 
 NVLSM_PID = "/run/podvm-gpu/nvlsm.pid"
@@ -287,7 +288,9 @@ def image_lacks(image) -> tuple[list[str], list[str]]:
     driver = lib.version if lib is not None else None
     fm = image.tool("nv-fabricmanager")
     if fm is None:
-        lacks.append(f"nv-fabricmanager (the fabric manager of driver {driver or '?'})")
+        lacks.append(f"nv-fabricmanager (the fabric manager of driver {driver})" if driver else
+                     "nv-fabricmanager (the fabric manager of the user-space driver's release; "
+                     "the image has no libnvidia-ml.so.1 to tell which)")
         return have, lacks
     version = None
     if root.is_host:
@@ -302,3 +305,22 @@ def image_lacks(image) -> tuple[list[str], list[str]]:
     else:
         have.append(f"nv-fabricmanager {version}" + (" = the driver's" if driver else ""))
     return have, lacks
+
+
+def fabric_image_row(image) -> Check:
+    """What the image lacks for NVLink 5 VMs (HGX B200/B300; :func:`image_lacks`): ``warn``
+    unless the config's ``nvlink5.image_serves`` says the image serves them, then ``fail``."""
+    have, lacks = image_lacks(image)
+    if not lacks:
+        return Check("fabric", PASS, f"NVLink 5: {'; '.join(have)}")
+    serves = image.config.nvlink5.image_serves
+    why = "nvlink5.image_serves is true" if serves else \
+        "a warning: nvlink5.image_serves is false, and only NVLink 5 VMs need them"
+    install = "install the IB modules for every kernel, nvlsm and the fabric manager of the " \
+        "driver's release"
+    hint = install if serves else (
+        "nothing to do for an image that never serves NVLink 5 VMs (HGX B200/B300); for one that "
+        f"does, {install}, and set nvlink5.image_serves: true so that this row fails until it "
+        "has them")
+    return Check("fabric", FAIL if serves else WARN, f"for NVLink 5 VMs the image lacks: "
+                 f"{'; '.join(lacks)} ({why})", hint)

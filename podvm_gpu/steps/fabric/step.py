@@ -456,19 +456,4 @@ def fabric_row(facts) -> Check:
 VM_ROWS = {"fabric": fabric_row, "fabricmanager": fabricmanager_row}
 
 
-def fabric_image_row(image) -> Check:
-    """What the image lacks for NVLink 5 VMs (HGX B200/B300; nvl5.image_lacks): ``warn``
-    unless the config's ``nvlink5.image_serves`` says the image serves them, then ``fail``."""
-    have, lacks = nvl5.image_lacks(image)
-    if not lacks:
-        return Check("fabric", PASS, f"NVLink 5: {'; '.join(have)}")
-    serves = image.config.nvlink5.image_serves
-    why = "nvlink5.image_serves is true" if serves else \
-        "a warning: nvlink5.image_serves is false, and only NVLink 5 VMs need them"
-    return Check("fabric", FAIL if serves else WARN, f"for NVLink 5 VMs the image lacks: "
-                 f"{'; '.join(lacks)} ({why})", "install the IB modules for every kernel, "
-                 "nvlsm and the fabric manager of the driver's release, or set "
-                 "nvlink5.image_serves: false for images that never serve NVLink 5 VMs")
-
-
-IMAGE_ROWS = {"fabric": fabric_image_row}
+IMAGE_ROWS = {"fabric": nvl5.fabric_image_row}

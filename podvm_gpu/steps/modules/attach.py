@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from podvm_gpu.host import kmsg
-from podvm_gpu.host.fs import Root
+from podvm_gpu.host.fs import Root, open_regular
 from podvm_gpu.readers import kernel_release
 
 # What the open module's SPDM glue needs of the kernel, else it compiles stubs
@@ -32,12 +32,13 @@ def kernel_config(root: Root) -> tuple[str, dict[str, str]] | None:
     where = f"/boot/config-{release}"
     if text is None:
         import gzip  # only on this path: a failure the log explains
+        import zlib
 
         where = "/proc/config.gz"
         try:
-            with open(root.resolve(where), "rb") as raw, gzip.open(raw) as data:
+            with open_regular(root.resolve(where)) as raw, gzip.open(raw) as data:
                 text = data.read(_CONFIG_GZ_LIMIT).decode("utf-8", errors="replace")
-        except (OSError, EOFError, ValueError):
+        except (OSError, EOFError, ValueError, zlib.error):
             return None
     values = dict(re.findall(r"^(CONFIG_\w+)=(\S+)", text, re.M))
     # "# CONFIG_X is not set" is kconfig's explicit no (issue 28 reads CONFIG_FW_LOADER's)
@@ -176,3 +177,29 @@ def image_without_loader(root: Root, release: str) -> str | None:
     if text is None or not re.search(r"^# CONFIG_FW_LOADER is not set\s*$", text, re.M):
         return None
     return where
+
+
+def loader_row(root: Root, releases: list[str]):
+    """check --image's ``firmware`` row failing for the first image kernel whose config says it
+    has no firmware loader (:func:`image_without_loader`): the GSP files are there, nothing can
+    load them; None when no kernel says so."""
+    from podvm_gpu.row import FAIL, Check
+
+    for release in releases:
+        where = image_without_loader(root, release)
+        if where:
+            return Check("firmware", FAIL, f"kernel {release} has no firmware loader (# "
+                         f"CONFIG_FW_LOADER is not set, {where}): the driver's GSP firmware can "
+                         "never be loaded and every GSP GPU fails to attach",
+                         "build the guest kernel with CONFIG_FW_LOADER=y")
+    return None
+
+
+def cannot_attach(root: Root, messages: list[str]) -> str | None:
+    """check's ``modules`` row: :func:`attach_cause`, else a GPU the driver cannot attach for its
+    firmware or a BAR (issue 28: the row passed while the boot failed on them)."""
+    cause = attach_cause(root, messages)
+    if cause is None:
+        cause = next((f.describe() for f in reversed(kmsg.findings(kmsg.since_driver_load(messages)))
+                      if f.kind in ("gsp-firmware", "bar")), None)
+    return cause

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 
-from podvm_gpu.host.fs import Root
+from podvm_gpu.host.fs import Root, read_bounded
 from podvm_gpu.record import REQUIRED, Record
 
 DKMS_TREE = "/var/lib/dkms"
@@ -96,9 +96,8 @@ def builds(root: Root, kernel: str, prefix: str = "nvidia") -> list[Build]:
 
 
 def _read(root: Root, path: str) -> str:
-    try:
-        with open(root.resolve(path), "rb") as f:
-            return f.read(_MAX_LOG).decode(errors="replace")
+    try:  # a bounded regular file: a FIFO named make.log never blocks
+        return read_bounded(root.resolve(path), _MAX_LOG, truncate=True).decode(errors="replace")
     except OSError:
         return ""
 

@@ -27,7 +27,7 @@ import re
 import struct
 import zlib
 
-from podvm_gpu.host.fs import Root
+from podvm_gpu.host.fs import Root, open_regular
 from podvm_gpu.row import FAIL, PASS, WARN, Check
 
 XZ_MAGIC = b"\xfd7zXZ\x00"
@@ -42,10 +42,11 @@ def xz_check(real_path: str) -> int | str:
     """The check ID of the xz stream at ``real_path``, or why its header cannot be read (a
     string: not an xz stream, a corrupt header, unreadable)."""
     try:
-        with open(real_path, "rb") as f:
+        with open_regular(real_path) as f:  # a FIFO or a device there never blocks
             head = f.read(12)
     except OSError as err:
-        return f"unreadable ({err.strerror or err})"
+        kind = getattr(err, "kind", None)
+        return f"unreadable ({kind + ', not a regular file' if kind else err.strerror or err})"
     if len(head) < 12 or head[:6] != XZ_MAGIC:
         return "not an xz stream (no xz header)"
     flags = head[6:8]
@@ -54,6 +55,15 @@ def xz_check(real_path: str) -> int | str:
     if flags[0] != 0 or flags[1] & 0xF0:
         return "an xz stream header with reserved flags set"
     return flags[1] & 0x0F
+
+
+def _xz_check_under(root: Root, host_path: str) -> int | str:
+    """:func:`xz_check` of a file under the root; a link loop on its way is unreadable."""
+    try:
+        real = root.resolve(host_path)
+    except OSError as err:
+        return f"unreadable ({err.strerror})"
+    return xz_check(real)
 
 
 def check_name(check_id: int) -> str:
@@ -105,7 +115,7 @@ def compression_image_row(image) -> Check:
         files = nvidia_xz_modules(root, release, resolved)
         if not files:
             continue
-        read = {path: xz_check(root.resolve(path)) for path in files}
+        read = {path: _xz_check_under(root, path) for path in files}
         unreadable += [f"{path}: {why}" for path, why in read.items() if isinstance(why, str)]
         refused = {path: check for path, check in read.items()
                    if isinstance(check, int) and check not in KERNEL_CHECKS}

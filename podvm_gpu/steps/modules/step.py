@@ -30,22 +30,24 @@ permanent, so nothing is retried, and the modules after a failed one are skipped
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import time
 
 from podvm_gpu import readers, steps
 from podvm_gpu.config.fields import OPTIONAL_MODULES, REQUIRED_MODULES
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host import kmod, kmsg
-from podvm_gpu.host.fs import Root
+from podvm_gpu.host.fs import Root, file_kind
 from podvm_gpu.readers import kernel_release, modprobe_overrides, module_kernels, module_loaded
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, Check
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.steps.fabric.fabric_kind import ib_context as _ib_context
 from podvm_gpu.steps.fabric.fabric_kind import ib_modules, module_parameters
 from podvm_gpu.steps.fabric.fabric_kind import record_ib as _record_ib
-from podvm_gpu.steps.modules.attach import attach_cause
+from podvm_gpu.steps.modules.attach import attach_cause, cannot_attach, loader_row
 
 REQUIRED = REQUIRED_MODULES
 OPTIONAL = OPTIONAL_MODULES  # the config names which of them to load
@@ -245,9 +247,7 @@ def run(ctx: BootContext) -> str:
     fatal = [f for f in kmsg.findings(kmsg.since_driver_load(kmsg.read_kernel_log(ctx.root)))
              if f.fatal]
     cause = attach_cause(ctx.root, kmsg.read_kernel_log(ctx.root))
-    if fatal and fatal[0].kind == "gsp-firmware" and cause and "firmware loader" in cause:
-        raise StepFailed(f"the driver loaded but cannot attach the GPU: {cause}")  # issue 28
-    if fatal:
+    if fatal and "firmware loader" not in (cause or ""):  # issue 28: the loader is the cause
         # Every NVML client would stall or fail on such a GPU; stop before persistenced starts
         # and the waits begin (field case C26).
         raise StepFailed(f"the kernel log reports a GPU error that needs a GPU reset: "
@@ -280,9 +280,16 @@ def lock_module_loading(root: Root) -> str:
     """
     if (root.read_text(MODULES_DISABLED) or "").strip() == "1":
         return f"module loading already locked ({MODULES_DISABLED} is 1)"
-    try:
-        with open(root.resolve(MODULES_DISABLED), "w") as f:
-            f.write("1\n")
+    try:  # never waits on a FIFO put there: what is not a regular file fails closed, by name
+        path = root.resolve(MODULES_DISABLED)
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"it is {file_kind(mode)}, not a regular file")
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"1\n")
+        finally:
+            os.close(fd)
     except OSError as err:
         raise StepFailed(f"cannot lock module loading (modules.lock_after_boot): writing 1 to "
                          f"{MODULES_DISABLED} failed: {err.strerror or err}") from err
@@ -310,11 +317,7 @@ def modules_row(facts) -> Check:
     missing = [m for m in REQUIRED if not readers.module_loaded(root, m)]
     if not missing:
         version = readers.kernel_module_version(root) or "unknown version"
-        cause = attach_cause(root, facts.messages)  # as the boot's modules step says it
-        if cause is None:  # issue 28: a GPU the driver cannot attach for its firmware or BAR
-            cause = next((f.describe() for f in reversed(kmsg.findings(
-                kmsg.since_driver_load(facts.messages))) if f.kind in ("gsp-firmware", "bar")),
-                None)
+        cause = cannot_attach(root, facts.messages)  # as the boot's modules step says it
         if cause:
             return Check("modules", FAIL, f"nvidia {version} and nvidia_uvm loaded, but the "
                          f"driver cannot attach the GPU: {cause}", "fix what the kernel log "
@@ -385,6 +388,12 @@ def modules_image_row(image) -> Check:
     if not kernels:
         return Check("modules", FAIL, "no kernel in the image (/boot/vmlinuz-*, /lib/modules)",
                      "install a kernel")
+    unread = sorted({why for k in kernels for res in found[k].values() for why in res.unread})
+    if unread:  # a FIFO, a device or a folder named *.conf in a modprobe.d folder
+        more = f" (and {len(unread) - 3} more)" if len(unread) > 3 else ""
+        return Check("modules", FAIL, f"{'; '.join(unread[:3])}{more}: kmod reads every *.conf "
+                     "file of the modprobe.d folders, so what modprobe nvidia does cannot be "
+                     "judged", "make it a regular file or remove it from the image")
     for release in kernels:
         for name, res in found[release].items():
             if res.blocked:
@@ -473,17 +482,8 @@ def firmware_image_row(image) -> Check:
                      + ": the firmware it asks for is unknown", kmod.UNREADABLE_MODULE_HINT)
     if not asked:
         return Check("firmware", PASS, "the nvidia module asks for no firmware files")
-    from podvm_gpu.steps.modules.attach import image_without_loader
-
-    no_loader = [(k, where) for k, where in
-                 ((k, image_without_loader(root, k)) for k in sorted({k for k, _, _ in asked}))
-                 if where]
-    if no_loader:  # issue 28, kata-containers#11875: the files are there, nothing loads them
-        release, where = no_loader[0]
-        return Check("firmware", FAIL, f"kernel {release} has no firmware loader (# "
-                     f"CONFIG_FW_LOADER is not set, {where}): the driver's GSP firmware can "
-                     "never be loaded and every GSP GPU fails to attach",
-                     "build the guest kernel with CONFIG_FW_LOADER=y")
+    if (row := loader_row(root, sorted({k for k, _, _ in asked}))) is not None:  # issue 28
+        return row
     names = sorted({n for _, _, n in asked})
     return Check("firmware", PASS, f"{', '.join(names)} present under /lib/firmware")
 
