@@ -139,6 +139,7 @@ class Status:
         self.cdi: dict | None = None
         self.fabric = None  # podvm_gpu.fabric_kind.Fabric (anything with to_dict()), GPU path
         self.steps: list[Step] = []
+        self.attestation: dict | None = None  # podvm_gpu/attestation/gate.py's record
 
     def to_dict(self) -> dict:
         return {
@@ -154,4 +155,5 @@ class Status:
             "cdi": self.cdi,
             "fabric": self.fabric.to_dict() if self.fabric is not None else None,
             "steps": [s.to_dict() for s in self.steps],
+            "attestation": self.attestation,
         }

@@ -3,10 +3,10 @@ its fields as a table (name -> (validator, default)); ``Config()`` is the defaul
 
 from __future__ import annotations
 
-from podvm_gpu.config.fields import (MAX_GPUS, OPTIONAL_MODULES, Invalid, Section, absolute_path,
+from podvm_gpu.config.fields import (ATTESTATION_MODES, MAX_GPUS, OPTIONAL_MODULES, Invalid, Section, absolute_path,
                                      boolean, count, mapping, seconds, string_list, tool,
-                                     module, module_names, optional_modules, parameter_name,
-                                     parameter_value)
+                                     module, module_names, one_of, optional_modules,
+                                     parameter_name, parameter_value, timeout_tool, url)
 
 
 class PersistencedConfig(Section):
@@ -54,11 +54,34 @@ class NvLink5Config(Section):
 
 
 class ConfidentialComputingConfig(Section):
-    """Whether boot may set the GPUs' CC ready state itself (``nvidia-smi conf-compute -srs 1``);
-    whether CC mode ``DEVTOOLS`` (a development mode: no production confidentiality) is
-    accepted with a warning instead of failing the boot (``allow_devtools``)."""
+    """The GPUs' CC ready state and the attestation before it (docs/interface.md 3.2 step 8,
+    "Attestation"; the table of set_ready_state x attestation x guest x ready state there).
 
-    FIELDS = {"set_ready_state": (boolean, False), "allow_devtools": (boolean, False)}
+    ``set_ready_state`` (default true since issue 26; false before): boot sets the ready state
+    itself (``nvidia-smi conf-compute -srs 1``), in a confidential guest only after an
+    attestation that passed. ``allow_devtools``: CC mode ``DEVTOOLS`` (a development mode: no
+    production confidentiality) is accepted with a warning instead of failing the boot.
+    ``attestation``: ``auto`` (attest in a confidential guest, required there; elsewhere when
+    ``nvattest`` is installed), ``required`` (everywhere) or ``off`` (never; a warning).
+    ``attestation_timeout_s + attestation_per_device_s * devices`` bounds each ``nvattest``
+    run, the wait for the network included, always within the boot budget (``timeouts:`` has
+    no ``nvattest`` key: it is refused). The default, 40 s + 10 s a device, is a judgement:
+    a black-holed network takes about 33 s to fail, a GPU about 11 sequential HTTPS requests
+    (../shared/nvattest.md 7.1, 8). ``relying_party_policy``, ``rim_dir`` (with it
+    ``--rim-store dir``), ``rim_url``, ``ocsp_url``: passed to nvattest (an OCSP/RIM proxy:
+    docs/operating.md). ``image_serves``: this image serves confidential GPU VMs: ``check
+    --image`` fails instead of warning when nvattest (and libnvidia-nscq for Protected PCIe)
+    is missing; boot does not read it."""
+
+    FIELDS = {"set_ready_state": (boolean, True), "allow_devtools": (boolean, False),
+              "attestation": (one_of(ATTESTATION_MODES), "auto"),
+              "attestation_timeout_s": (seconds(0, False), 40.0),
+              "attestation_per_device_s": (seconds(0, True), 10.0),
+              "relying_party_policy": (absolute_path, None),
+              "rim_dir": (absolute_path, None),
+              "rim_url": (url, None),
+              "ocsp_url": (url, None),
+              "image_serves": (boolean, False)}
     __slots__ = tuple(FIELDS)
 
 
@@ -126,7 +149,7 @@ class Config(Section):
     """The whole config; ``Config()`` is the defaults."""
 
     FIELDS = {"budget_s": (seconds(0, False), 240.0),
-              "timeouts": (mapping(tool, seconds(0, False)), {}),
+              "timeouts": (mapping(timeout_tool, seconds(0, False)), {}),
               "tools": (mapping(tool, absolute_path), {}),
               "persistenced": (PersistencedConfig, PersistencedConfig()),
               "fabricmanager": (FabricManagerConfig, FabricManagerConfig()),

@@ -101,6 +101,12 @@ def run(ctx: BootContext) -> str:
                          "conf-compute -f (not read as off)")
     label = "CC devtools" if devtools else "CC on"
     state = ready_state(ctx)
+    # the hook between the classification and -srs 1 (podvm_gpu/attestation/gate.py): a
+    # failure raises, with the ready state set back to not-ready where it was found ready
+    from podvm_gpu.attestation.gate import attest_before_ready
+
+    label += f", {attested}" if (attested := attest_before_ready(
+        ctx, state, confidential_vm(ctx))) else ""
     if state == "ready":
         return f"{label}, ready state ready"
     if not ctx.config.confidential_computing.set_ready_state:

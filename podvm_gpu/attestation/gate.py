@@ -1,0 +1,184 @@
+"""Attestation before the ready state: the policy, the runs, the record (docs/interface.md 3.2,
+"Attestation", and its table).
+
+Called by the ``confidential-computing`` step once it has classified the GPUs as confidential
+(CC on, DEVTOOLS allowed by the config, or Protected PCIe) and read the ready state, before
+``nvidia-smi conf-compute -srs 1``: :func:`attest_before_ready`. Persistenced is running by
+then, so nvattest is never the first NVML client (nvattest.md 8: the adapter would be torn
+down when it exits). The step keeps its name; its reasons start ``attestation: ``.
+
+The policy (``confidential_computing.attestation``):
+
+* ``off``: no run; a warning says the GPUs are not attested.
+* ``required``, or ``auto`` in a confidential guest (host/tee.py's evidence, else the kernel
+  log): a run must pass. No usable ``nvattest`` fails closed, naming the tool and the key.
+* ``auto`` on a regular VM: a run when nvattest is installed (it must then pass), else a
+  warning.
+
+A failed run never leaves the GPUs ready: a ready state found ``ready`` (a re-run) is set back
+with ``nvidia-smi conf-compute -srs 0``, as NVIDIA's Protected PCIe verifier does (nvattest.md
+9); ``-srs 1`` is never run after a failure (the step raises).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from podvm_gpu.attestation import run as nvattest
+from podvm_gpu.attestation import verdict as v
+from podvm_gpu.errors import CommandError, StepFailed, one_line
+
+STATUS_DIR = "/run/podvm-gpu"
+
+
+def output_path(device: str) -> str:
+    """Where a run's whole JSON output is kept, beside status.json (host path)."""
+    return f"{STATUS_DIR}/nvattest-{device}.json"
+
+
+def required_because(cc, guest: str | None) -> str | None:
+    """Why an attestation must pass (the config, or the guest's evidence), or None."""
+    if cc.attestation == "required":
+        return "confidential_computing.attestation: required"
+    if cc.attestation == "auto" and guest:
+        return f"a confidential guest ({guest}) with confidential_computing.attestation: auto"
+    return None
+
+
+def attest_before_ready(ctx, state: str, guest: str | None, ppcie: bool = False,
+                        required_by: str | None = None) -> str:
+    """Decide and run the attestation; the step's message part (``""`` when none ran).
+
+    Args:
+        ctx: the BootContext (config, runner, GPUs and NVSwitches found on PCI, the loaded
+            driver's version, the status being built).
+        state: the ready state found, ``ready`` or ``not-ready``.
+        guest: how host/tee.py (or the kernel log) names the confidential guest, or None.
+        ppcie: the GPUs are in Protected PCIe mode: the NVSwitches are attested too.
+        required_by: another source that requires attestation (the pod's initdata), or None.
+
+    Raises:
+        StepFailed: attestation required and nvattest unusable, or a run failed (the ready
+            state is then not-ready; ``-srs 0`` was run when it was ready).
+    """
+    cc = ctx.config.confidential_computing
+    must = required_by or required_because(cc, guest)
+    if cc.attestation == "off" and not required_by:
+        ctx.warn("confidential-computing: the GPUs are not attested (confidential_computing."
+                 "attestation: off)")
+        ctx.status.attestation = {"result": "off", "reason": "confidential_computing."
+                                  "attestation: off"}
+        return "not attested (attestation off)"
+    if ctx.runner.which("nvattest") is None:
+        missing = ctx.runner.why_missing("nvattest")
+        if must:
+            ctx.status.attestation = {"result": "failed", "reason": missing}
+            _unready(ctx, state)
+            raise StepFailed(f"attestation required ({must}) but {missing}: install NVIDIA's "
+                             "nvattest in the image or name it in tools.nvattest")
+        ctx.warn(f"confidential-computing: the GPUs are not attested: {missing} (a regular VM; "
+                 "confidential_computing.attestation: off silences this)")
+        ctx.status.attestation = {"result": "not-run", "reason": missing}
+        return "not attested (nvattest not installed)"
+    record = attest(ctx, ppcie)
+    ctx.status.attestation = record
+    if record["result"] != "passed":
+        _unready(ctx, state)
+        raise StepFailed(f"attestation: {record['reason']}")
+    devices = len(record["devices"])
+    return f"attested ({devices} device{'s' if devices != 1 else ''}, nvattest local verifier)"
+
+
+def attest(ctx, ppcie: bool, write: bool = True) -> dict:
+    """Run nvattest for the GPUs (and, in Protected PCIe, the NVSwitches with the same nonce)
+    and judge it; the status' ``attestation`` record (docs/status.schema.json). ``write``:
+    keep each run's JSON under /run/podvm-gpu (``check --attest`` writes nothing)."""
+    from podvm_gpu.host.daemons import under_systemd
+
+    cc = ctx.config.confidential_computing
+    nonce = os.urandom(32).hex()
+    started = time.monotonic()
+    record = {"result": "failed", "reason": None, "code": None, "message": None,
+              "verifier": "local", "nonce": nonce,
+              "nvattest_version": nvattest.version(ctx.runner), "duration_s": 0.0,
+              "devices": [], "runs": []}
+    kinds = [("gpu", len(ctx.gpus))] + ([("nvswitch", len(ctx.nvswitches))] if ppcie else [])
+    judged = {}
+    for kind, count in kinds:
+        argv = nvattest.command(kind, nonce, cc)
+        ran = nvattest.run(ctx.runner, argv, nvattest.limit_s(cc, count), under_systemd())
+        expect = v.Expect(nonce, count, ctx.driver_version if kind == "gpu" else None,
+                          rp_policy=bool(cc.relying_party_policy))
+        run_record = {"device": kind, "where": ran.where, "duration_s": round(ran.duration_s, 3),
+                      "exit": ran.returncode, "code": None, "message": None,
+                      "claims_sha256": None, "output": None}
+        record["runs"].append(run_record)
+        if ran.returncode is None:
+            record["reason"] = f"nvattest attest --device {kind} {ran.ended}"
+            break
+        verdict = v.judge(ran.returncode, ran.stdout, ran.stderr, kind, expect)
+        judged[kind] = verdict
+        run_record.update(code=verdict.code, message=verdict.message,
+                          claims_sha256=v.claims_sha256(verdict.claims) if verdict.claims
+                          else None)
+        record["code"], record["message"] = verdict.code, verdict.message
+        record["devices"] += v.device_records(verdict.claims)
+        if write and verdict.document is not None:
+            run_record["output"] = _keep(ctx, kind, ran.stdout)
+        for line in verdict.warnings:
+            ctx.warn(f"confidential-computing: {line}")
+        if not verdict.ok:
+            record["reason"] = f"nvattest attest --device {kind}: {verdict.failure}"
+            break
+    else:
+        failure = None
+        if ppcie:
+            failure = v.topology_failure(judged["gpu"].claims, judged["nvswitch"].claims)
+            ctx.warn("confidential-computing: the NVSwitches' lock state is not checked "
+                     "(it needs NSCQ, which the agent does not use; nvattest does not "
+                     "enforce it either)")
+        if failure:
+            record["reason"] = f"Protected PCIe topology: {failure}"
+        else:
+            record["result"] = "passed"
+    record["duration_s"] = round(time.monotonic() - started, 3)
+    if record["reason"]:
+        record["reason"] = one_line(record["reason"], 600)
+    return record
+
+
+def _keep(ctx, kind: str, stdout: str) -> str | None:
+    """Keep a run's JSON beside the status (atomic, 0644); its host path, or None (a warning)."""
+    from podvm_gpu.host.fs import atomic_write, ensure_dir
+
+    path = output_path(kind)
+    try:
+        ensure_dir(ctx.root / STATUS_DIR)
+        atomic_write(ctx.root / path, stdout, 0o644)
+    except OSError as err:
+        ctx.warn(f"confidential-computing: cannot keep nvattest's output in {path}: "
+                 f"{err.strerror}")
+        return None
+    return path
+
+
+def _unready(ctx, state: str) -> None:
+    """A failed attestation with the ready state found ``ready``: set it back to not-ready.
+
+    Raises:
+        StepFailed: ``-srs 0`` failed (the reason says the GPUs may still be ready).
+    """
+    if state != "ready":
+        return
+    try:
+        done = ctx.runner.run(["nvidia-smi", "conf-compute", "-srs", "0"], check=False)
+    except CommandError as err:
+        raise StepFailed(f"attestation failed and the ready state found ready could not be set "
+                         f"back (nvidia-smi conf-compute -srs 0: {err})") from err
+    if done.returncode != 0:
+        raise StepFailed("attestation failed and the ready state found ready could not be set "
+                         f"back (nvidia-smi conf-compute -srs 0 exit {done.returncode}: "
+                         f"{one_line(done.output)})")
+    ctx.warn("confidential-computing: attestation failed; the ready state found ready was set "
+             "back to not-ready (nvidia-smi conf-compute -srs 0)")
