@@ -46,7 +46,28 @@ def required_because(cc, guest: str | None) -> str | None:
     return None
 
 
-def attest_before_ready(ctx, state: str, guest: str | None, ppcie: bool = False,
+_UNSET = object()
+
+
+def tee_guest(ctx) -> str | None:
+    """The confidential guest as host/tee.py's evidence names it (``Intel TDX (/proc/cpuinfo
+    flag tdx_guest)``), or None. The kernel log alone does not make attestation required: a
+    warning says so (the shared case C21 is such a world, and ends ready)."""
+    from podvm_gpu.host import tee
+
+    guest = tee.detect(ctx.root)
+    if guest.kind is not None:
+        return guest.describe()
+    from podvm_gpu.steps.cc import confidential_vm
+
+    if confidential_vm(ctx):
+        ctx.warn("confidential-computing: the kernel log names a confidential guest but "
+                 "host/tee.py finds no evidence (CPU flag, sev-guest or tdx_guest device); "
+                 "attestation is not required by the guest")
+    return None
+
+
+def attest_before_ready(ctx, state: str, guest=_UNSET, ppcie: bool = False,
                         required_by: str | None = None) -> str:
     """Decide and run the attestation; the step's message part (``""`` when none ran).
 
@@ -54,15 +75,18 @@ def attest_before_ready(ctx, state: str, guest: str | None, ppcie: bool = False,
         ctx: the BootContext (config, runner, GPUs and NVSwitches found on PCI, the loaded
             driver's version, the status being built).
         state: the ready state found, ``ready`` or ``not-ready``.
-        guest: how host/tee.py (or the kernel log) names the confidential guest, or None.
+        guest: how host/tee.py names the confidential guest, or None; by default
+            :func:`tee_guest`.
         ppcie: the GPUs are in Protected PCIe mode: the NVSwitches are attested too.
         required_by: another source that requires attestation (the pod's initdata), or None.
 
     Raises:
-        StepFailed: attestation required and nvattest unusable, or a run failed (the ready
-            state is then not-ready; ``-srs 0`` was run when it was ready).
+        StepFailed: attestation required and nvattest unusable, or a run failed (``-srs 0``
+            was run when the state was found ready; the reason says whether it worked).
     """
     cc = ctx.config.confidential_computing
+    if guest is _UNSET:
+        guest = tee_guest(ctx)
     must = required_by or required_because(cc, guest)
     if cc.attestation == "off" and not required_by:
         ctx.warn("confidential-computing: the GPUs are not attested (confidential_computing."
@@ -74,9 +98,9 @@ def attest_before_ready(ctx, state: str, guest: str | None, ppcie: bool = False,
         missing = ctx.runner.why_missing("nvattest")
         if must:
             ctx.status.attestation = {"result": "failed", "reason": missing}
-            _unready(ctx, state)
+            back = _unready(ctx, state)
             raise StepFailed(f"attestation required ({must}) but {missing}: install NVIDIA's "
-                             "nvattest in the image or name it in tools.nvattest")
+                             f"nvattest in the image or name it in tools.nvattest{back}")
         ctx.warn(f"confidential-computing: the GPUs are not attested: {missing} (a regular VM; "
                  "confidential_computing.attestation: off silences this)")
         ctx.status.attestation = {"result": "not-run", "reason": missing}
@@ -84,8 +108,8 @@ def attest_before_ready(ctx, state: str, guest: str | None, ppcie: bool = False,
     record = attest(ctx, ppcie)
     ctx.status.attestation = record
     if record["result"] != "passed":
-        _unready(ctx, state)
-        raise StepFailed(f"attestation: {record['reason']}")
+        back = _unready(ctx, state)
+        raise StepFailed(f"attestation failed: {record['reason']}{back}")
     devices = len(record["devices"])
     return f"attested ({devices} device{'s' if devices != 1 else ''}, nvattest local verifier)"
 
@@ -163,22 +187,23 @@ def _keep(ctx, kind: str, stdout: str) -> str | None:
     return path
 
 
-def _unready(ctx, state: str) -> None:
+def _unready(ctx, state: str) -> str:
     """A failed attestation with the ready state found ``ready``: set it back to not-ready.
 
-    Raises:
-        StepFailed: ``-srs 0`` failed (the reason says the GPUs may still be ready).
+    Returns what the reason adds: ``""`` when the state was not-ready, else what ``-srs 0``
+    did (the GPUs may still be ready when it failed: the reason says so).
     """
     if state != "ready":
-        return
+        return ""
     try:
         done = ctx.runner.run(["nvidia-smi", "conf-compute", "-srs", "0"], check=False)
+        said = "" if done.returncode == 0 else \
+            f"exit {done.returncode}: {one_line(done.output, 200)}"
     except CommandError as err:
-        raise StepFailed(f"attestation failed and the ready state found ready could not be set "
-                         f"back (nvidia-smi conf-compute -srs 0: {err})") from err
-    if done.returncode != 0:
-        raise StepFailed("attestation failed and the ready state found ready could not be set "
-                         f"back (nvidia-smi conf-compute -srs 0 exit {done.returncode}: "
-                         f"{one_line(done.output)})")
+        said = one_line(str(err), 200)
+    if said:
+        return ("; the ready state found ready could NOT be set back to not-ready (nvidia-smi "
+                f"conf-compute -srs 0 {said})")
     ctx.warn("confidential-computing: attestation failed; the ready state found ready was set "
              "back to not-ready (nvidia-smi conf-compute -srs 0)")
+    return "; the ready state found ready was set back to not-ready"

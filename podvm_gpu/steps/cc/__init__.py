@@ -105,21 +105,21 @@ def run(ctx: BootContext) -> str:
     # failure raises, with the ready state set back to not-ready where it was found ready
     from podvm_gpu.attestation.gate import attest_before_ready
 
-    label += f", {attested}" if (attested := attest_before_ready(
-        ctx, state, confidential_vm(ctx))) else ""
+    attested = attest_before_ready(ctx, state)
+    said = f"; {attested}" if attested else ""
     if state == "ready":
-        return f"{label}, ready state ready"
+        return f"{label}, ready state ready{said}"
     if not ctx.config.confidential_computing.set_ready_state:
         ctx.warn("confidential-computing: GPU ready state is not-ready; left for the attestation "
                  "flow to set (set_ready_state: false)")
-        return f"{label}, ready state not-ready (left for the attestation flow)"
+        return f"{label}, ready state not-ready (left for the attestation flow){said}"
     done = _smi(ctx, "-srs", "1")
     if done.returncode != 0:
         raise StepFailed(f"nvidia-smi conf-compute -srs 1 failed ({_said(done)})")
     state = ready_state(ctx)
     if state != "ready":
         raise StepFailed(f"CC ready state still {state} after nvidia-smi conf-compute -srs 1")
-    return f"{label}, ready state set to ready"
+    return f"{label}, ready state set to ready{said}"
 
 
 def plan(ctx: BootContext) -> list[list[str]]:
