@@ -130,7 +130,7 @@ def attest(ctx, ppcie: bool, write: bool = True) -> dict:
     kinds = [("gpu", len(ctx.gpus))] + ([("nvswitch", len(ctx.nvswitches))] if ppcie else [])
     judged = {}
     for kind, count in kinds:
-        argv = nvattest.command(kind, nonce, cc)
+        argv = nvattest.command(kind, nonce, cc, ctx.root)
         ran = nvattest.run(ctx.runner, argv, nvattest.limit_s(cc, count), under_systemd())
         expect = v.Expect(nonce, count, ctx.driver_version if kind == "gpu" else None,
                           rp_policy=bool(cc.relying_party_policy))

@@ -63,15 +63,20 @@ class Ran:
         self.duration_s, self.where, self.ended = duration_s, where, ended
 
 
-def command(device: str, nonce: str, cc) -> list[str]:
+def command(device: str, nonce: str, cc, root=None) -> list[str]:
     """``nvattest attest`` for ``device`` (``gpu``/``nvswitch``) with the nonce (64 hex digits)
-    and the config's options (``cc``: the confidential_computing section)."""
+    and the config's options (``cc``: the confidential_computing section); the policy file
+    and the RIM folder are host paths taken under ``root`` (a :class:`~podvm_gpu.host.fs.Root`,
+    ``/`` on a VM)."""
+    def under(path: str) -> str:
+        return root / path if root is not None else path
+
     argv = ["nvattest", "attest", "--device", device, "--verifier", "local", "--nonce", nonce,
             "--format", "json"]
     if cc.relying_party_policy:
-        argv += ["--relying-party-policy", cc.relying_party_policy]
+        argv += ["--relying-party-policy", under(cc.relying_party_policy)]
     if cc.rim_dir:
-        argv += ["--rim-store", "dir", "--rim-dir", cc.rim_dir]
+        argv += ["--rim-store", "dir", "--rim-dir", under(cc.rim_dir)]
     if cc.rim_url:
         argv += ["--rim-url", cc.rim_url]
     if cc.ocsp_url:

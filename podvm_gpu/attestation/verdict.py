@@ -193,7 +193,7 @@ def judge(returncode: int, stdout: str, stderr: str, kind: str, expect: Expect) 
         if first:
             break
     if code != 0:
-        why = first or (_last_error(stderr) if not claims else "no claim failed the agent's checks")
+        why = first or _last_error(stderr) or (claims and "no claim failed the agent's checks")
         return Verdict(False, code, message, f"{nvat}: {why or 'nvattest said nothing more'}",
                        claims, doc, warnings)
     if not isinstance(doc.get("claims"), list):

@@ -58,7 +58,7 @@ RULE_KEYS = {"argv", "rc", "stdout", "stderr", "delay_s", "effects", "only_befor
              "keep_output_s"}
 BOOT_EXPECT_KEYS = {"state", "exit", "reason_contains", "max_wall_s", "not_called", "cdi", "gpus",
                     "nvswitches", "cdi_devices", "not_killed", "step_messages",
-                    "warnings_contains"}
+                    "warnings_contains", "called", "attestation"}
 CHECK_EXPECT_KEYS = {"exit", "fails", "warns", "passes"}
 EXPECT_KEYS = {"boot": BOOT_EXPECT_KEYS, "rerun": BOOT_EXPECT_KEYS, "check": CHECK_EXPECT_KEYS}
 CDI_EXPECTATIONS = ("ready-spec", "unavailable", "absent")
@@ -82,8 +82,11 @@ sys.path.insert(0, {tests!r})
 os.environ["NVATTEST_STANDIN_PLAN"] = {plan!r}
 from scenarios.fake_tool import CallLog, _log_signals
 import nvattest_standin
+import json
 log = CallLog({calls!r})
-log.write("start", pid=os.getpid(), ppid=os.getppid(), run="", argv=["nvattest", *sys.argv[1:]])
+with open({state!r}) as f:
+    phase = json.load(f).get("run", "")
+log.write("start", pid=os.getpid(), ppid=os.getppid(), run=phase, argv=["nvattest", *sys.argv[1:]])
 _log_signals(log)
 rc = nvattest_standin.main(sys.argv[1:])
 log.write("end", rc=rc, answer="nvattest stand-in", applied=[])
@@ -463,7 +466,7 @@ class World:
             script = os.path.join(layout.bin, "nvattest")
             Path(script).write_text(NVATTEST_SCRIPT.format(
                 python=sys.executable, case_id=case.id, plan=plan, calls=layout.calls,
-                tests=str(TESTS)))
+                state=layout.state, tests=str(TESTS)))
             os.chmod(script, 0o755)
 
     def _parent_resolved(self, name: str) -> str:
