@@ -384,7 +384,7 @@ def test_the_unavailable_spec_in_the_doc_is_what_boot_writes():
 def test_the_status_example_in_the_doc_conforms_and_has_every_key():
     example = json.loads(re.search(r"```json\n(.*?)```", section("4.4"), re.S).group(1))
     assert_status_conforms(example)
-    assert [ticked(row[0]) for row in table_rows(section("4.1"))][:12] == list(example)
+    assert [ticked(row[0]) for row in table_rows(section("4.1"))][:len(example)] == list(example)
 
 
 def test_the_compiled_config_format_in_the_doc_is_the_code_s():

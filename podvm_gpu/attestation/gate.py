@@ -49,18 +49,17 @@ def required_because(cc, guest: str | None) -> str | None:
 _UNSET = object()
 
 
-def tee_guest(ctx) -> str | None:
+def tee_guest(ctx, kernel_log_says: str | None = None) -> str | None:
     """The confidential guest as host/tee.py's evidence names it (``Intel TDX (/proc/cpuinfo
-    flag tdx_guest)``), or None. The kernel log alone does not make attestation required: a
-    warning says so (the shared case C21 is such a world, and ends ready)."""
+    flag tdx_guest)``), or None. The kernel log alone (``kernel_log_says``: the step's own
+    reading of it) does not make attestation required: a warning says so (the shared case C21
+    is such a world, and ends ready)."""
     from podvm_gpu.host import tee
 
     guest = tee.detect(ctx.root)
     if guest.kind is not None:
         return guest.describe()
-    from podvm_gpu.steps.cc import confidential_vm
-
-    if confidential_vm(ctx):
+    if kernel_log_says:
         ctx.warn("confidential-computing: the kernel log names a confidential guest but "
                  "host/tee.py finds no evidence (CPU flag, sev-guest or tdx_guest device); "
                  "attestation is not required by the guest")

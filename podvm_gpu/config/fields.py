@@ -152,6 +152,15 @@ def tool(value: object, loc: list) -> str:
     return value
 
 
+def attestation_mode(value: object, loc: list) -> str:
+    """``auto``, ``required`` or ``off``; YAML 1.1 reads an unquoted ``off`` as false, and the
+    error says to quote it (a boolean is not taken for a word: values are strict)."""
+    if value is False:
+        raise Invalid(loc, "must be one of auto, required, off, not false (YAML reads an "
+                      "unquoted off as false: write 'off')")
+    return one_of(ATTESTATION_MODES)(value, loc)
+
+
 def timeout_tool(value: object, loc: list) -> str:
     """A tool of ``timeouts:``: any of :data:`TOOLS` but ``nvattest``, whose runs are bounded by
     ``confidential_computing.attestation_timeout_s`` and ``attestation_per_device_s`` (a

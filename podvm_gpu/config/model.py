@@ -3,10 +3,11 @@ its fields as a table (name -> (validator, default)); ``Config()`` is the defaul
 
 from __future__ import annotations
 
-from podvm_gpu.config.fields import (ATTESTATION_MODES, MAX_GPUS, OPTIONAL_MODULES, Invalid, Section, absolute_path,
-                                     boolean, count, mapping, seconds, string_list, tool,
-                                     module, module_names, one_of, optional_modules,
-                                     parameter_name, parameter_value, timeout_tool, url)
+from podvm_gpu.config.fields import (MAX_GPUS, OPTIONAL_MODULES, Invalid, Section, absolute_path,
+                                     attestation_mode, boolean, count, mapping, module,
+                                     module_names, optional_modules, parameter_name,
+                                     parameter_value, seconds, string_list, tool, timeout_tool,
+                                     url)
 
 
 class PersistencedConfig(Section):
@@ -74,7 +75,7 @@ class ConfidentialComputingConfig(Section):
     is missing; boot does not read it."""
 
     FIELDS = {"set_ready_state": (boolean, True), "allow_devtools": (boolean, False),
-              "attestation": (one_of(ATTESTATION_MODES), "auto"),
+              "attestation": (attestation_mode, "auto"),
               "attestation_timeout_s": (seconds(0, False), 40.0),
               "attestation_per_device_s": (seconds(0, True), 10.0),
               "relying_party_policy": (absolute_path, None),

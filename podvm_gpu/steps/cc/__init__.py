@@ -103,9 +103,9 @@ def run(ctx: BootContext) -> str:
     state = ready_state(ctx)
     # the hook between the classification and -srs 1 (podvm_gpu/attestation/gate.py): a
     # failure raises, with the ready state set back to not-ready where it was found ready
-    from podvm_gpu.attestation.gate import attest_before_ready
+    from podvm_gpu.attestation.gate import attest_before_ready, tee_guest
 
-    attested = attest_before_ready(ctx, state)
+    attested = attest_before_ready(ctx, state, tee_guest(ctx, confidential_vm(ctx)))
     said = f"; {attested}" if attested else ""
     if state == "ready":
         return f"{label}, ready state ready{said}"
@@ -178,4 +178,18 @@ def guest_tee_row(facts) -> Check:
     return Check("guest-tee", PASS, guest.describe())
 
 
-VM_ROWS = {"guest-tee": guest_tee_row, "confidential-computing": confidential_computing_row}
+def _attestation_row(facts) -> Check:
+    from podvm_gpu.attestation.check import fresh_row, record_row
+
+    return fresh_row(facts) if getattr(facts, "attest", False) else record_row(facts)
+
+
+def _attestation_image_row(image) -> Check:
+    from podvm_gpu.attestation.check import image_row
+
+    return image_row(image)
+
+
+VM_ROWS = {"guest-tee": guest_tee_row, "confidential-computing": confidential_computing_row,
+           "attestation": _attestation_row}
+IMAGE_ROWS = {"attestation": _attestation_image_row}
