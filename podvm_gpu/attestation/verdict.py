@@ -178,9 +178,11 @@ def judge(returncode: int, stdout: str, stderr: str, kind: str, expect: Expect) 
     warnings: list[str] = []
     doc = parse_output(stdout)
     if doc is None:
+        from podvm_gpu.errors import exit_text
+
         said = _last_error(stderr) or "no output"
-        return Verdict(False, None, None, f"nvattest printed no JSON result (exit {returncode}): "
-                       f"{said}", [], None, warnings)
+        return Verdict(False, None, None, f"nvattest printed no JSON result "
+                       f"({exit_text(returncode)}): {said}", [], None, warnings)
     code, message = doc["result_code"], str(doc.get("result_message", ""))[:120]
     claims = doc.get("claims") if isinstance(doc.get("claims"), list) else []
     nvat = f"NVAT result {code} ({message})"
