@@ -218,3 +218,18 @@ def test_the_command_takes_the_config_paths_under_the_root():
                     "ab" * 32, "--format", "json", "--relying-party-policy",
                     "/tmp/world/etc/p.rego", "--rim-store", "dir", "--rim-dir",
                     "/tmp/world/var/rims", "--rim-url", "https://rim.example"]
+
+
+def test_metrics_agree_with_the_record(world):
+    from podvm_gpu.metrics.families import attestation_families
+
+    ctx = world({"gpus": [{"driver": DRIVER}] * 2}, gpus=2)
+    gate.attest_before_ready(ctx, "not-ready", guest="TDX")
+    families = {f.name: f for f in attestation_families({"attestation": ctx.status.attestation})}
+    result = {s.labels["result"]: s.value for s in families["podvm_gpu_attestation_result"].samples}
+    assert result == {"passed": 1, "failed": 0, "not-run": 0, "off": 0}
+    devices = {s.labels["type"]: s.value for s in families["podvm_gpu_attestation_devices"].samples}
+    assert devices == {"gpu": 2, "nvswitch": 0}
+    duration = families["podvm_gpu_attestation_duration_seconds"].samples[0].value
+    assert duration == ctx.status.attestation["duration_s"] > 0
+    assert attestation_families({"attestation": None}) == []
