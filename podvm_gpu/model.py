@@ -137,7 +137,7 @@ class Status:
         self.nvswitches: list[PciDevice] = []
         self.driver_version: str | None = None
         self.cdi: dict | None = None
-        self.fabric = None  # podvm_gpu.fabric_kind.Fabric (anything with to_dict()), GPU path
+        self.fabric = None  # podvm_gpu.steps.fabric.fabric_kind.Fabric (anything with to_dict()), GPU path
         self.steps: list[Step] = []
         self.attestation: dict | None = None  # podvm_gpu/attestation/gate.py's record
 

@@ -14,7 +14,7 @@ import glob
 import os
 import re
 
-from podvm_gpu import kmod
+from podvm_gpu.host import kmod
 from podvm_gpu.host.fs import Root
 
 NVIDIA_MAJOR_NAME = "nvidia"  # /proc/devices name of the driver's character major (195)
@@ -89,7 +89,7 @@ def kernel_module_version(root: Root) -> str | None:
 
 def modprobe_overrides(root: Root, module: str) -> list[str]:
     """``install``/``blacklist`` lines for ``module`` in modprobe.d, as ``file: line`` strings,
-    in kmod's reading order (links resolved inside the root, podvm_gpu/kmod.py).
+    in kmod's reading order (links resolved inside the root, podvm_gpu/host/kmod.py).
 
     An ``install nvidia /bin/true`` line makes ``modprobe nvidia`` exit 0 without loading it;
     ``blacklist`` makes ``modprobe -b`` (udev's autoload) exit 0 without loading it.
@@ -102,7 +102,7 @@ def modprobe_overrides(root: Root, module: str) -> list[str]:
 def module_kernels(root: Root, module: str = "nvidia") -> list[str]:
     """Kernel releases under ``/lib/modules`` that have the module: a file ``modprobe <module>``
     reaches, or a file whose internal name is ``module`` under another file name
-    (podvm_gpu/kmod.py; any compression)."""
+    (podvm_gpu/host/kmod.py; any compression)."""
     try:
         releases = sorted(os.listdir(root.resolve("/lib/modules")))
     except OSError:
@@ -233,66 +233,6 @@ def nvsmi_no_driver(returncode: int | None, output: str) -> str | None:
         return None
     said = " ".join(output.split()) or "no output"
     return f"nvidia-smi cannot communicate with the NVIDIA driver (exit 9: {said})"
-
-
-class FabricState(collections.namedtuple("FabricState", "gpu state status")):
-    """One GPU's NVLink fabric state from ``nvidia-smi -q`` (``Fabric`` section): the GPU's PCI
-    address, the ``State`` and the ``Status`` line, as text."""
-
-    __slots__ = ()
-
-    @property
-    def supported(self) -> bool:
-        return self.state.strip().lower() not in ("n/a", "not supported", "", "unknown")
-
-    @property
-    def completed(self) -> bool:
-        return self.state.strip().lower() == "completed"
-
-    @property
-    def success(self) -> bool:
-        return self.completed and self.status.strip().lower() == "success"
-
-
-def parse_fabric(text: str) -> list[FabricState]:
-    """The ``Fabric`` block of each GPU in ``nvidia-smi -q`` output, by labels.
-
-    A GPU block starts at ``GPU <pci>``; inside it, the ``State`` and ``Status`` lines after a
-    ``Fabric`` heading (indented deeper than it) are read. GPUs without a Fabric block are left out.
-    """
-    result: list[FabricState] = []
-    gpu = None
-    fabric_indent = None
-    state = status = None
-
-    def flush():
-        nonlocal state, status
-        if gpu is not None and state is not None:
-            result.append(FabricState(gpu, state, status or "N/A"))
-        state = status = None
-
-    for line in text.splitlines():
-        stripped = line.strip()
-        indent = len(line) - len(line.lstrip())
-        m = re.match(r"^GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", stripped)
-        if m and indent == 0:
-            flush()
-            gpu, fabric_indent = m.group(1), None
-            continue
-        if stripped == "Fabric":
-            fabric_indent = indent
-            continue
-        if fabric_indent is not None:
-            if indent <= fabric_indent and stripped:
-                fabric_indent = None
-                continue
-            key, sep, value = stripped.partition(":")
-            if sep and key.strip() == "State" and state is None:
-                state = value.strip()
-            elif sep and key.strip() == "Status" and status is None:
-                status = value.strip()
-    flush()
-    return result
 
 
 def parse_cc_mode(text: str) -> str | None:

@@ -292,7 +292,7 @@ def test_a_real_debian_13_kernel_and_its_own_modules(config):
     kernel decompresses xz in the kernel, and its own modules (kbuild's) carry CRC32."""
     if config is None:
         pytest.skip("no cached Debian 13 rootfs (tests/test_boot_nspawn.py builds it)")
-    from podvm_gpu import modcompress
+    from podvm_gpu.steps.modules import modcompress
     from podvm_gpu.host.fs import Root
 
     root = Root(str(config.parents[1]))
@@ -305,7 +305,7 @@ def test_a_real_debian_13_kernel_and_its_own_modules(config):
 
 def test_the_xz_header_is_read_as_the_format_says(tmp_path):
     """Twelve bytes: magic, stream flags (check ID in the low nibble), their CRC32."""
-    from podvm_gpu import modcompress
+    from podvm_gpu.steps.modules import modcompress
 
     plain = tmp_path / "m.ko"
     plain.write_bytes(b"\0" * 100)

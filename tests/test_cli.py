@@ -445,7 +445,7 @@ def test_boot_dry_run_json_prints_one_document_and_writes_nothing(tmp_path, podv
 @pytest.mark.parametrize("with_file", [False, True])
 def test_dry_run_plans_the_fabric_manager_exactly_as_boot_starts_it(tmp_path, podvm, empty_path,
                                                                     with_file):
-    """-c only with a config file the root has (steps/fabric.py), in the plan as in the run:
+    """-c only with a config file the root has (steps/fabric/step.py), in the plan as in the run:
     since issue 16 the copy under /run with the keys the VM's role needs (FABRIC_MODE=0, the
     rail policy), made from the stock file."""
     stock = tmp_path / "usr/share/nvidia/nvswitch/fabricmanager.cfg"

@@ -1,4 +1,4 @@
-"""podvm_gpu/dkms.py: what DKMS made of the nvidia module sources, read from its tree as dkms 3
+"""podvm_gpu/steps/modules/dkms.py: what DKMS made of the nvidia module sources, read from its tree as dkms 3
 lays it out (see the module docstring); on Debian's real trees in tests/test_trixie_driver_image.py
 (a failed build) and tests/test_open_driver_image.py (an installed one)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from podvm_gpu import dkms
+from podvm_gpu.steps.modules import dkms
 from podvm_gpu.host.fs import Root
 
 KERNEL = "6.12.117+deb13-cloud-amd64"

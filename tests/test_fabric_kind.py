@@ -1,11 +1,11 @@
-"""The fabric kind from PCI (podvm_gpu/fabric_kind.py) and its sysfs readers
+"""The fabric kind from PCI (podvm_gpu/steps/fabric/fabric_kind.py) and its sysfs readers
 (podvm_gpu/host/infiniband.py), on plain folders shaped as sysfs."""
 
 import os
 
 import pytest
 
-from podvm_gpu import fabric_kind
+from podvm_gpu.steps.fabric import fabric_kind
 from podvm_gpu.host import infiniband
 
 

@@ -1,4 +1,4 @@
-"""What ``modprobe <name>`` loads (podvm_gpu/kmod.py): the reader of modprobe.d and the module tree
+"""What ``modprobe <name>`` loads (podvm_gpu/host/kmod.py): the reader of modprobe.d and the module tree
 on small trees, then the reader and the kmod query against Debian 12's real kmod 30 in the
 real-driver image, one configuration after the other."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from boot import image, real_driver
 from boot.nvidia_image import kernel_module
-from podvm_gpu import kmod
+from podvm_gpu.host import kmod
 from podvm_gpu.errors import CommandError
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Completed

@@ -136,11 +136,27 @@ def test_only_the_step_list_names_a_steps_module(step, module):
     assert getattr(owner, "VM_ROWS", None), "a step says how a running VM stands with it"
 
 
-def test_every_step_module_is_in_the_step_list():
+def test_every_step_module_or_package_is_in_the_step_list():
+    """A module of ``steps/`` is a step; a package of ``steps/`` is a step's room, whose
+    ``step.py`` is the step (podvm_gpu/steps/__init__.py): both are in the step list, and
+    nothing else is in ``steps/`` but the shared context."""
     listed = {module for _, module in steps.STEPS}
-    present = {p.stem for p in (PACKAGE / "steps").glob("*.py")} - {"__init__", "context"}
+    folder = PACKAGE / "steps"
+    present = {p.stem for p in folder.glob("*.py")} - {"__init__", "context"}
+    present |= {f"{p.parent.name}.step" for p in folder.glob("*/__init__.py")}
 
     assert present == listed
+
+
+@pytest.mark.parametrize("room", sorted(p.parent.name for p in (PACKAGE / "steps").glob("*/__init__.py")))
+def test_a_step_room_has_its_step_and_no_code_in_its_init(room):
+    """Importing a room's helper (the fabric kind, the attach cause) must not import the step:
+    the room's ``__init__.py`` is a docstring only."""
+    folder = PACKAGE / "steps" / room
+    body = ast.parse((folder / "__init__.py").read_text()).body
+
+    assert (folder / "step.py").is_file()
+    assert all(isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body)
 
 
 def test_the_cpu_fast_path_imports_only_what_it_needs(tmp_path):

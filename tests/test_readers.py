@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from podvm_gpu import readers
+from podvm_gpu.steps.fabric.parse import parse_fabric
 from podvm_gpu.host.fs import Root
 
 CASES = Path(__file__).resolve().parent / "data" / "cases"
@@ -340,14 +341,14 @@ def smi_q(states: list[tuple[str, str]]) -> str:
 
 
 def test_parse_fabric_reads_every_gpu_completed_success():
-    states = readers.parse_fabric(smi_q([("Completed", "Success")] * 4))
+    states = parse_fabric(smi_q([("Completed", "Success")] * 4))
 
     assert [s.gpu for s in states] == PCIS
     assert all(s.success and s.completed and s.supported for s in states)
 
 
 def test_parse_fabric_keeps_each_gpus_own_state():
-    states = readers.parse_fabric(smi_q([("Completed", "Success"), ("In Progress", "N/A"),
+    states = parse_fabric(smi_q([("Completed", "Success"), ("In Progress", "N/A"),
                                          ("Completed", "Failure"), ("Not Started", "N/A")]))
 
     assert [(s.state, s.status) for s in states] == [
@@ -358,7 +359,7 @@ def test_parse_fabric_keeps_each_gpus_own_state():
 
 
 def test_parse_fabric_na_state_is_not_supported():
-    states = readers.parse_fabric(smi_q([("N/A", "N/A")] * 2))
+    states = parse_fabric(smi_q([("N/A", "N/A")] * 2))
 
     assert len(states) == 2
     assert not any(s.supported for s in states)
@@ -386,7 +387,7 @@ def test_parse_fabric_is_not_confused_by_other_state_and_status_labels():
                 Status                            : Success
         """)
 
-    states = readers.parse_fabric(text)
+    states = parse_fabric(text)
 
     assert [(s.gpu, s.state, s.status) for s in states] == [
         ("00000000:18:00.0", "In Progress", "N/A")]
@@ -413,15 +414,15 @@ def test_parse_fabric_of_the_fabric_only_query():
                 Status                            : Success
         """)
 
-    states = readers.parse_fabric(text)
+    states = parse_fabric(text)
 
     assert [s.gpu for s in states] == ["00000000:18:00.0", "00000000:2A:00.0"]
     assert all(s.success for s in states)
 
 
 def test_parse_fabric_of_nothing_is_empty():
-    assert readers.parse_fabric("") == []
-    assert readers.parse_fabric("No devices were found\n") == []
+    assert parse_fabric("") == []
+    assert parse_fabric("No devices were found\n") == []
 
 
 # --- nvidia-smi conf-compute --------------------------------------------------------------------

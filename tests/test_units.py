@@ -215,7 +215,7 @@ def test_a_daemons_unit_never_times_out_its_start_and_is_not_bound_to_the_agent(
     """persistenced and the fabric manager fork once initialised (persistenced after attaching
     every GPU), so systemd's start time-out would kill one mid-attach: it is off; the agent's own
     wait is bounded. NVLSM stays in the foreground (``-f stdout``): Type=exec, its readiness the
-    agent's check (podvm_gpu/nvl5.py). Nothing ties the unit to podvm-gpu.service: the agent's
+    agent's check (podvm_gpu/steps/fabric/nvl5.py). Nothing ties the unit to podvm-gpu.service: the agent's
     failure or stop leaves it."""
     unit = parse_unit(root / DAEMON_DIR.lstrip("/") / daemon.unit)
     service = unit["Service"]

@@ -23,11 +23,11 @@ The order, and what depends on what (contract section 3):
 ``fabricmanager``     }     after persistenced; independent of each other, so they run at the
                             same time. On NVLink 5 the fabricmanager step finds the management
                             port, starts NVLSM, waits for it, then the fabric manager
-                            (podvm_gpu/nvl5.py); none of that touches a GPU, so it runs beside
+                            (podvm_gpu/steps/fabric/nvl5.py); none of that touches a GPU, so it runs beside
 ``confidential-computing``  same time: the fabric wait is tens of seconds on HGX machines,
 ``cdi`` (generate)    }     and nvidia-ctk's generation does not need the fabric or the ready
                             state, only the driver and persistenced.
-``cdi`` (health gate)       after generation, in the same branch (podvm_gpu/health.py): two bounded
+``cdi`` (health gate)       after generation, in the same branch (podvm_gpu/steps/cdi/health.py): two bounded
                             nvidia-smi queries (row remapper; volatile ECC, pages pending), NVML
                             clients, so after persistenced; before the install, since a spec
                             means a usable GPU. No step of its own: the contract's step list
@@ -105,7 +105,7 @@ def run_pipeline(run: Run, config: Config | None) -> int:
     runner = Runner(config.tools, timeouts_for(config), deadline=deadline, trust_tool_paths=True)
     ctx = BootContext(run.root, config, runner, run.status, deadline, gpus=gpus,
                       nvswitches=switches)
-    from podvm_gpu import fabric_kind  # the GPU path only: VPD is never read on a CPU VM
+    from podvm_gpu.steps.fabric import fabric_kind  # the GPU path only: VPD is never read on a CPU VM
 
     ctx.fabric = run.status.fabric = fabric_kind.detect([s.pci_address for s in switches])
     if run.dry_run:
@@ -306,10 +306,10 @@ def _dry_run(run: Run, ctx: BootContext) -> int:
 
 def _fail(run: Run, reason: str) -> int:
     """End the boot ``failed``: the driver's reason for not attaching a GPU first when the log
-    has one (podvm_gpu/attach.py: the tool that failed only says it found no device), what else the
+    has one (podvm_gpu/steps/modules/attach.py: the tool that failed only says it found no device), what else the
     kernel log says appended (the facts the patterns name, then the driver's own error records
     not quoted yet), then :meth:`Run.fail`."""
-    from podvm_gpu.attach import attach_cause
+    from podvm_gpu.steps.modules.attach import attach_cause
 
     records = kmsg.read_kernel_records(run.root)
     messages = [m for _level, m in records]

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 
-from podvm_gpu import kmod, steps, units
+from podvm_gpu import steps, units
+from podvm_gpu.host import kmod
 from podvm_gpu.check import FAIL, PASS, SKIP, WARN, Check, isolated
 from podvm_gpu.check.units import kata_cdi_check, kata_ordering_check, refresh_units_check
 from podvm_gpu.config.load import DEFAULT_PATH as CONFIG_PATH

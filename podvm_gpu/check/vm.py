@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 
-from podvm_gpu import fabric_kind, readers, steps, units
+from podvm_gpu import readers, steps, units
+from podvm_gpu.steps.fabric import fabric_kind
 from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check, isolated, safely
 from podvm_gpu.check.units import (kata_agent_version, kata_cdi_check, kata_ordering_check,
                                   refresh_units_check)
@@ -29,7 +30,7 @@ class Facts:
         loaded: whether the nvidia module is loaded; messages: the kernel log's records.
         minors: PCI address -> minor of ``/dev/nvidia<minor>``; failed_at: the GPU step the
             last boot failed at, or None.
-        fabric: the fabric kind PCI shows now (:func:`podvm_gpu.fabric_kind.detect`, the boot's
+        fabric: the fabric kind PCI shows now (:func:`podvm_gpu.steps.fabric.fabric_kind.detect`, the boot's
             reader), None without a GPU or when it cannot be read; boot_fabric: status.json's
             ``fabric`` object of the last boot, or None.
     """

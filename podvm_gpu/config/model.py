@@ -38,12 +38,12 @@ class FabricManagerConfig(Section):
 
 
 class NvLink5Config(Section):
-    """The NVLink 5 path (ConnectX-managed NVSwitches, podvm_gpu/nvl5.py): ``ib_modules`` loaded
+    """The NVLink 5 path (ConnectX-managed NVSwitches, podvm_gpu/steps/fabric/nvl5.py): ``ib_modules`` loaded
     by the modules step when the VM has NVLink management ports (NVRC loads the same three);
     ``ib_wait_s`` the longest wait for their InfiniBand devices and ``/dev/infiniband/umad*``
     nodes to appear after the load (the driver registers them asynchronously); NVLSM's config
     file (``-F``, the nvlsm package's path NVRC uses) and its readiness wait; ``image_serves``:
-    this image serves NVL5 VMs: ``check --image``'s ``fabric`` row (steps/fabric.py) fails
+    this image serves NVL5 VMs: ``check --image``'s ``fabric`` row (steps/fabric/step.py) fails
     instead of warning on what NVL5 needs; boot does not read it."""
 
     FIELDS = {"ib_modules": (module_names, ("mlx5_core", "mlx5_ib", "ib_umad")),
@@ -100,7 +100,7 @@ class ModulesConfig(Section):
 
 
 class HealthConfig(Section):
-    """The health gate before the spec is installed (podvm_gpu/health.py): a pending row remap or
+    """The health gate before the spec is installed (podvm_gpu/steps/cdi/health.py): a pending row remap or
     page retirement (it takes effect only after a GPU reset) fails the boot unless
     ``reset_pending_warns`` makes it a warning."""
 

@@ -48,7 +48,7 @@ class DaemonUnit(Record):
         unit_type: ``forking`` (a daemon whose parent exits once it is initialised) or
             ``exec`` (one that stays in the foreground, NVLSM with ``-f stdout``: systemd
             reports the start once the program is executed; its readiness is the agent's own
-            check, podvm_gpu/nvl5.py).
+            check, podvm_gpu/steps/fabric/nvl5.py).
     """
 
     FIELDS = (("tool", REQUIRED), ("unit", REQUIRED), ("description", REQUIRED),

@@ -12,7 +12,7 @@ from podvm_gpu.metrics import families as fam
 from podvm_gpu.metrics.prom import generate_latest, generate_openmetrics
 from podvm_gpu.metrics.reading import NvmlReading, cc_safe
 from podvm_gpu.metrics.settings import MetricsSettings
-from podvm_gpu.nvl5 import NVLSM_COMM, NVLSM_PID
+from podvm_gpu.steps.fabric.nvl5 import NVLSM_COMM, NVLSM_PID
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, PERSISTENCED_COMM,
                                PERSISTENCED_PID, daemon_pid)
 from podvm_gpu.status import StatusUnreadable, load_status

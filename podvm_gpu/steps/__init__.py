@@ -1,5 +1,11 @@
 """The boot steps, one module each (contract section 3): the step list is here, and only here.
 
+A step is a module ``steps/<name>.py``, or, when it has helpers of its own, a package
+``steps/<name>/`` (a room) whose ``step.py`` is the step and whose other modules are its helpers
+(``steps/fabric/``, ``steps/modules/``, ``steps/cdi/``); its ``__init__.py`` holds no code, so a
+helper imported elsewhere (the fabric kind by the pipeline and the modules step) never imports
+the step. ``steps/context.py`` is the steps' shared context, no step.
+
 Each GPU step's module has ``run(ctx)`` (its message when it is ``ok``; it raises
 :class:`Skipped` for ``skipped`` and :class:`~podvm_gpu.errors.StepFailed` with the cause,
 without the step's name, for ``failed``), ``plan(ctx)`` (the commands ``boot --dry-run`` says it
@@ -21,13 +27,13 @@ import importlib
 STEPS = (
     ("detect", "detect"),
     ("drivers", "drivers"),
-    ("modules", "modules"),
+    ("modules", "modules.step"),
     ("versions", "versions"),
     ("device-nodes", "nodes"),
     ("persistenced", "persistenced"),
-    ("fabricmanager", "fabric"),
+    ("fabricmanager", "fabric.step"),
     ("confidential-computing", "cc"),
-    ("cdi", "cdi_step"),
+    ("cdi", "cdi.step"),
 )
 # The steps after persistenced, which run at the same time (boot/pipeline.py says why).
 PARALLEL = ("fabricmanager", "confidential-computing", "cdi")

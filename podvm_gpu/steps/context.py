@@ -29,7 +29,7 @@ class BootContext:
         deadline: ``time.monotonic()`` value at which the budget is spent.
         gpus, nvswitches: what detect found, sorted by PCI address.
         driver_version: the kernel module's version once the versions step has read it.
-        fabric: the fabric kind and the NVL5 path's record (podvm_gpu/fabric_kind.py).
+        fabric: the fabric kind and the NVL5 path's record (podvm_gpu/steps/fabric/fabric_kind.py).
         minors: PCI address -> device minor of ``/dev/nvidia<minor>``, from the driver.
         stopping: a ``threading.Event`` set when the steps in flight must stop (pipeline.py),
             or None; ``stopped_because`` says why.
@@ -44,7 +44,7 @@ class BootContext:
         self.nvswitches = list(nvswitches or [])
         self.driver_version: str | None = None
         self.minors: dict[str, int] = {}
-        self.fabric = None  # podvm_gpu.fabric_kind.Fabric, set by the pipeline before the steps
+        self.fabric = None  # podvm_gpu.steps.fabric.fabric_kind.Fabric, set by the pipeline before the steps
         self.nvml_seen: set[str] | None = None  # bus ids the last answered fabric query listed
         self.stopping = None
         self.stopped_because = ""

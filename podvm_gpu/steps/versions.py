@@ -15,7 +15,8 @@ from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, exit_text
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, NVML_SONAME, daemon_pid,
                                find_nvml, find_nvml_elsewhere, kernel_module_version, version_in)
-from podvm_gpu import kmod, readers
+from podvm_gpu import readers
+from podvm_gpu.host import kmod
 from podvm_gpu.check import FAIL, PASS, SKIP, Check
 
 

@@ -37,7 +37,7 @@ ABSENT_IN_535 = ["nvmlSystemGetConfComputeSettings", "nvmlDeviceGetTemperatureV"
                  "nvmlDeviceGetGpuFabricInfoV"]
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 PERSISTENCED_PID = 4242
-# daemon -> its pid file (podvm_gpu/readers.py, podvm_gpu/nvl5.py)
+# daemon -> its pid file (podvm_gpu/readers.py, podvm_gpu/steps/fabric/nvl5.py)
 FABRIC_DAEMON_FILES = {"nvlsm": "/run/podvm-gpu/nvlsm.pid",
                        "nv-fabricmanager": "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"}  # a pid of the root's own /proc: nothing runs under it on this host
 
@@ -123,7 +123,7 @@ def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int =
         persistenced: True: persistenced's pid file names a live ``nvidia-persistenced``.
         kernel_log: messages for ``/dev/kmsg`` (a plain file under the root), as the kernel
             writes them after the record prefix.
-        fabric: status.json's ``fabric.kind`` (podvm_gpu/fabric_kind.py); None: ``nvswitch``
+        fabric: status.json's ``fabric.kind`` (podvm_gpu/steps/fabric/fabric_kind.py); None: ``nvswitch``
             with NVSwitches, else ``none``; ``nvlink5`` gets port mlx5_2 and its GUID.
         running: fabric daemons whose pid files name a live process (``nvlsm``,
             ``nv-fabricmanager``).
@@ -132,7 +132,7 @@ def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int =
     from podvm_gpu.host.fs import Root
     from podvm_gpu.model import PciDevice, Status, Step, StepResult
     from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
-    from podvm_gpu.fabric_kind import Fabric
+    from podvm_gpu.steps.fabric.fabric_kind import Fabric
     from podvm_gpu.status import StatusFile
 
     status = Status()

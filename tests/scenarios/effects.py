@@ -450,7 +450,7 @@ class Effects:
     def _daemon_ready(self, which: str, effect: dict) -> None:
         import socket
 
-        if which == "nvlsm":  # podvm_gpu/nvl5.py: the FM-SM socket served, the pid file
+        if which == "nvlsm":  # podvm_gpu/steps/fabric/nvl5.py: the FM-SM socket served, the pid file
             socket_path = self.path(NVLSM_SOCKET)
             pid_file = option_value(self.argv, "--pid_file") or self.path(NVLSM_PID)
             run_dir, tool, comm = os.path.dirname(socket_path), "nvlsm", "nvlsm"

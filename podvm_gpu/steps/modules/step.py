@@ -3,7 +3,7 @@ modules (``nvidia_modeset``), skipping loaded ones.
 
 ``modprobe nvidia`` loads whatever kmod resolves the name to: ``nvidia.ko`` of NVIDIA's packages,
 or Debian's ``nvidia-current.ko`` through the ``install`` rules of ``/etc/modprobe.d/nvidia.conf``
-(podvm_gpu/kmod.py). Either way the kernel lists the module as ``nvidia`` (its internal name),
+(podvm_gpu/host/kmod.py). Either way the kernel lists the module as ``nvidia`` (its internal name),
 which is what "loaded" is checked against.
 
 A failure names the module and a cause read from evidence only: modprobe's own message (the
@@ -34,11 +34,11 @@ import os
 import re
 import time
 
-from podvm_gpu import kmod
+from podvm_gpu.host import kmod
 from podvm_gpu.config.fields import OPTIONAL_MODULES, REQUIRED_MODULES
-from podvm_gpu.attach import attach_cause
-from podvm_gpu.fabric_kind import ib_context as _ib_context, ib_modules, module_parameters
-from podvm_gpu.fabric_kind import record_ib as _record_ib
+from podvm_gpu.steps.modules.attach import attach_cause
+from podvm_gpu.steps.fabric.fabric_kind import ib_context as _ib_context, ib_modules, module_parameters
+from podvm_gpu.steps.fabric.fabric_kind import record_ib as _record_ib
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host import kmsg
@@ -191,7 +191,7 @@ def decompress_hint(finding) -> str:
 
 def not_found_cause(root: Root, release: str, module: str) -> str:
     """Why kmod finds no ``module``: a file that holds it but that modprobe does not reach
-    (:func:`podvm_gpu.kmod.unreached`), or no module for this kernel at all (and the kernels
+    (:func:`podvm_gpu.host.kmod.unreached`), or no module for this kernel at all (and the kernels
     that have one)."""
     why = kmod.unreached(root, release, module) if release else None
     if why:
@@ -405,7 +405,7 @@ def modules_image_row(image) -> Check:
         kernels_lacking = sorted({k for k, _ in lacking})
         # a DKMS build that failed (or never ran) says why: dkms.py reads its tree (imported
         # here: only check --image needs it, not the boot's import cost)
-        from podvm_gpu import dkms
+        from podvm_gpu.steps.modules import dkms
 
         reason, hint = dkms.why_not_built(root, kernels_lacking) or (
             "", "build the nvidia modules (DKMS) for every kernel in the image")
@@ -472,8 +472,8 @@ def firmware_image_row(image) -> Check:
 
 
 def compression_image_row(image) -> Check:
-    """``module-compression``: what each kernel's decompressor takes (podvm_gpu/modcompress.py)."""
-    from podvm_gpu import modcompress
+    """``module-compression``: what each kernel's decompressor takes (podvm_gpu/steps/modules/modcompress.py)."""
+    from podvm_gpu.steps.modules import modcompress
 
     return modcompress.compression_image_row(image)
 

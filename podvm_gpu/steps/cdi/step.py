@@ -94,11 +94,11 @@ class Generated:
 
     def __init__(self, text: str, spec):
         self.text, self.spec = text, spec
-        self.health = ""  # what the health gate read (podvm_gpu/health.py), for the step's message
+        self.health = ""  # what the health gate read (podvm_gpu/steps/cdi/health.py), for the step's message
 
 
 def run(ctx: BootContext) -> Generated:
-    """Generate and validate the spec while the health gate (podvm_gpu/health.py: a spec must
+    """Generate and validate the spec while the health gate (podvm_gpu/steps/cdi/health.py: a spec must
     mean a usable GPU) reads the GPUs: two independent NVML clients, both after persistenced, so
     the gate's queries cost the boot no time beyond the generation's. Nothing is written.
 
@@ -110,7 +110,7 @@ def run(ctx: BootContext) -> Generated:
     """
     import threading
 
-    from podvm_gpu import health
+    from podvm_gpu.steps.cdi import health
 
     said: dict = {}
 
@@ -199,7 +199,7 @@ def finish(ctx: BootContext, generated: Generated) -> str:
 
 def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: the spec's generation, then the health gate's queries."""
-    from podvm_gpu import health
+    from podvm_gpu.steps.cdi import health
 
     return [generate_argv(ctx), health.remap_argv(), health.ecc_argv()]
 
@@ -259,10 +259,10 @@ def cdi_duplicates_row(facts) -> Check:
 
 
 def row_remapper_row(facts) -> Check:
-    """The row remapper of each GPU, judged as the health gate judges it (podvm_gpu/health.py):
+    """The row remapper of each GPU, judged as the health gate judges it (podvm_gpu/steps/cdi/health.py):
     one bounded query; a failure fails, a pending remap fails unless
     ``health.reset_pending_warns``, an unanswered query warns."""
-    from podvm_gpu import health
+    from podvm_gpu.steps.cdi import health
     from podvm_gpu.steps.context import HARMLESS_CALL_S
 
     skip = facts.not_reached("cdi")

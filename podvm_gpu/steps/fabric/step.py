@@ -1,8 +1,8 @@
-"""Step 7, ``fabricmanager``: the VM's NVLink fabric, by its kind (podvm_gpu/fabric_kind.py).
+"""Step 7, ``fabricmanager``: the VM's NVLink fabric, by its kind (podvm_gpu/steps/fabric/fabric_kind.py).
 
 - ``nvswitch``: start nv-fabricmanager and wait, bounded, until every GPU reports fabric State
   Completed with Status Success.
-- ``nvlink5``: find the management port, start NVLSM and wait for it (podvm_gpu/nvl5.py), then
+- ``nvlink5``: find the management port, start NVLSM and wait for it (podvm_gpu/steps/fabric/nvl5.py), then
   start nv-fabricmanager with the port's GUID (``-g``) and wait as above. Each part is recorded
   in status.json's ``fabric.steps``.
 - ``none``: the fabric manager is never started; if the GPUs still report a fabric state other
@@ -28,10 +28,11 @@ import time
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon
-from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, FabricState, daemon_pid,
-                               nvsmi_no_driver, parse_fabric)
+from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, nvsmi_no_driver
 from podvm_gpu.steps import Skipped
-from podvm_gpu import fabric_kind, nvl5, readers, units
+from podvm_gpu import readers, units
+from podvm_gpu.steps.fabric import fabric_kind, nvl5
+from podvm_gpu.steps.fabric.parse import FabricState, parse_fabric
 from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.host.fs import atomic_write, ensure_dir
 
@@ -192,7 +193,7 @@ def fm_config(ctx: BootContext, write: bool = True) -> str | None:
 
     An operator's ``fabricmanager.config_file`` (any path but the stock one) is used as it is,
     when it exists. Otherwise the stock file is copied to /run/podvm-gpu/fabricmanager.cfg with
-    :func:`podvm_gpu.fabric_kind.fm_keys` set, mode 0400 (``write=False``: the path only, for
+    :func:`podvm_gpu.steps.fabric.fabric_kind.fm_keys` set, mode 0400 (``write=False``: the path only, for
     ``boot --dry-run``).
 
     Raises:
@@ -353,7 +354,7 @@ def fabricmanager_row(facts) -> Check:
         return Check("fabricmanager", FAIL, f"{what} but nv-fabricmanager is not running",
                      "see the fabricmanager step in podvm-gpu status and "
                      "/var/log/fabricmanager.log")
-    states = readers.parse_fabric(facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"]).stdout)
+    states = parse_fabric(facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"]).stdout)
     bad = [s for s in states if not s.success]
     if bad or not states:
         what = ", ".join(f"{s.gpu}: State {s.state}, Status {s.status}" for s in bad[:3])
@@ -373,7 +374,7 @@ def _outside_row(facts) -> Check:
         note = ("; the image's nvidia-fabricmanager.service is enabled and fails with "
                 "NV_WARN_NOTHING_TO_DO here, which is harmless")
     done = facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"], check=False)
-    states = readers.parse_fabric(done.stdout) if done.returncode == 0 else []
+    states = parse_fabric(done.stdout) if done.returncode == 0 else []
     managed = [s for s in states if s.supported]
     bad = [s for s in managed if not s.success]
     if bad:

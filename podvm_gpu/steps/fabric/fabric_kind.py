@@ -8,7 +8,7 @@ Three kinds (docs/design.md, "Fabrics"; NVIDIA/nvrc ``src/mode.rs`` decides the 
   A100/H100/H200): nv-fabricmanager drives them (the path before issue 16).
 - ``nvlink5``: no NVSwitch function, but ConnectX bridge functions (vendor ``0x15b3``) whose
   VPD carries ``SW_MNG`` (host/infiniband.py): HGX B200/B300, where NVLSM (the NVLink subnet
-  manager) must run on one of those ports before the fabric manager (podvm_gpu/nvl5.py).
+  manager) must run on one of those ports before the fabric manager (podvm_gpu/steps/fabric/nvl5.py).
 
 Both NVSwitch functions and management ports on one VM is ``mixed``: NVRC panics on it
 ("unexpected topology"), and the agent fails the fabricmanager step naming both.
@@ -138,7 +138,7 @@ def fm_keys(kind: str) -> dict[str, str]:
     return {"FABRIC_MODE": "0", "PARTITION_RAIL_POLICY": RAIL_POLICY.get(kind, "greedy")}
 
 
-# --- the modules step's part (steps/modules.py calls these) ----------------------------
+# --- the modules step's part (steps/modules/step.py calls these) ----------------------------
 
 NVLINK_DISABLE = "NVreg_NvLinkDisable"
 

@@ -22,7 +22,7 @@ siderolabs/extensions#717 and #895):
    same socket), bounded by ``nvlink5.nvlsm_ready_timeout_s``; NVLSM exiting before that fails
    with its own last lines;
 4. then the fabricmanager step starts ``nv-fabricmanager -c <cfg> -g <GUID>`` and waits for
-   every GPU's fabric Completed/Success as on NVSwitch boards (steps/fabric.py).
+   every GPU's fabric Completed/Success as on NVSwitch boards (steps/fabric/step.py).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import os
 import socket
 import time
 
-from podvm_gpu import kmod
+from podvm_gpu.host import kmod
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
-from podvm_gpu.fabric_kind import Fabric
+from podvm_gpu.steps.fabric.fabric_kind import Fabric
 from podvm_gpu.host import infiniband
 from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, find_nvml,
                                module_loaded, version_in)
@@ -177,7 +177,7 @@ def fm_sm_socket_present(root) -> bool:
     return os.path.exists(root.resolve(FM_SM_SOCKET))
 
 
-# --- podvm-gpu check (steps/fabric.py's rows) ----------------------------------------------
+# --- podvm-gpu check (steps/fabric/step.py's rows) ----------------------------------------------
 
 def daemon_unit(root, pid: int) -> str | None:
     """The systemd unit a process runs in: the last ``*.service`` of its cgroup v2 path
