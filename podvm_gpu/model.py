@@ -138,6 +138,8 @@ class Status:
         self.driver_version: str | None = None
         self.cdi: dict | None = None
         self.fabric = None  # podvm_gpu.steps.fabric.fabric_kind.Fabric (anything with to_dict()), GPU path
+        # podvm_gpu.steps.cc.classify.CcFinding (anything with to_dict()), once the CC step read it
+        self.confidential_computing = None
         self.steps: list[Step] = []
         self.attestation: dict | None = None  # podvm_gpu/attestation/gate.py's record
 
@@ -154,6 +156,8 @@ class Status:
             "driver_version": self.driver_version,
             "cdi": self.cdi,
             "fabric": self.fabric.to_dict() if self.fabric is not None else None,
+            "confidential_computing": (self.confidential_computing.to_dict()
+                                       if self.confidential_computing is not None else None),
             "steps": [s.to_dict() for s in self.steps],
             "attestation": self.attestation,
         }

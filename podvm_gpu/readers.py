@@ -3,8 +3,8 @@
 Every function reads files under the root (contract section 1) or parses a tool's text output;
 none changes anything. Formats follow the kernel and the NVIDIA driver: ``/proc/modules``,
 ``/proc/devices``, ``/proc/driver/nvidia/gpus/<pci>/information`` (``Device Minor:``),
-``/sys/module/<name>/version``, nvidia-smi's ``-q`` and ``conf-compute`` texts (parsed by their
-labels, never by column positions).
+``/sys/module/<name>/version``, nvidia-smi's ``-q`` texts (parsed by their labels, never by
+column positions; its ``conf-compute`` texts: podvm_gpu/steps/cc/classify.py).
 """
 
 from __future__ import annotations
@@ -235,25 +235,6 @@ def nvsmi_no_driver(returncode: int | None, output: str) -> str | None:
     return f"nvidia-smi cannot communicate with the NVIDIA driver (exit 9: {said})"
 
 
-def parse_cc_mode(text: str) -> str | None:
-    """``on``/``off`` from ``nvidia-smi conf-compute -f`` (``CC status: ON``); another value is
-    returned lowercased as it is (never read as off); None when the label is missing."""
-    m = re.search(r"CC status\s*:\s*(\S+)", text, re.I)
-    return m.group(1).lower() if m else None
-
-
-def parse_ready_state(text: str) -> str | None:
-    """``ready``/``not-ready`` from ``nvidia-smi conf-compute -grs``; the negative is matched
-    first, since "not-ready" contains "ready"; another value is returned as it is."""
-    m = re.search(r"Ready state\s*:\s*(.+)$", text, re.I | re.M)
-    if not m:
-        return None
-    value = m.group(1).strip().lower()
-    if re.fullmatch(r"not[\s_-]?ready", value):
-        return "not-ready"
-    if value == "ready":
-        return "ready"
-    return value
 
 
 # --- nvidia-persistenced --help ----------------------------------------------------------

@@ -15,6 +15,8 @@ from podvm_gpu.host.fs import Root
 
 AGENT_UNIT = "podvm-gpu.service"
 KATA_UNIT = "kata-agent.service"
+# guest-components' attestation-agent (with its NVIDIA attester: an NVML client from its start)
+ATTESTATION_UNIT = "attestation-agent.service"
 REFRESH_UNITS = ("nvidia-cdi-refresh.path", "nvidia-cdi-refresh.service")
 # systemd's system unit search path, highest priority first (systemd.unit(5)).
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system",
@@ -135,10 +137,16 @@ def exec_start(root: Root, unit: str) -> list[str] | None:
 
 def ordered_before_kata(root: Root) -> tuple[bool, str]:
     """Whether podvm-gpu.service runs before kata-agent.service, and the setting that says so."""
+    return ordered_before(root, KATA_UNIT)
+
+
+def ordered_before(root: Root, unit: str) -> tuple[bool, str]:
+    """Whether podvm-gpu.service runs before ``unit`` (its ``Before=``, or the unit's
+    ``After=`` with its drop-ins), and the setting that says so."""
     agent = unit_settings(root, AGENT_UNIT)
-    if KATA_UNIT in agent.get("Before", []):
-        return True, f"{AGENT_UNIT} has Before={KATA_UNIT}"
-    kata = unit_settings(root, KATA_UNIT)
-    if AGENT_UNIT in kata.get("After", []):
-        return True, f"{KATA_UNIT} has After={AGENT_UNIT}"
-    return False, f"neither {AGENT_UNIT} Before={KATA_UNIT} nor {KATA_UNIT} After={AGENT_UNIT}"
+    if unit in agent.get("Before", []):
+        return True, f"{AGENT_UNIT} has Before={unit}"
+    other = unit_settings(root, unit)
+    if AGENT_UNIT in other.get("After", []):
+        return True, f"{unit} has After={AGENT_UNIT}"
+    return False, f"neither {AGENT_UNIT} Before={unit} nor {unit} After={AGENT_UNIT}"

@@ -10,6 +10,7 @@
 #   /usr/lib/systemd/system/podvm-gpu.service, enabled (multi-user.target.wants)
 #   /usr/lib/systemd/system/podvm-gpu-metrics.service, disabled (the image enables it if wanted)
 #   /usr/lib/systemd/system/kata-agent.service.d/10-podvm-gpu.conf
+#   /usr/lib/systemd/system/attestation-agent.service.d/10-podvm-gpu.conf
 #   /usr/lib/systemd/system-preset/40-podvm-gpu.preset
 #   nvidia-cdi-refresh.path/.service masked: only the agent writes /var/run/cdi/nvidia.yaml
 #   nvidia-persistenced.service and nvidia-fabricmanager.service disabled where installed:
@@ -35,6 +36,8 @@ ln -sfn "$prefix/bin/podvm-gpu" /usr/local/bin/podvm-gpu
 install -D -m 0644 "$bundle/podvm-gpu.service" "$unitdir/podvm-gpu.service"
 install -D -m 0644 "$bundle/podvm-gpu-metrics.service" "$unitdir/podvm-gpu-metrics.service"
 install -D -m 0644 "$bundle/10-podvm-gpu.conf" "$unitdir/kata-agent.service.d/10-podvm-gpu.conf"
+install -D -m 0644 "$bundle/attestation-agent-10-podvm-gpu.conf" \
+    "$unitdir/attestation-agent.service.d/10-podvm-gpu.conf"
 install -D -m 0644 "$bundle/podvm-gpu.preset" /usr/lib/systemd/system-preset/40-podvm-gpu.preset
 
 # A config already in the image is checked now (an invalid one fails the build) and compiled:

@@ -37,5 +37,6 @@ $pip download --quiet --only-binary=:all: --no-deps --dest "$out/wheels" pip
 cp "$here/install-podvm-gpu.sh" "$here/podvm-gpu.service" "$here/podvm-gpu-metrics.service" \
     "$here/podvm-gpu.preset" "$out/"
 cp "$here/kata-agent.service.d/10-podvm-gpu.conf" "$out/"
+cp "$here/attestation-agent.service.d/10-podvm-gpu.conf" "$out/attestation-agent-10-podvm-gpu.conf"
 chmod 0755 "$out/install-podvm-gpu.sh"
 echo "podvm-gpu bundle: $out ($(ls "$out/wheels" | wc -l) wheels)"

@@ -153,7 +153,7 @@ def test_the_modules_row_names_a_module_the_kernel_could_not_decompress():
 def test_devtools_is_judged_as_the_boot_judges_it():
     row = booted_check(case("S30"))["confidential-computing"]
     assert row["result"] == "fail", row
-    assert "DEVTOOLS" in row["detail"] and "allow_devtools" in row["hint"]
+    assert "DevTools Mode: ON" in row["detail"] and "allow_devtools" in row["hint"]
     row = booted_check(case("S31"))["confidential-computing"]
     assert row["result"] == "warn", row
     assert row["detail"].startswith("CC devtools (allowed by confidential_computing."

@@ -117,3 +117,48 @@ def test_the_generation_runs_while_the_fabric_trains_and_the_spec_waits_for_it()
     assert generate.ended is not None and generate.ended < fm.started + 2.0
     assert not spec_unavailable
     assert run.status["cdi"]["devices"]
+
+
+def _protected_pcie(case, fabric_delay_s: float):
+    """P03 as a Protected PCIe HGX (CC off per GPU, -mgm Protected PCIe) whose ready state the
+    agent may set, the fabric completing ``fabric_delay_s`` after the fabric manager starts."""
+    for argv in (["nvidia-smi", "conf-compute", "-mgm"],
+                 ["nvidia-smi", "conf-compute", "--get-multigpu-mode"]):
+        rule(case, argv)["stdout"] = "Multi-GPU Mode: Protected PCIe\n"
+    answer = {"rc": 0, "stderr": "", "delay_s": 0, "effects": []}
+    case.tools[:0] = [  # nvidia-smi's words (../shared/nvidia-smi-real.md)
+        {**answer, "argv": ["nvidia-smi", "conf-compute", "-grs"],
+         "stdout": "\nConfidential Compute GPUs Ready state: not-ready\n\n"},
+        {**answer, "argv": ["nvidia-smi", "conf-compute", "-srs", "1"], "stdout": "",
+         "effects": [{"cc_ready_state": "ready"}]}]
+    case.files["etc/podvm-gpu/config.yaml"] = "confidential_computing: {set_ready_state: true}\n"
+    rule(case, ["nv-fabricmanager"])["delay_s"] = fabric_delay_s
+    return case
+
+
+def test_cc_is_read_beside_the_fabric_and_the_ready_state_set_only_after_it_succeeded():
+    case = _protected_pcie(p03(), 2.0)
+
+    run, calls, spec_unavailable = boot(case)
+
+    assert run.status["state"] == "ready", run.status["reason"]
+    (fm,) = [c for c in calls if c.argv[:1] == ["nv-fabricmanager"] and "--version" not in c.argv]
+    (mode,) = [c for c in calls if c.argv == ["nvidia-smi", "conf-compute", "-f"]]
+    (srs,) = [c for c in calls if c.argv[:3] == ["nvidia-smi", "conf-compute", "-srs"]]
+    assert mode.started < fm.started + 2.0  # the CC state is read while the fabric trains
+    assert srs.started >= fm.started + 2.0  # the ready state only once the fabric is up
+    cc = steps_of(run)["confidential-computing"]
+    assert "Protected PCIe" in cc["message"] and "after the fabric" in cc["message"], cc
+    assert run.status["confidential_computing"]["mode"] == "ppcie"
+    assert not spec_unavailable
+
+
+def test_the_ready_state_is_never_set_when_the_fabric_fails():
+    case = _protected_pcie(p03(), 1.0)
+    rule(case, ["nv-fabricmanager"])["effects"] = [{"fabric": "insufficient-resources"}]
+
+    run, calls, spec_unavailable = boot(case)
+
+    assert run.status["reason"].startswith("fabricmanager: "), run.status["reason"]
+    assert not [c for c in calls if c.argv[:3] == ["nvidia-smi", "conf-compute", "-srs"]]
+    assert spec_unavailable

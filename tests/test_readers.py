@@ -425,36 +425,3 @@ def test_parse_fabric_of_nothing_is_empty():
     assert parse_fabric("No devices were found\n") == []
 
 
-# --- nvidia-smi conf-compute --------------------------------------------------------------------
-
-@pytest.mark.parametrize("text, mode", [
-    ("CC status: ON\n", "on"),
-    ("CC status: OFF\n", "off"),
-    ("CC status : On\n", "on"),
-    ("CC status: DEVTOOLS\n", "devtools"),
-])
-def test_parse_cc_mode(text, mode):
-    assert readers.parse_cc_mode(text) == mode
-
-
-def test_parse_cc_mode_is_none_without_the_label():
-    assert readers.parse_cc_mode("No CC capable devices found\n") is None
-
-
-@pytest.mark.parametrize("text", [
-    "Confidential Compute GPUs Ready state: not-ready\n",
-    "Confidential Compute GPUs Ready state: NOT_READY\n",
-    "Confidential Compute GPUs Ready state: not ready\n",
-])
-def test_not_ready_never_reads_as_ready(text):
-    assert readers.parse_ready_state(text) == "not-ready"
-
-
-def test_ready_reads_as_ready():
-    assert readers.parse_ready_state("Confidential Compute GPUs Ready state: ready\n") == "ready"
-    assert readers.parse_ready_state("Confidential Compute GPUs Ready state: READY\n") == "ready"
-
-
-def test_unknown_ready_state_is_returned_as_it_is():
-    assert readers.parse_ready_state("Confidential Compute GPUs Ready state: pending\n") == "pending"
-    assert readers.parse_ready_state("Unknown Error\n") is None

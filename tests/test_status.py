@@ -24,7 +24,8 @@ from podvm_gpu.status import (STATUS_PATH, StatusFile, StatusUnreadable,
 from podvm_gpu.cdi.unavailable import render_unavailable_spec, write_unavailable_spec
 
 CONTRACT_KEYS = {"version", "state", "reason", "warnings", "started_at", "finished_at", "gpus",
-                 "nvswitches", "driver_version", "cdi", "fabric", "steps"}
+                 "nvswitches", "driver_version", "cdi", "fabric", "confidential_computing",
+                 "steps"}
 
 
 @pytest.fixture

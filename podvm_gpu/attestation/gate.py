@@ -49,25 +49,17 @@ def required_because(cc, guest: str | None) -> str | None:
 _UNSET = object()
 
 
-def tee_guest(ctx, kernel_log_says: str | None = None) -> str | None:
+def tee_guest(ctx) -> str | None:
     """The confidential guest as host/tee.py's evidence names it (``Intel TDX (/proc/cpuinfo
-    flag tdx_guest)``), or None. The kernel log alone (``kernel_log_says``: the step's own
-    reading of it) does not make attestation required: a warning says so (the shared case C21
-    is such a world, and ends ready)."""
+    flag tdx_guest)``), or None (the kernel log alone never makes one: the CC step warns)."""
     from podvm_gpu.host import tee
 
     guest = tee.detect(ctx.root)
-    if guest.kind is not None:
-        return guest.describe()
-    if kernel_log_says:
-        ctx.warn("confidential-computing: the kernel log names a confidential guest but "
-                 "host/tee.py finds no evidence (CPU flag, sev-guest or tdx_guest device); "
-                 "attestation is not required by the guest")
-    return None
+    return guest.describe() if guest.kind is not None else None
 
 
 def attest_before_ready(ctx, state: str, guest=_UNSET, ppcie: bool = False,
-                        required_by: str | None = None) -> str:
+                        required_by: str | None = None, before_run=None) -> str:
     """Decide and run the attestation; the step's message part (``""`` when none ran).
 
     Args:
@@ -78,6 +70,8 @@ def attest_before_ready(ctx, state: str, guest=_UNSET, ppcie: bool = False,
             :func:`tee_guest`.
         ppcie: the GPUs are in Protected PCIe mode: the NVSwitches are attested too.
         required_by: another source that requires attestation (the pod's initdata), or None.
+        before_run: called once before nvattest runs (the CC step waits there for the
+            fabricmanager step: nvattest runs after the fabric manager, nvattest.md 8).
 
     Raises:
         StepFailed: attestation required and nvattest unusable, or a run failed (``-srs 0``
@@ -104,6 +98,8 @@ def attest_before_ready(ctx, state: str, guest=_UNSET, ppcie: bool = False,
                  "confidential_computing.attestation: off silences this)")
         ctx.status.attestation = {"result": "not-run", "reason": missing}
         return "not attested (nvattest not installed)"
+    if before_run is not None:
+        before_run()
     record = attest(ctx, ppcie)
     ctx.status.attestation = record
     if record["result"] != "passed":

@@ -61,20 +61,24 @@ class ConfidentialComputingConfig(Section):
     ``set_ready_state`` (default true since issue 26; false before): boot sets the ready state
     itself (``nvidia-smi conf-compute -srs 1``), in a confidential guest only after an
     attestation that passed. ``allow_devtools``: CC mode ``DEVTOOLS`` (a development mode: no
-    production confidentiality) is accepted with a warning instead of failing the boot.
+    production confidentiality) is accepted with a warning instead of failing the boot;
+    ``allow_cc_off``: a GPU that is not confidential (CC off, no Protected PCIe) in a
+    confidential guest (TDX, SEV-SNP) is accepted with a warning instead of failing the boot
+    (and then not attested).
     ``attestation``: ``auto`` (attest in a confidential guest, required there; elsewhere when
     ``nvattest`` is installed), ``required`` (everywhere) or ``off`` (never; a warning).
     ``attestation_timeout_s + attestation_per_device_s * devices`` bounds each ``nvattest``
     run, the wait for the network included, always within the boot budget (``timeouts:`` has
     no ``nvattest`` key: it is refused). The default, 40 s + 10 s a device, is a judgement:
     a black-holed network takes about 33 s to fail, a GPU about 11 sequential HTTPS requests
-    (../shared/nvattest.md 7.1, 8). ``relying_party_policy``, ``rim_dir`` (with it
+    (nvattest.md 7.1, 8 in the shared notes). ``relying_party_policy``, ``rim_dir`` (with it
     ``--rim-store dir``), ``rim_url``, ``ocsp_url``: passed to nvattest (an OCSP/RIM proxy:
     docs/operating.md). ``image_serves``: this image serves confidential GPU VMs: ``check
     --image`` fails instead of warning when nvattest (and libnvidia-nscq for Protected PCIe)
     is missing; boot does not read it."""
 
     FIELDS = {"set_ready_state": (boolean, True), "allow_devtools": (boolean, False),
+              "allow_cc_off": (boolean, False),
               "attestation": (attestation_mode, "auto"),
               "attestation_timeout_s": (seconds(0, False), 40.0),
               "attestation_per_device_s": (seconds(0, True), 10.0),

@@ -1,0 +1,115 @@
+"""What the confidential-computing step asks: nvidia-smi's CC queries, the guest's TEE, and the
+fabricmanager step's end (the ready state is set only after it succeeded).
+
+Every call is bounded (the runner's nvidia-smi timeout, cut to the boot's budget); the fabric
+wait polls the pipeline's record of the step every 0.05 s, stops when the boot stops, and ends
+at the budget.
+"""
+
+from __future__ import annotations
+
+import time
+
+from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.host import kmsg, tee
+from podvm_gpu.host.fs import Root
+from podvm_gpu.model import StepResult
+from podvm_gpu.steps.cc import classify
+from podvm_gpu.steps.context import BootContext
+
+FABRIC_STEP = "fabricmanager"
+_POLL_S = 0.05
+# Words in the kernel log of a TDX or SEV guest: only a hint (a warning), never the evidence that
+# makes a guest confidential (host/tee.py): the log also holds a host's or a nested guest's lines.
+KERNEL_LOG_SIGNS = ("Memory Encryption Features active", "SEV-SNP", "Intel TDX", "tdx: Guest")
+
+
+def conf_compute(ctx: BootContext, *args: str):
+    """``nvidia-smi conf-compute <args>``, its exit status not checked.
+
+    Raises:
+        StepFailed: nvidia-smi could not be run, or timed out (the reason names the command).
+    """
+    command = f"nvidia-smi conf-compute {' '.join(args)}"
+    try:
+        return ctx.runner.run(["nvidia-smi", "conf-compute", *args], check=False)
+    except CommandError as err:
+        said = str(err)  # a timeout names the command already; "not found" does not
+        raise StepFailed(said if said.startswith(command) else f"{command}: {said}") from err
+
+
+def answers(run_one) -> dict:
+    """Query -> ``(returncode, output)`` for :data:`classify.QUERIES`, asked in that order with
+    ``run_one(query)`` (a finished call with ``returncode`` and ``output``). After an exit 9 (no
+    driver) or 15 (a lost GPU) the rest are not asked: the answer is decided."""
+    found = {}
+    for query in classify.QUERIES:
+        done = run_one(query)
+        found[query] = (done.returncode, done.output)
+        if done.returncode in (classify.NO_DRIVER_RC, classify.GPU_LOST_RC):
+            break
+    return found
+
+
+def read_finding(ctx: BootContext) -> classify.CcFinding:
+    """The GPUs' :class:`~podvm_gpu.steps.cc.classify.CcFinding` from nvidia-smi.
+
+    Raises:
+        StepFailed: nvidia-smi could not be run or timed out.
+    """
+    found = answers(lambda query: conf_compute(ctx, query))
+    finding = classify.from_smi(found)
+    for query in classify.QUERIES:
+        if query not in found and query not in finding.unreadable:
+            finding.unreadable[query] = "not asked: the answer was decided"
+    return finding
+
+
+def guest(root: Root) -> tuple[str | None, str | None]:
+    """The confidential guest (host/tee.py's evidence, described), or None; and a hint for a
+    warning when only the kernel log speaks of a TEE (it never makes a confidential guest)."""
+    found = tee.detect(root)
+    if found.kind is not None:
+        return found.describe(), None
+    signs = [sign for sign in KERNEL_LOG_SIGNS
+             if any(sign in message for message in kmsg.read_kernel_log(root))]
+    if signs:
+        return None, (f"the kernel log mentions {signs[0]!r}, but /proc/cpuinfo, /sys and /dev "
+                      "show no TDX or SEV-SNP guest: treated as a regular VM")
+    return None, None
+
+
+def ready_state(ctx: BootContext) -> str:
+    """The GPUs' ready state, ``ready`` or ``not-ready``.
+
+    Raises:
+        StepFailed: nvidia-smi failed or printed a value the agent does not know.
+    """
+    done = conf_compute(ctx, "-grs")
+    state = classify.parse_ready_state(done.output)
+    if done.returncode != 0 or state not in ("ready", "not-ready"):
+        raise StepFailed(f"cannot read the CC ready state (nvidia-smi conf-compute -grs "
+                         f"{classify.said(done.returncode, done.output)})")
+    return state
+
+
+def wait_for_fabric(ctx: BootContext) -> str:
+    """Wait until the fabricmanager step has ended well (``ok``, or ``skipped``: no fabric);
+    ``""`` when it had already, else ``; after the fabric (N.NN s)``.
+
+    A boot without the pipeline (a step run alone) has no such step and does not wait.
+
+    Raises:
+        StepFailed: the fabricmanager step failed, or the budget ran out first.
+        Cancelled: the boot is stopping (ctx.check_stop).
+    """
+    started = time.monotonic()
+    while True:
+        step = next((s for s in ctx.status.steps if s.name == FABRIC_STEP), None)
+        if step is None or step.result in (StepResult.OK, StepResult.SKIPPED):
+            waited = time.monotonic() - started
+            return "" if waited < _POLL_S else f"; after the fabric ({waited:.2f} s)"
+        if step.result == StepResult.FAILED:
+            raise StepFailed("the ready state is not set: the fabricmanager step failed")
+        ctx.check_stop()
+        time.sleep(ctx.wait_limit(_POLL_S))
