@@ -233,3 +233,44 @@ def test_metrics_agree_with_the_record(world):
     duration = families["podvm_gpu_attestation_duration_seconds"].samples[0].value
     assert duration == ctx.status.attestation["duration_s"] > 0
     assert attestation_families({"attestation": None}) == []
+
+
+class _Facts:
+    def __init__(self, ctx, failed_at=None):
+        self.root, self.config, self.runner = ctx.root, ctx.config, ctx.runner
+        self.gpus, self.nvswitches = ctx.gpus, ctx.nvswitches
+        self.failed_at = failed_at
+
+    def not_reached(self, step):
+        return None
+
+
+def test_check_attest_runs_a_fresh_one_and_writes_nothing(world):
+    from podvm_gpu.attestation.check import fresh_row
+
+    ctx = world({"gpus": [{"driver": DRIVER}]})
+    (world.root / "sys/module/nvidia").mkdir(parents=True)
+    (world.root / "sys/module/nvidia/version").write_text(DRIVER + "\n")
+    row = fresh_row(_Facts(ctx))
+    assert row.result == "pass" and row.detail.startswith("--attest: passed now: 1 device(s)")
+    assert not (world.root / "run/podvm-gpu").exists()
+    assert not [c for c in world.calls() if "-srs" in c]
+    ctx = world({"gpu": {"nonce": "foreign"}})
+    row = fresh_row(_Facts(ctx))
+    assert row.result == "fail" and "not the nonce this boot passed" in row.detail
+
+
+def test_check_row_from_the_record_fails_when_the_kept_output_changed(world):
+    from podvm_gpu.attestation.check import record_row
+    from podvm_gpu.status import StatusFile
+
+    ctx = world({"gpus": [{"driver": DRIVER}]})
+    gate.attest_before_ready(ctx, "not-ready", guest="TDX")
+    StatusFile(ctx.root).write(ctx.status)
+    assert record_row(_Facts(ctx)).result == "pass"
+    kept = world.root / "run/podvm-gpu/nvattest-gpu.json"
+    doc = json.loads(kept.read_text())
+    doc["claims"][0]["measres"] = "fail"
+    kept.write_text(json.dumps(doc))
+    row = record_row(_Facts(ctx))
+    assert row.result == "fail" and "does not match the record's claims_sha256" in row.detail

@@ -60,7 +60,7 @@ def test_an_image_with_driver_units_and_tools_passes(tmp_path):
         "tools": "pass", "modules": "pass",
         "versions": "pass", "firmware": "pass", "module-compression": "pass",
         "cdi-refresh-units": "pass", "trust": "pass", "fabric": "warn",
-        "config-compiled": "skip"}
+        "config-compiled": "skip", "attestation": "warn", "attestation-agent-ordering": "skip"}
     assert VERSION in checks["versions"]["detail"]
     assert f"nvidia/{VERSION}/gsp_ga10x.bin" in checks["firmware"]["detail"]
 
@@ -392,3 +392,26 @@ def test_an_ib_module_one_kernel_lacks_is_named_with_that_kernel(tmp_path):
     code, checks = check_image(serving_nvlink5(root))
     assert checks["fabric"]["result"] == "fail"
     assert "IB module(s) mlx5_ib, ib_umad for kernel 6.12.0-other" in checks["fabric"]["detail"]
+
+
+def test_attestation_row_warns_without_nvattest_and_fails_when_the_image_serves_cc(tmp_path):
+    """check --image's attestation row (podvm_gpu/attestation/check.py): nvattest and, for
+    Protected PCIe, libnvidia-nscq.so.2; confidential_computing.image_serves makes a lack fail."""
+    root = make_image(tmp_path)
+    code, checks = check_image(root)
+    assert checks["attestation"]["result"] == "warn"
+    assert "nvattest" in checks["attestation"]["detail"]
+    assert "libnvidia-nscq.so.2" in checks["attestation"]["detail"]
+    config = root / "etc/podvm-gpu/config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("confidential_computing: {image_serves: true}\n")
+    code, checks = check_image(root)
+    assert code == 1 and checks["attestation"]["result"] == "fail"
+    assert "confidential_computing.image_serves is true" in checks["attestation"]["detail"]
+    tool = root / "usr/bin/nvattest"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    (root / "usr/lib/x86_64-linux-gnu").mkdir(parents=True, exist_ok=True)
+    (root / "usr/lib/x86_64-linux-gnu/libnvidia-nscq.so.2").write_text("")
+    code, checks = check_image(root)
+    assert checks["attestation"]["result"] == "pass", checks["attestation"]
