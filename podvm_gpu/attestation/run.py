@@ -44,6 +44,22 @@ UNIT_PROPERTIES = (
 )
 
 
+DESCRIPTION = "NVIDIA attestation (nvattest, started by podvm-gpu)"
+_UNIT_KEYS = ("Wants=", "After=")  # [Unit] settings; the rest are [Service]
+
+
+def unit_file(argv: list[str], runtime_max_s: int) -> str:
+    """The transient unit as a unit file (what ``systemctl cat`` shows while it runs), for
+    ``systemd-analyze verify/security`` in the tests and for docs/install.md."""
+    from shlex import quote
+
+    unit = "\n".join(p for p in UNIT_PROPERTIES if p.startswith(_UNIT_KEYS))
+    service = "\n".join(p for p in UNIT_PROPERTIES if not p.startswith(_UNIT_KEYS))
+    return (f"[Unit]\nDescription={DESCRIPTION}\n{unit}\n\n[Service]\n"
+            f"ExecStart={' '.join(quote(a) for a in argv)}\n{service}\n"
+            f"RuntimeMaxSec={runtime_max_s}\n")
+
+
 class Ran:
     """One finished (or ended) nvattest run.
 
@@ -111,7 +127,7 @@ def run(runner: Runner, argv: list[str], limit: float, under_systemd: bool) -> R
     unit = f"podvm-gpu-nvattest-{argv[argv.index('--device') + 1]}-{os.getpid()}.service"
     secs = max(int(budget + 0.999), 1)
     wrapped = ["systemd-run", "--wait", "--pipe", "--quiet", "--collect", f"--unit={unit}",
-               "--description=NVIDIA attestation (nvattest, started by podvm-gpu)",
+               f"--description={DESCRIPTION}",
                *(f"--property={p}" for p in UNIT_PROPERTIES), f"--property=RuntimeMaxSec={secs}",
                "--", path, *argv[1:]]
     started = time.monotonic()
