@@ -142,6 +142,7 @@ class Status:
         self.confidential_computing = None
         self.steps: list[Step] = []
         self.attestation: dict | None = None  # podvm_gpu/attestation/gate.py's record
+        self.initdata: dict | None = None  # podvm_gpu/initdata.py's record, when configured
 
     def to_dict(self) -> dict:
         return {
@@ -160,4 +161,5 @@ class Status:
                                        if self.confidential_computing is not None else None),
             "steps": [s.to_dict() for s in self.steps],
             "attestation": self.attestation,
+            "initdata": self.initdata,
         }

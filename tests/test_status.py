@@ -25,7 +25,7 @@ from podvm_gpu.cdi.unavailable import render_unavailable_spec, write_unavailable
 
 CONTRACT_KEYS = {"version", "state", "reason", "warnings", "started_at", "finished_at", "gpus",
                  "nvswitches", "driver_version", "cdi", "fabric", "confidential_computing",
-                 "steps"}
+                 "steps", "attestation", "initdata"}
 
 
 @pytest.fixture

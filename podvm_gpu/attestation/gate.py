@@ -80,6 +80,10 @@ def attest_before_ready(ctx, state: str, guest=_UNSET, ppcie: bool = False,
     cc = ctx.config.confidential_computing
     if guest is _UNSET:
         guest = tee_guest(ctx)
+    if required_by is None and getattr(ctx.status, "initdata", None):
+        from podvm_gpu.initdata import required_by as pod_requires
+
+        required_by = pod_requires(ctx.status)
     must = required_by or required_because(cc, guest)
     if cc.attestation == "off" and not required_by:
         ctx.warn("confidential-computing: the GPUs are not attested (confidential_computing."

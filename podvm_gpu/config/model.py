@@ -90,6 +90,16 @@ class ConfidentialComputingConfig(Section):
     __slots__ = tuple(FIELDS)
 
 
+class InitdataConfig(Section):
+    """Expectations a pod carries in its initdata (podvm_gpu/initdata.py, docs/interface.md
+    3.13): ``path`` the file cloud-api-adaptor keeps it in (``/run/peerpod/initdata``); unset
+    (the default): never read, never waited for. ``wait_s``: the longest wait for it to appear,
+    cut to the budget (15 s: a judgement; process-user-data writes it early in boot)."""
+
+    FIELDS = {"path": (absolute_path, None), "wait_s": (seconds(0, True), 15.0)}
+    __slots__ = tuple(FIELDS)
+
+
 class ModulesConfig(Section):
     """Kernel modules: ``parameters`` per module (``{nvidia: {NVreg_EnableGpuFirmware: 1}}``)
     become ``modprobe <module> KEY=VALUE``; ``optional`` modules may fail with a warning;
@@ -162,6 +172,7 @@ class Config(Section):
               "confidential_computing": (ConfidentialComputingConfig,
                                          ConfidentialComputingConfig()),
               "modules": (ModulesConfig, ModulesConfig()),
+              "initdata": (InitdataConfig, InitdataConfig()),
               "detect": (DetectConfig, DetectConfig()),
               "health": (HealthConfig, HealthConfig()),
               "unavailable_spec": (boolean, True),
