@@ -346,13 +346,33 @@ def attest(opts: dict, plan: dict, log: Log) -> int:
     return code
 
 
+def _cgroup() -> str:
+    """This process's cgroup (the unit it runs in, under systemd)."""
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            return f.read().strip().rsplit(":", 1)[-1]
+    except OSError:
+        return ""
+
+
+def _inet_allowed() -> bool:
+    """Whether an IPv4 socket can be made (RestrictAddressFamilies= of the unit)."""
+    import socket
+
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+        return True
+    except OSError:
+        return False
+
+
 def main(argv: list[str]) -> int:
     plan = load_plan()
     if plan.get("log"):
         with open(plan["log"], "a", encoding="utf-8") as f:
             f.write(json.dumps({"argv": ["nvattest", *argv], "pid": os.getpid(),
-                                "time": time.time(),
-                                "in_unit": os.environ.get("INVOCATION_ID") is not None}) + "\n")
+                                "time": time.time(), "cgroup": _cgroup(),
+                                "inet": _inet_allowed()}) + "\n")
     try:
         sub, opts = parse(argv)
     except Usage as err:

@@ -47,12 +47,46 @@ def world(tmp_path, monkeypatch):
         f"#!{sys.executable}\nimport os, sys\nos.environ['NVATTEST_STANDIN_PLAN'] = {str(plan)!r}\n"
         f"sys.path.insert(0, {str(STANDIN.parent)!r})\nimport nvattest_standin\n"
         "sys.exit(nvattest_standin.main(sys.argv[1:]))\n")
-    logger = (f"#!{sys.executable}\nimport json, os, subprocess, sys\n"
-              f"open({str(log)!r}, 'a').write(json.dumps(sys.argv) + '\\n')\n")
-    (bin_dir / "systemd-run").write_text(
-        logger + "argv = sys.argv[sys.argv.index('--') + 1:]\n"
-        "sys.exit(subprocess.run(argv).returncode)\n")
-    (bin_dir / "systemctl").write_text(logger)
+    logger = (f"#!{sys.executable}\nimport json, os, signal, subprocess, sys, time\n"
+              f"open({str(log)!r}, 'a').write(json.dumps(sys.argv) + '\\n')\n"
+              f"STATE = {str(tmp_path / 'units')!r}\nos.makedirs(STATE, exist_ok=True)\n")
+    # systemd-run --no-block: the command runs detached, its stdout and stderr to the files
+    # StandardOutput=/StandardError= name, its exit status kept for systemctl show
+    (bin_dir / "systemd-run").write_text(logger + """
+unit = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--unit="))
+props = dict(a[len("--property="):].split("=", 1) for a in sys.argv if a.startswith("--property="))
+argv = sys.argv[sys.argv.index("--") + 1:]
+since = time.monotonic_ns() // 1000
+if os.fork() == 0:
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    with open(props["StandardOutput"][5:], "w") as out, open(props["StandardError"][5:], "w") as err:
+        child = subprocess.Popen(argv, stdout=out, stderr=err)
+        open(f"{STATE}/{unit}.pid", "w").write(str(child.pid))
+        rc = child.wait()
+    open(f"{STATE}/{unit}.rc", "w").write(str(rc))
+    os._exit(0)
+open(f"{STATE}/{unit}.since", "w").write(str(since))
+""")
+    (bin_dir / "systemctl").write_text(logger + """
+verb, unit = sys.argv[1], sys.argv[2]
+if verb == "show":
+    since = open(f"{STATE}/{unit}.since").read() if os.path.exists(f"{STATE}/{unit}.since") else "0"
+    if os.path.exists(f"{STATE}/{unit}.rc"):
+        rc = int(open(f"{STATE}/{unit}.rc").read())
+        code = f"code=killed ; status={-rc}" if rc < 0 else f"code=exited ; status={rc}"
+        print(f"ActiveState=active\\nSubState=exited\\nInactiveExitTimestampMonotonic={since}\\n"
+              f"ExecStart={{ path=x ; argv[]=x ; {code} }}")
+    else:
+        print(f"ActiveState=active\\nSubState=running\\nInactiveExitTimestampMonotonic={since}")
+elif verb == "stop" and os.path.exists(f"{STATE}/{unit}.pid"):
+    try:
+        os.kill(int(open(f"{STATE}/{unit}.pid").read()), signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+""")
     (bin_dir / "nvidia-smi").write_text(logger)
     for f in bin_dir.iterdir():
         f.chmod(0o755)
@@ -106,10 +140,11 @@ def test_under_systemd_nvattest_runs_in_a_unit_of_its_own_with_network(world, mo
     run = next(c for c in world.calls() if c[0].endswith("systemd-run"))
     assert ctx.status.attestation["result"] == "passed"
     assert ctx.status.attestation["runs"][0]["where"].startswith("unit podvm-gpu-nvattest-gpu-")
-    assert {"--wait", "--pipe", "--collect", "--property=After=network-online.target",
+    assert {"--no-block", "--property=After=network-online.target",
             "--property=Wants=network-online.target",
             "--property=RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
-            "--property=RuntimeMaxSec=50"} <= set(run)
+            "--property=RuntimeMaxSec=50", "--property=RemainAfterExit=yes"} <= set(run)
+    assert not (world.root / "run/podvm-gpu/.nvattest-gpu.stdout").exists(), "read and removed"
     after = run[run.index("--") + 1:]
     assert after[0].endswith("/nvattest") and after[1:4] == ["attest", "--device", "gpu"]
     assert after[-2:] == ["--ocsp-url", "http://proxy:8080/ocsp"]

@@ -119,7 +119,6 @@ def attest(ctx, ppcie: bool, write: bool = True) -> dict:
     keep each run's JSON under /run/podvm-gpu (``check --attest`` writes nothing)."""
     from podvm_gpu.host.daemons import under_systemd
 
-    cc = ctx.config.confidential_computing
     nonce = os.urandom(32).hex()
     started = time.monotonic()
     record = {"result": "failed", "reason": None, "code": None, "message": None,
@@ -128,33 +127,16 @@ def attest(ctx, ppcie: bool, write: bool = True) -> dict:
               "devices": [], "runs": []}
     kinds = [("gpu", len(ctx.gpus))] + ([("nvswitch", len(ctx.nvswitches))] if ppcie else [])
     judged = {}
-    for kind, count in kinds:
-        argv = nvattest.command(kind, nonce, cc, ctx.root)
-        ran = nvattest.run(ctx.runner, argv, nvattest.limit_s(cc, count), under_systemd())
-        expect = v.Expect(nonce, count, ctx.driver_version if kind == "gpu" else None,
-                          rp_policy=bool(cc.relying_party_policy))
-        run_record = {"device": kind, "where": ran.where, "duration_s": round(ran.duration_s, 3),
-                      "exit": ran.returncode, "code": None, "message": None,
-                      "claims_sha256": None, "output": None}
-        record["runs"].append(run_record)
-        if ran.returncode is None:
-            record["reason"] = f"nvattest attest --device {kind} {ran.ended}"
-            break
-        verdict = v.judge(ran.returncode, ran.stdout, ran.stderr, kind, expect)
-        judged[kind] = verdict
-        run_record.update(code=verdict.code, message=verdict.message,
-                          claims_sha256=v.claims_sha256(verdict.claims) if verdict.claims
-                          else None)
-        record["code"], record["message"] = verdict.code, verdict.message
-        record["devices"] += v.device_records(verdict.claims)
-        if write and verdict.document is not None:
-            run_record["output"] = _keep(ctx, kind, ran.stdout)
-        for line in verdict.warnings:
-            ctx.warn(f"confidential-computing: {line}")
-        if not verdict.ok:
-            record["reason"] = f"nvattest attest --device {kind}: {verdict.failure}"
-            break
-    else:
+    systemd = under_systemd()
+    out_dir = _unit_output_dir(ctx, write) if systemd else None
+    try:
+        _runs(ctx, record, kinds, judged, nonce, systemd, out_dir, write)
+    finally:
+        if out_dir is not None and not write:
+            import shutil
+
+            shutil.rmtree(out_dir, ignore_errors=True)
+    if record["reason"] is None:
         failure = None
         if ppcie:
             failure = v.topology_failure(judged["gpu"].claims, judged["nvswitch"].claims)
@@ -169,6 +151,54 @@ def attest(ctx, ppcie: bool, write: bool = True) -> dict:
     if record["reason"]:
         record["reason"] = one_line(record["reason"], 600)
     return record
+
+
+def _unit_output_dir(ctx, write: bool) -> str:
+    """Where the unit's stdout and stderr files go: /run/podvm-gpu under the root for boot; a
+    private folder under /run, removed afterwards, for ``check --attest`` (which keeps
+    nothing)."""
+    import tempfile
+
+    from podvm_gpu.host.fs import ensure_dir
+
+    if write:
+        ensure_dir(ctx.root / STATUS_DIR)
+        return ctx.root / STATUS_DIR
+    return tempfile.mkdtemp(prefix="podvm-gpu-attest-",
+                            dir="/run" if os.access("/run", os.W_OK) else None)
+
+
+def _runs(ctx, record: dict, kinds, judged: dict, nonce: str, systemd: bool, out_dir,
+          write: bool) -> None:
+    """Each run in turn, recorded; the first failure sets ``record["reason"]`` and ends."""
+    cc = ctx.config.confidential_computing
+    for kind, count in kinds:
+        argv = nvattest.command(kind, nonce, cc, ctx.root)
+        ran = nvattest.run(ctx.runner, argv, nvattest.limit_s(cc, count), systemd, out_dir,
+                           getattr(ctx, "check_stop", None))
+        expect = v.Expect(nonce, count, ctx.driver_version if kind == "gpu" else None,
+                          rp_policy=bool(cc.relying_party_policy))
+        run_record = {"device": kind, "where": ran.where, "duration_s": round(ran.duration_s, 3),
+                      "exit": ran.returncode, "code": None, "message": None,
+                      "claims_sha256": None, "output": None}
+        record["runs"].append(run_record)
+        if ran.returncode is None:
+            record["reason"] = f"nvattest attest --device {kind} {ran.ended}"
+            return
+        verdict = v.judge(ran.returncode, ran.stdout, ran.stderr, kind, expect)
+        judged[kind] = verdict
+        run_record.update(code=verdict.code, message=verdict.message,
+                          claims_sha256=v.claims_sha256(verdict.claims) if verdict.claims
+                          else None)
+        record["code"], record["message"] = verdict.code, verdict.message
+        record["devices"] += v.device_records(verdict.claims)
+        if write and verdict.document is not None:
+            run_record["output"] = _keep(ctx, kind, ran.stdout)
+        for line in verdict.warnings:
+            ctx.warn(f"confidential-computing: {line}")
+        if not verdict.ok:
+            record["reason"] = f"nvattest attest --device {kind}: {verdict.failure}"
+            return
 
 
 def _keep(ctx, kind: str, stdout: str) -> str | None:

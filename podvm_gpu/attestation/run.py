@@ -4,14 +4,15 @@ The agent's own unit denies IP (``RestrictAddressFamilies=AF_UNIX AF_NETLINK``,
 ``IPAddressDeny=any``) and the local verifier needs OCSP always, RIMs unless they are in a
 directory (nvattest.md 7). So under systemd (host/daemons.py's ``under_systemd``) nvattest runs
 in a transient unit of its own, ``podvm-gpu-nvattest-<device>-<pid>.service``, started with
-``systemd-run --wait --pipe --collect``: its stdout and stderr come back through systemd-run,
-and so does its exit status. The unit wants and is ordered after ``network-online.target``, so
+``systemd-run --no-block`` (as the daemons: systemd's private socket, no D-Bus broker needed);
+its stdout and stderr go to files systemd opens for it under /run/podvm-gpu, and its exit
+status is read with ``systemctl show`` (``RemainAfterExit=yes`` keeps it until the agent has
+read it and stopped the unit). The unit wants and is ordered after ``network-online.target``, so
 its start waits for the network; that wait counts in the same limit as the run itself. The
 unit's sandbox (:data:`UNIT_PROPERTIES`) allows IPv4/IPv6 sockets and nothing the verifier does
 not need; ``RuntimeMaxSec=`` kills it at the limit even if the agent is gone, and on the
-agent's own time-out the unit is stopped (``systemctl stop``: systemd-run killed alone would
-leave it running). Outside systemd (the scenario tests, a chroot) it runs as a child, its
-process group killed at the limit.
+agent's own time-out the unit is stopped (``systemctl stop``). Outside systemd (the scenario
+tests, a chroot) it runs as a child, its process group killed at the limit.
 
 ``nvattest`` has no time-out of its own (nvattest.md 8): the limit is the config's
 ``attestation_timeout_s + attestation_per_device_s * devices``, cut to the boot budget.
@@ -19,6 +20,7 @@ process group killed at the limit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -58,6 +60,10 @@ def unit_file(argv: list[str], runtime_max_s: int) -> str:
     return (f"[Unit]\nDescription={DESCRIPTION}\n{unit}\n\n[Service]\n"
             f"ExecStart={' '.join(quote(a) for a in argv)}\n{service}\n"
             f"RuntimeMaxSec={runtime_max_s}\n")
+
+
+POLL_S = 0.1  # one systemctl show each: the unit's end is seen within that
+OUTPUT_MAX = 16 << 20  # nvattest's JSON for 8 GPUs is about 100 KB
 
 
 class Ran:
@@ -105,12 +111,23 @@ def limit_s(cc, devices: int) -> float:
     return cc.attestation_timeout_s + cc.attestation_per_device_s * devices
 
 
-def run(runner: Runner, argv: list[str], limit: float, under_systemd: bool) -> Ran:
+def run(runner: Runner, argv: list[str], limit: float, under_systemd: bool,
+        out_dir: str | None = None, check_stop=None) -> Ran:
     """Run nvattest (``argv[0] == "nvattest"``) at most ``limit`` seconds, cut to the budget.
+
+    Args:
+        runner: the boot's (or check's) runner.
+        argv: ``nvattest attest ...`` (:func:`command`).
+        limit: seconds (:func:`limit_s`).
+        under_systemd: run it in a transient unit of its own (host/daemons.py's
+            ``under_systemd``), else as a child.
+        out_dir: the real path of a root-only folder for the unit's stdout and stderr files
+            (``/run/podvm-gpu`` under the root); required under systemd.
+        check_stop: called between polls of the unit; raises when the boot is ending.
 
     Raises:
         CommandError: nvattest (or systemd-run) is missing or refused (``tools:`` and the trust
-            rules of host/proc.py), or cannot start.
+            rules of host/proc.py), cannot start, or systemd-run refused the unit.
         Cancelled: the boot is ending.
     """
     path = runner.which("nvattest")
@@ -124,23 +141,62 @@ def run(runner: Runner, argv: list[str], limit: float, under_systemd: bool) -> R
     if runner.which("systemd-run") is None:
         raise CommandError(["systemd-run"], None, message=runner.why_missing("systemd-run") +
                            " (nvattest needs a unit of its own with network)")
-    unit = f"podvm-gpu-nvattest-{argv[argv.index('--device') + 1]}-{os.getpid()}.service"
+    return _in_unit(runner, path, argv, limit, budget, out_dir, check_stop)
+
+
+def _in_unit(runner: Runner, path: str, argv: list[str], limit: float, budget: float,
+             out_dir: str, check_stop) -> Ran:
+    """The unit (module docstring): started with ``systemd-run --no-block``, which needs only
+    systemd's private socket (``--wait`` and ``--pipe`` need a D-Bus broker, which a minimal
+    pod VM image may lack), its stdout and stderr in files systemd opens for it, its end read
+    with ``systemctl show`` every :data:`POLL_S`, then the unit stopped (unloaded)."""
+    from podvm_gpu.host.daemons import exit_status_of, main_process_gone, unit_properties
+
+    device = argv[argv.index("--device") + 1]
+    unit = f"podvm-gpu-nvattest-{device}-{os.getpid()}.service"
+    out, err = (os.path.join(out_dir, f".nvattest-{device}.{s}") for s in ("stdout", "stderr"))
+    for name in (out, err):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
     secs = max(int(budget + 0.999), 1)
-    wrapped = ["systemd-run", "--wait", "--pipe", "--quiet", "--collect", f"--unit={unit}",
-               f"--description={DESCRIPTION}",
-               *(f"--property={p}" for p in UNIT_PROPERTIES), f"--property=RuntimeMaxSec={secs}",
-               "--", path, *argv[1:]]
-    started = time.monotonic()
+    started, since_us = time.monotonic(), time.monotonic_ns() // 1000
+    runner.run(["systemd-run", "--no-block", "--quiet", f"--unit={unit}",
+                f"--description={DESCRIPTION}",
+                *(f"--property={p}" for p in UNIT_PROPERTIES), f"--property=RuntimeMaxSec={secs}",
+                "--property=RemainAfterExit=yes", f"--property=StandardOutput=file:{out}",
+                f"--property=StandardError=file:{err}", "--", path, *argv[1:]],
+               timeout=min(budget, 10.0))
+    returncode, ended = None, ""
     try:
-        done = runner.run(wrapped, timeout=budget, check=False)
-    except CommandError as err:
-        if not err.timed_out:
-            raise
-        runner.run(["systemctl", "stop", unit], check=False, timeout=5.0) \
-            if not runner.cancelled else None
-        return Ran(argv, None, err.stdout or "", err.stderr or "", time.monotonic() - started,
-                   f"unit {unit}", _ended(err, limit, budget, unit))
-    return Ran(argv, done.returncode, done.stdout, done.stderr, done.duration_s, f"unit {unit}")
+        while True:
+            props = unit_properties(runner, unit)
+            if main_process_gone(props, since_us):
+                returncode = exit_status_of(props)
+                break
+            if time.monotonic() - started >= budget:
+                ended = _ended(limit, budget, unit)
+                break
+            if check_stop is not None:
+                check_stop()
+            time.sleep(POLL_S)
+    finally:
+        if not runner.cancelled:  # stopped (killed at once if it runs), unloaded, forgotten
+            runner.run(["systemctl", "stop", unit], check=False, timeout=5.0)
+            runner.run(["systemctl", "reset-failed", unit], check=False, timeout=5.0)
+    return Ran(argv, returncode, _read(out), _read(err), time.monotonic() - started,
+               f"unit {unit}", ended)
+
+
+def _read(path: str) -> str:
+    from podvm_gpu.host.fs import read_bounded
+
+    try:
+        text = read_bounded(path, OUTPUT_MAX).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    return text
 
 
 def _as_child(runner: Runner, argv: list[str], limit: float, budget: float) -> Ran:
@@ -151,11 +207,11 @@ def _as_child(runner: Runner, argv: list[str], limit: float, budget: float) -> R
         if not err.timed_out:
             raise
         return Ran(argv, None, err.stdout or "", err.stderr or "", time.monotonic() - started,
-                   "child", _ended(err, limit, budget, ""))
+                   "child", _ended(limit, budget, ""))
     return Ran(argv, done.returncode, done.stdout, done.stderr, done.duration_s, "child")
 
 
-def _ended(err: CommandError, limit: float, budget: float, unit: str) -> str:
+def _ended(limit: float, budget: float, unit: str) -> str:
     where = f" (unit {unit}, waiting for network-online.target counts)" if unit else ""
     if budget < limit:
         return f"timed out after {budget:g} s, killed: the boot budget is spent{where}"
