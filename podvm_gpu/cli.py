@@ -221,7 +221,7 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
 
         return run_boot(**options)
     if command == "metrics":
-        from podvm_gpu.metrics.run import run_metrics
+        from podvm_gpu.metrics.command import run_metrics
 
         return run_metrics(**options)
     if command == "check":

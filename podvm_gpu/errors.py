@@ -19,11 +19,14 @@ _LOGRUS_WARNING = r'level=warning msg="((?:[^"\\]|\\.)*)"'
 QUOTE_MAX = 300  # characters of one quoted line of a tool (its last line, its error message)
 
 
-def one_line(text: str, limit: int = QUOTE_MAX) -> str:
-    """``text`` with its whitespace runs folded to single spaces and cut to ``limit``
-    characters (ending in `` ...`` when cut): a tool may print anything, of any length."""
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[:max(limit - 4, 0)].rstrip() + " ..."
+def one_line(text: object, limit: int | None = QUOTE_MAX) -> str:
+    """``text`` (``str()`` of anything) with its whitespace runs folded to single spaces and cut
+    to ``limit`` characters (ending in `` ...`` when cut): a tool may print anything, of any
+    length. ``limit=None`` folds without cutting (the CDI reader's messages, which quote a spec's
+    own words whole). The one folding of the package (cdi/unavailable.py repeats the fold inline:
+    it is on the CPU fast path, which does not import this module)."""
+    line = " ".join(str(text).split())
+    return line if limit is None or len(line) <= limit else line[:max(limit - 4, 0)].rstrip() + " ..."
 
 
 def exit_text(returncode: int) -> str:

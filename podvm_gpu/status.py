@@ -5,8 +5,8 @@ Standard library only: the CPU fast path writes it.
 
 from __future__ import annotations
 
-import errno
 import _thread
+import errno
 import os
 import time
 

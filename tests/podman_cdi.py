@@ -54,8 +54,8 @@ def main(work: str, run_cdi: str, etc_cdi: str, image_tar: str, requests: list[s
             if os.path.lexists(path):  # the host's own, seen through the overlay: replaced in it
                 os.unlink(path)
             os.mknod(path, 0o666 | 0o020000, os.makedev(major, minor))
-    podman = ["podman", "--root", f"{work}/storage", "--runroot", "/run/podman-test",  # the namespace's tmpfs; podman allows 50 characters
-             
+    # --runroot: the namespace's tmpfs; podman allows 50 characters
+    podman = ["podman", "--root", f"{work}/storage", "--runroot", "/run/podman-test",
               "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "none"]
     must(podman + ["import", image_tar, "localhost/podvm-gpu-test:1"])
     for request in requests:

@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from schemas import assert_status_conforms
 from scenarios.fake_tool import argv_matches
 from scenarios.world import DATA, SHARED, World, load_case
+from schemas import assert_status_conforms
 
 HANG_S = 60
 # step -> (the call that is in flight in that step, how it is made to take long)

@@ -17,10 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from boot import checks, image
 from boot.fixtures import installed, rootfs  # noqa: F401
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.slow
 

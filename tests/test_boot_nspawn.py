@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from boot import checks, image
 from boot.fixtures import SPEC_TEMPLATE, host_has_nvidia_pci_device, installed, rootfs  # noqa: F401
 from boot.gpu import world
@@ -146,8 +145,8 @@ def test_a_daemon_killed_by_a_signal_is_named_so(rootfs, tmp_path):  # noqa: F81
     assert record["persistenced_unit"]["ActiveState"] == "failed", record["persistenced_unit"]
 
 
-def test_a_start_timeout_ends_the_boot_failed_and_leaves_the_initialising_daemon_alone(  # noqa: F811
-        rootfs, tmp_path):
+def test_a_start_timeout_ends_the_boot_failed_and_leaves_the_initialising_daemon_alone(
+        rootfs, tmp_path):  # noqa: F811 (the fixture imported above)
     """systemd's TimeoutStartSec= for podvm-gpu.service (cut to 20 s in a drop-in) passes while
     nvidia-persistenced still initialises its GPUs: systemd sends the agent SIGTERM. The boot
     ends ``failed`` naming the signal and the step, with the final status and the unavailable

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from boot import checks, image
 from boot.fixtures import SPEC_TEMPLATE, installed, podman_installed, podman_rootfs, rootfs  # noqa: F401
 from boot.gpu import world

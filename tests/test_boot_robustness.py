@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import yaml
-
 from conftest import umockdev_tree
 
 

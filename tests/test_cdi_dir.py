@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from guards import must_finish_within
+
 from podvm_gpu.cdi import DISABLED_SUFFIX, disable_duplicates, other_specs
 from podvm_gpu.host.fs import Root
 

@@ -16,10 +16,9 @@ import tarfile
 import time
 from pathlib import Path
 
+import debian_packages
 import pytest
 import yaml
-
-import debian_packages
 from boot.image import unavailable
 from fake_nvml import metrics_env
 

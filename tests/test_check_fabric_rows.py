@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from test_check_vm_rows import booted_check, case
 
 pytestmark = pytest.mark.usefixtures("umockdev_run")

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from boot.nvidia_image import VERSION, add_nvidia_driver
 
 REPO = Path(__file__).resolve().parents[1]
@@ -292,8 +291,8 @@ def test_a_real_debian_13_kernel_and_its_own_modules(config):
     kernel decompresses xz in the kernel, and its own modules (kbuild's) carry CRC32."""
     if config is None:
         pytest.skip("no cached Debian 13 rootfs (tests/test_boot_nspawn.py builds it)")
-    from podvm_gpu.steps.modules import modcompress
     from podvm_gpu.host.fs import Root
+    from podvm_gpu.steps.modules import modcompress
 
     root = Root(str(config.parents[1]))
     release = config.name.removeprefix("config-")

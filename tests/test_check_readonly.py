@@ -13,7 +13,6 @@ import shutil
 import sys
 
 import pytest
-
 from scenarios.expect import report
 from scenarios.world import DATA, SHARED, World, load_case
 

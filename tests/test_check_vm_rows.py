@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from scenarios.world import DATA, OWN_CASES, SHARED, World, load_case
 
 pytestmark = pytest.mark.usefixtures("umockdev_run")

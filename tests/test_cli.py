@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from podvm_gpu import __version__
-
 from podvm_gpu.cli import fast_args, main
 from podvm_gpu.host.fs import atomic_write
 

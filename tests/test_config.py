@@ -8,14 +8,14 @@ devices (with a config file present, boot always takes the validated path).
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
-import os
 
 import pytest
 import yaml
-
 from guards import must_finish_within
+
 from podvm_gpu.config.load import load_config
 from podvm_gpu.config.model import DEFAULT_TIMEOUTS, Config, timeouts_for
 from podvm_gpu.errors import ConfigError, PodvmGpuError

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from podvm_gpu.steps.modules import dkms
 from podvm_gpu.host.fs import Root
+from podvm_gpu.steps.modules import dkms
 
 KERNEL = "6.12.117+deb13-cloud-amd64"
 DATA = Path(__file__).resolve().parent / "data/dkms"

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from podvm_gpu.steps.fabric import fabric_kind
 from podvm_gpu.host import infiniband
+from podvm_gpu.steps.fabric import fabric_kind
 
 
 def keyword(name: str, value: bytes) -> bytes:

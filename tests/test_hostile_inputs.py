@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from scenarios.world import DATA, SHARED, World, load_case
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from scenarios.expect import judge_boot, report
 from scenarios.world import DATA, SHARED, World, load_case
 

@@ -22,19 +22,22 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import product_env
-from podvm_gpu.check import image as check_image, vm as check_vm
-from podvm_gpu.config import fields as config_fields, load as config_load, model as config_model
-from podvm_gpu.boot import pipeline, run as boot_run
+from scenarios.world import DATA, OWN_CASES, SHARED, World, load_case
+from schemas import CHECK_SCHEMA, STATUS_SCHEMA, assert_check_conforms, assert_status_conforms, problems, schema
+
+from podvm_gpu.boot import pipeline
+from podvm_gpu.boot import run as boot_run
+from podvm_gpu.cdi.unavailable import render_unavailable_spec
+from podvm_gpu.check import image as check_image
+from podvm_gpu.check import vm as check_vm
+from podvm_gpu.config import fields as config_fields
+from podvm_gpu.config import load as config_load
+from podvm_gpu.config import model as config_model
+from podvm_gpu.config.metrics import MetricsSettings
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.sysfs import scan_nvidia
-from podvm_gpu.metrics.settings import MetricsSettings
 from podvm_gpu.model import Step, StepResult
-from podvm_gpu.cdi.unavailable import render_unavailable_spec
-from schemas import CHECK_SCHEMA, STATUS_SCHEMA, assert_check_conforms, assert_status_conforms
-from schemas import problems, schema
-from scenarios.world import DATA, OWN_CASES, SHARED, World, load_case
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "interface.md"
@@ -573,3 +576,12 @@ def test_a_boot_that_cannot_get_the_lock_exits_as_the_table_says(tmp_path):
     assert "stopped by SIGTERM before this boot began (nothing written)" in rest
     assert sorted(p.name for p in lock.parent.iterdir()) == ["boot.lock"], "nothing written"
     assert not (tmp_path / "var").exists()
+
+
+def test_the_cpu_fast_paths_budget_is_the_config_models_default():
+    """boot/__init__.py states the budget again (the CPU fast path must not import the config
+    model, tests/test_layout.py): the copy is the model's default, the one place defaults live."""
+    from podvm_gpu.boot import DEFAULT_BUDGET_S
+    from podvm_gpu.config.model import Config
+
+    assert DEFAULT_BUDGET_S == Config().budget_s == Config.FIELDS["budget_s"][1]

@@ -6,7 +6,8 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from podvm_gpu.jsontext import dumps
 

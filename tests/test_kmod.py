@@ -9,11 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from boot import image, real_driver
 from boot.nvidia_image import kernel_module
-from podvm_gpu.host import kmod
+
 from podvm_gpu.errors import CommandError
+from podvm_gpu.host import kmod
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Completed
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from guards import must_finish_within
+
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.kmsg import findings, join_nvrm, parse_record, read_kernel_log
 

@@ -14,12 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-from podvm_gpu.host import sysfs
-from podvm_gpu.boot.late import LateWait, plan_wait
 from scenarios import testbed
 from scenarios.world import OWN_CASES, World, load_case
 from test_boot_ends import product_pid
 from test_cli import imported_modules
+
+from podvm_gpu.boot.late import LateWait, plan_wait
+from podvm_gpu.host import sysfs
 
 PCIE = "{44c4f61d-4444-4400-9d52-802e27ede19f}"
 NET = "{f8615163-df3e-46c5-913f-f2d2f965ed0e}"

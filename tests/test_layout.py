@@ -5,7 +5,10 @@
 - no file in ``podvm_gpu/`` over 500 lines;
 - the step list (``podvm_gpu/steps/__init__.py``) is the only place that names a step's module:
   deleting a step's module leaves only that list naming it;
-- the CPU fast path imports only the modules it needs (``-X importtime``).
+- the CPU fast path imports only the modules it needs (``-X importtime``);
+- the layer table of docs/design.md ("Layers"): a package or root module imports only what sits
+  in a layer below its own (imports inside functions counted), and the import graph between
+  them has no circle.
 """
 
 from __future__ import annotations
@@ -159,6 +162,97 @@ def test_a_step_room_has_its_step_and_no_code_in_its_init(room):
 
     assert (folder / "step.py").is_file()
     assert all(isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body)
+
+
+# docs/design.md, "Layers": the lowest first. A root module or package of podvm_gpu ("unit") may
+# import only units of a lower layer; the entry points (``python -m``) sit above everything.
+LAYERS = {
+    "errors": 0, "record": 0, "jsontext": 0, "model": 0, "pci_ids": 0,
+    "host": 1,
+    "config": 2, "cdi": 2, "status": 2, "readers": 2, "units": 2, "kata": 2, "row": 2,
+    "steps": 3,
+    "check": 4, "metrics": 4,
+    "boot": 5,
+    "app": 6,
+    "cli": 7,
+    "entry": 8,
+}
+ENTRY_POINTS = {"podvm_gpu.__main__", "podvm_gpu.metrics.__main__"}
+
+
+def unit(name: str) -> str:
+    """The layer-table unit of a module: ``podvm_gpu.steps.fabric.step`` -> ``steps``."""
+    if name in ENTRY_POINTS:
+        return "entry"
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "podvm_gpu"
+
+
+def unit_graph() -> dict[str, set[str]]:
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        here = unit(name)
+        for target in imports_of(name, path, known):
+            there = unit(target)
+            if there not in (here, "podvm_gpu"):  # the package's own __init__: the version only
+                graph.setdefault(here, set()).add(there)
+            graph.setdefault(there, set())
+    return graph
+
+
+def test_every_unit_of_the_package_has_a_layer():
+    units = {unit(name) for name in modules()} - {"podvm_gpu"}
+
+    assert units - set(LAYERS) == set(), "add it to LAYERS here and to docs/design.md's table"
+    assert set(LAYERS) - units == set(), "a unit that is gone: drop it from the table"
+
+
+def test_every_import_goes_down_the_layer_table():
+    """Host at the bottom imports nothing of the package above it; the steps import no runner
+    (boot, check, metrics, cli); nothing but the entry points imports cli."""
+    climbing = sorted(f"{a} (layer {LAYERS[a]}) imports {b} (layer {LAYERS[b]})"
+                      for a, targets in unit_graph().items() for b in targets
+                      if LAYERS[b] >= LAYERS[a])
+
+    assert climbing == []
+
+
+def test_the_layer_table_of_the_design_doc_is_the_tests():
+    text = (REPO / "docs" / "design.md").read_text()
+    table = text[text.index("| layer |"):]
+    rows = {}
+    for line in table.splitlines():
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0].isdigit():
+            for name in cells[1].replace("`", "").split(","):
+                rows[name.strip().removesuffix("/").removesuffix(".py")] = int(cells[0])
+
+    assert rows == LAYERS
+
+
+def test_there_is_no_import_circle_between_the_packages():
+    assert circles(unit_graph()) == []
+
+
+def test_the_layer_check_catches_a_climb_inside_a_function(tmp_path, monkeypatch):
+    """The rule counts an import inside a function (host/proc.py once imported config.load
+    there for the file-trust rule)."""
+    fake = tmp_path / "podvm_gpu"
+    (fake / "host").mkdir(parents=True)
+    (fake / "config").mkdir()
+    for path in (fake / "__init__.py", fake / "host" / "__init__.py", fake / "config" / "__init__.py"):
+        path.write_text("")
+    (fake / "config" / "load.py").write_text("def untrusted_because(path):\n    return None\n")
+    (fake / "host" / "proc.py").write_text(
+        "def trust(path):\n    from podvm_gpu.config.load import untrusted_because\n"
+        "    return untrusted_because(path)\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+
+    assert unit_graph()["host"] == {"config"}
 
 
 def test_the_cpu_fast_path_imports_only_what_it_needs(tmp_path):

@@ -18,12 +18,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import fake_nvml
 import pytest
+from fake_nvml import describe, gpu, make_root, metrics_env
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
-
-import fake_nvml
-from fake_nvml import describe, gpu, make_root, metrics_env
 
 from podvm_gpu.metrics.families import CC_SAFE, DCGM_FIELDS, DCGM_LABELS, FULL
 

@@ -18,13 +18,12 @@ import threading
 import warnings
 
 import pytest
-
 from fake_nvml import metrics_env
 from metrics_serving import make_cert, start
 
+from podvm_gpu.config.metrics import MetricsConfigError, MetricsSettings
 from podvm_gpu.metrics.prom import gzip_accepted
 from podvm_gpu.metrics.server import MetricsServer, Response
-from podvm_gpu.metrics.settings import MetricsConfigError, MetricsSettings
 from podvm_gpu.metrics.webconfig import WebConfigError, load_web_config
 
 

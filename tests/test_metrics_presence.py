@@ -10,9 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from fake_nvml import describe, gpu, make_root, metrics_env
+from prometheus_client.parser import text_string_to_metric_families
 
 from podvm_gpu.metrics.families import DCGM_FIELDS
 

@@ -11,7 +11,6 @@ job without credentials is refused (401) and Prometheus says so.
 
 from __future__ import annotations
 
-import base64
 import json
 import socket
 import subprocess
@@ -20,7 +19,6 @@ import urllib.parse
 import urllib.request
 
 import pytest
-
 from fake_nvml import describe, gpu, make_root, metrics_env
 from metrics_serving import make_cert, start
 

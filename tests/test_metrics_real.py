@@ -13,12 +13,11 @@ import re
 import subprocess
 import sys
 
-import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 import debian_packages
 import fake_nvml
+import pytest
 from fake_nvml import describe, gpu, make_root, metrics_env
+from prometheus_client.parser import text_string_to_metric_families
 
 NVML_DIR = "usr/lib/x86_64-linux-gnu/nvidia/current"  # where libnvidia-ml1 puts the library
 # The link Debian's nvidia-alternative makes (its postinst, update-alternatives slave

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
-
 from fake_nvml import describe, gpu, make_root, metrics_env
+from prometheus_client.parser import text_string_to_metric_families
 
 MONITORING = Path(__file__).resolve().parents[1] / "monitoring"
 RULES = MONITORING / "podvm-gpu.rules.yml"

@@ -22,11 +22,9 @@ import urllib.error
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from fake_nvml import describe, gpu, make_root, metrics_env
-from metrics_serving import (close_all, hold_idle, make_cert, pids_cgroup, start, threads_of,
-                             unit_tasks_max)
+from metrics_serving import close_all, hold_idle, make_cert, pids_cgroup, start, threads_of, unit_tasks_max
+from prometheus_client.parser import text_string_to_metric_families
 
 from podvm_gpu.metrics.server import MetricsServer, Response
 
@@ -337,7 +335,7 @@ def test_bcrypt_is_imported_only_on_the_serving_path(gpu_world):
 
 
 def test_web_config_setting_must_be_an_absolute_path():
-    from podvm_gpu.metrics.settings import MetricsConfigError, MetricsSettings
+    from podvm_gpu.config.metrics import MetricsConfigError, MetricsSettings
 
     assert MetricsSettings.from_mapping({"web_config": "/etc/podvm-gpu/web.yml"}).web_config
     with pytest.raises(MetricsConfigError, match="metrics.web_config: must be an absolute"):

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from podvm_gpu.config.metrics import MetricsConfigError, MetricsSettings, parse_listen
 from podvm_gpu.errors import ConfigError
-from podvm_gpu.metrics.settings import MetricsConfigError, MetricsSettings
 from podvm_gpu.metrics.exporter import nvml_gate, render, type_dcgm_counters
 from podvm_gpu.metrics.families import DCGM_COUNTERS, DCGM_FIELDS, dcgm_families, pci_bus_id
 from podvm_gpu.metrics.nvml import GpuReading, NvmlReading, cc_safe, reason_of
-from podvm_gpu.metrics.settings import parse_listen
 
 
 def test_defaults_are_loopback_auto_and_no_textfile():
@@ -131,9 +130,9 @@ def test_plain_command_lines_are_parsed_without_argparse_and_the_rest_goes_to_it
 
 
 def test_kernel_log_records_say_whether_the_log_could_be_read(tmp_path):
+    from podvm_gpu.config.metrics import MetricsSettings
     from podvm_gpu.host.fs import Root
     from podvm_gpu.metrics.exporter import Exporter
-    from podvm_gpu.metrics.settings import MetricsSettings
 
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev/kmsg").write_text("6,1,10,-;virtio_net virtio0: up\n"
@@ -148,6 +147,6 @@ def test_kernel_log_records_say_whether_the_log_could_be_read(tmp_path):
 
 def test_the_default_listen_address_is_one_parse_listen_accepts():
     # MetricsSettings skips parsing the default (boot builds the settings on every GPU boot)
-    from podvm_gpu.metrics.settings import DEFAULT_LISTEN, parse_listen
+    from podvm_gpu.config.metrics import DEFAULT_LISTEN, parse_listen
 
     assert parse_listen(DEFAULT_LISTEN) == ("127.0.0.1", 9400)

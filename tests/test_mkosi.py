@@ -15,7 +15,6 @@ import subprocess
 import sys
 
 import pytest
-
 from boot import checks, image, mkosi_image
 from boot.fixtures import host_has_nvidia_pci_device
 

@@ -10,7 +10,6 @@ boot proves the capture still holds).
 from __future__ import annotations
 
 import pytest
-
 from boot import image, real_driver
 from boot.real import captured
 from schemas import assert_status_conforms

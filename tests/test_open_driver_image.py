@@ -12,9 +12,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
-
 import debian_packages
+import pytest
 from boot import image, real_driver
 from test_real_driver_image import check_from_host, check_in_image, dpkg_remove
 

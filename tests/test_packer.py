@@ -16,7 +16,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from boot import image, nvidia_image, real_driver
 
 PACKER_DIR = Path(__file__).resolve().parents[1] / "packer"
@@ -112,6 +111,7 @@ def test_null_build_over_the_real_driver_image_ends_with_the_image_check_passing
         assert re.search(r"pass\s+modules\s+6\.1\.0-\S+: nvidia ->", output), output[-6000:]
         assert "/updates/dkms/nvidia-current.ko" in output
         # one warning: what NVLink 5 VMs would need (the image does not say it serves them)
-        assert re.search(r"pass\s+firmware", output) and re.search(r"OK: \d+ pass, 1 warn, 0 fail", output), output[-6000:]
+        assert re.search(r"pass\s+firmware", output) and re.search(r"OK: \d+ pass, 1 warn, 0 fail", output), \
+            output[-6000:]
         assert re.search(r"warn\s+fabric\s+for NVLink 5 VMs the image lacks", output), output[-6000:]
         assert not wants.exists()

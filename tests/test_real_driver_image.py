@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from boot import image, real_driver
 from boot.real import captured
 

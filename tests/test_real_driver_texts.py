@@ -14,14 +14,14 @@ import json
 import types
 
 import pytest
-
 from boot.nvidia_image import kernel_module
 from boot.real import captured
+
 from podvm_gpu import readers
 from podvm_gpu.errors import CommandError
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
-from podvm_gpu.steps import modules
+from podvm_gpu.steps.modules import step as modules
 
 RELEASE = "6.1.0-50-cloud-amd64"
 DKMS = f"lib/modules/{RELEASE}/updates/dkms"

@@ -9,7 +9,6 @@ is still a ready spec.
 from __future__ import annotations
 
 import pytest
-
 from scenarios.expect import judge_boot, report
 from scenarios.world import DATA, SHARED, World, load_case
 

@@ -10,7 +10,6 @@ One case: ``python -m pytest tests/test_scenarios.py -k C05``.
 import warnings
 
 import pytest
-
 from scenarios.expect import describe_call, judge_boot, judge_check, report
 from scenarios.world import CaseError, UnmatchedCallWarning, World, case_files, case_id, load_case
 
@@ -29,7 +28,8 @@ def test_scenario(case_file):
             unmatched = [f"{' '.join(call.argv)} -> {describe_call(call)}"
                          for call in run.calls if call.answer == "unmatched"]
             if unmatched and not case.shared:
-                warnings.warn(UnmatchedCallWarning(f"{case.id} {phase}: no rule for {unmatched}"))
+                warnings.warn(UnmatchedCallWarning(f"{case.id} {phase}: no rule for {unmatched}"),
+                              stacklevel=2)
             judge = judge_check if phase == "check" else judge_boot
             problems = judge(world, run, case.expect.get(phase, {}))
             if unmatched and case.shared:

@@ -16,12 +16,19 @@ import yaml
 
 from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
 from podvm_gpu.cdi.parse import parse_spec
+from podvm_gpu.cdi.unavailable import render_unavailable_spec, write_unavailable_spec
+from podvm_gpu.cli import main
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import PciDevice, State, Status, Step, StepResult
-from podvm_gpu.cli import main
-from podvm_gpu.status import (STATUS_PATH, StatusFile, StatusUnreadable,
-                              exit_code_for, load_status, read_status, wait_for_final)
-from podvm_gpu.cdi.unavailable import render_unavailable_spec, write_unavailable_spec
+from podvm_gpu.status import (
+    STATUS_PATH,
+    StatusFile,
+    StatusUnreadable,
+    exit_code_for,
+    load_status,
+    read_status,
+    wait_for_final,
+)
 
 CONTRACT_KEYS = {"version", "state", "reason", "warnings", "started_at", "finished_at", "gpus",
                  "nvswitches", "driver_version", "cdi", "fabric", "confidential_computing",

@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from boot import image, real_driver
 from test_real_driver_image import check_from_host, check_in_image
 

@@ -14,15 +14,14 @@ from __future__ import annotations
 import os
 import time
 
-from podvm_gpu.boot.run import (Interrupted, Log, Run, Signals, acquire_lock, oserror,
-                                remove_leftovers, untrusted_root)
+from podvm_gpu.boot.run import Interrupted, Log, Run, Signals, acquire_lock, oserror, remove_leftovers, untrusted_root
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.sysfs import channels_without_pci, scan_nvidia
 from podvm_gpu.model import State, Step, StepResult
 from podvm_gpu.status import LOCK_PATH, STATUS_PATH
 
 CONFIG_PATH = "/etc/podvm-gpu/config.yaml"
-DEFAULT_BUDGET_S = 240.0
+DEFAULT_BUDGET_S = 240.0  # config/model.py's budget_s default (tests/test_interface.py ties them)
 
 
 def config_path_for(root: Root, config: str | None) -> str:
@@ -182,9 +181,9 @@ def _late_wait(run: Run, settings, coming: list, nvidia: list[str]):
     ``coming`` are the VMBus PCI pass-through channels without their PCI device, ``nvidia`` the
     NVIDIA functions on PCI now; the config's ``detect`` section (defaults without a config)
     gives the limit and the expected count. Imports the config and wait modules only here."""
+    from podvm_gpu.boot.late import plan_wait
     from podvm_gpu.config.model import DetectConfig
     from podvm_gpu.host.sysfs import nvidia_gpus
-    from podvm_gpu.boot.late import plan_wait
 
     detect = settings.detect if settings is not None else DetectConfig()
     budget = settings.budget_s if settings is not None else DEFAULT_BUDGET_S

@@ -52,16 +52,15 @@ import _signal
 import threading
 import time
 
+from podvm_gpu import steps as step_list
 from podvm_gpu.boot.run import Interrupted, Log, Run
-from podvm_gpu.model import REASON_MAX
 from podvm_gpu.config.model import Config, timeouts_for
-from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import Cancelled, CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.proc import Runner
-from podvm_gpu.model import Step, StepResult
-from podvm_gpu import steps as step_list
+from podvm_gpu.model import REASON_MAX, Step, StepResult
 from podvm_gpu.steps import Skipped
+from podvm_gpu.steps.context import BootContext
 
 # The step list (podvm_gpu/steps/__init__.py): each step's ``run``, in order; after persistenced,
 # the parallel ones at once; the last of them (the spec) ``finish``es once all have succeeded.
@@ -289,8 +288,8 @@ class Steps:
 
 
 def _dry_run(run: Run, ctx: BootContext) -> int:
-    from podvm_gpu.jsontext import dumps
     from podvm_gpu.boot.plan import plan
+    from podvm_gpu.jsontext import dumps
 
     commands = plan(ctx)
     if run.json_out:

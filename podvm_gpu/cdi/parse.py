@@ -12,8 +12,8 @@ import functools
 import json
 
 from podvm_gpu.cdi.model import Spec, build_spec
-from podvm_gpu.cdi.rules import SPEC_SHAPE, Invalid, check_rules, describe, one_line, q
-from podvm_gpu.errors import CdiSpecError
+from podvm_gpu.cdi.rules import SPEC_SHAPE, Invalid, check_rules, describe, q
+from podvm_gpu.errors import CdiSpecError, one_line
 
 
 def parse_spec(text: str | bytes, *, source: str = "<spec>") -> Spec:
@@ -41,7 +41,7 @@ def parse_spec(text: str | bytes, *, source: str = "<spec>") -> Spec:
             (``pkg/cdi/spec.go``, producer default validator); no devices.
             Unknown keys (``fileMode``, ...) are allowed, as the schema allows them.
     """
-    where = one_line(source)
+    where = one_line(source, None)
     try:
         raw = _load(text)
         if not isinstance(raw, dict):
@@ -80,9 +80,9 @@ def _load(text: str | bytes) -> object:
         mark = err.problem_mark or err.context_mark
         what = " ".join(p for p in (err.context, err.problem) if p) or "invalid"
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise Invalid(f"not YAML or JSON: {one_line(what)}{at}") from None
+        raise Invalid(f"not YAML or JSON: {one_line(what, None)}{at}") from None
     except yaml.YAMLError as err:
-        raise Invalid(f"not YAML or JSON: {one_line(str(err))}") from None
+        raise Invalid(f"not YAML or JSON: {one_line(err, None)}") from None
 
 
 def _json_object(pairs: list[tuple[str, object]]) -> dict[str, object]:

@@ -9,7 +9,8 @@ import stat
 
 from podvm_gpu.cdi import KIND
 from podvm_gpu.cdi.model import DeviceNode, Spec
-from podvm_gpu.cdi.rules import one_line, q
+from podvm_gpu.cdi.rules import q
+from podvm_gpu.errors import one_line
 from podvm_gpu.host.fs import Root, is_char_device
 
 # The control nodes every GPU container needs (contract sections 3 step 5 and 8).
@@ -130,7 +131,7 @@ def _file_kind(path: str) -> str:
     except FileNotFoundError:
         return "missing"
     except OSError as err:
-        return one_line(err.strerror or str(err))
+        return one_line(err.strerror or err, None)
     if stat.S_ISREG(mode):
         return f"a regular file, mode {stat.S_IMODE(mode):04o}"
     for test, what in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),

@@ -363,10 +363,6 @@ def q(value: object) -> str:
     return json.dumps(value)
 
 
-def one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
 def describe(value: object) -> str:
     if value is None:
         return "null"

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 
+from podvm_gpu.cdi import KIND, SPEC_PATH
 from podvm_gpu.host.fs import Root, atomic_write, ensure_dir
 from podvm_gpu.jsontext import dumps as _json
-from podvm_gpu.cdi import KIND, SPEC_PATH
 
 # 0.5.0: what nvidia-ctk 1.20 writes and kata-agent parses; spec annotations would need 0.6.0.
 UNAVAILABLE_CDI_VERSION = "0.5.0"
@@ -30,10 +30,10 @@ def render_unavailable_spec(state: str, reason: str) -> str:
         state: ``no-gpu`` or ``failed``.
         reason: the status reason; folded to one line.
     """
-    one_line = " ".join(str(reason).split())
+    reason_line = " ".join(str(reason).split())  # errors.one_line's fold, kept off the fast path
     spec = {"cdiVersion": UNAVAILABLE_CDI_VERSION, "kind": KIND,
             "devices": [{"name": UNAVAILABLE_DEVICE, "containerEdits": {
-                "env": [f"PODVM_GPU_STATE={state}", f"PODVM_GPU_REASON={one_line}"]}}]}
+                "env": [f"PODVM_GPU_STATE={state}", f"PODVM_GPU_REASON={reason_line}"]}}]}
     return ("# Written by podvm-gpu: this VM has no usable NVIDIA GPU; see "
             "/run/podvm-gpu/status.json\n" + _json(spec) + "\n")
 

@@ -13,7 +13,8 @@ Rooms: each boot step's module under :mod:`podvm_gpu.steps` owns its rows (``VM_
 ``IMAGE_ROWS`` where an image can be judged), beside its ``run``; :mod:`~podvm_gpu.check.vm`
 and :mod:`~podvm_gpu.check.image` run them in the step order with the rows that belong to no
 step (:mod:`~podvm_gpu.check.units`, the status, the image's own rows);
-:mod:`~podvm_gpu.check.command` is the command. Here: the row, its isolation and the table.
+:mod:`~podvm_gpu.check.command` is the command. Here: the row's isolation and the table; the
+row itself is :mod:`podvm_gpu.row`, below both the steps and check (the steps import it).
 """
 
 from __future__ import annotations
@@ -21,17 +22,10 @@ from __future__ import annotations
 import sys
 
 from podvm_gpu.errors import CommandError
-from podvm_gpu.record import REQUIRED, Record
+from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 
-PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
-NO_GPU = "no NVIDIA GPU found on PCI"
-
-
-class Check(Record):
-    """One check's outcome: ``name``, ``result`` (pass/warn/fail/skip), ``detail`` (the fact
-    found) and ``hint`` (what to do); ``to_dict`` is the ``--json`` row."""
-
-    FIELDS = (("name", REQUIRED), ("result", REQUIRED), ("detail", REQUIRED), ("hint", ""))
+__all__ = ["FAIL", "NO_GPU", "PASS", "SKIP", "WARN", "Check", "broken", "isolated", "print_table",
+           "safely"]
 
 
 def safely(fact, default):

@@ -8,14 +8,14 @@ from __future__ import annotations
 import os
 
 from podvm_gpu import steps, units
-from podvm_gpu.host import kmod
 from podvm_gpu.check import FAIL, PASS, SKIP, WARN, Check, isolated
 from podvm_gpu.check.units import kata_cdi_check, kata_ordering_check, refresh_units_check
-from podvm_gpu.config.load import DEFAULT_PATH as CONFIG_PATH
 from podvm_gpu.config.fields import REQUIRED_MODULES
+from podvm_gpu.config.load import DEFAULT_PATH as CONFIG_PATH
 from podvm_gpu.config.load import config_location
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import ConfigError
+from podvm_gpu.host import kmod
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 
@@ -147,7 +147,7 @@ def trust_row(image: Image) -> Check:
     refuses them otherwise (it runs those tools as root). A file that group or others may
     write fails; one owned by another user only warns, since an image built by an unprivileged
     builder has the builder's files until it is packed (they must be root's in the image)."""
-    from podvm_gpu.config.load import trust_problems
+    from podvm_gpu.host.fs import trust_problems
 
     root, config = image.root, image.config
     paths = [CONFIG_PATH] + sorted(config.tools.values())

@@ -6,10 +6,8 @@ from __future__ import annotations
 import os
 
 from podvm_gpu import readers, steps, units
-from podvm_gpu.steps.fabric import fabric_kind
 from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check, isolated, safely
-from podvm_gpu.check.units import (kata_agent_version, kata_cdi_check, kata_ordering_check,
-                                  refresh_units_check)
+from podvm_gpu.check.units import kata_agent_version, kata_cdi_check, kata_ordering_check, refresh_units_check
 from podvm_gpu.config.model import Config
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
@@ -17,6 +15,7 @@ from podvm_gpu.host.proc import Runner
 from podvm_gpu.host.sysfs import channels_without_pci, scan_nvidia
 from podvm_gpu.model import State
 from podvm_gpu.status import ORPHANED, StatusUnreadable, load_status, orphaned, read_status
+from podvm_gpu.steps.fabric import fabric_kind
 
 
 class Facts:

@@ -11,7 +11,7 @@ import stat
 from podvm_gpu.config.fields import MAX_CONFIG_BYTES, Invalid
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import ConfigError, one_line
-from podvm_gpu.host.fs import folder_trust_problems
+from podvm_gpu.host.fs import untrusted_because
 
 
 def parse_config(text: str, path: str) -> Config:
@@ -251,43 +251,6 @@ def load_config(path: str, *, required: bool = False, trusted: bool = False) -> 
     # the YAML is right or wrong by its own text: a bad compiled form is the compiled form's
     return validate(raw, f"{compiled_path(path)} (compiled from {path}; run podvm-gpu config "
                          "--compile again)")
-
-
-def trust_problems(path: str, info: os.stat_result | None = None, *,
-                   owners: frozenset[int] | None = None, stop_at: str = "/") -> list[tuple[str, str]]:
-    """What would let another user than root change a file that boot (as root) takes orders
-    from: ``[("owner" | "mode", text), ...]``, empty when nothing does.
-
-    The file, and every directory above its real path up to ``stop_at``, must be owned by one of
-    ``owners`` (root and the user running the agent) and not be writable by its group or others.
-    A directory with the sticky bit (``/tmp``) may be writable by others: nobody but an entry's
-    owner can replace the entry. The rule of OpenSSH's ``safe_path`` for its keys.
-
-    Args:
-        path: the file's path.
-        info: the file's ``os.fstat`` when it is already open (no race on the file itself).
-        owners: the uids that may own them (default root and the effective uid).
-        stop_at: the last directory checked (an image root for ``check --image``).
-    """
-    owners = owners if owners is not None else frozenset({0, os.geteuid()})
-    problems: list[tuple[str, str]] = []
-    try:
-        info = info or os.stat(path)
-    except OSError as err:
-        return [("mode", f"cannot stat it: {err.strerror}")]
-    if info.st_uid not in owners:
-        problems.append(("owner", f"it is owned by uid {info.st_uid}, not root"))
-    if info.st_mode & 0o022:
-        problems.append(("mode", f"it is writable by group or others (mode "
-                                 f"{stat.S_IMODE(info.st_mode):04o})"))
-    return problems + [(kind, f"above it, {text}") for kind, text in folder_trust_problems(
-        os.path.dirname(os.path.realpath(path)), owners, stop_at)]
-
-
-def untrusted_because(path: str, info: os.stat_result | None = None) -> str | None:
-    """The first of :func:`trust_problems` of ``path`` as one line, or None."""
-    problems = trust_problems(path, info)
-    return problems[0][1] if problems else None
 
 
 def read_config_text(path: str, *, required: bool = False, trusted: bool = False) -> str | None:

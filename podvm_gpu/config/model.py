@@ -3,11 +3,27 @@ its fields as a table (name -> (validator, default)); ``Config()`` is the defaul
 
 from __future__ import annotations
 
-from podvm_gpu.config.fields import (MAX_GPUS, OPTIONAL_MODULES, Invalid, Section, absolute_path,
-                                     attestation_mode, boolean, count, mapping, module,
-                                     module_names, optional_modules, parameter_name,
-                                     parameter_value, seconds, string_list, tool, timeout_tool,
-                                     url)
+from podvm_gpu.config.fields import (
+    MAX_GPUS,
+    OPTIONAL_MODULES,
+    Invalid,
+    Section,
+    absolute_path,
+    attestation_mode,
+    boolean,
+    count,
+    mapping,
+    module,
+    module_names,
+    optional_modules,
+    parameter_name,
+    parameter_value,
+    seconds,
+    string_list,
+    timeout_tool,
+    tool,
+    url,
+)
 
 
 class PersistencedConfig(Section):
@@ -144,7 +160,7 @@ class DetectConfig(Section):
 
 def _metrics(value: object, loc: list):
     """The ``metrics:`` section: the exporter's own settings class checks it (docs/metrics.md)."""
-    from podvm_gpu.metrics.settings import MetricsConfigError, MetricsSettings
+    from podvm_gpu.config.metrics import MetricsConfigError, MetricsSettings
 
     try:
         return MetricsSettings.from_mapping(value)
@@ -155,7 +171,7 @@ def _metrics(value: object, loc: list):
 
 
 def _default_metrics():
-    from podvm_gpu.metrics.settings import MetricsSettings
+    from podvm_gpu.config.metrics import MetricsSettings
 
     return MetricsSettings()
 

@@ -63,7 +63,7 @@ class Runner:
         read_only: when True (``check``), :meth:`spawn` is refused: only queries may run.
         trust_tool_paths: check that a tool, configured or found on PATH, and every directory
             above it, only root can change before running it (boot, which runs them as root);
-            :func:`podvm_gpu.config.untrusted_because`.
+            :func:`podvm_gpu.host.fs.untrusted_because`.
     """
 
     def __init__(self, tool_paths: dict[str, str] | None = None,
@@ -110,7 +110,7 @@ class Runner:
         return None
 
     def _untrusted(self, path: str) -> str | None:
-        from podvm_gpu.config.load import untrusted_because
+        from podvm_gpu.host.fs import untrusted_because
 
         return untrusted_because(path) if self.trust_tool_paths else None
 

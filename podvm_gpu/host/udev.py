@@ -6,9 +6,9 @@ pyudev watches the real udev (or the one umockdev fakes); PCI devices are never 
 
 from __future__ import annotations
 
-import time
-
 import pyudev
+
+from podvm_gpu.host.wait import until
 
 POLL_S = 0.25  # the re-check interval when no udev monitor can be had
 
@@ -31,7 +31,6 @@ def wait_for_pci(ready, timeout_s: float, recheck_s: float = 1.0) -> tuple[bool,
         ``(ready() at the end, how the wait watched)``, the second for messages:
         ``"udev events watched"`` or ``"sysfs polled every 0.25 s: no udev monitor (<error>)"``.
     """
-    deadline = time.monotonic() + timeout_s
     try:
         monitor = pyudev.Monitor.from_netlink(pyudev.Context())
         monitor.filter_by("pci")
@@ -39,13 +38,9 @@ def wait_for_pci(ready, timeout_s: float, recheck_s: float = 1.0) -> tuple[bool,
         how = "udev events watched"
     except OSError as err:
         monitor, how = None, f"sysfs polled every {POLL_S:g} s: no udev monitor ({err})"
-    while True:
-        if ready():  # asked once after the monitor started: nothing added before is missed
-            return True, how
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False, how
-        if monitor is None:
-            time.sleep(min(POLL_S, left))
-        else:
-            monitor.poll(timeout=min(recheck_s, left))
+    # ready() is asked once after the monitor started: nothing added before is missed
+    if monitor is None:
+        waited = until(ready, timeout_s, POLL_S)
+    else:
+        waited = until(ready, timeout_s, recheck_s, sleep=lambda s: monitor.poll(timeout=s))
+    return waited.held, how

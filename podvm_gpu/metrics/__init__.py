@@ -6,7 +6,8 @@ through nvidia-ml-py, bounded in time, under dcgm-exporter's names; the agent's 
 ``podvm_gpu_*``; in confidential-computing mode only state and health are read (``cc-safe``).
 docs/metrics.md lists every metric.
 
-The package imports nothing itself: its settings are read by every boot whose config has a
-``metrics:`` section (config.py), so the entry points live in ``command`` and are imported from
-there (prometheus-client and pynvml by what needs them).
+The package imports nothing itself; its settings are the config's (podvm_gpu/config/metrics.py:
+every boot whose config has a ``metrics:`` section reads them), and the command is
+:func:`podvm_gpu.metrics.command.run_metrics` (prometheus-client and pynvml are imported by
+what needs them).
 """

@@ -1,4 +1,5 @@
-"""Entry points of the exporter: print once, serve over HTTP, write the textfile.
+"""The ``metrics`` command (:func:`run_metrics`, the one entry under the CLI) and what it does:
+print once, serve over HTTP, write the textfile.
 
 Importing this module costs nothing beyond the standard library: prometheus-client and the
 exporter are imported by the functions that need them, so the boot can import
@@ -11,8 +12,8 @@ import os
 import sys
 import threading
 
+from podvm_gpu.config.metrics import MetricsSettings, parse_listen
 from podvm_gpu.host.fs import Root, atomic_write, ensure_dir
-from podvm_gpu.metrics.settings import MetricsSettings, parse_listen
 
 
 def in_words(err: Exception) -> str:
@@ -228,36 +229,56 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
     return 0
 
 
-def run(root: Root, settings: MetricsSettings, *, listen: str | None = None, serving: bool = False,
-        openmetrics: bool = False, textfile: bool = False, web_config: str | None = None) -> int:
-    """What ``podvm-gpu metrics [--listen ADDR:PORT | --serve] [--web-config FILE]
-    [--openmetrics] [--textfile]`` does, for the CLI to call after it parsed the line and
-    loaded the settings.
+_serve = serve  # run_metrics takes the --serve flag under that name
+
+
+def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
+                serve: bool = False, openmetrics: bool = False, textfile: bool = False,
+                web_config: str | None = None) -> int:
+    """``podvm-gpu metrics [--listen ADDR:PORT | --serve] [--web-config FILE] [--openmetrics]
+    [--textfile]``, for the CLI to call after it parsed the line: the ``metrics:`` settings of
+    the config (the defaults without one), then print once, serve or write the textfile.
+
+    Args:
+        root_dir: the root (``--root``); config: ``--config`` or None (the root's own file).
+        listen: ``--listen``; serve: ``--serve``; openmetrics, textfile: those flags;
+        web_config: ``--web-config``.
 
     Returns:
-        The exit code (0 done, 1 could not serve, print or write, 130 interrupted by Ctrl-C:
-        one line on stderr, no traceback).
+        The exit code: 0 done, 1 could not serve, print or write, 2 a bad config, 130
+        interrupted by Ctrl-C (one line on stderr, no traceback).
     """
+    from podvm_gpu.config.load import config_location
+    from podvm_gpu.errors import ConfigError
+
+    root = Root(root_dir)
     try:
-        return _run(root, settings, listen, serving, openmetrics, textfile, web_config)
+        path, required = config_location(root, config)
+        if required:
+            from podvm_gpu.config.load import load_config
+
+            settings = load_config(path, required=True).metrics
+        else:
+            settings = MetricsSettings()
+    except (ConfigError, OSError) as err:
+        print(f"podvm-gpu: error: {err}", file=sys.stderr)
+        return 2
+    serving = serve or listen is not None
+    try:
+        if serving:
+            if textfile:
+                settings = MetricsSettings(**{**settings.to_dict(), "textfile": True})
+            return _serve(root, settings, listen, web_config=web_config)
+        if textfile:
+            try:
+                written = write_textfile(root, settings)
+            except OSError as err:
+                print(f"podvm-gpu metrics: cannot write {settings.textfile_path}: {in_words(err)}",
+                      file=sys.stderr)
+                return 1
+            print(f"podvm-gpu metrics: wrote {root.host_path(written)}", file=sys.stderr)
+            return 0
+        return print_once(root, settings, openmetrics)
     except KeyboardInterrupt:
         print("podvm-gpu metrics: interrupted", file=sys.stderr)
         return 130
-
-
-def _run(root: Root, settings: MetricsSettings, listen: str | None, serving: bool,
-         openmetrics: bool, textfile: bool, web_config: str | None) -> int:
-    if serving:
-        if textfile:
-            settings = MetricsSettings(**{**settings.to_dict(), "textfile": True})
-        return serve(root, settings, listen, web_config=web_config)
-    if textfile:
-        try:
-            path = write_textfile(root, settings)
-        except OSError as err:
-            print(f"podvm-gpu metrics: cannot write {settings.textfile_path}: {in_words(err)}",
-                  file=sys.stderr)
-            return 1
-        print(f"podvm-gpu metrics: wrote {root.host_path(path)}", file=sys.stderr)
-        return 0
-    return print_once(root, settings, openmetrics)

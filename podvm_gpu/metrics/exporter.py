@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import os
 
+from podvm_gpu.config.metrics import MetricsSettings
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.metrics import families as fam
 from podvm_gpu.metrics.prom import generate_latest, generate_openmetrics
 from podvm_gpu.metrics.reading import NvmlReading, cc_safe
-from podvm_gpu.metrics.settings import MetricsSettings
-from podvm_gpu.steps.fabric.nvl5 import NVLSM_COMM, NVLSM_PID
-from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, PERSISTENCED_COMM,
-                               PERSISTENCED_PID, daemon_pid)
+from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, PERSISTENCED_COMM, PERSISTENCED_PID, daemon_pid
 from podvm_gpu.status import StatusUnreadable, load_status
+from podvm_gpu.steps.fabric.nvl5 import NVLSM_COMM, NVLSM_PID
 
 
 def nvml_gate(status: dict | None, persistenced_up: bool) -> tuple[str, str] | None:

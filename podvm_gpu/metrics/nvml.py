@@ -41,6 +41,7 @@ from podvm_gpu.host.fs import Root
 from podvm_gpu.metrics.reading import GpuReading, NvmlReading, cc_safe
 from podvm_gpu.readers import find_nvml, find_nvml_elsewhere
 
+
 def reason_of(err: Exception) -> str:
     """A reason word from an NVML error: ``NVMLError_DriverNotLoaded`` -> ``driver-not-loaded``.
 

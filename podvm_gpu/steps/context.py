@@ -9,6 +9,7 @@ from podvm_gpu.config.model import Config
 from podvm_gpu.errors import Cancelled, StepFailed, one_line
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
+from podvm_gpu.host.wait import until
 from podvm_gpu.model import REASON_MAX, PciDevice, Status
 
 # A call whose failure the boot survives (an optional module, a version or state probe) may
@@ -69,6 +70,20 @@ class BootContext:
         if left <= 0:
             raise StepFailed(f"timed out: the boot budget of {self.config.budget_s:g} s is spent")
         return min(wanted_s, left)
+
+    def wait(self, look, wanted_s: float, poll_s: float):
+        """A step's bounded wait (:func:`podvm_gpu.host.wait.until`): ``look()`` until it returns
+        something truthy, at most ``wanted_s`` seconds cut to the budget, ended by the boot's stop
+        event; returns the :class:`~podvm_gpu.host.wait.Waited` (its ``limit_s`` below
+        ``wanted_s`` when the budget cut it). A wait of 0 s looks once, whatever the budget.
+
+        Raises:
+            StepFailed: the budget is already spent (``timed out``), for a wait of more than 0 s.
+            Cancelled: the steps in flight must stop.
+            Whatever ``look`` raises.
+        """
+        limit = self.wait_limit(wanted_s) if wanted_s > 0 else 0.0
+        return until(look, limit, poll_s, check_stop=self.check_stop)
 
     def harmless_timeout(self, tool: str) -> float:
         """The timeout of a call the boot survives the failure of: the tool's own, at most

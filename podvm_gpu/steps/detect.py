@@ -4,8 +4,8 @@ boot/late.py), so that a CPU VM never imports the steps."""
 
 from __future__ import annotations
 
-from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, Check
 from podvm_gpu.host import kmsg
+from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, Check
 from podvm_gpu.status import read_status
 
 

@@ -6,9 +6,9 @@ here, before any modprobe, naming the driver and the PCI address.
 
 from __future__ import annotations
 
-from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import StepFailed
-from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check
+from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
+from podvm_gpu.steps.context import BootContext
 
 NVIDIA_DRIVER = "nvidia"
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 import stat
 
-from podvm_gpu.steps.context import BootContext
+from podvm_gpu import readers
 from podvm_gpu.errors import CommandError, StepFailed, exit_text
 from podvm_gpu.host.fs import Root, ensure_dir, is_char_device
-from podvm_gpu.record import REQUIRED, Record
 from podvm_gpu.readers import CTL_MINOR, NVIDIA_MAJOR_NAME, UVM_MAJOR_NAME, char_majors, gpu_minors
-from podvm_gpu import readers
-from podvm_gpu.check import FAIL, PASS, Check
+from podvm_gpu.record import REQUIRED, Record
+from podvm_gpu.row import FAIL, PASS, Check
+from podvm_gpu.steps.context import BootContext
 
 NODE_MODE = 0o666
 
@@ -106,7 +106,7 @@ def run(ctx: BootContext) -> str:
     # nvidia-modprobe makes its nodes in the real /dev and has no option for another root, so
     # under --root it would write outside the root; there mknod does the job.
     use_modprobe = root.is_host and ctx.runner.which("nvidia-modprobe") is not None
-    for pci, minor in sorted(ctx.minors.items(), key=lambda kv: kv[1]):
+    for _pci, minor in sorted(ctx.minors.items(), key=lambda kv: kv[1]):
         node = Node(f"/dev/nvidia{minor}", majors.get(NVIDIA_MAJOR_NAME), minor)
         if node_problem(root, node) is None:
             continue

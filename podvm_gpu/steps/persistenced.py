@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 import time
 
-from podvm_gpu.steps.context import BootContext
+from podvm_gpu import readers
 from podvm_gpu.errors import StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon
-from podvm_gpu.readers import (PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET,
-                               daemon_pid, unrecognized_option)
-from podvm_gpu import readers
-from podvm_gpu.check import FAIL, PASS, WARN, Check
+from podvm_gpu.readers import PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET, daemon_pid, unrecognized_option
+from podvm_gpu.row import FAIL, PASS, WARN, Check
+from podvm_gpu.steps.context import BootContext
 
 POLL_S = 0.01  # a stat and two small reads: the socket is seen within 10 ms, at ~1% of a core
 # A forking daemon's first process exits 0 once the daemon has started (nvidia-persistenced's
@@ -57,13 +56,12 @@ def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: 
             journal under systemd), or the wait timed out (the wait used; the daemon is left
             running).
     """
-    limit = ctx.wait_limit(wait_s)
-    end = time.monotonic() + limit
     exited_0 = None
-    while True:
-        ctx.check_stop()
+
+    def look() -> bool:
+        nonlocal exited_0
         if ready():
-            return
+            return True
         code = daemon.exit_status() if daemon is not None else None
         if code == 0 and running() is None:
             exited_0 = exited_0 or time.monotonic()
@@ -75,22 +73,26 @@ def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: 
             said = daemon.last_words()
             raise StepFailed(f"{what} {ended_text(code)} during the wait"
                              + (f": {said}" if said else ""))
-        if time.monotonic() >= end:
-            cut = " (cut to the boot budget)" if limit < wait_s else ""
-            pid = running()
-            if pid is not None:
-                state = f"left running (pid {pid})"
-            elif daemon is not None and daemon.exit_status() is None:
-                state = f"left running ({daemon.where})"
-            elif daemon is not None:
-                said = daemon.last_words()
-                state = f"{what} {ended_text(daemon.exit_status())} and no daemon is running" + (
-                    f": {said}" if said else "")
-            else:
-                state = "not running"
-            raise StepFailed(f"timed out after {limit:g} s waiting for {what} to be ready "
-                             f"(wait {rule}{cut}); {state}")
-        time.sleep(POLL_S)
+        return False
+
+    waited = ctx.wait(look, wait_s, POLL_S)
+    if waited.held:
+        return
+    limit = waited.limit_s
+    cut = " (cut to the boot budget)" if limit < wait_s else ""
+    pid = running()
+    if pid is not None:
+        state = f"left running (pid {pid})"
+    elif daemon is not None and daemon.exit_status() is None:
+        state = f"left running ({daemon.where})"
+    elif daemon is not None:
+        said = daemon.last_words()
+        state = f"{what} {ended_text(daemon.exit_status())} and no daemon is running" + (
+            f": {said}" if said else "")
+    else:
+        state = "not running"
+    raise StepFailed(f"timed out after {limit:g} s waiting for {what} to be ready "
+                     f"(wait {rule}{cut}); {state}")
 
 
 def run(ctx: BootContext) -> str:

@@ -11,13 +11,21 @@ GPUs for a boot that cannot succeed (field case C23).
 
 from __future__ import annotations
 
-from podvm_gpu.steps.context import BootContext
-from podvm_gpu.errors import CommandError, StepFailed, exit_text
-from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, NVML_SONAME, daemon_pid,
-                               find_nvml, find_nvml_elsewhere, kernel_module_version, version_in)
 from podvm_gpu import readers
+from podvm_gpu.errors import CommandError, StepFailed, exit_text
 from podvm_gpu.host import kmod
-from podvm_gpu.check import FAIL, PASS, SKIP, Check
+from podvm_gpu.readers import (
+    FABRICMANAGER_COMM,
+    FABRICMANAGER_PID,
+    NVML_SONAME,
+    daemon_pid,
+    find_nvml,
+    find_nvml_elsewhere,
+    kernel_module_version,
+    version_in,
+)
+from podvm_gpu.row import FAIL, PASS, SKIP, Check
+from podvm_gpu.steps.context import BootContext
 
 
 def fabricmanager_version(ctx: BootContext) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import yaml
-
 from boot.image import Boot
 from schemas import assert_status_conforms
 

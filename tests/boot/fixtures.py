@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from boot import image
 
 SPEC_TEMPLATE = Path(__file__).parent / "data/spec-1gpu.yaml"

@@ -171,7 +171,8 @@ def _apt_options(folder: Path, variant: Variant, preferences: str = "") -> list[
     # one file a variant: variants that share the lists may resolve at the same time
     (folder / f"preferences-{variant.name}").write_text(preferences)
     settings = {"Dir::Etc::SourceList": folder / "sources.list", "Dir::Etc::SourceParts": folder / "parts",
-                "Dir::Etc::Preferences": folder / f"preferences-{variant.name}", "Dir::Etc::PreferencesParts": folder / "parts",
+                "Dir::Etc::Preferences": folder / f"preferences-{variant.name}",
+                "Dir::Etc::PreferencesParts": folder / "parts",
                 "Dir::State::Lists": folder / "lists", "Dir::State::status": folder / "status",
                 "Dir::Cache": folder / "cache", "Debug::NoLocking": "1", "APT::Architecture": "amd64"}
     return [arg for k, v in settings.items() for arg in ("-o", f"{k}={v}")]

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from boot import image
 
 MKOSI_VERSION = "24.3-1~bpo12+1"

@@ -39,7 +39,8 @@ LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 PERSISTENCED_PID = 4242
 # daemon -> its pid file (podvm_gpu/readers.py, podvm_gpu/steps/fabric/nvl5.py)
 FABRIC_DAEMON_FILES = {"nvlsm": "/run/podvm-gpu/nvlsm.pid",
-                       "nv-fabricmanager": "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"}  # a pid of the root's own /proc: nothing runs under it on this host
+                       # a pid of the root's own /proc: nothing runs under it on this host
+                       "nv-fabricmanager": "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"}
 
 
 def build(out_dir: Path, branch: int | None = None) -> Path:
@@ -129,11 +130,11 @@ def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int =
             ``nv-fabricmanager``).
         attestation: status.json's ``attestation`` record (docs/interface.md 3.11), or None.
     """
+    from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
     from podvm_gpu.host.fs import Root
     from podvm_gpu.model import PciDevice, Status, Step, StepResult
-    from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
-    from podvm_gpu.steps.fabric.fabric_kind import Fabric
     from podvm_gpu.status import StatusFile
+    from podvm_gpu.steps.fabric.fabric_kind import Fabric
 
     status = Status()
     status.gpus = [PciDevice(f"0000:{0x18 + i * 0x10:02x}:00.0", "10de", "2330", "030200", "nvidia",

@@ -33,7 +33,6 @@ import zlib
 from pathlib import Path
 
 import yaml
-
 from scenarios.expect import judge_cdi, report
 from scenarios.world import DATA, SHARED, Case, Run, World, load_case
 

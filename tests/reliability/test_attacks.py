@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from scenarios.world import World
 
 from reliability.faults import SCENARIOS, final_state_problems
-from scenarios.world import World
 
 LAUNCHER = Path(__file__).with_name("plant_and_boot.py")
 OTHER_UID = 65534  # nobody

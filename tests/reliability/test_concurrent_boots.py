@@ -14,9 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from reliability.faults import final_state_problems, temp_files
 from scenarios.world import World
 from test_boot_ends import p02, product_pid, wait_for_call, with_slow_call
+
+from reliability.faults import final_state_problems, temp_files
 
 GENERATE = ["nvidia-ctk", "cdi", "generate"]
 

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from scenarios.world import World
 
 from reliability.faults import SCENARIOS, Cell, cells, install_fault, judge_cell, run_cells
-from scenarios.world import World
 
 CELLS = cells()
 

@@ -35,8 +35,6 @@ import time
 from pathlib import Path
 
 import pytest
-
-from reliability.faults import SCENARIOS, final_state_problems, temp_files
 from scenarios.world import World
 
 from podvm_gpu.cdi.parse import parse_spec
@@ -44,6 +42,7 @@ from podvm_gpu.cdi.ready import check_ready_spec
 from podvm_gpu.errors import CdiSpecError
 from podvm_gpu.host.fs import Root
 from podvm_gpu.status import StatusUnreadable, load_status
+from reliability.faults import SCENARIOS, final_state_problems, temp_files
 
 KILLS = int(os.environ.get("PODVM_GPU_KILLS", "300"))
 JOBS = int(os.environ.get("PODVM_GPU_KILL_JOBS", (os.cpu_count() or 1) + 1))

@@ -18,16 +18,16 @@ import tempfile
 import types
 
 import yaml
-from hypothesis import HealthCheck, example, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from podvm_gpu import cdi as cdi_dir
 from podvm_gpu.cdi.model import Spec
 from podvm_gpu.cdi.parse import parse_spec
-from podvm_gpu.errors import CdiSpecError
 from podvm_gpu.config.fields import MAX_SECONDS
 from podvm_gpu.config.load import parse_config, read_config_text
 from podvm_gpu.config.model import Config
-from podvm_gpu.errors import QUOTE_MAX, CommandError, ConfigError, exit_text, one_line
+from podvm_gpu.errors import QUOTE_MAX, CdiSpecError, CommandError, ConfigError, exit_text, one_line
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Completed

@@ -17,7 +17,6 @@ every example is a process (and the fabric one a whole scenario world).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -25,16 +24,23 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings, strategies as st
-
 from conftest import product_env
-from reliability.faults import SCENARIOS, WAIT_S, final_state_problems
-from reliability.test_properties import (FABRIC_VALUES, TEXT, documents, oracle_kind,
-                                         spec_files, status_files, status_oracle)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scenarios.world import World
 
 from podvm_gpu.config.load import load_config
 from podvm_gpu.errors import ConfigError
+from reliability.faults import SCENARIOS, WAIT_S, final_state_problems
+from reliability.test_properties import (
+    FABRIC_VALUES,
+    TEXT,
+    documents,
+    oracle_kind,
+    spec_files,
+    status_files,
+    status_oracle,
+)
 
 COMMAND = settings(max_examples=25, deadline=None, print_blob=True,
                    suppress_health_check=[HealthCheck.too_slow,

@@ -21,8 +21,8 @@ import yaml
 from jsonschema import Draft7Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
-
-from schemas import STATUS_SCHEMA, problems as schema_problems
+from schemas import STATUS_SCHEMA
+from schemas import problems as schema_problems
 
 from .fake_tool import argv_matches
 from .world import CDI_PATH, DATA, Call, Run, World

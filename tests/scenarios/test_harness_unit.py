@@ -16,8 +16,17 @@ import yaml
 from scenarios import effects as fx
 from scenarios import testbed
 from scenarios.fake_tool import argv_matches, find_rule, merge_fabric, owned_query
-from scenarios.world import (DATA, OWN_CASES, SHARED, CaseError, World, kmsg_priority, kmsg_records,
-                             load_case, umockdev_tree)
+from scenarios.world import (
+    DATA,
+    OWN_CASES,
+    SHARED,
+    CaseError,
+    World,
+    kmsg_priority,
+    kmsg_records,
+    load_case,
+    umockdev_tree,
+)
 
 GPU = {"address": "0000:00:05.0", "vendor": "0x10de", "device": "0x2331", "class": "0x030200",
        "driver": None, "subsystem_vendor": "0x10de", "subsystem_device": "0x1626"}
@@ -120,7 +129,8 @@ def test_load_module_then_create_nodes_registers_majors_binds_gpus_and_makes_nod
     layout = fx.Layout(str(tmp_path))
     os.makedirs(layout.root)
     Path(layout.root, "proc").mkdir()
-    Path(layout.root, "proc", "devices").write_text("Character devices:\n  1 mem\n254 rtc\n\nBlock devices:\n  7 loop\n")
+    Path(layout.root, "proc", "devices").write_text(
+        "Character devices:\n  1 mem\n254 rtc\n\nBlock devices:\n  7 loop\n")
     Path(layout.state).write_text(json.dumps(fx.initial_state([VGA, GPU])))
     world = {"pci": [VGA, GPU], "fixture_dirs": [], "python": sys.executable}
     with fx.locked_state(layout) as state:

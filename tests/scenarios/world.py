@@ -511,7 +511,7 @@ class World:
             # seen once in about 2000 runs here. That is the test bed, not the product: run again.
             warnings.warn(UmockdevCrashWarning(f"{self.case.id} {phase}: umockdev-run died of "
                                                f"SIGSEGV after {wall:.2f} s with no output; "
-                                               f"attempt {attempt} of 2"))
+                                               f"attempt {attempt} of 2"), stacklevel=2)
         alive = self._world_pids()
         status, status_error = self._status()
         with fx.locked_state(self.layout) as state:

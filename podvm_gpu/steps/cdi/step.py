@@ -18,19 +18,15 @@ from __future__ import annotations
 
 import os
 
-from podvm_gpu import cdi
+from podvm_gpu import cdi, readers
+from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
 from podvm_gpu.cdi.parse import parse_spec
 from podvm_gpu.cdi.ready import check_ready_spec
-from podvm_gpu.errors import CdiSpecError
-from podvm_gpu.steps.context import BootContext
-from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
-from podvm_gpu.host.fs import atomic_write, ensure_dir
-from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
-from podvm_gpu import readers
 from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
-from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check
-
-
+from podvm_gpu.errors import CdiSpecError, CommandError, StepFailed, exit_text, one_line
+from podvm_gpu.host.fs import atomic_write, ensure_dir
+from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
+from podvm_gpu.steps.context import BootContext
 
 # nvidia-ctk's warnings that can explain a failed generate: the driver libraries and device
 # nodes every spec needs, NVML and the CDI hook. (It warns about dozens of graphics files on

@@ -31,12 +31,10 @@ import os
 import socket
 import time
 
-from podvm_gpu.host import kmod
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
+from podvm_gpu.host import infiniband, kmod
+from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, find_nvml, module_loaded, version_in
 from podvm_gpu.steps.fabric.fabric_kind import Fabric
-from podvm_gpu.host import infiniband
-from podvm_gpu.readers import (FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, find_nvml,
-                               module_loaded, version_in)
 
 NVLSM_PID = "/run/podvm-gpu/nvlsm.pid"
 NVLSM_COMM = "nvlsm"
@@ -58,22 +56,23 @@ def find_port(ctx, fabric: Fabric) -> infiniband.IbDevice:
             budget) has passed; each names what was seen.
     """
     cfg = ctx.config.nvlink5
-    limit = ctx.wait_limit(cfg.ib_wait_s) if cfg.ib_wait_s > 0 else 0.0
-    end = time.monotonic() + limit
     dev_ib = ctx.root.resolve("/dev/infiniband")
     ports = set(fabric.port_addresses)
-    while True:
-        ctx.check_stop()
+    devices: list = []
+    candidates: list = []
+    usable: list = []
+
+    def look():
+        nonlocal devices, candidates, usable
         devices = infiniband.ib_devices()
         candidates = [d for d in devices if d.pci_address in ports]
         usable = [d for d in candidates if d.sm_enabled and d.port_guid]
-        umad = infiniband.umad_nodes(dev_ib)
-        if usable and umad:
-            return usable[0]
-        if time.monotonic() >= end:
-            break
-        time.sleep(POLL_S)
-    waited = f"after {limit:g} s"
+        return usable[0] if usable and infiniband.umad_nodes(dev_ib) else None
+
+    found = ctx.wait(look, cfg.ib_wait_s, POLL_S)
+    if found.held:
+        return found.value
+    waited = f"after {found.limit_s:g} s"
     where = ", ".join(sorted(ports))
     if not devices:
         raise StepFailed(f"no InfiniBand device in /sys/class/infiniband {waited} (mlx5_ib "
@@ -146,26 +145,27 @@ def start_nvlsm(ctx, guid: str):
             raise StepFailed(f"cannot start nvlsm: {err}") from err
     started = time.monotonic()
     wait_s = cfg.nvlsm_ready_timeout_s
-    limit = ctx.wait_limit(wait_s)
-    end = started + limit
-    while True:
-        ctx.check_stop()
+
+    def look() -> bool:
         if running() is not None and _socket_answers(sock):
-            how = f"started ({daemon.where})" if daemon else f"running (pid {running()})"
-            return daemon, (f"NVLSM {how} on port GUID {guid}, ready in "
-                            f"{time.monotonic() - started:.2f} s")
+            return True
         code = daemon.exit_status() if daemon is not None else None
         if code is not None and running() is None:
             said = daemon.last_words()
             raise StepFailed(f"nvlsm {ended_text(code) if code else 'exited (status 0)'} "
                              f"before it was ready" + (f": {said}" if said else ""))
-        if time.monotonic() >= end:
-            cut = " (cut to the boot budget)" if limit < wait_s else ""
-            have = "its pid file names no running nvlsm" if running() is None else \
-                f"{FM_SM_SOCKET} does not answer"
-            raise StepFailed(f"timed out after {limit:g} s waiting for NVLSM to be ready "
-                             f"(nvlink5.nvlsm_ready_timeout_s{cut}): {have}; left running")
-        time.sleep(POLL_S)
+        return False
+
+    waited = ctx.wait(look, wait_s, POLL_S)
+    if waited.held:
+        how = f"started ({daemon.where})" if daemon else f"running (pid {running()})"
+        return daemon, (f"NVLSM {how} on port GUID {guid}, ready in "
+                        f"{time.monotonic() - started:.2f} s")
+    cut = " (cut to the boot budget)" if waited.limit_s < wait_s else ""
+    have = "its pid file names no running nvlsm" if running() is None else \
+        f"{FM_SM_SOCKET} does not answer"
+    raise StepFailed(f"timed out after {waited.limit_s:g} s waiting for NVLSM to be ready "
+                     f"(nvlink5.nvlsm_ready_timeout_s{cut}): {have}; left running")
 
 
 def nvlsm_alive(root) -> int | None:

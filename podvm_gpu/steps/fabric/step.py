@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import time
 
-from podvm_gpu.steps.context import BootContext
+from podvm_gpu import readers, units
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon
+from podvm_gpu.host.fs import atomic_write, ensure_dir
 from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, nvsmi_no_driver
+from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.steps import Skipped
-from podvm_gpu import readers, units
+from podvm_gpu.steps.context import BootContext
 from podvm_gpu.steps.fabric import fabric_kind, nvl5
 from podvm_gpu.steps.fabric.parse import FabricState, parse_fabric
-from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check
-from podvm_gpu.host.fs import atomic_write, ensure_dir
 
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 
@@ -140,13 +140,14 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
     """
     cfg = ctx.config.fabricmanager
     wanted = cfg.ready_timeout_s + cfg.per_gpu_s * ctx.gpu_count
-    limit = ctx.wait_limit(wanted)
-    end = time.monotonic() + limit
     states: list[FabricState] = []
+    failed_query: CommandError | None = None  # the last query's failure, when it failed
     counted = False
     nvl5_vm = ctx.fabric is not None and ctx.fabric.kind == fabric_kind.NVLINK5
-    while True:
-        ctx.check_stop()
+
+    def look() -> bool:
+        nonlocal states, failed_query, counted
+        failed_query = None
         try:
             states = query(ctx)
             if not counted:
@@ -160,11 +161,12 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
                 raise StepFailed(no_driver) from err
             if err.returncode is None and not err.timed_out:  # not there, cannot run
                 raise StepFailed(f"cannot query the NVLink fabric: {err}") from err
-            if err.timed_out or time.monotonic() >= end:
+            if err.timed_out:
                 raise StepFailed(f"nvidia-smi fabric query failed: {err}; last seen: "
                                  f"{seen(ctx, states)}") from err
+            failed_query = err  # asked again until the wait ends
         if states and not not_ready(ctx, states):
-            return states
+            return True
         bad = [s for s in states if s.completed and not s.success]
         if bad:
             raise StepFailed(f"fabric unhealthy: {summarize(bad)}")
@@ -179,12 +181,19 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
             how = ended_text(code) if code else "is no longer running"
             raise StepFailed(f"NVLSM {how} during the fabric wait" + (f": {said}" if said else "")
                              + f"; last seen: {seen(ctx, states)}")
-        if time.monotonic() >= end:
-            cut = " (cut to the boot budget)" if limit < wanted else ""
-            raise StepFailed(f"timed out after {limit:g} s waiting for the NVLink fabric "
-                             f"(wait {cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x "
-                             f"{ctx.gpu_count} GPU(s){cut}): {seen(ctx, states)}")
-        time.sleep(min(cfg.poll_s, max(end - time.monotonic(), 0.01)))
+        return False
+
+    waited = ctx.wait(look, wanted, cfg.poll_s)
+    if waited.held:
+        return states
+    if failed_query is not None:
+        raise StepFailed(f"nvidia-smi fabric query failed: {failed_query}; last seen: "
+                         f"{seen(ctx, states)}") from failed_query
+    limit = waited.limit_s
+    cut = " (cut to the boot budget)" if limit < wanted else ""
+    raise StepFailed(f"timed out after {limit:g} s waiting for the NVLink fabric "
+                     f"(wait {cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x "
+                     f"{ctx.gpu_count} GPU(s){cut}): {seen(ctx, states)}")
 
 
 def fm_config(ctx: BootContext, write: bool = True) -> str | None:
@@ -201,7 +210,10 @@ def fm_config(ctx: BootContext, write: bool = True) -> str | None:
     """
     root = ctx.root
     chosen = ctx.config.fabricmanager.config_file
-    seen_as = (lambda p: p if root.is_host else root.resolve(p))
+
+    def seen_as(path: str) -> str:
+        return path if root.is_host else root.resolve(path)
+
     if chosen != fabric_kind.STOCK_FM_CONFIG:
         return seen_as(chosen) if root.exists(chosen) else None
     stock = root.read_text(fabric_kind.STOCK_FM_CONFIG)

@@ -27,8 +27,8 @@ import re
 import struct
 import zlib
 
-from podvm_gpu.check import FAIL, PASS, WARN, Check
 from podvm_gpu.host.fs import Root
+from podvm_gpu.row import FAIL, PASS, WARN, Check
 
 XZ_MAGIC = b"\xfd7zXZ\x00"
 # Check IDs of the .xz format (section 2.1.1.2); the others are reserved.

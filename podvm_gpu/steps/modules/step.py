@@ -34,18 +34,18 @@ import os
 import re
 import time
 
-from podvm_gpu.host import kmod
+from podvm_gpu import readers, steps
 from podvm_gpu.config.fields import OPTIONAL_MODULES, REQUIRED_MODULES
-from podvm_gpu.steps.modules.attach import attach_cause
-from podvm_gpu.steps.fabric.fabric_kind import ib_context as _ib_context, ib_modules, module_parameters
-from podvm_gpu.steps.fabric.fabric_kind import record_ib as _record_ib
-from podvm_gpu.steps.context import BootContext
 from podvm_gpu.errors import CommandError, StepFailed
-from podvm_gpu.host import kmsg
+from podvm_gpu.host import kmod, kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.readers import kernel_release, modprobe_overrides, module_kernels, module_loaded
-from podvm_gpu import readers, steps
-from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, Check
+from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, Check
+from podvm_gpu.steps.context import BootContext
+from podvm_gpu.steps.fabric.fabric_kind import ib_context as _ib_context
+from podvm_gpu.steps.fabric.fabric_kind import ib_modules, module_parameters
+from podvm_gpu.steps.fabric.fabric_kind import record_ib as _record_ib
+from podvm_gpu.steps.modules.attach import attach_cause
 
 REQUIRED = REQUIRED_MODULES
 OPTIONAL = OPTIONAL_MODULES  # the config names which of them to load

@@ -333,7 +333,8 @@ def nvidia_smi(args):
             print(answers[args[1]])
             return 0
     if args[:1] == ["-q"]:
-        print(f"\n==============NVSMI LOG==============\n\nDriver Version                            : {DRIVER_VERSION}\n"
+        print("\n==============NVSMI LOG==============\n\n"
+              f"Driver Version                            : {DRIVER_VERSION}\n"
               "Attached GPUs                             : 1\nGPU 00000000:00:04.0\n"
               f"    Product Name                          : {GPU_NAME}\n"
               "    Fabric\n        State                             : N/A\n"
