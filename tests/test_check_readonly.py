@@ -21,6 +21,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 READ_ONLY_QUERIES = (
     ("nvidia-smi", "-q"),
     ("nvidia-smi", "conf-compute", "-f"),
+    ("nvidia-smi", "conf-compute", "-d"),
+    ("nvidia-smi", "conf-compute", "-e"),
+    ("nvidia-smi", "conf-compute", "-mgm"),
     ("nvidia-smi", "conf-compute", "-grs"),
     ("nvidia-smi", "--query-gpu="),
     ("nvidia-smi", "--query-remapped-rows="),

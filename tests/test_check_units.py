@@ -271,3 +271,57 @@ def test_refresh_units_masked_pass_even_with_a_leftover_wants_link(tree):
 
 def test_no_refresh_units_at_all_pass(tree):
     assert refresh_units_check(tree.root).result == PASS
+
+
+# --- attestation-agent-ordering (podvm_gpu/steps/cc/rows.py) ---------------------------------------
+
+ATTESTATION_UNIT = """\
+[Unit]
+Description=Attestation Agent (guest-components)
+After=process-user-data.service
+
+[Service]
+ExecStart=/usr/local/bin/attestation-agent
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def test_attestation_agent_ordering_skips_without_attestation_agent(tree):
+    from podvm_gpu.steps.cc.rows import attestation_agent_ordering
+
+    tree.install("podvm-gpu.service", AGENT_UNIT)
+    check = attestation_agent_ordering(tree.root)
+    assert (check.name, check.result) == ("attestation-agent-ordering", SKIP), check
+
+
+def test_attestation_agent_ordered_only_after_process_user_data_fails(tree):
+    from podvm_gpu.steps.cc.rows import attestation_agent_ordering
+
+    tree.install("attestation-agent.service", ATTESTATION_UNIT)
+    tree.install("podvm-gpu.service", AGENT_UNIT)
+    check = attestation_agent_ordering(tree.root)
+    assert check.result == FAIL, check
+    assert "attestation-agent.service.d/10-podvm-gpu.conf" in check.hint
+
+
+def test_attestation_agent_ordering_passes_with_the_projects_drop_in(tree):
+    from podvm_gpu.steps.cc.rows import attestation_agent_ordering
+
+    tree.install("attestation-agent.service", ATTESTATION_UNIT)
+    tree.install("podvm-gpu.service", AGENT_UNIT)
+    dropin = tree.path / ETC / "attestation-agent.service.d" / "10-podvm-gpu.conf"
+    dropin.parent.mkdir(parents=True)
+    shutil.copy(REPO / "systemd" / "attestation-agent.service.d" / "10-podvm-gpu.conf", dropin)
+    check = attestation_agent_ordering(tree.root)
+    assert check.result == PASS and "After=podvm-gpu.service" in check.detail, check
+
+
+def test_attestation_agent_ordering_passes_with_the_agents_before(tree):
+    from podvm_gpu.steps.cc.rows import attestation_agent_ordering
+
+    tree.install("attestation-agent.service", ATTESTATION_UNIT)
+    tree.install("podvm-gpu.service", (REPO / "systemd/podvm-gpu.service").read_text())
+    check = attestation_agent_ordering(tree.root)
+    assert check.result == PASS and "Before=attestation-agent.service" in check.detail, check

@@ -146,9 +146,7 @@ def test_every_step_module_or_package_is_in_the_step_list():
     listed = {module for _, module in steps.STEPS}
     folder = PACKAGE / "steps"
     present = {p.stem for p in folder.glob("*.py")} - {"__init__", "context"}
-    # a room's step is its step.py (issue 27); steps/cc/ (issue 25) is still the step itself
-    present |= {f"{p.parent.name}.step" if (p.parent / "step.py").exists() else p.parent.name
-                for p in folder.glob("*/__init__.py")}
+    present |= {f"{p.parent.name}.step" for p in folder.glob("*/__init__.py")}
 
     assert present == listed
 

@@ -147,6 +147,18 @@ def test_real_nvidia_smi_exit_9_is_a_failure_quoting_its_text():
         assert cause and "couldn't communicate with the NVIDIA driver" in cause
 
 
+def test_real_conf_compute_exit_9_classifies_as_a_driver_that_does_not_answer():
+    """Real: the CC classification (podvm_gpu/steps/cc/classify.py) judges the exit status first."""
+    from podvm_gpu.steps.cc import classify
+
+    done = captured.run("plain", "nvidia-smi-conf-compute-f")
+    finding = classify.from_smi({"-f": (done.rc, done.stdout + done.stderr)})
+    assert finding.no_driver and finding.mode is None
+    verdict = classify.decide(finding, "Intel TDX (/proc/cpuinfo flag tdx_guest)")
+    assert verdict.outcome == classify.FAIL
+    assert "couldn't communicate with the NVIDIA driver" in verdict.reason
+
+
 def test_the_scenario_harness_fake_prints_the_real_exit_9_text():
     """The harness's nvidia-smi fake (tests/scenarios/fake_tool.py) is a claim about the real one."""
     from scenarios.fake_tool import NO_DRIVER_RC, NVSMI_NO_DRIVER

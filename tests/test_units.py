@@ -31,6 +31,9 @@ INSTALLED = {
     SYSTEMD / "podvm-gpu.service": f"{UNIT_DIR}/podvm-gpu.service",
     SYSTEMD / "podvm-gpu-metrics.service": f"{UNIT_DIR}/podvm-gpu-metrics.service",
     SYSTEMD / "kata-agent.service.d/10-podvm-gpu.conf": f"{UNIT_DIR}/kata-agent.service.d/10-podvm-gpu.conf",
+    SYSTEMD / "attestation-agent.service.d/10-podvm-gpu.conf":
+        f"{UNIT_DIR}/attestation-agent.service.d/10-podvm-gpu.conf",
+    BOOT / "units/attestation-agent.service": "/etc/systemd/system/attestation-agent.service",
     BOOT / "units/kata-agent.service": "/etc/systemd/system/kata-agent.service",
     BOOT / "gpu/podvm-gpu.service.d/50-fake-gpu.conf": "/etc/systemd/system/podvm-gpu.service.d/50-fake-gpu.conf",
     BOOT / "gpu/kata-agent.service.d/50-fake-gpu.conf": "/etc/systemd/system/kata-agent.service.d/50-fake-gpu.conf",
@@ -275,6 +278,27 @@ def test_kata_agent_drop_in_wants_and_orders_after_the_agent_without_requiring_i
     assert unit["After"] == ["podvm-gpu.service"]
     for hard in ("Requires", "BindsTo", "Requisite", "PartOf"):
         assert hard not in unit, f"{hard}= would keep kata-agent from reporting a failed GPU setup"
+
+
+def test_attestation_agent_drop_in_wants_and_orders_after_the_agent_without_requiring_it():
+    unit = parse_unit(SYSTEMD / "attestation-agent.service.d/10-podvm-gpu.conf")["Unit"]
+    assert unit["Wants"] == ["podvm-gpu.service"]
+    assert unit["After"] == ["podvm-gpu.service"]
+    for hard in ("Requires", "BindsTo", "Requisite", "PartOf"):
+        assert hard not in unit, f"{hard}= would keep attestation-agent from starting after a failed GPU setup"
+    agent = parse_unit(SYSTEMD / "podvm-gpu.service")["Unit"]
+    assert "attestation-agent.service" in agent["Before"]
+
+
+def test_every_install_path_ships_the_attestation_agent_drop_in():
+    """Packer and mkosi install with the bundle's installer: the bundle carries the drop-in and
+    the installer puts it where systemd reads vendor drop-ins."""
+    bundle = (SYSTEMD / "make-bundle.sh").read_text()
+    installer = (SYSTEMD / "install-podvm-gpu.sh").read_text()
+    assert '"$here/attestation-agent.service.d/10-podvm-gpu.conf" "$out/attestation-agent-10-podvm-gpu.conf"' in bundle
+    assert '"$unitdir/attestation-agent.service.d/10-podvm-gpu.conf"' in installer
+    for builder in (REPO / "packer/podvm-gpu.pkr.hcl", REPO / "mkosi/mkosi.postinst.chroot"):
+        assert "install-podvm-gpu.sh" in builder.read_text() or "install-into-root.sh" in builder.read_text()
 
 
 def test_preset_enables_the_agent_and_disables_the_metrics_and_the_units_it_replaces():

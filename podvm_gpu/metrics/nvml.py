@@ -273,8 +273,10 @@ def _text(value) -> str | None:
 
 
 def _cc_mode(nv, call) -> str | None:
-    """The CC mode: settings (550+), else the 535 state call; ``unsupported`` when the library
-    has neither (no CC before 535) or the system is not CC capable."""
+    """The CC mode as boot classifies it (podvm_gpu/steps/cc/classify.py: ``off``, ``on``,
+    ``devtools``, ``ppcie``), from NVML's settings (550+), else the 535 state call;
+    ``unsupported`` when the library has neither (no CC before 535) or the system is not CC
+    capable; None for a value the classification does not know (never read as off)."""
     try:
         settings = nv.c_nvmlSystemConfComputeSettings_v1_t()
         ret = call("nvmlSystemGetConfComputeSettings", nv.nvmlSystemGetConfComputeSettings,
@@ -291,18 +293,23 @@ def _cc_mode(nv, call) -> str | None:
             return "off"
         except nv.NVMLError:
             return None
-        multi_gpu = nv.NVML_CC_SYSTEM_MULTIGPU_NONE
+        multi_gpu = None  # 535: no multi-GPU mode
     except nv.NVMLError_NotSupported:
         return "off"
     except nv.NVMLError:
         return None
-    if settings.ccFeature == nv.NVML_CC_SYSTEM_FEATURE_ENABLED:
-        return "devtools" if settings.devToolsMode == nv.NVML_CC_SYSTEM_DEVTOOLS_MODE_ON else "on"
-    if multi_gpu == nv.NVML_CC_SYSTEM_MULTIGPU_PROTECTED_PCIE:
-        return "ppcie"
-    if settings.ccFeature == nv.NVML_CC_SYSTEM_FEATURE_DISABLED:
-        return "off"
-    return None  # a value this exporter does not know is never read as off
+    # imported here: the classification's package is not on the exporter's start-up path
+    from podvm_gpu.steps.cc import classify
+
+    finding = classify.CcFinding(
+        mode={nv.NVML_CC_SYSTEM_FEATURE_ENABLED: "on",
+              nv.NVML_CC_SYSTEM_FEATURE_DISABLED: "off"}.get(settings.ccFeature,
+                                                             f"value {settings.ccFeature}"),
+        devtools=settings.devToolsMode == nv.NVML_CC_SYSTEM_DEVTOOLS_MODE_ON,
+        multi_gpu=(classify.MGM_NOT_OFFERED if multi_gpu is None else
+                   classify.MGM_PPCIE if multi_gpu == nv.NVML_CC_SYSTEM_MULTIGPU_PROTECTED_PCIE
+                   else classify.MGM_NONE))
+    return finding.label
 
 
 _MIB = 1024 * 1024

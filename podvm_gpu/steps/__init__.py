@@ -32,7 +32,7 @@ STEPS = (
     ("device-nodes", "nodes"),
     ("persistenced", "persistenced"),
     ("fabricmanager", "fabric.step"),
-    ("confidential-computing", "cc"),
+    ("confidential-computing", "cc.step"),
     ("cdi", "cdi.step"),
 )
 # The steps after persistenced, which run at the same time (boot/pipeline.py says why).

@@ -33,9 +33,9 @@ from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Completed
 from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.model import State, classify
-from podvm_gpu.steps.cc.classify import parse_cc_mode, parse_ready_state
 from podvm_gpu.readers import char_majors, gpu_minor, loaded_modules
 from podvm_gpu.status import StatusUnreadable, exit_code_for, load_status, run_status
+from podvm_gpu.steps.cc.classify import parse_cc_mode, parse_ready_state
 from podvm_gpu.steps.cdi.step import mig_problem
 from podvm_gpu.steps.fabric.parse import parse_fabric
 

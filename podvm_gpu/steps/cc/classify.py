@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import re
 
+from podvm_gpu.errors import exit_text
+
 # The queries, by their short option (the shared cases answer these and the long forms).
 QUERIES = ("-f", "-d", "-e", "-mgm")
 NO_DRIVER_RC = 9  # nvidia-smi cannot reach the driver (readers.NVSMI_NO_DRIVER_RC)
@@ -106,9 +108,10 @@ def smi_unrecognized_option(text: str) -> str | None:
 
 
 def said(rc: int | None, text: str, limit: int = 160) -> str:
-    """``exit N: <first words>`` of an answer, one bounded line."""
+    """``exit N: <first words>`` (``killed by SIGKILL: ...`` for a signal) of an answer, one
+    bounded line."""
     words = " ".join((text or "").split()) or "no output"
-    head = "no exit status" if rc is None else f"exit {rc}"
+    head = "no exit status" if rc is None else exit_text(rc)
     return f"{head}: {words[:limit]}"
 
 
@@ -165,23 +168,27 @@ class CcFinding:
         return (self.mode == "off" and self.environment == "UNAVAILABLE"
                 and self.multi_gpu in (MGM_NOT_OFFERED, None))
 
+    def _words(self) -> list[str]:
+        mgm = {MGM_NONE: "None", MGM_PPCIE: "Protected PCIe",
+               MGM_NOT_OFFERED: "not offered by this nvidia-smi"}.get(self.multi_gpu or "",
+                                                                       self.multi_gpu)
+        devtools = "unreadable" if self.devtools is None else "ON" if self.devtools else "OFF"
+        return [f"CC status: {(self.mode or 'unreadable').upper()}",
+                f"DevTools Mode: {devtools}",
+                f"CC Environment: {self.environment or 'unreadable'}",
+                f"Multi-GPU Mode: {mgm or 'unreadable'}"]
+
     def mode_words(self) -> str:
         """``CC status: OFF, Multi-GPU Mode: None``: the two answers that make the mode."""
-        return ", ".join(self.describe().split(", ")[::3])
+        words = self._words()
+        return f"{words[0]}, {words[3]}"
 
     def describe(self) -> str:
         """``CC status: ON, DevTools Mode: OFF, CC Environment: PRODUCTION, Multi-GPU Mode:
         None``, in nvidia-smi's words, ``unreadable`` for a query that failed."""
         if not self.capable:
             return "No CC capable devices found."
-        mgm = {MGM_NONE: "None", MGM_PPCIE: "Protected PCIe",
-               MGM_NOT_OFFERED: "not offered by this nvidia-smi"}.get(self.multi_gpu or "",
-                                                                       self.multi_gpu)
-        return ", ".join((
-            f"CC status: {(self.mode or 'unreadable').upper()}",
-            f"DevTools Mode: {'unreadable' if self.devtools is None else 'ON' if self.devtools else 'OFF'}",
-            f"CC Environment: {self.environment or 'unreadable'}",
-            f"Multi-GPU Mode: {mgm or 'unreadable'}"))
+        return ", ".join(self._words())
 
     def to_dict(self) -> dict:
         """The status document's ``confidential_computing`` object (docs/interface.md 4.1)."""

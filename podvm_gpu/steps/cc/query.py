@@ -2,13 +2,11 @@
 fabricmanager step's end (the ready state is set only after it succeeded).
 
 Every call is bounded (the runner's nvidia-smi timeout, cut to the boot's budget); the fabric
-wait polls the pipeline's record of the step every 0.05 s, stops when the boot stops, and ends
-at the budget.
+wait (the boot's one bounded wait, host/wait.py) polls the pipeline's record of the step every
+0.05 s, stops when the boot stops, and ends at the budget.
 """
 
 from __future__ import annotations
-
-import time
 
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.host import kmsg, tee
@@ -97,19 +95,22 @@ def wait_for_fabric(ctx: BootContext) -> str:
     """Wait until the fabricmanager step has ended well (``ok``, or ``skipped``: no fabric);
     ``""`` when it had already, else ``; after the fabric (N.NN s)``.
 
-    A boot without the pipeline (a step run alone) has no such step and does not wait.
+    The boot's one bounded wait (:meth:`BootContext.wait`): no limit of its own, the budget's
+    (the fabric step's own wait bounds it first). A boot without the pipeline (a step run alone)
+    has no such step and does not wait.
 
     Raises:
         StepFailed: the fabricmanager step failed, or the budget ran out first.
         Cancelled: the boot is stopping (ctx.check_stop).
     """
-    started = time.monotonic()
-    while True:
+    def ended_well():
         step = next((s for s in ctx.status.steps if s.name == FABRIC_STEP), None)
-        if step is None or step.result in (StepResult.OK, StepResult.SKIPPED):
-            waited = time.monotonic() - started
-            return "" if waited < _POLL_S else f"; after the fabric ({waited:.2f} s)"
-        if step.result == StepResult.FAILED:
+        if step is not None and step.result == StepResult.FAILED:
             raise StepFailed("the ready state is not set: the fabricmanager step failed")
-        ctx.check_stop()
-        time.sleep(ctx.wait_limit(_POLL_S))
+        return step is None or step.result in (StepResult.OK, StepResult.SKIPPED)
+
+    waited = ctx.wait(ended_well, max(ctx.remaining(), 0.0), _POLL_S)
+    if not waited.held:
+        raise StepFailed(f"timed out: the boot budget of {ctx.config.budget_s:g} s was spent "
+                         "waiting for the fabricmanager step before setting the ready state")
+    return "" if waited.waited_s < _POLL_S else f"; after the fabric ({waited.waited_s:.2f} s)"

@@ -5,8 +5,8 @@
 from __future__ import annotations
 
 from podvm_gpu import units
-from podvm_gpu.check import FAIL, PASS, SKIP, WARN, Check
 from podvm_gpu.host import tee
+from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check
 from podvm_gpu.steps.cc import classify
 from podvm_gpu.steps.cc.query import answers, guest
 

@@ -1,0 +1,110 @@
+"""Step 8, ``confidential-computing``: classify the GPUs' CC state, enforce it, and set the ready
+state where allowed.
+
+1. Read: ``nvidia-smi conf-compute -f``, ``-d``, ``-e``, ``-mgm`` (query.py), one
+   :class:`~podvm_gpu.steps.cc.classify.CcFinding`, recorded in the status
+   (``confidential_computing``).
+2. Decide (classify.decide, the same for ``podvm-gpu check``): a lost GPU, an unknown CC status
+   and dev-tools mode fail (dev-tools: unless ``allow_devtools``); CC on, or CC off with Protected
+   PCIe, is a confidential GPU; anything else fails in a confidential guest (host/tee.py's
+   evidence; the kernel log alone only warns) unless ``allow_cc_off``, and is ``skipped`` on a
+   regular VM.
+3. The ready state (``-grs``): ready is ``ok``; not ready with ``set_ready_state: false`` is
+   ``ok`` with a warning (the attestation flow sets it); a dev-tools GPU's is never set.
+4. Before ``-srs 1``: wait until the fabricmanager step has succeeded (it runs beside this step;
+   the GPUs and NVSwitches of a fabric are attested and made ready together), then
+   :func:`before_ready_state`, the hook where attestation goes (issue 26), then ``-srs 1`` and
+   ``-grs`` again.
+
+``-srs 1`` never runs for a dev-tools GPU nor for one that is not confidential.
+"""
+
+from __future__ import annotations
+
+from podvm_gpu.errors import StepFailed
+from podvm_gpu.steps import Skipped
+from podvm_gpu.steps.cc import classify
+from podvm_gpu.steps.cc.query import conf_compute, guest, read_finding, ready_state, wait_for_fabric
+from podvm_gpu.steps.cc.rows import IMAGE_ROWS, VM_ROWS
+from podvm_gpu.steps.context import BootContext
+
+__all__ = ["run", "plan", "before_ready_state", "VM_ROWS", "IMAGE_ROWS"]
+
+
+def before_ready_state(ctx: BootContext, finding: classify.CcFinding, state: str = "not-ready",
+                       tee: str | None = None) -> str:
+    """The hook between the classification and ``nvidia-smi conf-compute -srs 1``: the
+    attestation (issue 26; podvm_gpu/attestation/gate.py, docs/interface.md 3.12), after the
+    fabricmanager step succeeded (waited for only when an attestation runs; ``-srs 1`` waits
+    for it anyway).
+
+    Called for every GPU the classification accepted (confidential, or dev-tools allowed by
+    the config), whatever the ready state found (``state``: a re-run finds it ``ready`` and
+    attests again) and whatever ``set_ready_state`` says. Protected PCIe attests the
+    NVSwitches too, with the same nonce.
+
+    Args:
+        ctx: the boot's context.
+        finding: the classification this boot made.
+        state: the ready state found, ``ready`` or ``not-ready``.
+        tee: the confidential guest as host/tee.py describes it, or None.
+
+    Returns:
+        What the step's message adds (``""`` when nothing was attested).
+
+    Raises:
+        StepFailed: the attestation failed, or was required and nvattest is unusable (the
+            ready state found ``ready`` was set back to not-ready first).
+    """
+    from podvm_gpu.attestation.gate import attest_before_ready
+
+    return attest_before_ready(ctx, state, tee, ppcie=finding.multi_gpu == classify.MGM_PPCIE,
+                               before_run=lambda: wait_for_fabric(ctx))
+
+
+def run(ctx: BootContext) -> str:
+    """Classify, enforce, and check (where allowed set) the ready state (module docstring).
+
+    Raises:
+        StepFailed: the decision failed, or a ready-state query or setting failed.
+        Skipped: not a confidential GPU on a regular VM (or accepted by ``allow_cc_off``).
+    """
+    finding = read_finding(ctx)
+    ctx.status.confidential_computing = finding
+    tee, hint = guest(ctx.root)
+    if hint:
+        ctx.warn(f"confidential-computing: {hint}")
+    cfg = ctx.config.confidential_computing
+    verdict = classify.decide(finding, tee, cfg.allow_devtools, cfg.allow_cc_off)
+    for line in verdict.warnings:
+        ctx.warn(f"confidential-computing: {line}")
+    if verdict.outcome == classify.FAIL:
+        raise StepFailed(f"{verdict.reason}; {verdict.fix}")
+    if verdict.outcome == classify.SKIP:
+        raise Skipped(verdict.reason)
+    label = verdict.reason
+    state = ready_state(ctx)
+    attested = before_ready_state(ctx, finding, state, tee)
+    said = f"; {attested}" if attested else ""
+    if state == "ready":
+        return f"{label}, ready state ready{said}"
+    if verdict.outcome == classify.DEVTOOLS:
+        return f"{label}, ready state not-ready (never set for a dev-tools GPU){said}"
+    if not cfg.set_ready_state:
+        ctx.warn("confidential-computing: GPU ready state is not-ready; left for the attestation "
+                 "flow to set (set_ready_state: false)")
+        return f"{label}, ready state not-ready (left for the attestation flow){said}"
+    waited = wait_for_fabric(ctx)
+    done = conf_compute(ctx, "-srs", "1")
+    if done.returncode != 0:
+        raise StepFailed(f"nvidia-smi conf-compute -srs 1 failed "
+                         f"({classify.said(done.returncode, done.output)})")
+    state = ready_state(ctx)
+    if state != "ready":
+        raise StepFailed(f"CC ready state still {state} after nvidia-smi conf-compute -srs 1")
+    return f"{label}, ready state set to ready{waited}{said}"
+
+
+def plan(ctx: BootContext) -> list[list[str]]:
+    """``boot --dry-run``: the CC queries (the ready state's depend on their answers)."""
+    return [["nvidia-smi", "conf-compute", query] for query in classify.QUERIES]
