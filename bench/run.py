@@ -17,7 +17,7 @@ Rows:
   (tests/nvattest_standin.py) taking ``NVATTEST_S`` per run: status.json's
   ``attestation.duration_s`` minus the time of the nvattest calls (the version query and the
   run, from the timing wrapper): nonce, runner, parsing, the agent's checks, the kept output;
-  ``verdict-8``: podvm_gpu.attestation.verdict over a stand-in's 8 GPU and 4 NVSwitch claims,
+  ``verdict-8``: podvm_gpu.steps.cc.attest.verdict over a stand-in's 8 GPU and 4 NVSwitch claims,
   with the Protected PCIe topology, in this process (median of 200);
 - ``check`` on the booted P03 world with fake tools that answer at once: the whole process's
   wall inside ``umockdev-run`` (the goal of the first batch: 1 s), median of ``--runs``;
@@ -344,7 +344,8 @@ def attest_row(script: str, runs: int) -> dict:
 def verdict_row() -> dict:
     """``verdict-8``: judge() of both runs and the topology, in process."""
     import nvattest_standin as standin
-    from podvm_gpu.attestation import verdict as v
+
+    from podvm_gpu.steps.cc.attest import verdict as v
 
     nonce = "ab" * 32
     switches = [f"{i:016X}" for i in range(1, 5)]

@@ -105,11 +105,11 @@ def read(root, path: str, wait_s: float, deadline: float) -> tuple[str | None, s
     """
     from podvm_gpu.host.fs import read_bounded
 
+    from podvm_gpu.host.wait import until
+
     real = root.resolve(path, follow_last=False)  # a link there is refused, not followed
-    end = min(time.monotonic() + wait_s, deadline)
-    while not os.path.lexists(real) and time.monotonic() < end:
-        time.sleep(_POLL_S)
-    if not os.path.lexists(real):
+    limit = max(min(wait_s, deadline - time.monotonic()), 0.0)
+    if not until(lambda: os.path.lexists(real), limit, _POLL_S).held:
         return None, None
     text = _read_text(real, path, read_bounded)
     digest_path = path + ".digest"
@@ -170,12 +170,4 @@ def apply(run, settings, gpus: list) -> str | None:
         if wrong:
             return (f'the pod\'s initdata ({cfg.path}, data."{SECTION}") expects GPU model '
                     f"{model!r}; {wrong[0].pci_address} is {wrong[0].name!r}")
-    return None
-
-
-def required_by(status) -> str | None:
-    """Why the pod's initdata requires attestation (for the attestation gate), or None."""
-    record = getattr(status, "initdata", None)
-    if isinstance(record, dict) and record.get("attestation_required"):
-        return f'the pod\'s initdata ({record["path"]}, data."{SECTION}" attestation_required)'
     return None

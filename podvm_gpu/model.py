@@ -141,7 +141,7 @@ class Status:
         # podvm_gpu.steps.cc.classify.CcFinding (anything with to_dict()), once the CC step read it
         self.confidential_computing = None
         self.steps: list[Step] = []
-        self.attestation: dict | None = None  # podvm_gpu/attestation/gate.py's record
+        self.attestation: dict | None = None  # podvm_gpu/steps/cc/attest/gate.py's record
         self.initdata: dict | None = None  # podvm_gpu/initdata.py's record, when configured
 
     def to_dict(self) -> dict:

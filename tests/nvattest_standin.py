@@ -261,7 +261,9 @@ def detached_eat(claims: list[dict], nonce: str, prefix: str, overall: bool) -> 
     header = "eyJhbGciOiJub25lIn0"
     subs, digests = {}, {}
     for i, claim in enumerate(claims):
-        token = f"{header}.{_b64({**claim, 'iat': now, 'exp': now + 3600, 'iss': 'NVAT-LOCAL-VERIFIER', 'jti': os.urandom(32).hex()})}."
+        payload = {**claim, "iat": now, "exp": now + 3600, "iss": "NVAT-LOCAL-VERIFIER",
+                   "jti": os.urandom(32).hex()}
+        token = f"{header}.{_b64(payload)}."
         subs[f"{prefix}-{i}"] = token
         digests[f"{prefix}-{i}"] = ["DIGEST", ["SHA256", hashlib.sha256(token.encode()).hexdigest()]]
     payload = {"sub": "NVIDIA-PLATFORM-ATTESTATION", "iss": "NVAT-LOCAL-VERIFIER", "iat": now,

@@ -1,4 +1,4 @@
-"""The attestation gate (podvm_gpu/attestation/gate.py) and runner (run.py) with the nvattest
+"""The attestation gate (podvm_gpu/steps/cc/attest/gate.py) and runner (run.py) with the nvattest
 stand-in on a PATH of their own: the unit under systemd (a fake systemd-run that records its
 argv and runs the command after ``--``), the limit, Protected PCIe, the record and the kept
 output."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from podvm_gpu.attestation import gate
-from podvm_gpu.attestation import run as nvattest
+from podvm_gpu.steps.cc.attest import gate
+from podvm_gpu.steps.cc.attest import run as nvattest
 from podvm_gpu.config.model import ConfidentialComputingConfig, Config
 from podvm_gpu.errors import StepFailed
 from podvm_gpu.host.fs import Root
@@ -119,7 +119,7 @@ def test_a_pass_records_every_device_and_keeps_the_output_0644(world):
     assert oct(kept.stat().st_mode & 0o777) == "0o644"
     doc = json.loads(kept.read_text())
     assert {c["eat_nonce"] for c in doc["claims"]} == {record["nonce"]}
-    from podvm_gpu.attestation.verdict import claims_sha256
+    from podvm_gpu.steps.cc.attest.verdict import claims_sha256
     assert record["runs"][0]["claims_sha256"] == claims_sha256(doc["claims"])
     assert record["runs"][0]["where"] == "child"
 
@@ -281,7 +281,7 @@ class _Facts:
 
 
 def test_check_attest_runs_a_fresh_one_and_writes_nothing(world):
-    from podvm_gpu.attestation.check import fresh_row
+    from podvm_gpu.steps.cc.attest.check import fresh_row
 
     ctx = world({"gpus": [{"driver": DRIVER}]})
     (world.root / "sys/module/nvidia").mkdir(parents=True)
@@ -296,7 +296,7 @@ def test_check_attest_runs_a_fresh_one_and_writes_nothing(world):
 
 
 def test_check_row_from_the_record_fails_when_the_kept_output_changed(world):
-    from podvm_gpu.attestation.check import record_row
+    from podvm_gpu.steps.cc.attest.check import record_row
     from podvm_gpu.status import StatusFile
 
     ctx = world({"gpus": [{"driver": DRIVER}]})

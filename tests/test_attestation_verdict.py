@@ -1,5 +1,5 @@
 """The nvattest stand-in (tests/nvattest_standin.py) against ../shared/nvattest.md, and the agent's
-own verdict (podvm_gpu/attestation/verdict.py) over what it prints, one test per rule."""
+own verdict (podvm_gpu/steps/cc/attest/verdict.py) over what it prints, one test per rule."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from podvm_gpu.attestation import verdict as v
+from podvm_gpu.steps.cc.attest import verdict as v
 
 STANDIN = Path(__file__).resolve().parent / "nvattest_standin.py"
 NONCE = "5f1c0e7a9d3b2468ace013579bdf2468ace013579bdf2468ace013579bdf2468"

@@ -394,7 +394,7 @@ def test_an_ib_module_one_kernel_lacks_is_named_with_that_kernel(tmp_path):
 
 
 def test_attestation_row_warns_without_nvattest_and_fails_when_the_image_serves_cc(tmp_path):
-    """check --image's attestation row (podvm_gpu/attestation/check.py): nvattest and, for
+    """check --image's attestation row (podvm_gpu/steps/cc/attest/check.py): nvattest and, for
     Protected PCIe, libnvidia-nscq.so.2; confidential_computing.image_serves makes a lack fail."""
     root = make_image(tmp_path)
     code, checks = check_image(root)

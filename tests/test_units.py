@@ -123,7 +123,7 @@ def root(tmp_path_factory) -> Path:
         transient = root / DAEMON_DIR.lstrip("/") / daemon.unit
         transient.parent.mkdir(parents=True, exist_ok=True)
         transient.write_text(daemon.unit_file(DAEMON_ARGV[daemon.unit]))
-    from podvm_gpu.attestation import run as nvattest  # issue 26: nvattest's unit, same way
+    from podvm_gpu.steps.cc.attest import run as nvattest  # issue 26: nvattest's unit, same way
     (root / DAEMON_DIR.lstrip("/") / NVATTEST_UNIT).write_text(nvattest.unit_file(
         ["/usr/bin/nvattest", "attest", "--device", "gpu", "--verifier", "local", "--nonce",
          "00" * 32, "--format", "json"], 50))

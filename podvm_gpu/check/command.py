@@ -15,7 +15,7 @@ from podvm_gpu.host.proc import Runner
 def run_check(root_dir: str, config_path: str | None, json_out: bool, image: bool,
               attest: bool = False) -> int:
     """Run the checks, print them, return 0 when none failed, else 1 (contract section 1).
-    ``attest``: the attestation row runs a fresh nvattest (podvm_gpu/attestation/check.py)."""
+    ``attest``: the attestation row runs a fresh nvattest (podvm_gpu/steps/cc/attest/check.py)."""
     root = Root(root_dir)
     config_note = None
     try:

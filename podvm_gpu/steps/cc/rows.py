@@ -74,16 +74,16 @@ def attestation_agent_ordering(root) -> Check:
 
 
 def attestation_row(facts) -> Check:
-    """The GPUs' attestation (podvm_gpu/attestation/check.py): the boot's record, or with
+    """The GPUs' attestation (podvm_gpu/steps/cc/attest/check.py): the boot's record, or with
     ``check --attest`` a fresh run."""
-    from podvm_gpu.attestation.check import fresh_row, record_row
+    from podvm_gpu.steps.cc.attest.check import fresh_row, record_row
 
     return fresh_row(facts) if getattr(facts, "attest", False) else record_row(facts)
 
 
 def attestation_image_row(image) -> Check:
-    """What the image needs to attest (podvm_gpu/attestation/check.py)."""
-    from podvm_gpu.attestation.check import image_row
+    """What the image needs to attest (podvm_gpu/steps/cc/attest/check.py)."""
+    from podvm_gpu.steps.cc.attest.check import image_row
 
     return image_row(image)
 

@@ -34,7 +34,7 @@ __all__ = ["run", "plan", "before_ready_state", "VM_ROWS", "IMAGE_ROWS"]
 def before_ready_state(ctx: BootContext, finding: classify.CcFinding, state: str = "not-ready",
                        tee: str | None = None) -> str:
     """The hook between the classification and ``nvidia-smi conf-compute -srs 1``: the
-    attestation (issue 26; podvm_gpu/attestation/gate.py, docs/interface.md 3.12), after the
+    attestation (issue 26; podvm_gpu/steps/cc/attest/gate.py, docs/interface.md 3.12), after the
     fabricmanager step succeeded (waited for only when an attestation runs; ``-srs 1`` waits
     for it anyway).
 
@@ -56,7 +56,7 @@ def before_ready_state(ctx: BootContext, finding: classify.CcFinding, state: str
         StepFailed: the attestation failed, or was required and nvattest is unusable (the
             ready state found ``ready`` was set back to not-ready first).
     """
-    from podvm_gpu.attestation.gate import attest_before_ready
+    from podvm_gpu.steps.cc.attest.gate import attest_before_ready
 
     return attest_before_ready(ctx, state, tee, ppcie=finding.multi_gpu == classify.MGM_PPCIE,
                                before_run=lambda: wait_for_fabric(ctx))

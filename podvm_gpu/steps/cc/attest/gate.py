@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 import time
 
-from podvm_gpu.attestation import run as nvattest
-from podvm_gpu.attestation import verdict as v
+from podvm_gpu.steps.cc.attest import run as nvattest
+from podvm_gpu.steps.cc.attest import verdict as v
 from podvm_gpu.errors import CommandError, StepFailed, one_line
 
 STATUS_DIR = "/run/podvm-gpu"
@@ -80,10 +80,10 @@ def attest_before_ready(ctx, state: str, guest=_UNSET, ppcie: bool = False,
     cc = ctx.config.confidential_computing
     if guest is _UNSET:
         guest = tee_guest(ctx)
-    if required_by is None and getattr(ctx.status, "initdata", None):
-        from podvm_gpu.initdata import required_by as pod_requires
-
-        required_by = pod_requires(ctx.status)
+    pod = getattr(ctx.status, "initdata", None)  # podvm_gpu/initdata.py's record (boot's)
+    if required_by is None and isinstance(pod, dict) and pod.get("attestation_required"):
+        required_by = (f'the pod\'s initdata ({pod["path"]}, data."podvm-gpu.toml" '
+                       "attestation_required)")
     must = required_by or required_because(cc, guest)
     if cc.attestation == "off" and not required_by:
         ctx.warn("confidential-computing: the GPUs are not attested (confidential_computing."

@@ -166,23 +166,20 @@ def _in_unit(runner: Runner, path: str, argv: list[str], limit: float, budget: f
                 "--property=RemainAfterExit=yes", f"--property=StandardOutput=file:{out}",
                 f"--property=StandardError=file:{err}", "--", path, *argv[1:]],
                timeout=min(budget, 10.0))
-    returncode, ended = None, ""
+    from podvm_gpu.host.wait import until
+
+    def gone():
+        props = unit_properties(runner, unit)
+        return props if main_process_gone(props, since_us) else None
+
     try:
-        while True:
-            props = unit_properties(runner, unit)
-            if main_process_gone(props, since_us):
-                returncode = exit_status_of(props)
-                break
-            if time.monotonic() - started >= budget:
-                ended = _ended(limit, budget, unit)
-                break
-            if check_stop is not None:
-                check_stop()
-            time.sleep(POLL_S)
+        waited = until(gone, budget - (time.monotonic() - started), POLL_S, check_stop)
     finally:
         if not runner.cancelled:  # stopped (killed at once if it runs), unloaded, forgotten
             runner.run(["systemctl", "stop", unit], check=False, timeout=5.0)
             runner.run(["systemctl", "reset-failed", unit], check=False, timeout=5.0)
+    returncode = exit_status_of(waited.value) if waited.held else None
+    ended = "" if waited.held else _ended(limit, budget, unit)
     return Ran(argv, returncode, _read(out), _read(err), time.monotonic() - started,
                f"unit {unit}", ended)
 

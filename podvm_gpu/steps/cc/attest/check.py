@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check
+from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 
 ROW = "attestation"
 NSCQ = "libnvidia-nscq.so.2"  # dlopen()ed by nvattest --device nvswitch (nvattest.md 2.3)
@@ -51,7 +51,7 @@ def record_row(facts) -> Check:
 
 
 def _kept_problem(root, run: dict) -> str | None:
-    from podvm_gpu.attestation.verdict import claims_sha256
+    from podvm_gpu.steps.cc.attest.verdict import claims_sha256
     from podvm_gpu.host.fs import read_bounded
 
     path = run.get("output")
@@ -68,7 +68,7 @@ def _kept_problem(root, run: dict) -> str | None:
 
 
 class _Probe:
-    """What :func:`podvm_gpu.attestation.gate.attest` reads of a BootContext, for check."""
+    """What :func:`podvm_gpu.steps.cc.attest.gate.attest` reads of a BootContext, for check."""
 
     def __init__(self, facts):
         from podvm_gpu import readers
@@ -85,7 +85,7 @@ class _Probe:
 def fresh_row(facts, ppcie: bool = False) -> Check:
     """``check --attest``: a fresh nvattest run, judged as boot judges it; nothing is written
     (no status, no kept output, no ready state)."""
-    from podvm_gpu.attestation.gate import attest
+    from podvm_gpu.steps.cc.attest.gate import attest
     from podvm_gpu.errors import CommandError
 
     if not facts.gpus:
