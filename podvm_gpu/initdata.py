@@ -104,7 +104,6 @@ def read(root, path: str, wait_s: float, deadline: float) -> tuple[str | None, s
             root's alone.
     """
     from podvm_gpu.host.fs import read_bounded
-
     from podvm_gpu.host.wait import until
 
     real = root.resolve(path, follow_last=False)  # a link there is refused, not followed

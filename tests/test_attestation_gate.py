@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from podvm_gpu.steps.cc.attest import gate
-from podvm_gpu.steps.cc.attest import run as nvattest
 from podvm_gpu.config.model import ConfidentialComputingConfig, Config
 from podvm_gpu.errors import StepFailed
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.model import PciDevice, Status
+from podvm_gpu.steps.cc.attest import gate
+from podvm_gpu.steps.cc.attest import run as nvattest
 from podvm_gpu.steps.context import BootContext
 
 STANDIN = Path(__file__).resolve().parent / "nvattest_standin.py"
@@ -296,8 +296,8 @@ def test_check_attest_runs_a_fresh_one_and_writes_nothing(world):
 
 
 def test_check_row_from_the_record_fails_when_the_kept_output_changed(world):
-    from podvm_gpu.steps.cc.attest.check import record_row
     from podvm_gpu.status import StatusFile
+    from podvm_gpu.steps.cc.attest.check import record_row
 
     ctx = world({"gpus": [{"driver": DRIVER}]})
     gate.attest_before_ready(ctx, "not-ready", guest="TDX")

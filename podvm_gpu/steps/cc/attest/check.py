@@ -51,8 +51,8 @@ def record_row(facts) -> Check:
 
 
 def _kept_problem(root, run: dict) -> str | None:
-    from podvm_gpu.steps.cc.attest.verdict import claims_sha256
     from podvm_gpu.host.fs import read_bounded
+    from podvm_gpu.steps.cc.attest.verdict import claims_sha256
 
     path = run.get("output")
     if not path:
@@ -85,8 +85,8 @@ class _Probe:
 def fresh_row(facts, ppcie: bool = False) -> Check:
     """``check --attest``: a fresh nvattest run, judged as boot judges it; nothing is written
     (no status, no kept output, no ready state)."""
-    from podvm_gpu.steps.cc.attest.gate import attest
     from podvm_gpu.errors import CommandError
+    from podvm_gpu.steps.cc.attest.gate import attest
 
     if not facts.gpus:
         return Check(ROW, SKIP, NO_GPU)

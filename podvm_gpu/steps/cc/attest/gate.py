@@ -25,9 +25,9 @@ from __future__ import annotations
 import os
 import time
 
+from podvm_gpu.errors import CommandError, StepFailed, one_line
 from podvm_gpu.steps.cc.attest import run as nvattest
 from podvm_gpu.steps.cc.attest import verdict as v
-from podvm_gpu.errors import CommandError, StepFailed, one_line
 
 STATUS_DIR = "/run/podvm-gpu"
 
