@@ -135,5 +135,15 @@ def prometheus(tmp_path_factory) -> str:
 # tests marked slow (boots, real-driver images, packer, mkosi) run after all the others, each
 # group in its usual order, so the image builds overlap with the fast tests instead of holding up
 # the first boot test. A run of slow tests alone keeps its order.
+# The fast tier (docs/testing.md) leaves out the tests marked ``slow`` and those marked
+# ``network`` here: a test that takes a Debian package (tests/debian_packages.py: apt-get
+# download into the test cache) through one of these fixtures, or through image_tar
+# (test_cdi_podman.py: busybox-static).
+NETWORK_FIXTURES = {"promtool", "prometheus", "real_nvml_deb", "image_tar"}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if NETWORK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.network)
     items.sort(key=lambda item: item.get_closest_marker("slow") is not None)

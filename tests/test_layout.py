@@ -265,3 +265,44 @@ def test_the_cpu_fast_path_imports_only_what_it_needs(tmp_path):
     ours = {name for name in imported if name.split(".")[0] == "podvm_gpu"}
     assert ours == FAST_PATH
     assert not {"yaml", "pyudev", "argparse", "json"} & imported
+
+
+def design_tree() -> dict[str, str]:
+    """docs/design.md's module tree: each top-level entry (``cli.py``, ``steps/``) -> its text."""
+    text = (REPO / "docs" / "design.md").read_text()
+    block = text[text.index("```\npodvm_gpu/\n") + 4:]
+    block = block[:block.index("```")]
+    sections: dict[str, str] = {}
+    name = None
+    for line in block.splitlines()[1:]:
+        if line.startswith("  ") and not line.startswith("   "):
+            name = line.split()[0]
+            sections[name] = ""
+        if name:
+            sections[name] += line + "\n"
+    return sections
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_every_module_is_in_the_design_docs_tree(path):
+    """docs/design.md's tree lists every module where it lives: a root module as an entry, a
+    package's module (and each folder on the way) inside its package's entry; a package's
+    ``__init__.py`` by its folder."""
+    sections = design_tree()
+    parts = path.relative_to(PACKAGE).parts
+    if len(parts) == 1:
+        assert parts[0] == "__init__.py" or parts[0] in sections
+        return
+    assert f"{parts[0]}/" in sections
+    words = set(sections[f"{parts[0]}/"].replace(",", " ").replace(";", " ").split())
+    inner = [f"{p}/" for p in parts[1:-1]] + ([] if parts[-1] == "__init__.py" else [parts[-1]])
+    assert set(inner) <= words, f"docs/design.md's {parts[0]}/ entry lacks {set(inner) - words}"
+
+
+def test_the_design_docs_tree_names_no_module_that_is_gone():
+    present = {p.name for p in PACKAGE.rglob("*.py")} | {f"{p.name}/" for p in PACKAGE.rglob("*") if p.is_dir()}
+    named = {word for text in design_tree().values()
+             for word in text.replace(",", " ").replace(";", " ").split()
+             if word.endswith(".py") or (word.endswith("/") and word[:-1].isidentifier())}
+
+    assert named - present == set()

@@ -353,3 +353,18 @@ def start_daemon(runner: Runner, argv: list[str], log_path: str,
                 *(f"--property={setting}" for setting in spec.settings()),
                 "--", path, *argv[1:]])
     return UnitDaemon(runner, spec, since, since_us)
+
+
+def socket_answers(path: str, timeout_s: float = 0.2) -> bool:
+    """True when the UNIX stream socket at ``path`` (a host path) accepts a connection within
+    ``timeout_s`` seconds: a daemon that serves it is up (NVLSM's fm_sm_ipc.socket); a socket
+    file alone may be left from an earlier run. The connection is closed at once."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True

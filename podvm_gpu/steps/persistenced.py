@@ -12,10 +12,8 @@ initialising when the wait ends is left running: it is never killed mid-way.
 
 from __future__ import annotations
 
-import os
 import time
 
-from podvm_gpu import readers
 from podvm_gpu.errors import StepFailed, ended_text
 from podvm_gpu.host.daemons import Daemon
 from podvm_gpu.readers import PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET, daemon_pid, unrecognized_option
@@ -28,6 +26,37 @@ POLL_S = 0.01  # a stat and two small reads: the socket is seen within 10 ms, at
 # gets this long before an exit 0 with no daemon counts as a refusal to start.
 STARTED_GRACE_S = 0.5
 LOG_PATH = "/run/podvm-gpu/nvidia-persistenced.log"
+
+
+class Seen:
+    """What the daemon's pid file and socket say, and what that means: the one decision that
+    boot's wait (:func:`run`) and check's row (:func:`persistenced_row`) both act on.
+
+    Attributes:
+        pid: the running daemon's pid (its pid file names a process whose comm is the
+            daemon's), or None.
+        socket: its socket exists.
+    """
+
+    __slots__ = ("pid", "socket")
+    NOT_RUNNING, STARTING, READY = "not running", "starting", "ready"
+
+    def __init__(self, pid: int | None, socket: bool):
+        self.pid, self.socket = pid, socket
+
+    @property
+    def state(self) -> str:
+        """:data:`READY` (running, socket there), :data:`STARTING` (running, no socket yet:
+        still initialising) or :data:`NOT_RUNNING` (a socket alone, left by an earlier daemon,
+        does not count)."""
+        if self.pid is None:
+            return self.NOT_RUNNING
+        return self.READY if self.socket else self.STARTING
+
+
+def look(root) -> Seen:
+    """The daemon as the root shows it now (:class:`Seen`)."""
+    return Seen(daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM), root.exists(PERSISTENCED_SOCKET))
 
 
 class NotStarted(StepFailed):
@@ -98,16 +127,13 @@ def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: 
 def run(ctx: BootContext) -> str:
     """Start the daemon unless it runs already, then wait for its socket."""
     root = ctx.root
-    socket = root.resolve(PERSISTENCED_SOCKET)
     cfg = ctx.config.persistenced
     wait_s = cfg.ready_timeout_s + cfg.per_gpu_s * ctx.gpu_count
     rule = f"{cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x {ctx.gpu_count} GPU(s)"
-    pid = daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM)
+    pid = look(root).pid
 
     def ready() -> bool:
-        # the socket alone could be left from an earlier daemon; it must be running too
-        return os.path.exists(socket) and daemon_pid(
-            root, PERSISTENCED_PID, PERSISTENCED_COMM) is not None
+        return look(root).state == Seen.READY
 
     def running():
         return daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM)
@@ -150,15 +176,15 @@ def persistenced_row(facts) -> Check:
     skip = facts.not_reached("persistenced") or facts.needs_driver("persistenced")
     if skip:
         return skip
-    pid = readers.daemon_pid(facts.root, readers.PERSISTENCED_PID, readers.PERSISTENCED_COMM)
-    if pid is None:
+    seen = look(facts.root)
+    if seen.state == Seen.NOT_RUNNING:
         return Check("persistenced", FAIL, "nvidia-persistenced is not running",
                      "boot starts it; see the persistenced step in podvm-gpu status")
-    if not facts.root.exists(readers.PERSISTENCED_SOCKET):
-        return Check("persistenced", WARN, f"running (pid {pid}) but its socket "
-                     f"{readers.PERSISTENCED_SOCKET} is missing: still initialising?",
+    if seen.state == Seen.STARTING:
+        return Check("persistenced", WARN, f"running (pid {seen.pid}) but its socket "
+                     f"{PERSISTENCED_SOCKET} is missing: still initialising?",
                      "wait, then check again; see the kernel log if it stays so")
-    return Check("persistenced", PASS, f"running (pid {pid}), socket present")
+    return Check("persistenced", PASS, f"running (pid {seen.pid}), socket present")
 
 
 VM_ROWS = {"persistenced": persistenced_row}

@@ -75,12 +75,25 @@ def query(ctx: BootContext, argv: list[str], width: int, what: str) -> list[list
 
 class Verdict:
     """What the gate found: ``fatal`` (fail whatever the config), ``reset`` (a reset needed),
-    ``read`` (one line per GPU for the step's message)."""
+    ``read`` (one line per GPU for the step's message). :meth:`outcome` is the one decision the
+    boot's gate (:func:`gate`) and check's row (steps/cdi/step.py ``row_remapper_row``) act on."""
+
+    REPLACE, RESET, RESET_WARNS, HEALTHY = "replace", "reset", "reset-warns", "healthy"
 
     def __init__(self):
         self.fatal: list[str] = []
         self.reset: list[str] = []
         self.read: list[str] = []
+
+    def outcome(self, reset_pending_warns: bool) -> str:
+        """:data:`REPLACE` (a GPU needs replacing: fail, whatever the config), :data:`RESET` (a
+        reset is needed: fail), :data:`RESET_WARNS` (a reset is needed, a warning by
+        ``health.reset_pending_warns``) or :data:`HEALTHY`."""
+        if self.fatal:
+            return self.REPLACE
+        if self.reset:
+            return self.RESET_WARNS if reset_pending_warns else self.RESET
+        return self.HEALTHY
 
 
 def judge_remapper(rows: list[list[str]], verdict: Verdict) -> None:
@@ -123,9 +136,10 @@ def gate(ctx: BootContext) -> str:
     rows = query(ctx, ecc_argv(), len(ECC_FIELDS), "ECC errors and page retirement")
     if rows is not None:
         judge_ecc(rows, verdict)
-    if verdict.fatal:
+    outcome = verdict.outcome(ctx.config.health.reset_pending_warns)
+    if outcome == Verdict.REPLACE:
         raise StepFailed("; ".join(verdict.fatal + verdict.reset) + "; spec not installed")
-    if verdict.reset and not ctx.config.health.reset_pending_warns:
+    if outcome == Verdict.RESET:
         raise StepFailed("; ".join(verdict.reset) + "; spec not installed (health."
                          "reset_pending_warns: true makes this a warning)")
     for line in verdict.reset:

@@ -275,12 +275,13 @@ def row_remapper_row(facts) -> Check:
                      "remapped_rows.failure --format=csv by hand")
     verdict = health.Verdict()
     health.judge_remapper(rows, verdict)
-    if verdict.fatal:
+    outcome = verdict.outcome(facts.config.health.reset_pending_warns)
+    if outcome == verdict.REPLACE:
         return Check("row-remapper", FAIL, "; ".join(verdict.fatal + verdict.reset),
                      "replace the GPU (ask the provider for another host): its memory cannot be "
                      "repaired")
-    if verdict.reset:
-        warns = facts.config.health.reset_pending_warns
+    if outcome in (verdict.RESET, verdict.RESET_WARNS):
+        warns = outcome == verdict.RESET_WARNS
         return Check("row-remapper", WARN if warns else FAIL, "; ".join(verdict.reset) +
                      (" (a warning: health.reset_pending_warns)" if warns else ""),
                      "reset the GPU (nvidia-smi -r with no process using it, or restart the VM "

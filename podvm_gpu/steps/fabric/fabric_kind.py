@@ -117,6 +117,15 @@ def detect(nvswitches: list[str], sys_pci: str = infiniband.PCI_DEVICES,
     return Fabric(kind, list(nvswitches), ports, others)
 
 
+def kind_of(fabric: Fabric | None, nvswitches: list) -> str:
+    """The fabric kind to act on: the one detected (the boot's, check's reading of PCI), or,
+    where none was (a plan or a context built without detection), ``nvswitch`` when PCI has
+    NVSwitch functions, else ``none``. The one fallback of the fabricmanager step."""
+    if fabric is not None:
+        return fabric.kind
+    return NVSWITCH if nvswitches else NONE
+
+
 def set_keys(text: str, keys: dict[str, str]) -> str:
     """``KEY=value`` lines of a fabricmanager.cfg with ``keys`` set: an existing line (not a
     comment) is replaced in place, a missing key appended (NVRC src/config.rs

@@ -28,11 +28,11 @@ siderolabs/extensions#717 and #895):
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
 from podvm_gpu.host import infiniband, kmod
+from podvm_gpu.host.daemons import socket_answers
 from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, find_nvml, module_loaded, version_in
 from podvm_gpu.steps.fabric.fabric_kind import Fabric
 
@@ -104,16 +104,6 @@ def nvlsm_argv(ctx, guid: str) -> list[str]:
     return ["nvlsm", "-F", conf, "-g", guid, "-f", "stdout", "--pid_file", pid]
 
 
-def _socket_answers(path: str) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.2)
-        try:
-            sock.connect(path)
-        except OSError:
-            return False
-    return True
-
-
 def start_nvlsm(ctx, guid: str):
     """Start NVLSM on ``guid`` unless one runs, and wait until it is ready; return
     ``(daemon or None, message)``.
@@ -129,7 +119,7 @@ def start_nvlsm(ctx, guid: str):
         return daemon_pid(root, NVLSM_PID, NVLSM_COMM)
 
     pid = running()
-    if pid is not None and _socket_answers(sock):
+    if pid is not None and socket_answers(sock):
         return None, f"NVLSM already running (pid {pid})"
     daemon = None
     if pid is None:
@@ -147,7 +137,7 @@ def start_nvlsm(ctx, guid: str):
     wait_s = cfg.nvlsm_ready_timeout_s
 
     def look() -> bool:
-        if running() is not None and _socket_answers(sock):
+        if running() is not None and socket_answers(sock):
             return True
         code = daemon.exit_status() if daemon is not None else None
         if code is not None and running() is None:

@@ -108,11 +108,37 @@ def bus_id(address: str) -> str:
         return address.strip().lower()
 
 
-def not_ready(ctx: BootContext, states: list[FabricState]) -> list[str]:
-    """The GPUs of the VM (PCI addresses) that do not report fabric Completed/Success: every
-    GPU must, not just the ones nvidia-smi happens to list."""
-    done = {bus_id(s.gpu) for s in states if s.success}
-    return [g.pci_address for g in ctx.gpus if bus_id(g.pci_address) not in done]
+class FabricSeen:
+    """The GPUs' fabric state judged against the VM's GPUs: the one decision boot's wait
+    (:func:`wait_for_fabric`) and check's row (:func:`fabricmanager_row`) both act on.
+
+    Args:
+        states: what ``nvidia-smi -q -d FABRIC`` reported (:func:`parse_fabric`).
+        gpus: the VM's GPUs' PCI addresses (every one must be Completed/Success, not just the
+            ones nvidia-smi happens to list).
+
+    Attributes:
+        waiting: the GPUs (PCI addresses) without fabric Completed/Success.
+        unhealthy: the states Completed with another status than Success (a failure at once).
+        ready: states were reported, every one Completed/Success, and no GPU is waiting.
+    """
+
+    __slots__ = ("states", "waiting", "unhealthy", "ready")
+
+    def __init__(self, states: list[FabricState], gpus: list[str]):
+        done = {bus_id(s.gpu) for s in states if s.success}
+        self.states = states
+        self.waiting = [g for g in gpus if bus_id(g) not in done]
+        self.unhealthy = [s for s in states if s.completed and not s.success]
+        self.ready = bool(states) and not self.waiting and all(s.success for s in states)
+
+    def not_ready_said(self, most: int = 3) -> str:
+        """The GPUs not Completed/Success, for a row: ``<gpu>: State X, Status Y``, then the
+        GPUs that reported nothing; ``no state`` when nothing was reported."""
+        reported = {bus_id(s.gpu) for s in self.states}
+        said = [f"{s.gpu}: State {s.state}, Status {s.status}" for s in self.states if not s.success]
+        said += [f"{g}: no state" for g in self.waiting if bus_id(g) not in reported]
+        return ", ".join(said[:most]) or "no state"
 
 
 def seen(ctx: BootContext, states: list[FabricState]) -> str:
@@ -165,11 +191,11 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
                 raise StepFailed(f"nvidia-smi fabric query failed: {err}; last seen: "
                                  f"{seen(ctx, states)}") from err
             failed_query = err  # asked again until the wait ends
-        if states and not not_ready(ctx, states):
+        judged = FabricSeen(states, [g.pci_address for g in ctx.gpus])
+        if judged.ready:
             return True
-        bad = [s for s in states if s.completed and not s.success]
-        if bad:
-            raise StepFailed(f"fabric unhealthy: {summarize(bad)}")
+        if judged.unhealthy:
+            raise StepFailed(f"fabric unhealthy: {summarize(judged.unhealthy)}")
         code = daemon.exit_status() if daemon is not None else None
         if code not in (None, 0):
             said = daemon.last_words()
@@ -315,8 +341,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: NVLSM (its GUID is known only at boot: ``<port GUID>``) and the
     fabric manager where the kind needs them, then the fabric query."""
     argvs = []
-    kind = ctx.fabric.kind if ctx.fabric is not None else (
-        fabric_kind.NVSWITCH if ctx.nvswitches else fabric_kind.NONE)
+    kind = fabric_kind.kind_of(ctx.fabric, ctx.nvswitches)
     if kind == fabric_kind.NVLINK5 and nvl5.nvlsm_alive(ctx.root) is None:
         argvs.append(nvl5.nvlsm_argv(ctx, "<port GUID>"))
     if kind in (fabric_kind.NVSWITCH, fabric_kind.NVLINK5) and \
@@ -334,9 +359,7 @@ def fabricmanager_row(facts) -> Check:
     property of the image), it runs, every GPU's fabric is Completed/Success. Kind ``none``:
     the state of a fabric managed outside the VM, if the GPUs report one; ``mixed``: the
     fabric row fails it."""
-    fabric = facts.fabric
-    kind = fabric.kind if fabric is not None else (
-        fabric_kind.NVSWITCH if facts.nvswitches else fabric_kind.NONE)
+    kind = fabric_kind.kind_of(facts.fabric, facts.nvswitches)
     managed_here = kind in (fabric_kind.NVSWITCH, fabric_kind.NVLINK5)
     if not managed_here:
         skip = facts.not_reached("fabricmanager")
@@ -367,10 +390,9 @@ def fabricmanager_row(facts) -> Check:
                      "see the fabricmanager step in podvm-gpu status and "
                      "/var/log/fabricmanager.log")
     states = parse_fabric(facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"]).stdout)
-    bad = [s for s in states if not s.success]
-    if bad or not states:
-        what = ", ".join(f"{s.gpu}: State {s.state}, Status {s.status}" for s in bad[:3])
-        return Check("fabricmanager", FAIL, f"fabric not ready: {what or 'no state'}",
+    judged = FabricSeen(states, [g.pci_address for g in facts.gpus])
+    if not judged.ready:
+        return Check("fabricmanager", FAIL, f"fabric not ready: {judged.not_ready_said()}",
                      "read /var/log/fabricmanager.log" + (
                          " and NVLSM's journal (podvm-gpu-nvlsm.service)"
                          if kind == fabric_kind.NVLINK5 else ""))

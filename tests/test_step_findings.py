@@ -1,0 +1,96 @@
+"""The decisions boot and check share (issue 27): each step computes one finding, boot's ``run``
+acts on it and check's row renders it, so a decision is tested here once, not in both copies.
+
+- persistenced: :class:`podvm_gpu.steps.persistenced.Seen` (pid file and socket -> state);
+- fabricmanager: :class:`podvm_gpu.steps.fabric.step.FabricSeen` (the GPUs' fabric states
+  against the VM's GPUs) and :func:`podvm_gpu.steps.fabric.fabric_kind.kind_of`;
+- cdi: :meth:`podvm_gpu.steps.cdi.health.Verdict.outcome` (the health gate's verdict).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from podvm_gpu.steps.cdi.health import Verdict, judge_ecc, judge_remapper
+from podvm_gpu.steps.fabric import fabric_kind
+from podvm_gpu.steps.fabric.parse import FabricState
+from podvm_gpu.steps.fabric.step import FabricSeen
+from podvm_gpu.steps.persistenced import Seen
+
+
+@pytest.mark.parametrize("pid, socket, state", [
+    (None, False, Seen.NOT_RUNNING),
+    (None, True, Seen.NOT_RUNNING),  # a socket left by an earlier daemon does not count
+    (4242, False, Seen.STARTING),
+    (4242, True, Seen.READY),
+])
+def test_persistenced_is_ready_only_running_with_its_socket(pid, socket, state):
+    assert Seen(pid, socket).state == state
+
+
+GPUS = ["0000:18:00.0", "0000:2a:00.0"]
+
+
+def state(gpu: str, fabric: str, status: str) -> FabricState:
+    return FabricState(gpu, fabric, status)
+
+
+def test_the_fabric_is_ready_when_every_gpu_of_the_vm_is_completed_success():
+    seen = FabricSeen([state("00000000:18:00.0", "Completed", "Success"),
+                       state("00000000:2A:00.0", "Completed", "Success")], GPUS)
+
+    assert seen.ready and seen.waiting == [] and seen.unhealthy == []
+
+
+def test_a_gpu_nvidia_smi_does_not_list_keeps_the_fabric_not_ready():
+    seen = FabricSeen([state("00000000:18:00.0", "Completed", "Success")], GPUS)
+
+    assert not seen.ready
+    assert seen.waiting == ["0000:2a:00.0"]
+    assert seen.not_ready_said() == "0000:2a:00.0: no state"
+
+
+def test_a_gpu_still_training_is_waiting_not_unhealthy():
+    seen = FabricSeen([state("00000000:18:00.0", "Completed", "Success"),
+                       state("00000000:2a:00.0", "In Progress", "N/A")], GPUS)
+
+    assert not seen.ready and seen.unhealthy == []
+    assert seen.not_ready_said() == "00000000:2a:00.0: State In Progress, Status N/A"
+
+
+def test_completed_with_another_status_is_unhealthy():
+    bad = state("00000000:2a:00.0", "Completed", "Failure")
+    seen = FabricSeen([state("00000000:18:00.0", "Completed", "Success"), bad], GPUS)
+
+    assert not seen.ready and seen.unhealthy == [bad]
+
+
+def test_no_state_reported_is_not_ready():
+    seen = FabricSeen([], GPUS)
+
+    assert not seen.ready and seen.not_ready_said() == "0000:18:00.0: no state, 0000:2a:00.0: no state"
+
+
+def test_the_fabric_kind_falls_back_to_pci_only_without_a_detection():
+    detected = fabric_kind.Fabric(fabric_kind.NVLINK5, [], [], [])
+
+    assert fabric_kind.kind_of(detected, []) == fabric_kind.NVLINK5
+    assert fabric_kind.kind_of(None, ["0000:05:00.0"]) == fabric_kind.NVSWITCH
+    assert fabric_kind.kind_of(None, []) == fabric_kind.NONE
+
+
+@pytest.mark.parametrize("remap, ecc, warns, outcome", [
+    ([["18:00.0", "No", "No"]], [["18:00.0", "0", "[N/A]"]], False, Verdict.HEALTHY),
+    ([["18:00.0", "[N/A]", "[N/A]"]], [["18:00.0", "[N/A]", "No"]], False, Verdict.HEALTHY),
+    ([["18:00.0", "No", "Yes"]], [], True, Verdict.REPLACE),  # whatever the config
+    ([["18:00.0", "Yes", "No"]], [], False, Verdict.RESET),
+    ([["18:00.0", "Yes", "No"]], [], True, Verdict.RESET_WARNS),
+    ([], [["18:00.0", "2", "No"]], False, Verdict.RESET),  # volatile uncorrectable ECC
+    ([], [["18:00.0", "0", "Yes"]], True, Verdict.RESET_WARNS),  # a page retirement pending
+])
+def test_the_health_gate_decides_replace_reset_or_healthy(remap, ecc, warns, outcome):
+    verdict = Verdict()
+    judge_remapper(remap, verdict)
+    judge_ecc(ecc, verdict)
+
+    assert verdict.outcome(warns) == outcome
