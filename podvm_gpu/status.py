@@ -252,6 +252,10 @@ def run_status(root_dir: str, json_out: bool = False, wait: bool = False,
         if doc.get("state") == State.RUNNING and orphaned(root, doc):
             reason = ORPHANED
         print(f"{doc.get('state')}" + (f": {shown(reason)}" if reason else ""))
+        cc = doc.get("confidential_computing")
+        if isinstance(cc, dict):  # the CC classification (docs/interface.md 3.11)
+            kind = "confidential" if cc.get("confidential") is True else "not confidential"
+            print(f"confidential computing: mode {shown(str(cc.get('mode') or 'unknown'))}, {kind}")
         for warning in doc.get("warnings") or []:
             print(f"warning: {shown(warning)}")
     return exit_code_for(doc)

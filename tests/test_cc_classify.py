@@ -195,3 +195,16 @@ def test_ready_reads_as_ready():
 def test_unknown_ready_state_is_returned_as_it_is():
     assert classify.parse_ready_state("Confidential Compute GPUs Ready state: pending\n") == "pending"
     assert classify.parse_ready_state("Unknown Error\n") is None
+
+
+@pytest.mark.parametrize("words", ["No CC capable devices found.\n",  # the real 535-555
+                                   "No CC capable devices found\n"])  # field reports (C22)
+def test_not_capable_real_program_with_period_and_field_report_without(words):
+    found = classify.from_smi({q: (6, words) for q in classify.QUERIES})
+    assert not found.capable and not found.unreadable
+
+
+def test_the_invented_cc_status_devtools_is_an_unknown_word_that_fails_closed():
+    """No real nvidia-smi prints ``CC status: DEVTOOLS`` (the project's old S30/S31 did)."""
+    verdict = classify.decide(finding(f=(0, "CC status: DEVTOOLS\n")), None, allow_devtools=True)
+    assert verdict.outcome == classify.FAIL and "not read as off" in verdict.reason

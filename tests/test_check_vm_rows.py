@@ -6,7 +6,8 @@ the case's fake tools), then ``podvm-gpu check --json`` runs on what that boot l
 - ``module-lock``: ``kernel.modules_disabled`` and ``modules.lock_after_boot`` (S33);
 - ``guest-tee``: the guest's TEE from the kernel's interfaces (S20, S30);
 - ``modules``: the cause the boot's modules step gives, the driver's own words (S20, S23);
-- ``confidential-computing``: DEVTOOLS judged as the boot judges it (S30, S31).
+- ``confidential-computing``: dev-tools (``conf-compute -d``: ``DevTools Mode: ON``) judged as
+  the boot judges it (S30, S31).
 """
 
 from __future__ import annotations

@@ -368,3 +368,18 @@ def test_a_damaged_status_is_unreadable_or_shown_harmlessly_never_a_traceback(tm
     done = run('{"state": "failed", "reason": "x\\u001b[2J\\u0007\\nfake: ready", "warnings": []}')
     assert done.returncode == 1
     assert done.stdout == "failed: x\\x1b[2J\\x07\\x0afake: ready\n", done.stdout
+
+
+def test_status_command_shows_the_cc_classification_once_read(vm_root, capsys):
+    doc = {"state": "failed", "reason": "confidential-computing: CC off", "warnings": ["w"],
+           "confidential_computing": {"mode": "ppcie", "confidential": True}}
+    write_raw_status(vm_root, json.dumps(doc))
+
+    assert main(["status", "--root", vm_root.path]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["failed: confidential-computing: CC off",
+                     "confidential computing: mode ppcie, confidential", "warning: w"]
+    doc["confidential_computing"] = {"mode": "off\x1b[2J", "confidential": False}
+    write_raw_status(vm_root, json.dumps(doc))
+    main(["status", "--root", vm_root.path])
+    assert "confidential computing: mode off\\x1b[2J, not confidential" in capsys.readouterr().out
