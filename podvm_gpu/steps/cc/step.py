@@ -81,6 +81,11 @@ def run(ctx: BootContext) -> str:
     if verdict.outcome == classify.FAIL:
         raise StepFailed(f"{verdict.reason}; {verdict.fix}")
     if verdict.outcome == classify.SKIP:
+        if tee and cfg.allow_cc_off:  # a confidential guest accepting a GPU that is not
+            ctx.warn("confidential-computing: the GPUs are not attested: not confidential, "
+                     "accepted by confidential_computing.allow_cc_off")
+            ctx.status.attestation = {"result": "not-run", "reason": "the GPUs are not "
+                                      "confidential (confidential_computing.allow_cc_off)"}
         raise Skipped(verdict.reason)
     label = verdict.reason
     state = ready_state(ctx)
