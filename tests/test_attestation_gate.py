@@ -309,3 +309,18 @@ def test_check_row_from_the_record_fails_when_the_kept_output_changed(world):
     kept.write_text(json.dumps(doc))
     row = record_row(_Facts(ctx))
     assert row.result == "fail" and "does not match the record's claims_sha256" in row.detail
+
+
+@pytest.mark.parametrize("args", [["check", "--attest", "--json"], ["check", "--json", "--attest=x"]])
+def test_check_attest_on_the_command_line(tmp_path, args):
+    """``check --attest`` is a flag of both parsers (the fast one, argparse for the rest); on a
+    VM without a GPU its row is a skip, and nothing is written."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu", *args, "--root", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    if args[-1] == "--attest=x":  # a flag takes no value: a usage error, exit 2
+        assert done.returncode == 2 and "--attest" in done.stderr
+        return
+    row = next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "attestation")
+    assert row["result"] == "skip" and list(tmp_path.iterdir()) == []
