@@ -100,3 +100,18 @@ def test_srs_never_runs_for_a_dev_tools_or_non_confidential_gpu(tmp_path, monkey
     # issue 26: a dev-tools GPU the config allows is attested too (its ready state never set);
     # a GPU the classification refused or skipped never reaches the hook
     assert called == (["not-ready"] if ends is None else [])
+
+
+@pytest.mark.parametrize("config", [
+    "confidential_computing: {attestation: required}\n",
+    "confidential_computing: {attestation: required, allow_cc_off: true}\n"])
+def test_attestation_required_fails_a_gpu_that_is_not_confidential(tmp_path, config):
+    """Issue 26: with attestation required, ready means attested; a CC-off GPU (skipped on a
+    regular VM, or accepted by allow_cc_off in a guest) cannot be attested, so the step fails."""
+    ctx = context(tmp_path, smi(f="OFF"), config, "sev_snp" if "allow_cc_off" in config else "")
+
+    with pytest.raises(StepFailed, match=r"attestation required \(confidential_computing."
+                                         r"attestation: required\) but .*cannot be attested"):
+        step.run(ctx)
+    assert ctx.status.attestation["result"] == "failed"
+    assert ["-srs", "1"] not in ctx.runner.calls

@@ -81,6 +81,14 @@ def run(ctx: BootContext) -> str:
     if verdict.outcome == classify.FAIL:
         raise StepFailed(f"{verdict.reason}; {verdict.fix}")
     if verdict.outcome == classify.SKIP:
+        from podvm_gpu.steps.cc.attest.gate import attestation_demanded
+
+        demanded = attestation_demanded(ctx)  # required: ready means attested, no less
+        if demanded:
+            ctx.status.attestation = {"result": "failed", "reason": f"{verdict.reason}: not "
+                                      "confidential, so nvattest cannot attest them"}
+            raise StepFailed(f"attestation required ({demanded}) but {verdict.reason}: a GPU "
+                             "that is not confidential cannot be attested")
         if tee and cfg.allow_cc_off:  # a confidential guest accepting a GPU that is not
             ctx.warn("confidential-computing: the GPUs are not attested: not confidential, "
                      "accepted by confidential_computing.allow_cc_off")

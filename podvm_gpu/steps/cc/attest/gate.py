@@ -58,6 +58,17 @@ def tee_guest(ctx) -> str | None:
     return guest.describe() if guest.kind is not None else None
 
 
+def attestation_demanded(ctx) -> str | None:
+    """Who demands an attestation whatever the guest: ``confidential_computing.attestation:
+    required``, or the pod's initdata (``attestation_required``); None otherwise."""
+    pod = getattr(ctx.status, "initdata", None)  # podvm_gpu/initdata.py's record (boot's)
+    if isinstance(pod, dict) and pod.get("attestation_required"):
+        return f'the pod\'s initdata ({pod["path"]}, data."podvm-gpu.toml" attestation_required)'
+    if ctx.config.confidential_computing.attestation == "required":
+        return "confidential_computing.attestation: required"
+    return None
+
+
 def attest_before_ready(ctx, state: str, guest=_UNSET, ppcie: bool = False,
                         required_by: str | None = None, before_run=None) -> str:
     """Decide and run the attestation; the step's message part (``""`` when none ran).
@@ -80,10 +91,9 @@ def attest_before_ready(ctx, state: str, guest=_UNSET, ppcie: bool = False,
     cc = ctx.config.confidential_computing
     if guest is _UNSET:
         guest = tee_guest(ctx)
-    pod = getattr(ctx.status, "initdata", None)  # podvm_gpu/initdata.py's record (boot's)
+    pod = getattr(ctx.status, "initdata", None)
     if required_by is None and isinstance(pod, dict) and pod.get("attestation_required"):
-        required_by = (f'the pod\'s initdata ({pod["path"]}, data."podvm-gpu.toml" '
-                       "attestation_required)")
+        required_by = attestation_demanded(ctx)
     must = required_by or required_because(cc, guest)
     if cc.attestation == "off" and not required_by:
         ctx.warn("confidential-computing: the GPUs are not attested (confidential_computing."
