@@ -98,6 +98,23 @@ def web_config_problem(options: dict) -> str | None:
     return None
 
 
+def listen_problem(options: dict) -> str | None:
+    """Why ``metrics``' ``--listen`` value is not an address to serve at, or None (``""``: no
+    HTTP server, as the config key's ``""``). A value of the wrong shape is a usage error, said
+    in the words of :func:`podvm_gpu.config.metrics.parse_listen`; an address that has the
+    shape but cannot be bound is the server's to report (exit 1)."""
+    listen = options.get("listen")
+    if not listen:
+        return None
+    from podvm_gpu.config.metrics import parse_listen
+
+    try:
+        parse_listen(listen, allow_any_port=True)
+    except ValueError as err:
+        return f"--listen {err}"
+    return None
+
+
 def parse_timeout(text: str) -> float | None:
     """``--timeout`` of status: a finite number of seconds, at least 0; None when it is not."""
     try:
@@ -211,7 +228,7 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
         if options["timeout"] is None:
             problem = f"--timeout {text!r} is not a number of seconds (0 or more)"
     if command == "metrics" and not problem:
-        problem = web_config_problem(options)
+        problem = listen_problem(options) or web_config_problem(options)
     if problem:
         from podvm_gpu.app import usage_error
 

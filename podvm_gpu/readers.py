@@ -235,6 +235,59 @@ def nvsmi_no_driver(returncode: int | None, output: str) -> str | None:
     return f"nvidia-smi cannot communicate with the NVIDIA driver (exit 9: {said})"
 
 
+# nvidia-smi's exit status is NVML's return code (../shared/nvidia-smi-real.md, the real 535, 550
+# and 555 builds: 2, 3, 4, 6, 9, 12, 13, 15, 17, 18 as they are; 255 for 1, 22, 28, 999 and the
+# export-table mismatch; usage errors exit 2). Everything, errors included, is on stdout.
+NVSMI_EXIT = {
+    2: "invalid argument (also an option or --query-gpu field this nvidia-smi does not know)",
+    3: "not supported", 4: "insufficient permissions", 6: "not found (no GPU listed)",
+    9: "driver not loaded", 12: "NVML library not found",
+    13: "NVML function not found (a library older than nvidia-smi)", 15: "GPU is lost",
+    17: "GPU access blocked by the operating system", 18: "driver/library version mismatch",
+    255: "unknown error (NVML 1, 22, 28, 999, or a foreign library)",
+}
+# The codes after which no answer can come (the driver, the library or a GPU is unusable): a
+# failure wherever they appear after the modules step, never an "unread" state.
+NVSMI_BROKEN = (9, 12, 15, 17, 18)
+GPU_LOST = "[GPU is lost]"  # a --query-gpu/--query-remapped-rows value for a GPU lost after its handle
+
+
+def nvsmi_exit_text(returncode: int | None) -> str:
+    """``exit 15 (GPU is lost)``: the status with its NVML meaning (:data:`NVSMI_EXIT`)."""
+    if returncode is None:
+        return "did not run"
+    meaning = NVSMI_EXIT.get(returncode)
+    return f"exit {returncode}" + (f" ({meaning})" if meaning else "")
+
+
+def nvsmi_broken(returncode: int | None, output: str) -> str | None:
+    """A one-line cause when nvidia-smi's exit status is one of :data:`NVSMI_BROKEN`, quoting
+    what it printed (``Unable to determine the device handle for GPU0000:18:00.0: GPU is lost.``
+    names the GPU); None for any other status."""
+    if returncode == NVSMI_NO_DRIVER_RC:
+        return nvsmi_no_driver(returncode, output)
+    if returncode not in NVSMI_BROKEN:
+        return None
+    said = " ".join(output.split())[:300] or "no output"
+    return f"nvidia-smi {nvsmi_exit_text(returncode)}: {said}"
+
+
+def csv_rows(text: str, width: int) -> list[list[str]] | None:
+    """The rows of a ``--format=csv,noheader`` answer, ``width`` values each; None when a line
+    has another shape (not an answer: an error message)."""
+    rows = [[v.strip() for v in line.split(",")] for line in text.splitlines() if line.strip()]
+    return rows if rows and all(len(row) == width for row in rows) else None
+
+
+def csv_value(value: str, label: str = "") -> str:
+    """One ``--query-gpu`` value as text: ``[N/A]`` -> ``N/A``; the label the real program puts
+    before fabric values (``state  Completed``, ``status Success``; nvidia-smi-real.md) removed."""
+    value = value.strip()
+    if value.startswith("[") and value.endswith("]"):
+        return value[1:-1].strip()
+    if label and re.match(rf"{label}\s", value):
+        return value[len(label):].strip()
+    return value
 
 
 # --- nvidia-persistenced --help ----------------------------------------------------------

@@ -30,7 +30,8 @@ IN_FLIGHT = {
     "modules": (["modprobe", "nvidia"], "hang"),
     "device-nodes": (["nvidia-ctk", "system", "create-device-nodes"], "hang"),
     "persistenced": (["nvidia-persistenced"], "hang"),  # spawned, not ready: the wait runs
-    "fabricmanager": (["nvidia-smi", "-q"], "hang"),
+    "fabricmanager": (["nvidia-smi", "--query-gpu=pci.bus_id,fabric.state,fabric.status"],
+                      "hang"),
     "confidential-computing": (["nvidia-smi", "conf-compute", "-f"], "hang"),
     "cdi": (["nvidia-ctk", "cdi", "generate"], "hang"),
 }

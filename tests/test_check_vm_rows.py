@@ -65,10 +65,10 @@ def test_a_gpu_without_a_remapper_is_na_and_a_healthy_one_passes():
     row = booted_check(case("S27"))["row-remapper"]
     assert row["result"] == "skip", row
     assert "00000000:00:04.0 remapper N/A" in row["detail"]
-    # P02: the harness answers the query for a healthy GPU
+    # P02: the harness answers the query for a healthy GPU as the real nvidia-smi does (0, 0)
     row = booted_check(case("P02"))["row-remapper"]
     assert row == {"name": "row-remapper", "result": "pass",
-                   "detail": "00000000:00:04.0 remap pending No, failure No", "hint": ""}
+                   "detail": "00000000:00:04.0 remap pending 0, failure 0", "hint": ""}
 
 
 def test_a_remapper_query_no_rule_answers_is_a_warning_not_a_failure():

@@ -317,14 +317,16 @@ def test_the_cause_in_an_earlier_warning_of_nvidia_ctk_is_named():
 
 
 def answer_fabric_query(world: World, text: str) -> None:
-    """Make ``nvidia-smi -q -d FABRIC`` print ``text`` (the harness owns that query's answer);
+    """Make the fabric query (``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status
+    --format=csv,noheader``) print ``text`` (the harness owns that query's answer);
     every other call goes to the world's fake nvidia-smi, moved into a folder of its own so
     that it still sees its own name."""
     fake = Path(world.layout.bin) / "nvidia-smi"
     (Path(world.layout.bin) / ".harness").mkdir()
     real = Path(world.layout.bin) / ".harness" / "nvidia-smi"
     fake.rename(real)
-    fake.write_text(f"#!/bin/sh\nif [ \"$1 $2 $3\" = \"-q -d FABRIC\" ]; then printf '%s' "
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = \"--query-gpu=pci.bus_id,fabric.state,"
+                    f"fabric.status\" ]; then printf '%s' "
                     f"'{text}'; exit 0; fi\nexec {real} \"$@\"\n")
     fake.chmod(0o755)
 
@@ -332,8 +334,7 @@ def answer_fabric_query(world: World, text: str) -> None:
 def test_the_fabric_wait_needs_every_gpu_not_a_partial_list():
     """nvidia-smi showing 1 of 8 GPUs Completed/Success ended ready."""
     world_case = copy.deepcopy(p03())
-    one_gpu = ("GPU 00000000:18:00.0\n    Fabric\n        State                             : "
-               "Completed\n        Status                            : Success\n")
+    one_gpu = "00000000:18:00.0, state  Completed, status Success\n"  # as the real program prints
     world_case.files["etc/podvm-gpu/config.yaml"] = (
         "fabricmanager: {ready_timeout_s: 1, per_gpu_s: 0, poll_s: 0.2}\n")
     with World(world_case) as world:
@@ -342,10 +343,10 @@ def test_the_fabric_wait_needs_every_gpu_not_a_partial_list():
 
     assert run.rc == 1, run.stderr
     reason = run.status["reason"]
-    # an answer without nvidia-smi's "Attached GPUs" header is no count of what NVML sees: the
-    # fabric wait judges it, and 7 GPUs never reported a state
-    assert reason.startswith("fabricmanager: timed out after 1 s waiting for the NVLink fabric"), reason
-    assert "State Completed, Status Success on 1 GPU(s); 7 of 8 GPU(s) reported no state" in reason
+    # the query's rows are the GPUs NVML lists: 1 of the 8 on PCI
+    assert reason.startswith("fabricmanager: NVML sees 1 of the 8 GPU(s) on PCI; not seen: "
+                             "0000:2a:00.0"), reason
+    assert "fabric: State Completed, Status Success on 1 GPU(s)" in reason
 
 
 def test_a_fabric_manager_that_cannot_tell_its_version_is_not_taken_on_trust():
@@ -493,8 +494,7 @@ def test_check_shows_a_fabric_managed_outside_the_vm_that_never_completed(tmp_pa
     """No NVSwitch in the VM (shared-NVSwitch virtualization): check skipped the fabric even
     when the GPUs reported it In Progress."""
     world_case = copy.deepcopy(p02())
-    in_progress = ("GPU 00000000:00:04.0\n    Fabric\n        State                             : "
-                   "In Progress\n        Status                            : N/A\n")
+    in_progress = "00000000:00:04.0, state  In Progress, status N/A\n"  # the real program's
     world_case.files["etc/podvm-gpu/config.yaml"] = (
         "fabricmanager: {ready_timeout_s: 1, per_gpu_s: 0, poll_s: 0.2}\n")
     with World(world_case) as world:

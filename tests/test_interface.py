@@ -523,11 +523,15 @@ RUNS = CPU + [
     ("config --compile", "no config file, or the compiled file cannot be written", None,
      ["config", "--compile"]),
     ("metrics", "printed, or the textfile written", None, ["metrics", "--textfile"]),
-    ("metrics --listen", "the address is not `HOST:PORT` with an IP address, or cannot be bound",
-     None, ["metrics", "--listen", "localhost:9400"]),
+    ("metrics --listen", "the address cannot be bound (in use, not an address of this machine)",
+     None, ["metrics", "--listen", "192.0.2.1:9400"]),
+    ("metrics --listen", "the address is not `HOST:PORT` with an IP address and a port of ASCII "
+     "digits (`127.0.0.1:²`, Arabic-Indic digits): `podvm-gpu: error: --listen '<value>' ...` "
+     "after the usage line", None, ["metrics", "--listen", "localhost:9400"]),
     ("metrics --serve", "no listen address and the textfile off: nothing to serve", None,
      ["metrics", "--serve", "--listen="]),
-    ("metrics", "the config is invalid, or a named config is missing", _config("metrics: 1\n"),
+    ("metrics", "the config is invalid, a named config is missing, or boot would refuse the file "
+     "(another user than root could change it: the same verdict as boot's)", _config("metrics: 1\n"),
      ["metrics"]),
     ("metrics --json", "usage error", None, ["metrics", "--json"]),
 ]

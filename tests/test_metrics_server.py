@@ -290,7 +290,7 @@ def test_the_config_key_names_the_web_config_in_the_vm(gpu_world, tmp_path):
 
 
 @pytest.mark.parametrize("text, says", [
-    ("tls_server_config: [", "not YAML"),
+    ("tls_server_config: [", "not valid YAML"),
     ("- a list", "must be a mapping"),
     ("tls_config: {}", "tls_config: not implemented by this server"),
     ("tls_server_config:\n  cert_file: a.crt\n  key_file: a.key\n  cipher_suites: [TLS_AES_128_GCM_SHA256]",

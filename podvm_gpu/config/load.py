@@ -43,6 +43,11 @@ def parse_yaml(text: str, path: str) -> object:
         return loader.construct_document(node)
     except (yaml.YAMLError, RecursionError, ValueError) as err:
         # ValueError: a number Python will not read (more than 4300 digits)
+        for mark in (getattr(err, "context_mark", None), getattr(err, "problem_mark", None)):
+            # the line and column only, never the text, which may hold a secret (a password
+            # where a hash should be): libyaml's marks have no text, PyYAML's own quote it
+            if isinstance(mark, yaml.error.Mark):
+                mark.buffer = None
         what = " ".join(str(err).split())
         if isinstance(err, RecursionError) or "nesting depth" in what:
             what = "nested too deeply"

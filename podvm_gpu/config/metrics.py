@@ -16,6 +16,9 @@ PROFILES = ("auto", "full", "cc-safe")
 DEFAULT_LISTEN = "127.0.0.1:9400"
 DEFAULT_TEXTFILE_PATH = "/run/podvm-gpu/metrics.prom"
 MAX_SECONDS = 3600.0
+# the textfile is read by node-exporter at each of its scrapes (15 s and more); rewriting it more
+# often than every second only costs the VM (0.001 s wrote it, and its errors, 500 times a second)
+MIN_TEXTFILE_INTERVAL_S = 1.0
 # where a textfile must never go: CDI readers take every spec file there, the config is boot's
 TEXTFILE_FORBIDDEN = tuple((folder, "a CDI spec folder (CDI readers load every file there)")
                            for folder in ("/etc/cdi", "/var/run/cdi", "/run/cdi")) + (
@@ -52,7 +55,9 @@ def parse_listen(value: str, allow_any_port: bool = False) -> tuple[str, int]:
 
     host, sep, port = value.rpartition(":")
     lowest = 0 if allow_any_port else 1
-    if not sep or not port.isdigit() or not lowest <= int(port) < 65536:
+    # ASCII digits only: str.isdigit() takes "²" (int() then fails with Python's own words) and
+    # Arabic-Indic digits, which int() reads, though no other tool takes such a port
+    if not sep or not (port.isascii() and port.isdigit()) or not lowest <= int(port) < 65536:
         raise ValueError(f"{value!r} is not HOST:PORT with a port {lowest}-65535")
     bracketed = host.startswith("[") and host.endswith("]")
     if bracketed:
@@ -110,18 +115,21 @@ class MetricsSettings:
         if not isinstance(textfile_path, str) or not textfile_path.startswith("/") \
                 or textfile_path.endswith("/"):
             raise MetricsConfigError("metrics.textfile_path", "must be an absolute file path")
+        _no_nul("metrics.textfile_path", textfile_path)
         if textfile_path != DEFAULT_TEXTFILE_PATH:
             _check_textfile_path(textfile_path)
         if not isinstance(web_config, str) or web_config and (
                 not web_config.startswith("/") or web_config.endswith("/")):
             raise MetricsConfigError("metrics.web_config", "must be an absolute file path, or "
                                                            "\"\" for none")
+        _no_nul("metrics.web_config", web_config)
         self.profile = profile
         self.web_config = web_config
         self.listen = listen
         self.textfile = textfile
         self.textfile_path = textfile_path
-        self.textfile_interval_s = _seconds("metrics.textfile_interval_s", textfile_interval_s)
+        self.textfile_interval_s = _seconds("metrics.textfile_interval_s", textfile_interval_s,
+                                            MIN_TEXTFILE_INTERVAL_S)
         self.nvml_timeout_s = _seconds("metrics.nvml_timeout_s", nvml_timeout_s)
 
     @classmethod
@@ -177,10 +185,20 @@ def _check_textfile_path(path: str) -> None:
                                                               f"{what}")
 
 
-def _seconds(key: str, value: object) -> float:
+def _no_nul(key: str, path: str) -> None:
+    """Refuse a NUL in a path: no file name holds one, and every system call that takes the path
+    fails on it (Python raises ValueError, which nothing on the way expects)."""
+    if "\0" in path:
+        raise MetricsConfigError(key, "holds a NUL character: no file name can")
+
+
+def _seconds(key: str, value: object, at_least: float | None = None) -> float:
     # YAML's true would otherwise read as 1 second
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise MetricsConfigError(key, "must be a number of seconds")
     if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
         raise MetricsConfigError(key, f"must be more than 0 and at most {MAX_SECONDS:g} s")
+    if at_least is not None and value < at_least:
+        raise MetricsConfigError(key, f"must be at least {at_least:g} s (and at most "
+                                      f"{MAX_SECONDS:g} s)")
     return float(value)

@@ -43,8 +43,8 @@ class PersistencedConfig(Section):
 class FabricManagerConfig(Section):
     """nv-fabricmanager: wait ``ready_timeout_s + per_gpu_s * GPUs`` for fabric State Completed,
     querying it every ``poll_s`` seconds (0.1 s: a fabric that completes is seen within that; one
-    ``nvidia-smi -q -d FABRIC`` runs at a time, so a slow query stretches the interval, never
-    piles up)."""
+    fabric query, ``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status``, runs at a
+    time, so a slow query stretches the interval, never piles up)."""
 
     FIELDS = {"ready_timeout_s": (seconds(0, False), 60.0),
               "per_gpu_s": (seconds(0, True), 5.0),

@@ -107,13 +107,15 @@ def _write(root: Root, settings: MetricsSettings, text: bytes) -> str:
     return path
 
 
-def make_server(root: Root, settings: MetricsSettings, listen: str, exporter=None, web=None):
+def make_server(root: Root, settings: MetricsSettings, listen: str, exporter=None, web=None,
+                journal=None):
     """An HTTP server for ``listen`` (``HOST:PORT``; port 0: any free one) that answers
     ``GET /metrics`` with one scrape, negotiated by the ``Accept`` header as prometheus-client
     does (OpenMetrics when asked, else text 0.0.4) and gzipped when accepted.
 
     Args:
         web: a loaded :class:`webconfig.WebConfig` (TLS, basic auth), or None for plain HTTP.
+        journal: the :class:`journal.Journal` of the server's lines (a new one by default).
 
     Returns:
         The :class:`server.MetricsServer`, bound, not yet serving (``serve_forever``).
@@ -144,7 +146,7 @@ def make_server(root: Root, settings: MetricsSettings, listen: str, exporter=Non
             headers.append(("Content-Encoding", "gzip"))
         return Response(200, body, headers)
 
-    server = MetricsServer(host, port, answer, web)
+    server = MetricsServer(host, port, answer, web, journal=journal)
     server.exporter = exporter
     return server
 
@@ -171,6 +173,10 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
     server) and, when ``settings.textfile`` is on, rewrite the textfile every
     ``settings.textfile_interval_s`` seconds; until ``stop`` is set (or the process is stopped).
 
+    Once serving, nothing it says is fatal: the ``serving`` line and every later one are best
+    effort (a stderr on a full disk loses them), and a textfile that cannot be written is said at
+    most once a minute, as the server's own trouble is (``journal.Journal``).
+
     Args:
         web_config: a web config file on this machine (``--web-config``), or None for the
             settings' ``web_config``.
@@ -183,6 +189,7 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
         KeyboardInterrupt: Ctrl-C (:func:`run` turns it into one line and 130).
     """
     from podvm_gpu.metrics.exporter import Exporter
+    from podvm_gpu.metrics.journal import Journal, say
     from podvm_gpu.metrics.webconfig import WebConfigError
 
     listen = settings.listen if listen is None else listen
@@ -197,10 +204,11 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
         return 1
     stop = stop or threading.Event()
     exporter = Exporter(root, settings, keep_open=True)
+    journal = Journal()
     server = None
     if listen:
         try:
-            server = make_server(root, settings, listen, exporter, web)
+            server = make_server(root, settings, listen, exporter, web, journal)
         except (OSError, ValueError) as err:
             print(f"podvm-gpu metrics: cannot listen on {listen}: {in_words(err)}", file=sys.stderr)
             return 1
@@ -208,8 +216,7 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         scheme = "https" if web is not None and web.ssl_context is not None else "http"
         auth = ", basic auth" if web is not None and web.users else ""
-        print(f"podvm-gpu metrics: serving {scheme}://{where}/metrics{auth}", file=sys.stderr,
-              flush=True)
+        say(f"serving {scheme}://{where}/metrics{auth}")
         threading.Thread(target=server.serve_forever, name="podvm-gpu-http", daemon=True).start()
     try:
         while not stop.is_set():
@@ -217,9 +224,11 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
                 try:
                     write_textfile(root, settings, exporter)
                 except OSError as err:
-                    print(f"podvm-gpu metrics: cannot write {settings.textfile_path}: "
-                          f"{in_words(err)}",
-                          file=sys.stderr, flush=True)
+                    journal.say("textfile", f"cannot write {settings.textfile_path}: "
+                                            f"{in_words(err)} (said at most once a minute)")
+                except Exception as err:  # as a scrape's 500: one line, and the server goes on
+                    journal.say("textfile-error", f"error writing {settings.textfile_path}: "
+                                                  f"{type(err).__name__}: {err}")
             stop.wait(settings.textfile_interval_s if settings.textfile else None)
     finally:
         if server is not None:
@@ -244,6 +253,10 @@ def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
         listen: ``--listen``; serve: ``--serve``; openmetrics, textfile: those flags;
         web_config: ``--web-config``.
 
+    The config is trusted as boot trusts it: a file another user than root could write is
+    refused (the exporter runs as root, writes the textfile it names and reads the web config it
+    names), the same verdict as boot's, ``config``'s and ``check``'s.
+
     Returns:
         The exit code: 0 done, 1 could not serve, print or write, 2 a bad config, 130
         interrupted by Ctrl-C (one line on stderr, no traceback).
@@ -257,7 +270,7 @@ def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
         if required:
             from podvm_gpu.config.load import load_config
 
-            settings = load_config(path, required=True).metrics
+            settings = load_config(path, required=True, trusted=True).metrics
         else:
             settings = MetricsSettings()
     except (ConfigError, OSError) as err:
@@ -280,5 +293,7 @@ def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
             return 0
         return print_once(root, settings, openmetrics)
     except KeyboardInterrupt:
-        print("podvm-gpu metrics: interrupted", file=sys.stderr)
+        from podvm_gpu.metrics.journal import say
+
+        say("interrupted")
         return 130

@@ -72,8 +72,9 @@ def daemons_due(status: dict | None, running: dict[str, bool]) -> dict[str, bool
         running: daemon name -> whether its pid file names a live process of its name.
     """
     status = status if isinstance(status, dict) else {}
-    steps = {s.get("name"): s.get("result") for s in status.get("steps") or []
-             if isinstance(s, dict)}
+    listed = status.get("steps")  # a garbled file may hold anything here (a number, a name list)
+    steps = {str(s.get("name")): s.get("result") for s in listed if isinstance(s, dict)} \
+        if isinstance(listed, list) else {}
     ready = status.get("state") == "ready"
     fabric_step = ready or steps.get("fabricmanager") in ("ok", "failed")
     due = {"nvidia-persistenced": ready or steps.get("persistenced") in ("ok", "failed")}

@@ -139,9 +139,10 @@ def boot_families(status: dict | None, status_error: str | None) -> list[Metric]
                           "while it runs).", duration))
     steps = _gauge("podvm_gpu_boot_step_duration_seconds", "Wall time of each boot step, with "
                    "its result.", labels=("step", "result"))
-    for step in status.get("steps") or []:
-        if isinstance(step, dict) and isinstance(step.get("duration_s"), (int, float)):
-            steps.add_metric([str(step.get("name")), str(step.get("result"))], step["duration_s"])
+    for step in _entries(status.get("steps")):
+        seconds = _number(step.get("duration_s")) if isinstance(step, dict) else None
+        if seconds is not None:
+            steps.add_metric([str(step.get("name")), str(step.get("result"))], seconds)
     out.append(steps)
     out.append(_gauge("podvm_gpu_gpus", "NVIDIA GPUs the last boot found on PCI.",
                       _count(status.get("gpus"))))
@@ -157,7 +158,23 @@ def boot_families(status: dict | None, status_error: str | None) -> list[Metric]
 def _count(value) -> int:
     """How many entries a status list has; 0 for anything else (a hand-edited or damaged file
     must not stop a scrape)."""
-    return len(value) if isinstance(value, list) else 0
+    return len(_entries(value))
+
+
+def _entries(value) -> list:
+    """A status list's entries; none for anything else (``"steps": 5`` made every scrape fail)."""
+    return value if isinstance(value, list) else []
+
+
+def _number(value) -> float | None:
+    """A status number as a sample value; None for anything else (a bool, a string, an integer
+    too large for a float: JSON has no bound, a sample has)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
 
 
 def daemon_family(running: dict[str, bool]) -> Metric:
@@ -219,7 +236,7 @@ def attestation_families(status: dict | None) -> list[Metric]:
 
 def gpu_fabric_families(reading) -> list[Metric]:
     """Each GPU's fabric state and status from NVML (``nvmlDeviceGetGpuFabricInfoV``, else
-    ``nvmlDeviceGetGpuFabricInfo``: what ``nvidia-smi -q -d FABRIC`` shows), for the GPUs that
+    ``nvmlDeviceGetGpuFabricInfo``: what nvidia-smi's ``fabric.state``/``fabric.status`` show), for the GPUs that
     answered it; no family when none did (NVML down, a library or GPU without the call).
 
     ``podvm_gpu_fabric_state{GPU labels, state}``: 1 for the GPU's state, 0 for the other

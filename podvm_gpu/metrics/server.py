@@ -14,9 +14,13 @@ refused connection printed a traceback. Here:
   of idle clients cannot lock the scraper out;
 - ``workers`` threads answer (each write bounded by ``write_timeout_s``); requests beyond
   ``4 * workers`` waiting for one get 503 at once;
+- what can be refused without the handler (a malformed request, a missing or known-wrong
+  password, a client throttled by :class:`auth.ClientGate`) is answered at once by the selector
+  thread, never by a worker; bcrypt checks run in threads of their own (``auth.py``), so
+  password guesses cannot starve authorised scrapes;
 - a client that resets, times out or speaks something else costs nothing in the journal: no
   line at all. Only the server's own trouble (out of file descriptors, a bug answering) prints
-  one line, at most once a minute for the same kind.
+  one line, at most once a minute for the same kind (``journal.Journal``).
 
 Every answer closes its connection (``Connection: close``): Prometheus opens a new one for the
 next scrape. TLS and basic auth come from a :class:`webconfig.WebConfig`.
@@ -32,16 +36,18 @@ import errno
 import re
 import selectors
 import socket
-import sys
 import threading
 import time
 
+from podvm_gpu.metrics.auth import CHECK_THREADS, THROTTLED, ClientGate
+from podvm_gpu.metrics.journal import Journal
+
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
             405: "Method Not Allowed", 408: "Request Timeout",
-            431: "Request Header Fields Too Large", 500: "Internal Server Error",
+            429: "Too Many Requests", 431: "Request Header Fields Too Large",
+            500: "Internal Server Error",
             503: "Service Unavailable"}
 _MAX_HEADERS = 100
-_ONE_LINE_EVERY_S = 60.0
 _END_OF_HEAD = re.compile(rb"\r?\n\r?\n")  # the blank line, CRLF or bare LF
 
 
@@ -161,6 +167,7 @@ class MetricsServer:
         request_timeout_s: seconds from accept to the end of the request's headers.
         max_request_bytes: the largest request line and headers.
         write_timeout_s: the longest a worker waits on one send to a slow reader, seconds.
+        journal: the :class:`journal.Journal` its lines go to (a new one by default).
 
     Raises:
         OSError: the address cannot be bound (in use, not an address of this machine).
@@ -168,7 +175,8 @@ class MetricsServer:
 
     def __init__(self, host: str, port: int, handler, web=None, *, workers: int = 4,
                  max_connections: int = 512, request_timeout_s: float = 10.0,
-                 max_request_bytes: int = 8192, write_timeout_s: float = 10.0):
+                 max_request_bytes: int = 8192, write_timeout_s: float = 10.0,
+                 journal: Journal | None = None):
         self.handler = handler
         self.web = web
         self.workers = workers
@@ -198,8 +206,12 @@ class MetricsServer:
         self._stopped = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
-        self._said: dict[str, float] = {}
+        self.journal = journal or Journal()
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, "podvm-gpu-http")
+        self._gate = self._checks = None
+        if web is not None and web.users:
+            self._gate = ClientGate()
+            self._checks = concurrent.futures.ThreadPoolExecutor(CHECK_THREADS, "podvm-gpu-auth")
 
     # --- the selector thread -------------------------------------------------------------------
 
@@ -327,39 +339,88 @@ class MetricsServer:
         except OSError:
             pass
 
-    def _refuse(self, sel, conn: _Conn, response: Response) -> None:
+    def _refuse(self, sel, conn: _Conn, response: Response, request=None) -> None:
         """Tell the client why, if its socket takes it at once, and close."""
+        self._forget(sel, conn)
+        self._send_and_close(conn, response, request)
+
+    def _send_and_close(self, conn: _Conn, response: Response, request=None) -> None:
+        """One send that does not wait (a short answer fits the socket's buffer; a client that
+        does not take it gets nothing), then close: how refusals are answered without a
+        worker."""
+        head_only = isinstance(request, Request) and request.method == "HEAD"
+        extra = self.web.headers if self.web is not None else None
         try:
-            conn.sock.send(encode(response))
+            conn.sock.setblocking(False)
+            conn.sock.send(encode(response, head_only, extra))
         except (OSError, ValueError):
             pass
-        self._drop(sel, conn)
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
 
     def _hand_over(self, sel, conn: _Conn, data: bytes) -> None:
+        request = parse_request(data)
+        if isinstance(request, Response):
+            self._refuse(sel, conn, request)
+            return
+        if self._gate is not None:
+            given = basic_auth(request.headers.get("authorization"))
+            known = self.web.cached(*given) if given is not None else False
+            if known is False:  # no password, or one checked and found wrong before
+                self._refuse(sel, conn, _unauthorised(), request)
+                return
+            if known is None:
+                why = self._gate.admit(conn.peer[0])
+                if why is not None:
+                    self._refuse(sel, conn, _THROTTLED if why == THROTTLED else _NO_CHECKS,
+                                 request)
+                    return
+                self._forget(sel, conn)
+                self._checks.submit(self._check, conn, request, given)
+                return
+        self._forget(sel, conn)
+        self._queue(conn, request)
+
+    def _queue(self, conn: _Conn, request: Request) -> None:
+        """Hand an authorised request to the workers, or 503 when ``4 * workers`` wait."""
         with self._queued_lock:
             busy = self._queued >= 4 * self.workers
             if not busy:
                 self._queued += 1
         if busy:
-            self._refuse(sel, conn, Response(503, b"busy: too many scrapes at once\n"))
+            self._send_and_close(conn, Response(503, b"busy: too many scrapes at once\n"),
+                                 request)
             return
-        self._forget(sel, conn)
-        self._pool.submit(self._answer, conn, data)
+        self._pool.submit(self._answer, conn, request)
+
+    # --- the password checks ---------------------------------------------------------------------
+
+    def _check(self, conn: _Conn, request: Request, given: tuple[str, bytes]) -> None:
+        """In a check thread: bcrypt the pair the gate admitted; the workers answer a right one,
+        a wrong one gets its 401 here."""
+        right = False
+        try:
+            right = self.web.check_password(*given)
+        except Exception as err:  # one line, not a traceback per request
+            self._say("auth", f"error checking a password: {type(err).__name__}: {err}")
+        finally:
+            self._gate.done(conn.peer[0], right)
+        if right:
+            self._queue(conn, request)
+        else:
+            self._send_and_close(conn, _unauthorised(), request)
 
     # --- the workers -----------------------------------------------------------------------------
 
-    def _answer(self, conn: _Conn, data: bytes) -> None:
+    def _answer(self, conn: _Conn, request: Request) -> None:
         sock = conn.sock
         try:
             sock.settimeout(self.write_timeout_s)
-            request = parse_request(data)
-            head_only = isinstance(request, Request) and request.method == "HEAD"
-            if isinstance(request, Request):
-                response = self._authorised(request) or self._handle(request)
-            else:
-                response = request
+            response = self._handle(request)
             extra = self.web.headers if self.web is not None else None
-            sock.sendall(encode(response, head_only, extra))
+            sock.sendall(encode(response, request.method == "HEAD", extra))
         except (OSError, ValueError):
             pass  # the client went away or is too slow: nothing to say about it
         finally:
@@ -370,16 +431,6 @@ class MetricsServer:
             except OSError:
                 pass
 
-    def _authorised(self, request: Request) -> Response | None:
-        """None when the request may be answered; else the 401."""
-        if self.web is None or not self.web.users:
-            return None
-        given = basic_auth(request.headers.get("authorization"))
-        if given is not None and self.web.check_password(*given):
-            return None
-        return Response(401, b"unauthorized\n",
-                        [("WWW-Authenticate", 'Basic realm="podvm-gpu metrics"')])
-
     def _handle(self, request: Request) -> Response:
         try:
             return self.handler(request)
@@ -388,10 +439,7 @@ class MetricsServer:
             return Response(500, b"internal error; see the exporter's log\n")
 
     def _say(self, kind: str, line: str) -> None:
-        now = time.monotonic()
-        if now - self._said.get(kind, -_ONE_LINE_EVERY_S) >= _ONE_LINE_EVERY_S:
-            self._said[kind] = now
-            print(f"podvm-gpu metrics: {line}", file=sys.stderr, flush=True)
+        self.journal.say(kind, line)
 
     # --- stopping --------------------------------------------------------------------------------
 
@@ -408,8 +456,20 @@ class MetricsServer:
     def server_close(self) -> None:
         """Close the listening socket; answers in progress finish within their write bound."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._checks is not None:
+            self._checks.shutdown(wait=False, cancel_futures=True)
         for sock in (self.socket, self._wake_r, self._wake_w):
             try:
                 sock.close()
             except OSError:
                 pass
+
+
+def _unauthorised() -> Response:
+    return Response(401, b"unauthorized\n",
+                    [("WWW-Authenticate", 'Basic realm="podvm-gpu metrics"')])
+
+
+_THROTTLED = Response(429, b"too many password checks from this address: wait a second\n",
+                      [("Retry-After", "1")])
+_NO_CHECKS = Response(503, b"busy: too many password checks at once\n", [("Retry-After", "1")])

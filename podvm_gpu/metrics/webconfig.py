@@ -17,13 +17,18 @@ What is implemented::
       prometheus: $2b$10$...       # bcrypt hashes (htpasswd -nBC 10 "" | tr -d ':\\n')
 
 Every other key (``cipher_suites``, ``curve_preferences``, ``client_allowed_sans``, ``cert``,
-...) is refused by name: a setting the server would silently ignore is a security hole. bcrypt
-is imported by :meth:`WebConfig.check_password` only, on the serving path.
+...) is refused by name: a setting the server would silently ignore is a security hole. The
+YAML is read as the agent's config is (``config.load.parse_yaml``: a key given twice, nesting
+too deep, a message that never quotes the file's text). bcrypt is imported by
+:meth:`WebConfig.check_password` only, on the serving path.
 """
 
 from __future__ import annotations
 
+import collections
 import os
+import re
+import threading
 
 from podvm_gpu.errors import ConfigError
 
@@ -36,7 +41,14 @@ _VERSIONS = ("TLS12", "TLS13")
 # exporter-toolkit refuses these response headers too (they belong to the server)
 _RESERVED_HEADERS = ("content-type", "content-length", "content-encoding", "www-authenticate",
                      "connection", "date", "server", "transfer-encoding")
-_AUTH_CACHE_MAX = 64
+# RFC 9110 section 5.6.2: a field name is a token; section 5.5: a value is visible characters,
+# spaces and tabs (the server writes its head in ASCII: other text broke every answer)
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_FIELD_VALUE = re.compile(r"[\x20-\x7e\t]*")
+# bcrypt's modular crypt form: $2a$, $2b$ or $2y$, a cost of 04-31, 53 characters of its base 64
+_BCRYPT = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
+_GOOD_PAIRS_MAX = 64  # right passwords only: a guess can never take a place here
+_BAD_PAIRS_MAX = 4096  # wrong pairs, answered without bcrypt when sent again
 
 
 class WebConfigError(ConfigError):
@@ -55,6 +67,9 @@ class WebConfig:
             else None.
         users: user name -> bcrypt hash (bytes); empty for no authentication.
         headers: extra response headers, name -> value.
+        dummy_hash: the hash an unknown user's password is checked against: bcrypt of the
+            highest cost among :attr:`users`' hashes, so a name nobody has costs what a
+            configured name costs (an unknown user answered sooner tells the name is unknown).
     """
 
     def __init__(self, path: str, ssl_context=None, users: dict | None = None,
@@ -63,39 +78,72 @@ class WebConfig:
         self.ssl_context = ssl_context
         self.users = users or {}
         self.headers = headers or {}
-        self._checked: dict[tuple[str, bytes], bool] = {}
+        cost = max((int(hashed[4:6]) for hashed in self.users.values()), default=10)
+        self.dummy_hash = b"$2b$%02d$" % cost + _DUMMY_HASH[7:]
+        self._lock = threading.Lock()
+        self._good: set[bytes] = set()
+        self._bad: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+
+    def cached(self, user: str, password: bytes) -> bool | None:
+        """What an earlier check of this pair found: True right, False wrong; None when it was
+        not checked (or forgotten). Costs a SHA-256, no bcrypt: the server answers a known pair
+        without a worker."""
+        key = _pair(user, password)
+        with self._lock:
+            if key in self._good:
+                return True
+            if key in self._bad:
+                self._bad.move_to_end(key)
+                return False
+        return None
 
     def check_password(self, user: str, password: bytes) -> bool:
         """True when ``user`` is configured and ``password`` matches its bcrypt hash.
 
-        A result is cached by user and the password's SHA-256 (a bcrypt check costs tens of
-        milliseconds and Prometheus sends the same pair every scrape), at most 64 entries.
+        Every pair not checked before costs one bcrypt check of the configured cost, known user
+        or not (:attr:`dummy_hash`); its result is kept by user and the password's SHA-256
+        (Prometheus sends the same pair every scrape): the right pairs apart from the wrong
+        ones, so no number of wrong guesses pushes a right pair out (at most 64 right and 4096
+        wrong pairs, the oldest wrong one forgotten first; 32 bytes each, however long the
+        name).
 
         Raises:
             ImportError: the ``bcrypt`` package is not installed (checked when serving starts).
         """
-        import hashlib
-
         import bcrypt
 
+        known = self.cached(user, password)
+        if known is not None:
+            return known
         hashed = self.users.get(user)
-        if hashed is None:
-            bcrypt.checkpw(b"x", _DUMMY_HASH)  # the same time as for a known user
-            return False
-        key = (user, hashlib.sha256(password).digest())
-        known = self._checked.get(key)
-        if known is None:
-            try:
-                known = bcrypt.checkpw(password, hashed)
-            except ValueError:
-                known = False
-            if len(self._checked) >= _AUTH_CACHE_MAX:
-                self._checked.clear()
-            self._checked[key] = known
-        return known
+        try:
+            right = bcrypt.checkpw(password, hashed if hashed is not None else self.dummy_hash)
+        except ValueError:
+            right = False
+        right = right and hashed is not None
+        key = _pair(user, password)
+        with self._lock:
+            if right:
+                if len(self._good) >= _GOOD_PAIRS_MAX:
+                    self._good.clear()
+                self._good.add(key)
+            else:
+                self._bad[key] = None
+                if len(self._bad) > _BAD_PAIRS_MAX:
+                    self._bad.popitem(last=False)
+        return right
 
 
-# bcrypt of "x" with cost 10: a check against it costs what a real user's check costs
+def _pair(user: str, password: bytes) -> bytes:
+    """The SHA-256 of ``user:password`` (a user name has no colon: ``server.basic_auth`` splits
+    at the first one, so no two pairs give the same text)."""
+    import hashlib
+
+    return hashlib.sha256(user.encode("utf-8", "surrogatepass") + b":" + password).digest()
+
+
+# bcrypt of "x" (cost 10); WebConfig.dummy_hash puts the configured cost in its place: bcrypt
+# runs 2^cost rounds whatever the salt and hash after it
 _DUMMY_HASH = b"$2b$10$eZ7e3j1QKOW62CxnadrSZukCRCTnMh45UngIUkHU0qnVT1OADxBIC"
 
 
@@ -106,24 +154,29 @@ def load_web_config(path: str) -> WebConfig:
     bad file is refused when serving starts, never at the first scrape.
 
     Raises:
-        WebConfigError: unreadable (or over 1 MiB), not YAML, not a mapping, an unknown or
-            unimplemented key, a bad value, a certificate or key that does not load, or
+        WebConfigError: unreadable (or over 1 MiB), not UTF-8, not YAML (a key given twice,
+            nested too deeply), not a mapping, an unknown or unimplemented key, a bad value, a
+            certificate or key that does not load (an encrypted key: said so), or
             ``basic_auth_users`` without the ``bcrypt`` package installed.
     """
-    import yaml
-
+    from podvm_gpu.config.load import parse_yaml
     from podvm_gpu.host.fs import read_bounded
 
     try:
         # links followed here (a mounted secret is one), then read as every file the agent
         # reads: regular files only, without blocking (a FIFO hung the server's start)
         data = read_bounded(os.path.realpath(path), MAX_FILE_BYTES)
-    except OSError as err:
-        raise WebConfigError(f"{path}: cannot read the web config: {err.strerror or err}") from err
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the name
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        where = path.replace("\0", "\\x00")
+        raise WebConfigError(f"{where}: cannot read the web config: {why}") from err
     try:
-        doc = yaml.safe_load(data)
-    except yaml.YAMLError as err:
-        raise WebConfigError(f"{path}: not YAML: {' '.join(str(err).split())}") from err
+        doc = parse_yaml(data.decode("utf-8"), path)
+    except UnicodeDecodeError as err:
+        raise WebConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") \
+            from None
+    except ConfigError as err:
+        raise WebConfigError(str(err)) from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
@@ -155,10 +208,10 @@ def load_web_config(path: str) -> WebConfig:
     for user, hashed in raw_users.items():
         if not isinstance(user, str) or not user or ":" in user:
             raise bad("basic_auth_users", f"{user!r} is not a user name (no colon, not empty)")
-        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")) \
-                or len(hashed) != 60:
+        if not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
             raise bad(f"basic_auth_users.{user}", "must be a bcrypt hash ($2y$10$..., 60 "
-                                                   "characters), not a password")
+                                                   "characters, a cost of 04 to 31), not a "
+                                                   "password")
         users[user] = hashed.encode()
     if users:
         try:
@@ -183,12 +236,17 @@ def _headers(value, bad) -> dict:
         raise bad("http_server_config.headers", "must be a mapping of header names to values")
     out = {}
     for name, text in value.items():
-        if not isinstance(name, str) or not name or any(c in name for c in " :\r\n\t"):
-            raise bad("http_server_config.headers", f"{name!r} is not a header name")
+        if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+            raise bad("http_server_config.headers", f"{name!r} is not a header name (letters, "
+                                                    "digits and !#$%&'*+.^_`|~- only: RFC 9110 "
+                                                    "section 5.6.2)")
         if name.lower() in _RESERVED_HEADERS:
             raise bad(f"http_server_config.headers.{name}", "is set by the server itself")
-        if not isinstance(text, str) or "\r" in text or "\n" in text:
-            raise bad(f"http_server_config.headers.{name}", "must be a one-line string")
+        if not isinstance(text, str) or not _FIELD_VALUE.fullmatch(text):
+            raise bad(f"http_server_config.headers.{name}", "must be one line of printable "
+                                                            "ASCII (no control characters, no "
+                                                            "NUL, no other text): RFC 9110 "
+                                                            "section 5.5")
         out[name] = text
     return out
 
@@ -203,7 +261,7 @@ def _ssl_context(tls: dict, base: str, bad):
 
     def file_of(key: str) -> str:
         value = tls.get(key)
-        if not isinstance(value, str) or not value:
+        if not isinstance(value, str) or not value or "\0" in value:  # no file name has a NUL
             raise bad(f"tls_server_config.{key}", "must be a file path")
         return value if os.path.isabs(value) else os.path.join(base, value)
 
@@ -217,7 +275,14 @@ def _ssl_context(tls: dict, base: str, bad):
     if prefer:
         context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     try:
-        context.load_cert_chain(cert, key)
+        # OpenSSL asks for the pass phrase of an encrypted key on the terminal (or fails with
+        # EINVAL without one): a server has nobody to ask, so the question is refused
+        context.load_cert_chain(cert, key, password=_no_pass_phrase)
+    except _Encrypted:
+        raise bad("tls_server_config.key_file", f"{key}: the key is encrypted (it needs a pass "
+                                                "phrase, which a server cannot be asked for): "
+                                                "give the key unencrypted, readable by the "
+                                                "exporter only") from None
     except (OSError, ssl.SSLError) as err:
         raise bad("tls_server_config", f"cannot load the certificate {cert} with the key {key}: "
                                        f"{err.strerror if isinstance(err, OSError) and err.strerror else err}"
@@ -238,6 +303,14 @@ def _ssl_context(tls: dict, base: str, bad):
         raise bad("tls_server_config.client_ca_file", "is used only with a client_auth_type "
                                                       "that verifies client certificates")
     return context
+
+
+class _Encrypted(Exception):
+    """OpenSSL asked for a pass phrase: the key file is encrypted."""
+
+
+def _no_pass_phrase():
+    raise _Encrypted
 
 
 # exporter-toolkit's names; its default minimum is TLS12, its maximum the newest there is

@@ -4,7 +4,9 @@ tests, so the image builds (downloads, dpkg, DKMS compiles) overlap with tests t
 image; a test that wants an image still being built waits on that variant's lock
 (image.variant_rootfs). On 2 cores two builds at once save little (DKMS compiles with make -j2)
 and slow the tests beside them. Prints one line per image: its name, folder and seconds; exits 1
-if any build failed (the tests that need it then fail with mmdebstrap's message).
+if any build failed (the tests that need it then fail with mmdebstrap's message). First (about
+20 s from an empty cache, nothing when warm) it fetches NVIDIA's real nvidia-smi builds
+(tests/realsmi/fetch.py) for tests/test_real_nvidia_smi.py, unless names are given.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from boot import image, real_driver  # noqa: E402
+from realsmi import fetch as realsmi  # noqa: E402
 
 VARIANTS = {v.name: v for v in (image.BASE, image.TRIXIE_BASE, real_driver.NVIDIA, real_driver.OPEN,
                                 real_driver.TRIXIE)}
@@ -41,6 +44,9 @@ def main(args: list[str]) -> int:
     if args[:1] == ["--jobs"] and len(args) > 1:
         jobs, args = int(args[1]), args[2:]
     names = args or list(ORDER)
+    realsmi_failed = False
+    if not args:
+        realsmi_failed = realsmi.main() != 0
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         print(f"unknown image(s) {', '.join(unknown)}; known: {', '.join(ORDER)}", file=sys.stderr)
@@ -58,7 +64,7 @@ def main(args: list[str]) -> int:
         threads.append(thread)
     for thread in threads:
         thread.join()
-    return 1 if failures else 0
+    return 1 if failures or realsmi_failed else 0
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "fake_nvml.c"
+SMI_SOURCE = HERE / "smi_calls.c"  # included by fake_nvml.c: the calls the real nvidia-smi makes
 # The functions fake_nvml.c exports (the ones the exporter reaches through nvidia-ml-py).
 FUNCTIONS = [
     "nvmlInitWithFlags", "nvmlInit_v2", "nvmlShutdown", "nvmlErrorString",
@@ -30,6 +31,13 @@ FUNCTIONS = [
     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetEncoderUtilization",
     "nvmlDeviceGetDecoderUtilization", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2",
     "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV",
+]
+# What NVIDIA's real nvidia-smi also needs for the agent's command lines (tests/test_real_nvidia_smi.py).
+SMI_FUNCTIONS = [
+    "nvmlInternalGetExportTable", "nvmlSystemGetNVMLVersion", "nvmlDeviceGetArchitecture",
+    "nvmlDeviceGetIndex", "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetPciInfoExt", "nvmlSystemSetConfComputeGpusReadyState",
+    "nvmlDeviceGetGpuInstanceProfileInfoV", "nvmlDeviceGetGpuInstances", "nvmlGpuInstanceGetInfo",
 ]
 # Of those, what Debian 12's real libnvidia-ml1 535.309.01 does not export (checked against
 # the real library by test_metrics_real_nvml.py).
@@ -52,7 +60,7 @@ def build(out_dir: Path, branch: int | None = None) -> Path:
     Returns:
         The path of the built ``libnvidia-ml.so.1``.
     """
-    source = SOURCE.read_bytes()
+    source = SOURCE.read_bytes() + SMI_SOURCE.read_bytes()
     key = hashlib.sha256(source + str(branch).encode()).hexdigest()[:12]
     target = out_dir / f"fake-nvml-{branch or 'current'}-{key}" / "libnvidia-ml.so.1"
     if not target.exists():

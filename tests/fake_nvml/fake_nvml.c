@@ -1,7 +1,8 @@
 /*
- * A fake libnvidia-ml.so.1 for the metrics tests: only the NVML calls the exporter makes through
- * nvidia-ml-py, answering from a description file (env FAKE_NVML_DESCRIPTION), one
- * "key value" per line:
+ * A fake libnvidia-ml.so.1 for the metrics tests (the NVML calls the exporter makes through
+ * nvidia-ml-py) and for NVIDIA's real nvidia-smi (the calls it makes for the agent's command
+ * lines, its private export table included: see the end of this file), answering from a
+ * description file (env FAKE_NVML_DESCRIPTION), one "key value" per line:
  *
  *   driver_version 550.54.15     init_error 9 (nvmlInit fails with it)
  *   cc.feature 1  cc.devtools 0  cc.multigpu 0  cc.ready 1  cc.error 3
@@ -17,6 +18,10 @@
  *   gpu.0.fabric.status 0 (an nvmlReturn_t)   gpu.0.fabric.clique 1
  *   error.<function>[.<gpu>] <NVML return code>     hang.<function>[.<gpu>] 1
  *   log <path>  (each call appends "<function> <gpu or ->")
+ *   for NVIDIA's real nvidia-smi (tests/test_real_nvidia_smi.py): nvml_version 12.535.261.03
+ *   (nvmlSystemGetNVMLVersion, also before init; 535 or later picks error 28's name),
+ *   gpu.0.arch 9 (NVML_DEVICE_ARCH_*, Hopper by default), gpu.0.mig 0|1,
+ *   gpu.0.mig.instances 2, cc.ready_file <path> (the CC ready state, kept across runs)
  *
  * A key given twice: the last line counts.
  *
@@ -196,7 +201,11 @@ const char *nvmlErrorString(int result) {
         "No data", "vGPU ECC not supported", "Insufficient Resources", "Invalid Frequency",
         "Argument version mismatch", "Requested functionality has been deprecated",
         "System is not in ready state"};
+    const char *version = get("nvml_version");
     if (result >= 0 && result < (int)(sizeof strings / sizeof *strings)) return strings[result];
+    /* NVML_ERROR_GPU_NOT_FOUND: the 550 and 555 libraries name it, 535's does not
+     * (nvidia-smi-real.md, nvmlInit -> 28) */
+    if (result == 28 && version && strncmp(version, "12.535.", 7) != 0) return "No supported GPUs were found";
     return "Unknown Error";
 }
 
@@ -238,6 +247,14 @@ int nvmlSystemGetConfComputeGpusReadyState(unsigned int *accepting) {
     if (!initialised) return ERR_UNINITIALIZED;
     if ((rc = enter("nvmlSystemGetConfComputeGpusReadyState", -1))) return rc;
     if (get("cc.error")) return atoi(get("cc.error"));
+    if (get("cc.ready_file")) {
+        FILE *f = fopen(get("cc.ready_file"), "r");
+        if (f) {
+            int read = fscanf(f, "%u", accepting);
+            fclose(f);
+            if (read == 1) return SUCCESS;
+        }
+    }
     return system_number("cc.ready", accepting);
 }
 
@@ -435,3 +452,5 @@ int nvmlDeviceGetGpuFabricInfoV(device_t *device, fabric_info_v2_t *info) {
     return fabric(gpu, &info->status, &info->cliqueId, &info->state);
 }
 #endif
+
+#include "smi_calls.c"

@@ -75,7 +75,7 @@ class Command:
     """An external command of the boot sequence.
 
     Attributes:
-        argv: the prefix of the calls it covers (``("nvidia-smi", "-q", "-d", "FABRIC")``).
+        argv: the prefix of the calls it covers (``("nvidia-smi", "conf-compute", "-f")``).
         step: the step that runs it, which a failure must name.
         around: fault -> why boot still ends ``ready`` with it (the faults boot works around).
         daemon: started as a daemon: never killed by the boot, so a hung one stays alive.
@@ -200,7 +200,7 @@ def _attested(case: Case) -> None:
 SCENARIOS = (
     Scenario("P02", "P02-one-h100-pcie-ready.yaml", (
         *MODPROBE, *NODES, PERSISTENCED,
-        Command(("nvidia-smi", "-q", "-d", "FABRIC"), "fabricmanager",
+        Command(("nvidia-smi", "--query-gpu=pci.bus_id,fabric.state,fabric.status"), "fabricmanager",
                 every_fault("no NVSwitch in the VM: the fabric query is a probe for a fabric "
                             "managed outside the VM, and no GPU reports one (step skipped)")),
         CC_MODE,
@@ -212,7 +212,8 @@ SCENARIOS = (
         Command(("nv-fabricmanager", "--version"), "versions"),
         *NODES, PERSISTENCED,
         Command(("nv-fabricmanager", "-c"), "fabricmanager", output_not_read(), daemon=True),
-        Command(("nvidia-smi", "-q", "-d", "FABRIC"), "fabricmanager"),
+        Command(("nvidia-smi", "--query-gpu=pci.bus_id,fabric.state,fabric.status"),
+                "fabricmanager"),
         CC_MODE,
         GENERATE,
     ), tools={"modprobe": "modules", "nv-fabricmanager": "versions",

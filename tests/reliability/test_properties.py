@@ -37,7 +37,7 @@ from podvm_gpu.readers import char_majors, gpu_minor, loaded_modules
 from podvm_gpu.status import StatusUnreadable, exit_code_for, load_status, run_status
 from podvm_gpu.steps.cc.classify import parse_cc_mode, parse_ready_state
 from podvm_gpu.steps.cdi.step import mig_problem
-from podvm_gpu.steps.fabric.parse import parse_fabric
+from podvm_gpu.steps.fabric.parse import parse_fabric, parse_fabric_rows
 
 # Random inputs on every run (new ones each time); a failure prints the falsifying example and
 # a @reproduce_failure blob, and .hypothesis/ keeps it for the next local run.
@@ -373,6 +373,25 @@ def test_no_text_makes_a_gpu_that_did_not_say_completed_and_success_read_as_succ
         if s.success:
             assert re.search(r"^\s*State\s*:\s*completed\s*$", text, re.I | re.M)
             assert re.search(r"^\s*Status\s*:\s*success\s*$", text, re.I | re.M)
+
+
+# The fabric query's rows as the real nvidia-smi prints them (nvidia-smi-real.md, issue 24).
+REAL_FABRIC_ROWS = ("00000000:18:00.0, state  In Progress, status N/A\n"
+                    "00000000:2A:00.0, state  Not Started, status N/A\n00000000:3A:00.0, [N/A], [N/A]\n")
+
+
+@FAST
+@given(st.one_of(TEXT, near_misses(REAL_FABRIC_ROWS)))
+def test_no_fabric_query_text_reads_as_success_unless_a_row_says_completed_and_success(text):
+    states = parse_fabric_rows(text)
+    if states is None:
+        return
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(states) == len(lines) and all(line.count(",") == 2 for line in lines)
+    for s in states:
+        if s.success:
+            assert re.search(r",\s*(state\s+)?completed\s*,\s*(status\s+)?success\s*$", text,
+                             re.I | re.M), text
 
 
 NOT_READY = st.sampled_from(["not-ready", "not ready", "NOT_READY", "notready", "Not-Ready"])

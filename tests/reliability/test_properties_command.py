@@ -10,8 +10,9 @@ every example is a process (and the fabric one a whole scenario world).
   a warning names it; /etc/cdi is never written;
 - sysfs vendor/class/device values (umockdev, binary attributes): a final state, never
   ``ready`` (the world has no tools), ``no-gpu`` exactly when no well-formed NVIDIA GPU is there;
-- ``nvidia-smi -q -d FABRIC`` texts on the HGX world (8 GPUs): ``ready`` exactly when every GPU
-  of the VM reports State Completed and Status Success.
+- fabric query texts (``--query-gpu=pci.bus_id,fabric.state,fabric.status`` rows, labelled as
+  the real program prints them) on the HGX world (8 GPUs): ``ready`` exactly when every GPU of
+  the VM reports State Completed and Status Success, and every line is a row.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from scenarios.world import World
 
 from podvm_gpu.config.load import load_config
 from podvm_gpu.errors import ConfigError
+from podvm_gpu.steps.fabric.parse import fabric_argv
 from reliability.faults import SCENARIOS, WAIT_S, final_state_problems
 from reliability.test_properties import (
     FABRIC_VALUES,
@@ -205,8 +207,8 @@ def test_any_sysfs_values_end_in_a_final_state_never_ready(umockdev_run, empty_p
 
 
 def fabric_answer(world: World, text: str) -> None:
-    """Make ``nvidia-smi -q -d FABRIC`` print ``text``; every other call goes to the world's
-    fake nvidia-smi, moved into a folder of its own so that it still sees its own name."""
+    """Make the fabric query (fabric_argv) print ``text``; every other call goes to the
+    world's fake nvidia-smi, moved into a folder of its own so that it still sees its own name."""
     bin_dir = Path(world.layout.bin)
     (bin_dir / ".orig").mkdir()
     original = bin_dir / ".orig" / "nvidia-smi"
@@ -214,11 +216,12 @@ def fabric_answer(world: World, text: str) -> None:
     answer = Path(world.layout.dir, "fabric.txt")
     answer.write_text(text)
     (bin_dir / "nvidia-smi").write_text(
-        f'#!/bin/sh\nif [ "$*" = "-q -d FABRIC" ]; then exec /bin/cat {answer}; fi\n'
+        f'#!/bin/sh\nif [ "$*" = "{FABRIC_ARGS}" ]; then exec /bin/cat {answer}; fi\n'
         f'exec {original} "$@"\n')
     (bin_dir / "nvidia-smi").chmod(0o755)
 
 
+FABRIC_ARGS = " ".join(fabric_argv()[1:])
 P03_GPUS = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 FABRIC_GPU = st.tuples(st.sampled_from(P03_GPUS + (0x01, 0x77)), FABRIC_VALUES,
                        st.integers(1, 40), st.sampled_from(["", "    Junk : line\n", "\n\n",
@@ -230,14 +233,14 @@ FABRIC_GPU = st.tuples(st.sampled_from(P03_GPUS + (0x01, 0x77)), FABRIC_VALUES,
     [(bus, ("Completed", "Success"), 34, "") for bus in P03_GPUS]))
 def test_the_hgx_world_is_ready_exactly_when_every_gpu_reports_completed_and_success(gpus):
     scenario = next(s for s in SCENARIOS if s.name == "P03")
-    text = "\n==============NVSMI LOG==============\n\n"
-    for bus, (state, status), pad, junk in gpus:
-        text += (f"GPU 00000000:{bus:02X}:00.0\n{junk}    Fabric\n"
-                 f"        {'State'.ljust(pad)}: {state}\n        {'Status'.ljust(pad)}: "
-                 f"{status}\n\n")
+    text = ""  # the rows of --query-gpu=pci.bus_id,fabric.state,fabric.status, as the real
+    for bus, (state, status), pad, junk in gpus:  # program labels them (nvidia-smi-real.md)
+        values = ("[N/A]", "[N/A]") if state == "N/A" else (f"state  {state}", f"status {status}")
+        text += f"{junk}00000000:{bus:02X}:00.0,{' ' * (pad % 3)}{values[0]}, {values[1]}\n"
     good = {bus for bus, (state, status), _p, _j in gpus
             if (state.lower(), status.lower()) == ("completed", "success")}
-    want_ready = good >= set(P03_GPUS)
+    # a line that is no row (junk) makes the whole answer unread
+    want_ready = good >= set(P03_GPUS) and all(not junk.strip() for *_x, junk in gpus)
     with World(scenario.case()) as world:
         fabric_answer(world, text)
         run_ = world.run("boot")

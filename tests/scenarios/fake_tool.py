@@ -13,12 +13,19 @@ Each fake is a tiny script (``world.py`` writes it) that calls :func:`main` with
 
 Harness-owned output: the world, not the case, knows the NVLink fabric state and, once a
 ``cc_ready_state`` effect ran, the CC ready state. For those queries (``nvidia-smi -q`` with no
-``-d`` or with ``-d`` naming FABRIC, ``--query-gpu=`` lists naming ``fabric.*``, and
+``-d``, ``--query-gpu=`` lists naming ``fabric.state``/``fabric.status``, and
 ``conf-compute -grs`` after a ``cc_ready_state`` effect) the matching rule still decides delay,
 rc, stderr and effects (a stalled or failing nvidia-smi stays stalled or failing), but when it
 answers rc 0 the harness writes stdout: a full ``-q`` keeps the rule's text and gets a ``Fabric``
 block in every GPU section that lacks one; the other queries are answered whole. With no
 matching rule the harness answers alone: rc 0, or rc 9 when the nvidia module is not loaded.
+Every answer is what NVIDIA's real nvidia-smi prints for the same state (tests/
+test_real_nvidia_smi.py holds them together): fabric values with their labels (``state
+Completed``, ``status Success``), ``remapped_rows.*`` as ``0``, the ``-grs`` text between blank
+lines; and its refusals, whatever the case's rules say: ``-q -d FABRIC`` (no such display type:
+``Failed to parse --display/-d flags``, exit 2) and ``--query-gpu`` fields no real build has
+(``fabric.clique_id``, ``fabric.cluster_uuid``, ``remapped_rows.*``, ``gpu_recovery_action``:
+``Field "X" is not a valid field to query.``, exit 2).
 
 Health queries (``--query-remapped-rows=`` and ``--query-gpu=`` lists naming ``ecc.errors.*`` or
 ``retired_pages.*``): the world's GPUs are healthy unless the case says otherwise, so with no
@@ -54,11 +61,37 @@ SMI_LABEL_WIDTH = 42  # nvidia-smi -q pads every label so the colons line up in 
 _GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
 # What a healthy GPU answers (nvidia-smi --help-query-remapped-rows, --help-query-gpu)
 HEALTHY = {"remapped_rows.correctable": "0", "remapped_rows.uncorrectable": "0",
-           "remapped_rows.pending": "No", "remapped_rows.failure": "No",
+           "remapped_rows.pending": "0", "remapped_rows.failure": "0",
            "retired_pages.pending": "[N/A]", "retired_pages.single_bit_ecc.count": "[N/A]",
            "retired_pages.double_bit.count": "[N/A]"}
-_QUERY_FIELDS = {"fabric.state": 0, "fabric.status": 1, "fabric.clique_id": 2,
-                 "fabric.cluster_uuid": 3}
+_QUERY_FIELDS = {"fabric.state": 0, "fabric.status": 1}
+# --query-gpu fields no real build (535 to 555) accepts: nvidia-smi-real.md
+NOT_QUERY_FIELDS = ("fabric.clique_id", "fabric.cluster_uuid", "remapped_rows.correctable",
+                    "remapped_rows.uncorrectable", "remapped_rows.pending",
+                    "remapped_rows.failure", "gpu_recovery_action")
+USAGE_RC = 2
+BAD_DISPLAY = "Failed to parse --display/-d flags\n"
+# The -d types of nvidia-smi -q (535 to 555 --help); FABRIC is none of them.
+DISPLAY_TYPES = ("MEMORY", "UTILIZATION", "ECC", "TEMPERATURE", "POWER", "CLOCK", "COMPUTE",
+                 "PIDS", "PERFORMANCE", "SUPPORTED_CLOCKS", "PAGE_RETIREMENT", "ACCOUNTING",
+                 "ENCODER_STATS", "SUPPORTED_GPU_TARGET_TEMP", "VOLTAGE", "FBC_STATS",
+                 "ROW_REMAPPER", "RESET_STATUS", "GSP_FIRMWARE_VERSION")
+
+
+def refusal(argv: list[str]) -> tuple[int, str] | None:
+    """The real program's usage refusal of ``argv`` (rc, stdout), or None: an unknown ``-d``
+    type, a ``--query-gpu`` field no build has (only the first is named, then a blank line)."""
+    if argv[0] != "nvidia-smi":
+        return None
+    display = fx.option_value(argv, "-d") or fx.option_value(argv, "--display")
+    if display is not None and ("-q" in argv or "--query" in argv) and any(
+            item.strip().upper() not in DISPLAY_TYPES for item in display.split(",")):
+        return USAGE_RC, BAD_DISPLAY
+    fields = fx.option_value(argv, "--query-gpu") or ""
+    for field in fields.split(","):
+        if field.strip() in NOT_QUERY_FIELDS:
+            return USAGE_RC, f'Field "{field.strip()}" is not a valid field to query.\n\n'
+    return None
 
 
 def argv_matches(pattern: list[str], argv: list[str]) -> bool:
@@ -101,8 +134,6 @@ def owned_query(argv: list[str], state: dict) -> str | None:
         display = fx.option_value(argv, "-d") or fx.option_value(argv, "--display")
         if display is None:
             return "full"
-        if "FABRIC" in [item.strip().upper() for item in display.split(",")]:
-            return "fabric"
     if argv[1:3] == ["conf-compute", "-grs"] and state["cc_ready_state"]:
         return "cc"
     return None
@@ -191,7 +222,7 @@ def smi_answer(kind: str, argv: list[str], rule_stdout: str | None, world: World
     """
     state = world.state()
     if kind == "cc":
-        return 0, f"Confidential Compute GPUs Ready state: {state['cc_ready_state']}\n"
+        return 0, cc_ready_text(state["cc_ready_state"])
     labels = fabric_labels(world.config, state)
     if kind == "full" and rule_stdout is not None:
         return 0, merge_fabric(rule_stdout, fabric_block(labels))
@@ -222,6 +253,23 @@ def smi_answer(kind: str, argv: list[str], rule_stdout: str | None, world: World
     return 0, "\n".join(lines) + "\n"
 
 
+def cc_ready_text(state: str) -> str:
+    """``conf-compute -grs``'s answer as the real program prints it: between blank lines."""
+    return f"\nConfidential Compute GPUs Ready state: {state}\n\n"
+
+
+def fabric_value(field: str, labels: tuple[str, str, str, str]) -> str:
+    """``fabric.state``/``fabric.status`` as the real program prints them: labelled
+    (``state  Completed``, two spaces; ``status Success``), the status only once the state is
+    Completed (else ``status N/A``); ``[N/A]`` unlabelled without a fabric."""
+    state, status = labels[0], labels[1]
+    if state == "N/A":
+        return "[N/A]"
+    if field == "fabric.state":
+        return f"state  {state}"
+    return f"status {status if state == 'Completed' else 'N/A'}"
+
+
 def _select_gpus(gpus: list[str], ids: str | None) -> list[str]:
     """The GPUs ``-i`` names (indexes or PCI bus ids, comma-separated); all without ``-i``."""
     if not ids:
@@ -244,8 +292,7 @@ def _query_csv(argv: list[str], gpus: list[str], selected: list[str],
         values = []
         for field in fields:
             if field in _QUERY_FIELDS:
-                value = labels[_QUERY_FIELDS[field]]
-                values.append("[N/A]" if value == "N/A" else value)
+                values.append(fabric_value(field, labels))
             elif field == "index":
                 values.append(str(gpus.index(address)))
             elif field in ("pci.bus_id", "gpu_bus_id"):
@@ -299,6 +346,13 @@ def main(config_path: str) -> int:
     start_state = world.state()
     log.write("start", pid=os.getpid(), ppid=os.getppid(), run=start_state["run"], argv=argv)
     _log_signals(log)
+
+    refused = refusal(argv)
+    if refused is not None:  # the real program refuses before it loads NVML, whatever a rule says
+        sys.stdout.write(refused[1])
+        sys.stdout.flush()
+        log.write("end", rc=refused[0], answer="harness refusal", applied=[])
+        return refused[0]
 
     rules = world.config["rules"]
     index = find_rule(rules, argv, start_state["applied"])

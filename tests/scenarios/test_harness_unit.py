@@ -108,12 +108,22 @@ def test_fabric_block_is_merged_into_gpu_sections_that_lack_one():
 def test_which_nvidia_smi_calls_the_harness_answers():
     state = {"cc_ready_state": None}
     assert owned_query(["nvidia-smi", "-q"], state) == "full"
-    assert owned_query(["nvidia-smi", "-q", "-d", "FABRIC", "-i", "0"], state) == "fabric"
+    assert owned_query(["nvidia-smi", "-q", "-d", "FABRIC", "-i", "0"], state) is None
     assert owned_query(["nvidia-smi", "-q", "-d", "MEMORY"], state) is None
     assert owned_query(["nvidia-smi", "--query-gpu=index,fabric.state", "--format=csv"], state) == "csv"
     assert owned_query(["nvidia-smi", "--query-gpu=mig.mode.current", "--format=csv"], state) is None
     assert owned_query(["nvidia-smi", "conf-compute", "-grs"], state) is None
     assert owned_query(["nvidia-smi", "conf-compute", "-grs"], {"cc_ready_state": "ready"}) == "cc"
+
+
+def test_the_harness_refuses_what_every_real_nvidia_smi_refuses():
+    from scenarios.fake_tool import refusal
+    assert refusal(["nvidia-smi", "-q", "-d", "FABRIC"]) == (2, "Failed to parse --display/-d flags\n")
+    assert refusal(["nvidia-smi", "-q", "-d", "MEMORY,ECC"]) is None
+    assert refusal(["nvidia-smi", "--query-gpu=index,fabric.clique_id", "--format=csv"]) == (
+        2, 'Field "fabric.clique_id" is not a valid field to query.\n\n')
+    assert refusal(["nvidia-smi", "--query-gpu=pci.bus_id,fabric.state,fabric.status",
+                    "--format=csv,noheader"]) is None
 
 
 def test_chroot_resolve_keeps_absolute_links_inside_the_root(tmp_path):

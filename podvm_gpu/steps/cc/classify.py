@@ -55,9 +55,14 @@ FIX_HOST = ("set the GPU's CC mode on the host (NVIDIA gpu-admin-tools: --set-cc
             "confidential_computing.allow_cc_off: true")
 
 
-def parse_cc_mode(text: str) -> str | None:
+def parse_cc_mode(text: str, returncode: int | None = 0) -> str | None:
     """``on``/``off`` from ``conf-compute -f`` (``CC status: ON``); another value is returned
-    lowercased as it is (never read as off); None when the label is missing."""
+    lowercased as it is (never read as off); None when the label is missing, or when
+    ``returncode`` (nvidia-smi's exit status, when the caller has it) is not 0: a failed query
+    is never read as a value (550 and 555 exit with NVML's code; 535 prints ``CC status: OFF``
+    with exit 0 when the query fails: :attr:`CcFinding.off_unproven`)."""
+    if returncode not in (0, None):
+        return None
     m = re.search(r"CC status\s*:\s*(\S+)", text or "", re.I)
     return m.group(1).lower() if m else None
 
@@ -86,9 +91,13 @@ def parse_multi_gpu(text: str) -> str | None:
     return {"none": MGM_NONE, "protected pcie": MGM_PPCIE}.get(value, value)
 
 
-def parse_ready_state(text: str) -> str | None:
-    """``ready``/``not-ready`` from ``conf-compute -grs``; the negative is matched first, since
-    "not-ready" contains "ready"; another value is returned as it is."""
+def parse_ready_state(text: str, returncode: int | None = 0) -> str | None:
+    """``ready``/``not-ready`` from ``conf-compute -grs`` (the real program prints the line
+    between blank lines); the negative is matched first, since "not-ready" contains "ready";
+    another value is returned as it is; None without the label or when ``returncode`` is given
+    and not 0 (never a value from a failed query)."""
+    if returncode not in (0, None):
+        return None
     m = re.search(r"Ready state\s*:\s*(.+)$", text or "", re.I | re.M)
     if not m:
         return None

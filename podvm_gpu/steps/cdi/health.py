@@ -14,6 +14,13 @@ distributed-ai#1190). Two bounded nvidia-smi queries, each at most the harmless-
   or a retirement included, and would fail a repaired GPU forever; and page retirement pending
   (the pre-Ampere repair; ``[N/A]`` on GPUs that remap rows instead).
 
+What the real program prints (nvidia-smi-real.md, 535 to 555): ``remapped_rows.pending`` and
+``.failure`` are ``1``/``0`` in ``--query-remapped-rows`` (``Yes``/``No`` only in ``-q``; both are
+read), ``retired_pages.pending`` is ``Yes``/``No``; a GPU lost after NVML took its handle prints
+``[GPU is lost]`` in every column (exit 0), one lost at the handle stops the query with exit 15
+naming its bus id: both fail the boot naming the GPU, as do the other exit statuses that say no
+answer can come (readers.NVSMI_BROKEN: 9, 12, 15, 17, 18).
+
 A remap failure fails the boot (the GPU needs replacing). A pending remap, a pending retirement or
 a volatile uncorrectable ECC error fails it with "GPU reset needed", or is a warning with
 ``health.reset_pending_warns``. Only a value actually read fails the boot: a query that is not
@@ -22,7 +29,8 @@ answered (not supported, a tool too old, a timeout, a field it does not know) is
 
 from __future__ import annotations
 
-from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
+from podvm_gpu import readers
+from podvm_gpu.errors import CommandError, StepFailed, one_line
 from podvm_gpu.steps.context import BootContext
 
 REMAP_FIELDS = ("gpu_bus_id", "remapped_rows.pending", "remapped_rows.failure")
@@ -44,33 +52,69 @@ def _na(value: str) -> bool:
     return value.strip().strip("[]").lower() in ("n/a", "not supported", "")
 
 
-def parse_rows(text: str, width: int) -> list[list[str]] | None:
-    """The CSV rows of a ``--format=csv,noheader`` answer, each ``width`` values; None when a
-    line has another shape (not an answer to the query: an error message)."""
-    rows = [[v.strip() for v in line.split(",")] for line in text.splitlines() if line.strip()]
-    return rows if rows and all(len(row) == width for row in rows) else None
+def _flag(value: str) -> bool | None:
+    """``1``/``Yes`` -> True, ``0``/``No`` -> False (a count above 1 is True); None otherwise."""
+    word = value.strip().lower()
+    if word in ("yes", "no"):
+        return word == "yes"
+    return int(word) > 0 if word.isdigit() else None
+
+
+parse_rows = readers.csv_rows
+
+
+class Broken(Exception):
+    """nvidia-smi's answer says a GPU or the driver cannot answer (a lost GPU; an exit status of
+    readers.NVSMI_BROKEN): the message names it. Never an "unread" warning."""
 
 
 def ask(runner, argv: list[str], width: int, timeout: float) -> tuple[list[list[str]] | None, str]:
     """Run one health query with ``runner``: ``(rows, "")``, or ``(None, why it is unread)``
-    (the boot gate and ``check`` judge the same answer)."""
+    (the boot gate and ``check`` judge the same answer).
+
+    Raises:
+        Broken: the exit status says a GPU is lost or the driver cannot answer.
+    """
     try:
         done = runner.run(argv, check=False, timeout=timeout)
     except CommandError as err:
         return None, str(err)
+    broken = readers.nvsmi_broken(done.returncode, done.output)
+    if broken:
+        raise Broken(broken)
     rows = parse_rows(done.stdout, width) if done.returncode == 0 else None
     if rows is None:
-        said = f"{exit_text(done.returncode)}: {one_line(done.output, 160) or 'no output'}"
+        said = f"{readers.nvsmi_exit_text(done.returncode)}: {one_line(done.output, 160) or 'no output'}"
         return None, f"{' '.join(argv[:2])} {said}"
     return rows, ""
 
 
 def query(ctx: BootContext, argv: list[str], width: int, what: str) -> list[list[str]] | None:
-    """Run one health query; its rows, or None after adding a warning saying why it is unread."""
-    rows, why = ask(ctx.runner, argv, width, ctx.harmless_timeout("nvidia-smi"))
+    """Run one health query; its rows, or None after adding a warning saying why it is unread.
+
+    Raises:
+        StepFailed: :class:`Broken` (a lost GPU, a driver that cannot answer).
+    """
+    try:
+        rows, why = ask(ctx.runner, argv, width, ctx.harmless_timeout("nvidia-smi"))
+    except Broken as err:
+        raise StepFailed(f"health: {err}; spec not installed") from err
     if rows is None:
         ctx.warn(f"cdi: health: {what} not read ({why}); the boot does not fail on it")
     return rows
+
+
+def judge_lost(rows: list[list[str]], verdict: Verdict) -> list[list[str]]:
+    """Rows of ``[GPU is lost]`` into ``verdict.fatal`` (by their place in NVML's list); the
+    others returned."""
+    kept = []
+    for n, row in enumerate(rows):
+        if any(v.strip() == readers.GPU_LOST for v in row):
+            verdict.fatal.append(f"GPU #{n} of NVML's list is lost (nvidia-smi printed "
+                                 f"{readers.GPU_LOST}): it fell off the bus or needs a reset")
+        else:
+            kept.append(row)
+    return kept
 
 
 class Verdict:
@@ -84,6 +128,7 @@ class Verdict:
         self.fatal: list[str] = []
         self.reset: list[str] = []
         self.read: list[str] = []
+        self.unread: list[str] = []
 
     def outcome(self, reset_pending_warns: bool) -> str:
         """:data:`REPLACE` (a GPU needs replacing: fail, whatever the config), :data:`RESET` (a
@@ -97,29 +142,36 @@ class Verdict:
 
 
 def judge_remapper(rows: list[list[str]], verdict: Verdict) -> None:
-    """Rows of :data:`REMAP_FIELDS` into ``verdict`` (``Yes``/``No``; ``[N/A]``: no remapper)."""
-    for bus, pending, failure in rows:
+    """Rows of :data:`REMAP_FIELDS` into ``verdict``: ``1``/``0`` as the real program prints them
+    (``Yes``/``No`` as ``-q`` and field reports do); ``[N/A]``: no remapper; ``[GPU is lost]``:
+    fatal; another value is not read as one (``verdict.unread``)."""
+    for bus, pending, failure in judge_lost(rows, verdict):
         if _na(pending) and _na(failure):
             verdict.read.append(f"{bus} remapper N/A")
             continue
-        if failure.lower() == "yes":
-            verdict.fatal.append(f"GPU {bus}: row remapping failed (remapped_rows.failure Yes): "
-                                 "the GPU's memory cannot be repaired, the GPU needs replacing")
-        if pending.lower() == "yes":
+        failed, waiting = _flag(failure), _flag(pending)
+        if failed is None or waiting is None:
+            verdict.unread.append(f"GPU {bus}: remapper answered pending {pending!r}, failure "
+                                  f"{failure!r}")
+        if failed:
+            verdict.fatal.append(f"GPU {bus}: row remapping failed (remapped_rows.failure "
+                                 f"{failure}): the GPU's memory cannot be repaired, the GPU "
+                                 "needs replacing")
+        if waiting:
             verdict.reset.append(f"GPU {bus}: a row remap is pending (remapped_rows.pending "
-                                 "Yes): GPU reset needed")
+                                 f"{pending}): GPU reset needed")
         verdict.read.append(f"{bus} remap pending {pending}, failure {failure}")
 
 
 def judge_ecc(rows: list[list[str]], verdict: Verdict) -> None:
     """Rows of :data:`ECC_FIELDS` into ``verdict``."""
-    for bus, volatile, retire in rows:
+    for bus, volatile, retire in judge_lost(rows, verdict):
         if not _na(volatile) and volatile.isdigit() and int(volatile) > 0:
             verdict.reset.append(f"GPU {bus}: {volatile} uncorrectable ECC error(s) since the "
                                  "driver loaded (volatile counter): GPU reset needed")
-        if retire.lower() == "yes":
+        if _flag(retire):
             verdict.reset.append(f"GPU {bus}: a page retirement is pending "
-                                 "(retired_pages.pending Yes): GPU reset needed")
+                                 f"(retired_pages.pending {retire}): GPU reset needed")
 
 
 def gate(ctx: BootContext) -> str:
@@ -136,6 +188,8 @@ def gate(ctx: BootContext) -> str:
     rows = query(ctx, ecc_argv(), len(ECC_FIELDS), "ECC errors and page retirement")
     if rows is not None:
         judge_ecc(rows, verdict)
+    for line in verdict.unread:
+        ctx.warn(f"cdi: health: {line}: not read as a value; the boot does not fail on it")
     outcome = verdict.outcome(ctx.config.health.reset_pending_warns)
     if outcome == Verdict.REPLACE:
         raise StepFailed("; ".join(verdict.fatal + verdict.reset) + "; spec not installed")

@@ -268,7 +268,11 @@ def row_remapper_row(facts) -> Check:
     if skip:
         return skip
     timeout = min(facts.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
-    rows, why = health.ask(facts.runner, health.remap_argv(), len(health.REMAP_FIELDS), timeout)
+    try:
+        rows, why = health.ask(facts.runner, health.remap_argv(), len(health.REMAP_FIELDS), timeout)
+    except health.Broken as err:
+        return Check("row-remapper", FAIL, str(err), "reboot the VM; if the GPU stays lost, "
+                     "ask the provider for another host")
     if rows is None:
         return Check("row-remapper", WARN, f"not read ({why}); the boot does not fail on it",
                      "run nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.pending,"
@@ -286,6 +290,10 @@ def row_remapper_row(facts) -> Check:
                      (" (a warning: health.reset_pending_warns)" if warns else ""),
                      "reset the GPU (nvidia-smi -r with no process using it, or restart the VM "
                      "on its host); the remap takes effect then")
+    if verdict.unread:
+        return Check("row-remapper", WARN, "; ".join(verdict.unread) + ": not read as a value",
+                     "run nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.pending,"
+                     "remapped_rows.failure --format=csv by hand")
     if all(line.endswith("remapper N/A") for line in verdict.read):
         return Check("row-remapper", SKIP, "no row remapper (before Ampere): " +
                      "; ".join(verdict.read))

@@ -1,5 +1,11 @@
-"""The fabric state of each GPU from ``nvidia-smi -q`` (its ``Fabric`` section), parsed by labels,
-never by column positions: the fabricmanager step's reader (boot's wait and check's row).
+"""The fabric state of each GPU: the fabricmanager step's readers (boot's wait and check's row).
+
+The agent asks ``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status
+--format=csv,noheader`` (:func:`fabric_argv`): NVIDIA's real 535, 550 and 555 builds all refuse
+``-q -d FABRIC`` (``Failed to parse --display/-d flags``, exit 2; ../shared/nvidia-smi-real.md,
+tests/test_real_nvidia_smi.py) and label the CSV values (``state  Completed``, two spaces;
+``status Success``; ``[N/A]`` unlabelled without a fabric). A full ``nvidia-smi -q``'s ``Fabric``
+section is read by :func:`parse_fabric`, by labels, never by column positions.
 """
 
 from __future__ import annotations
@@ -7,12 +13,20 @@ from __future__ import annotations
 import collections
 import re
 
+from podvm_gpu.readers import GPU_LOST, csv_rows, csv_value
+
 
 class FabricState(collections.namedtuple("FabricState", "gpu state status")):
-    """One GPU's NVLink fabric state from ``nvidia-smi -q`` (``Fabric`` section): the GPU's PCI
-    address, the ``State`` and the ``Status`` line, as text."""
+    """One GPU's NVLink fabric state: the GPU's PCI address, its fabric state and status as
+    text (``Completed``/``Success``), from :func:`fabric_argv`'s rows (:func:`parse_fabric_rows`)
+    or a full ``nvidia-smi -q`` (:func:`parse_fabric`). A GPU lost after NVML took its handle
+    has ``GPU is lost`` in all three."""
 
     __slots__ = ()
+
+    @property
+    def lost(self) -> bool:
+        return self.state == GPU_LOST[1:-1]
 
     @property
     def supported(self) -> bool:
@@ -66,3 +80,23 @@ def parse_fabric(text: str) -> list[FabricState]:
                 status = value.strip()
     flush()
     return result
+
+
+FABRIC_FIELDS = ("pci.bus_id", "fabric.state", "fabric.status")
+
+
+def fabric_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status --format=csv,noheader``:
+    the fabric query every real nvidia-smi has (535 to 555)."""
+    return ["nvidia-smi", f"--query-gpu={','.join(FABRIC_FIELDS)}", "--format=csv,noheader"]
+
+
+def parse_fabric_rows(text: str) -> list[FabricState] | None:
+    """One :class:`FabricState` per row of :func:`fabric_argv`'s answer (one row per GPU NVML
+    lists, in its order), labels removed (``state  In Progress`` -> ``In Progress``; ``[N/A]``
+    without a fabric -> ``N/A``); None when the text is not such an answer."""
+    rows = csv_rows(text, len(FABRIC_FIELDS))
+    if rows is None:
+        return None
+    return [FabricState(csv_value(bus), csv_value(state, "state"), csv_value(status, "status"))
+            for bus, state, status in rows]

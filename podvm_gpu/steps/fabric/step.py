@@ -10,10 +10,14 @@
   same wait applies.
 - ``mixed``: fails (NVRC ``src/mode.rs`` refuses it as an unexpected topology).
 
-The state comes from the ``Fabric`` block of ``nvidia-smi -q -d FABRIC``, whose GPU sections are
+The state comes from ``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status
+--format=csv,noheader`` (parse.fabric_argv; NVIDIA's real 535 to 555 builds refuse ``-q -d
+FABRIC``: ``Failed to parse --display/-d flags``, exit 2, nvidia-smi-real.md), whose rows are
 also the GPUs NVML enumerates: fewer than PCI has fails the step (siderolabs/talos#14015, where
 NVML saw 0 of 4 passed-through A100s and nvidia-ctk later said only "empty device edits"); a
-query that gets no answer proves nothing and is not counted.
+query that gets no answer proves nothing and is not counted. A GPU lost (exit 15 naming it, or
+``[GPU is lost]`` in its row) fails the step naming it; so do the other exit statuses that say
+the driver cannot answer (readers.NVSMI_BROKEN).
 
 The fabric manager gets ``-c`` with a copy of the stock fabricmanager.cfg under /run with the keys
 the role needs (fabric_kind.fm_keys: FABRIC_MODE=0, PARTITION_RAIL_POLICY greedy on NVLink 4,
@@ -34,7 +38,7 @@ from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.steps.fabric import fabric_kind, nvl5
-from podvm_gpu.steps.fabric.parse import FabricState, parse_fabric
+from podvm_gpu.steps.fabric.parse import FabricState, fabric_argv, parse_fabric_rows
 
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 
@@ -42,33 +46,53 @@ LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 NO_DEVICES = "No devices were found"  # nvidia-smi's words, exit 6, when NVML lists no GPU
 
 
-def nvml_bus_ids(text: str) -> set[str] | None:
-    """The GPUs an ``nvidia-smi -q`` answer lists (``GPU <bus id>`` at the line start), as
-    :func:`bus_id` gives them: the GPUs NVML enumerates. None when the text is not nvidia-smi's
-    report (it always has its ``Attached GPUs :`` line): garbage or an empty answer is no
-    evidence that NVML sees fewer GPUs (issue 16: "a query nobody answers is not evidence")."""
-    lines = text.splitlines()
-    if not any(line.strip().startswith("Attached GPUs") and ":" in line for line in lines):
+def nvml_bus_ids(states: list[FabricState] | None) -> set[str] | None:
+    """The GPUs the fabric query's rows list, as :func:`bus_id` gives them: the GPUs NVML
+    enumerates. None when there is no answer: garbage or an empty answer is no evidence that
+    NVML sees fewer GPUs (issue 16: "a query nobody answers is not evidence")."""
+    if states is None:
         return None
-    return {bus_id(line.split()[1]) for line in lines
-            if line.startswith("GPU ") and len(line.split()) == 2 and ":" in line}
+    return {bus_id(s.gpu) for s in states if not s.lost}
+
+
+def lost_text(ctx: BootContext, states: list[FabricState]) -> str:
+    """``GPU lost: ...`` for rows of ``[GPU is lost]``, naming the PCI GPUs no row answered for."""
+    answered = {bus_id(s.gpu) for s in states if not s.lost}
+    silent = [g.pci_address for g in ctx.gpus if bus_id(g.pci_address) not in answered]
+    lost = sum(s.lost for s in states)
+    return (f"{lost} GPU(s) lost (nvidia-smi printed {readers.GPU_LOST} for "
+            f"{'it' if lost == 1 else 'them'}; not answering: {', '.join(silent) or 'unknown'}): "
+            "the GPU fell off the bus or needs a reset; reboot the VM or ask for another host")
 
 
 def query(ctx: BootContext, timeout: float | None = None) -> list[FabricState]:
-    """Every GPU's fabric state (one ``nvidia-smi -q -d FABRIC`` call); the GPUs it lists are
+    """Every GPU's fabric state (one :func:`fabric_argv` call); the GPUs it lists are
     kept in ``ctx.nvml_seen`` (an empty set when nvidia-smi says it found no device).
 
     Raises:
-        CommandError: nvidia-smi failed or timed out (also for "No devices were found").
+        StepFailed: a GPU is lost (exit 15 naming its bus id, or rows of ``[GPU is lost]``),
+            or another status of readers.NVSMI_BROKEN.
+        CommandError: nvidia-smi failed otherwise, timed out, or printed no rows (also for "No
+            devices were found").
     """
+    argv = fabric_argv()
     try:
-        out = ctx.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"], timeout=timeout).stdout
+        out = ctx.runner.run(argv, timeout=timeout).stdout
     except CommandError as err:
         if err.returncode == 6 and NO_DEVICES in err.stdout + err.stderr:
             ctx.nvml_seen = set()
+        broken = readers.nvsmi_broken(err.returncode, err.stdout + err.stderr)
+        if broken:
+            raise StepFailed(broken) from err
         raise
-    ctx.nvml_seen = nvml_bus_ids(out)
-    return parse_fabric(out)
+    states = parse_fabric_rows(out)
+    if states is None:
+        raise CommandError(argv, 0, out, message=f"nvidia-smi fabric query printed no rows: "
+                           f"{' '.join(out.split())[:160] or 'nothing'}")
+    if any(s.lost for s in states):
+        raise StepFailed(lost_text(ctx, states))
+    ctx.nvml_seen = nvml_bus_ids(states)
+    return states
 
 
 def nvml_count(ctx: BootContext, states: list[FabricState]) -> None:
@@ -113,7 +137,8 @@ class FabricSeen:
     (:func:`wait_for_fabric`) and check's row (:func:`fabricmanager_row`) both act on.
 
     Args:
-        states: what ``nvidia-smi -q -d FABRIC`` reported (:func:`parse_fabric`).
+        states: what :func:`~podvm_gpu.steps.fabric.parse.fabric_argv` reported
+            (:func:`~podvm_gpu.steps.fabric.parse.parse_fabric_rows`).
         gpus: the VM's GPUs' PCI addresses (every one must be Completed/Success, not just the
             ones nvidia-smi happens to list).
 
@@ -348,7 +373,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
             daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
         argv = fabricmanager_argv(ctx, write=False)
         argvs.append(argv + (["-g", "<port GUID>"] if kind == fabric_kind.NVLINK5 else []))
-    return [*argvs, ["nvidia-smi", "-q", "-d", "FABRIC"]]
+    return [*argvs, fabric_argv()]
 
 
 # --- podvm-gpu check ----------------------------------------------------------------------
@@ -389,7 +414,12 @@ def fabricmanager_row(facts) -> Check:
         return Check("fabricmanager", FAIL, f"{what} but nv-fabricmanager is not running",
                      "see the fabricmanager step in podvm-gpu status and "
                      "/var/log/fabricmanager.log")
-    states = parse_fabric(facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"]).stdout)
+    done = facts.runner.run(fabric_argv(), check=False)
+    states = parse_fabric_rows(done.stdout) if done.returncode == 0 else None
+    if states is None:
+        return Check("fabricmanager", FAIL, f"fabric state not read: {fabric_query_said(done)}",
+                     "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
+                     "--format=csv by hand")
     judged = FabricSeen(states, [g.pci_address for g in facts.gpus])
     if not judged.ready:
         return Check("fabricmanager", FAIL, f"fabric not ready: {judged.not_ready_said()}",
@@ -400,6 +430,12 @@ def fabricmanager_row(facts) -> Check:
                  f"{len(states)} GPU(s)")
 
 
+def fabric_query_said(done) -> str:
+    """What a fabric query that gave no rows said: its exit status by NVML meaning, its words."""
+    return (f"nvidia-smi {readers.nvsmi_exit_text(done.returncode)}: "
+            f"{' '.join(done.output.split())[:200] or 'no output'}")
+
+
 def _outside_row(facts) -> Check:
     """Kind ``none``: shared-NVSwitch virtualization manages the fabric outside the VM, and the
     GPUs still report it; one that never completed is as unusable as with NVSwitches."""
@@ -407,8 +443,14 @@ def _outside_row(facts) -> Check:
     if units.enabled_by(facts.root, "nvidia-fabricmanager.service"):
         note = ("; the image's nvidia-fabricmanager.service is enabled and fails with "
                 "NV_WARN_NOTHING_TO_DO here, which is harmless")
-    done = facts.runner.run(["nvidia-smi", "-q", "-d", "FABRIC"], check=False)
-    states = parse_fabric(done.stdout) if done.returncode == 0 else []
+    done = facts.runner.run(fabric_argv(), check=False)
+    states = parse_fabric_rows(done.stdout) if done.returncode == 0 else None
+    if states is None:
+        broken = readers.nvsmi_broken(done.returncode, done.output)
+        return Check("fabricmanager", FAIL if broken else WARN, "no NVSwitch in the VM; the "
+                     f"fabric state is not read: {fabric_query_said(done)}",
+                     "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
+                     "--format=csv by hand")
     managed = [s for s in states if s.supported]
     bad = [s for s in managed if not s.success]
     if bad:
