@@ -318,6 +318,9 @@ def attest_row(script: str, runs: int) -> dict:
     own, spans, tool = [], [], []
     for _ in range(runs):
         case = timed_case("C21-cc-ready-state-not-ready.yaml")
+        for rule in case.tools:  # persistenced ready at once: its wait is not measured here
+            if rule["argv"] == ["nvidia-persistenced"]:
+                rule["delay_s"] = 0
         case.files["proc/cpuinfo"] = ("processor\t: 0\nflags\t\t: fpu tsc msr tdx_guest "
                                       "hypervisor\n\n")
         case.nvattest = {"gpus": [{"driver": "550.54.15"}], "gpu": {"delay_s": NVATTEST_S}}
