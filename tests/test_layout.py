@@ -306,3 +306,17 @@ def test_the_design_docs_tree_names_no_module_that_is_gone():
              if word.endswith(".py") or (word.endswith("/") and word[:-1].isidentifier())}
 
     assert named - present == set()
+
+
+def test_ci_runs_the_linter_before_the_tests_and_the_tree_is_clean():
+    """``.ci/run`` runs ``ruff check`` before the test command (a finding fails the run, set -e),
+    ruff comes with the [test] extra, and the tree has no finding now."""
+    ci = (REPO / ".ci" / "run").read_text()
+    project = (REPO / "pyproject.toml").read_text()
+
+    assert "\n.venv/bin/ruff check podvm_gpu tests bench\n" in ci
+    assert ci.index("ruff check") < ci.index("\n.venv/bin/python -m pytest")
+    assert '"ruff' in project[project.index("test = ["):project.index("[tool.setuptools]")]
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "podvm_gpu", "tests", "bench"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

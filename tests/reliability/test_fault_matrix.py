@@ -10,6 +10,8 @@ selected; each cell is then its own test, so ``-k P03`` or ``-k 'cdi generate:ha
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import subprocess
 import sys
@@ -24,11 +26,23 @@ CELLS = cells()
 
 
 @pytest.fixture(scope="module")
-def outcomes(request):
+def outcomes(request, tmp_path_factory):
     selected = [item.callspec.params["cell"] for item in request.session.items
                 if item.module is request.module and hasattr(item, "callspec")]
     jobs = int(os.environ.get("PODVM_GPU_MATRIX_JOBS", (os.cpu_count() or 1) + 1))
-    return run_cells(selected, jobs)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return run_cells(selected, jobs)
+    # Under pytest-xdist (the fast tier, docs/testing.md) the cells are spread over the workers,
+    # and each would run the whole matrix for itself: the first runs it, the others wait on the
+    # lock and read its outcomes (the workers share the base temporary folder's parent).
+    shared = tmp_path_factory.getbasetemp().parent / "fault-matrix.json"
+    with open(shared.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if shared.exists():
+            return {cid: tuple(found) for cid, found in json.loads(shared.read_text()).items()}
+        found = run_cells(selected, jobs)
+        shared.write_text(json.dumps(found))
+        return found
 
 
 @pytest.mark.parametrize("cell", CELLS, ids=[c.id for c in CELLS])
