@@ -116,7 +116,10 @@ def listen_problem(options: dict) -> str | None:
 
 
 def parse_timeout(text: str) -> float | None:
-    """``--timeout`` of status: a finite number of seconds, at least 0; None when it is not."""
+    """``--timeout`` of status: a finite number of seconds, at least 0, in ASCII digits
+    (``float`` would also take ``٣`` and ``1_0``); None when it is not (an empty one too)."""
+    if not text.isascii() or "_" in text:
+        return None
     try:
         value = float(text)
     except ValueError:
@@ -130,32 +133,94 @@ def main(argv: list[str] | None = None) -> int:
     A standard stream that was closed when the program started (systemd may start it so, or a
     shell's ``>&-``) is opened on ``/dev/null`` first: the outcome and the exit status are the
     state's whatever the streams are, and no file the agent opens, nor a tool it starts, takes
-    the place of fd 0, 1 or 2. Output that cannot be written (stdout a closed pipe, a full disk:
-    ``status | head -0``, ``>/dev/full``) ends the command with a one-line error on stderr, never
-    a traceback, and exit 3 for ``status`` (no state reported: never 1, which means ``failed``),
-    1 otherwise. Ctrl-C (SIGINT) outside a boot (``status --wait``, ``metrics --serve``) is one
-    line and exit 130, as a shell reports it; boot turns SIGINT into a failed boot itself.
-    Boot has written its files by then; its own stdout report is best effort (boot/run.py).
+    the place of fd 0, 1 or 2.
+
+    What a command prints on stdout is kept and written once, in one ``write`` at its end
+    (:class:`_Output`): a reader sees the whole document or nothing. A reader that closed the
+    pipe after what it wanted (``status --json | head -4``) is not an error: the exit status is
+    the command's. Output that cannot be written otherwise (``>/dev/full``, an I/O error) ends
+    the command with a one-line error on stderr, never a traceback, and exit 3 for ``status``
+    (no state reported: never 1, which means ``failed``), 1 otherwise. Ctrl-C (SIGINT) outside
+    a boot (``status --wait``, ``metrics --serve``) is one line and exit 130, as a shell reports
+    it; boot turns SIGINT into a failed boot itself. Boot has written its files by then; its
+    own stdout report is best effort (boot/run.py).
     """
     args = sys.argv[1:] if argv is None else list(argv)
     _open_closed_streams()
+    output = _Output(sys.stdout)
+    sys.stdout = output
     try:
         code = _main(args)
-        sys.stdout.flush()  # a buffered report's write error surfaces here, not at exit
-        return code
     except KeyboardInterrupt:
-        _say("podvm-gpu: interrupted")
-        return 130
+        if args[:1] == ["boot"]:  # before boot's own handler: nothing written (1.3: exit 1)
+            _say("podvm-gpu: error: stopped by SIGINT before this boot began (nothing written)")
+            code = 1
+        else:
+            _say("podvm-gpu: interrupted")
+            code = 130
+    finally:
+        sys.stdout = output.target
+    try:
+        output.send()
     except OSError as err:
-        if not _stdout_broken(err):
-            raise
         try:
             # nothing more can reach it; the interpreter's final flush must not fail again
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except OSError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), output.target.fileno())
+        except (OSError, ValueError, AttributeError):
             pass
-        _say(f"podvm-gpu: error: cannot write the output: {err.strerror or err}")
+        if isinstance(err, BrokenPipeError):
+            return code  # the reader had what it wanted, or went away: not the command's error
+        said = "podvm-gpu metrics: cannot write the metrics" if args[:1] == ["metrics"] else \
+            "podvm-gpu: error: cannot write the output"
+        _say(f"{said}: {err.strerror or err}")
         return 3 if args[:1] == ["status"] else 1
+    return code
+
+
+class _Output:
+    """stdout while a command runs: text (``write``) and bytes (``buffer.write``) are kept in
+    order and sent in one ``write`` by :meth:`send` (a long-running command that prints nothing,
+    ``metrics --serve``, keeps nothing). ``io`` is loaded at start-up already."""
+
+    def __init__(self, target):
+        import io
+
+        self.target = target
+        self.buffer = io.BytesIO()
+        self.encoding = getattr(target, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> int:
+        self.buffer.write(text.encode(self.encoding, errors="backslashreplace"))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def send(self) -> None:
+        """Write what was kept to the real stdout: one ``os.write`` per call until all is out
+        (one for any document a pipe can hold).
+
+        Raises:
+            OSError: the write failed (``BrokenPipeError``: the reader closed the pipe).
+        """
+        data = self.buffer.getvalue()
+        if not data:
+            return
+        try:
+            fd = self.target.fileno()
+        except (AttributeError, ValueError, OSError):
+            fd = None  # a stream of a test harness: written as text
+        if fd is None:
+            self.target.write(data.decode(self.encoding, errors="replace"))
+            self.target.flush()
+            return
+        self.target.flush()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
 
 
 def _open_closed_streams() -> None:
@@ -180,16 +245,6 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
-
-
-def _stdout_broken(err: OSError) -> bool:
-    """Whether ``err`` is a failed write of the output: a closed pipe, a full or failing disk.
-    The commands that write files of their own (boot, ``config --compile``, ``metrics
-    --textfile``) report those errors themselves, so these reach here only from stdout."""
-    import errno
-
-    return isinstance(err, BrokenPipeError) or err.errno in (errno.ENOSPC, errno.EIO,
-                                                              errno.EDQUOT)
 
 
 def _main(args: list[str]) -> int:
@@ -223,9 +278,11 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
     problem = root_problem(options["root_dir"], named["--root"]) or config_problem(
         options["config"], named["--config"])
     if command == "status" and not problem:
-        text = options.get("timeout") or "300"
-        options["timeout"] = parse_timeout(text)
-        if options["timeout"] is None:
+        text = options.get("timeout")
+        options["timeout"] = parse_timeout(text) if text is not None else 300.0
+        if text == "":  # --timeout= is a mistake, not a wish for the default
+            problem = "--timeout is empty"
+        elif options["timeout"] is None:
             problem = f"--timeout {text!r} is not a number of seconds (0 or more)"
     if command == "metrics" and not problem:
         problem = listen_problem(options) or web_config_problem(options)

@@ -19,6 +19,15 @@ NVSWITCH_CLASS = "0680"  # bridge, other (how NVSwitches enumerate)
 # spec's env and the console, whatever a tool printed: longer ones are cut.
 REASON_MAX = 1000
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f)}
+
+
+def shown(text: str) -> str:
+    """``text`` for a terminal, the journal, the console and a reason: control characters (ESC,
+    BEL, NUL, newlines: C0 and DEL) as ``\\xNN``, so a status file or a config key cannot move
+    the cursor or clear the screen of the engineer reading it, nor put a NUL in a spec."""
+    return text.translate(_CONTROL)
+
 
 class State:
     """Readiness states of status.json (contract section 4), as the strings the file holds."""

@@ -12,7 +12,7 @@ import time
 
 from podvm_gpu.host.fs import Root, atomic_write, ensure_dir, read_bounded
 from podvm_gpu.jsontext import dumps
-from podvm_gpu.model import State, Status, now_iso
+from podvm_gpu.model import State, Status, now_iso, shown  # noqa: F401 (status.shown)
 
 STATUS_PATH = "/run/podvm-gpu/status.json"
 LOCK_PATH = "/run/podvm-gpu/boot.lock"  # boot's flock; readers only look it up (boot_lock_held)
@@ -114,15 +114,6 @@ def load_status(root: Root) -> dict | None:
     return doc
 
 
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f)}
-
-
-def shown(text: str) -> str:
-    """``text`` for a terminal: control characters (ESC, BEL, newlines) as ``\\xNN``, so a
-    status file cannot move the cursor or clear the screen of the engineer reading it."""
-    return text.translate(_CONTROL)
-
-
 def read_status(root: Root) -> dict | None:
     """Like :func:`load_status`, but None also when the file is unreadable."""
     try:
@@ -132,7 +123,8 @@ def read_status(root: Root) -> dict | None:
 
 
 ORPHANED = ("no boot holds /run/podvm-gpu/boot.lock: the boot that wrote this state ended "
-            "without a final one (killed by SIGKILL, the OOM killer, a crash)")
+            "without writing a final one (its final write failed, a full disk: the journal and "
+            "the console line say so; or it was killed: SIGKILL, the OOM killer, a crash)")
 
 
 def boot_lock_held(root: Root) -> bool | None:

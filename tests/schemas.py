@@ -13,6 +13,7 @@ from jsonschema import Draft202012Validator
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 STATUS_SCHEMA = "status.schema.json"
 CHECK_SCHEMA = "check.schema.json"
+STATUS_OUTPUT_SCHEMA = "status-output.schema.json"  # status --json's output
 
 
 @functools.cache
@@ -24,8 +25,14 @@ def schema(name: str) -> dict:
 
 
 def problems(doc: object, name: str = STATUS_SCHEMA) -> list[str]:
-    """Where ``doc`` breaks the schema ``docs/<name>``, one line each (empty: it conforms)."""
-    validator = Draft202012Validator(schema(name))
+    """Where ``doc`` breaks the schema ``docs/<name>``, one line each (empty: it conforms); a
+    ``$ref`` to another schema of docs/ by its file name is resolved there."""
+    from referencing import Registry, Resource
+
+    registry = Registry().with_resources(
+        (path.name, Resource.from_contents(schema(path.name)))
+        for path in DOCS.glob("*.schema.json"))
+    validator = Draft202012Validator(schema(name), registry=registry)
     found = [f"{e.json_path}: {e.message}" for e in validator.iter_errors(doc)]
     return sorted(found)
 

@@ -137,6 +137,18 @@ def test_usage_errors_exit_2(args, capsys):
     assert "podvm-gpu: error: " in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, said", [
+    (["status", "--wait", "--timeout="], "--timeout is empty"),
+    (["status", "--wait", "--timeout", ""], "--timeout is empty"),
+    (["status", "--wait", "--timeout", "\u0669\u0664"], "--timeout '\u0669\u0664' is not a number"),
+    (["status", "--wait", "--timeout", "1_0"], "--timeout '1_0' is not a number"),
+])
+def test_an_empty_or_non_ascii_timeout_is_a_usage_error(args, said, capsys, tmp_path):
+    """Issue 29 item 21: ``--timeout=`` meant 300 s, and float() takes Arabic-Indic digits."""
+    assert main([*args, "--root", str(tmp_path)]) == 2
+    assert f"podvm-gpu: error: {said}" in capsys.readouterr().err
+
+
 def test_help_lists_every_command(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out

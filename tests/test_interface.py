@@ -511,8 +511,10 @@ RUNS = CPU + [
      _garbled, ["status", "--json"]),
     ("status --wait", "the timeout passed before a final state", _running,
      ["status", "--wait", "--timeout", "0.1"]),
-    ("status", "a bad `--timeout` (not a number, negative, infinite)", None,
-     ["status", "--timeout", "-1"]),
+    ("status", "a bad `--timeout` (empty, not a number in ASCII digits, negative, infinite)",
+     None, ["status", "--timeout", "-1"]),
+    ("status", "a bad `--timeout` (empty, not a number in ASCII digits, negative, infinite)",
+     None, ["status", "--timeout="]),
     ("check", "a row is `fail` (also the `config` row of a bad or missing named config)", _booted,
      ["check", "--config", "/nonexistent/config.yaml"]),
     ("check --image", "a row is `fail`", None, ["check", "--image"]),
@@ -575,8 +577,9 @@ def test_a_boot_that_cannot_get_the_lock_exits_as_the_table_says(tmp_path):
     assert waited.returncode == table[("boot", "another boot held the lock for longer than "
                                                "`budget_s` (nothing written)")], waited.stderr
     assert "this one ends without writing anything" in waited.stderr
-    assert proc.returncode == table[("boot", "SIGTERM or SIGINT before the lock was held "
-                                             "(nothing written)")], err + rest
+    assert proc.returncode == table[("boot", "SIGTERM or SIGINT before the lock was held, or "
+                                             "SIGINT while the program loads (nothing "
+                                             "written)")], err + rest
     assert "stopped by SIGTERM before this boot began (nothing written)" in rest
     assert sorted(p.name for p in lock.parent.iterdir()) == ["boot.lock"], "nothing written"
     assert not (tmp_path / "var").exists()

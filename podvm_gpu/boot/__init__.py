@@ -61,11 +61,45 @@ def run_boot(root_dir: str = "/", config: str | None = None, json_out: bool = Fa
 
         run.log(Log.ERR, traceback.format_exc().replace("\n", " | "))
         if not run.status.steps:
-            return 1
+            return _fail_before_start(run, err)
         return run.fail_unexpectedly(err)
     finally:
         if run.signals:
             run.signals.restore()
+
+
+def _config_warning(run: Run, line: str) -> None:
+    run.log(Log.WARNING, f"config: {line}")
+    run.status.warnings.append(f"config: {line}")
+
+
+def _fail_before_start(run: Run, err: Exception) -> int:
+    """End ``failed`` after an error no step handled before the first status write (a bug, a
+    broken install): the lock is taken as a boot takes it (the status is written only with it
+    held; without it, the unavailable spec and the console line alone), then the same ending as
+    every failed boot. A dry run says it and exits 1."""
+    reason = f"detect: internal error: {type(err).__name__}: {err}"
+    if run.dry_run:
+        return run.fail(reason)
+    try:
+        untrusted = untrusted_root(run.root)
+    except Exception:  # cannot tell: fail closed, as for an untrusted root
+        untrusted = "its folders cannot be checked"
+    if untrusted:  # nothing may be written under it (3.1), not even the spec
+        run.log(Log.ERR, f"refusing to write under {run.root.path}: {untrusted}")
+        return 1
+    if not run.locked:
+        try:
+            lock = acquire_lock(run.root, run.budget_s - (time.monotonic() - run.started),
+                                run.log)
+        except Exception:  # no lock file can be made: no other boot can hold it either
+            run.status_file.enabled = False
+        else:
+            if lock is None:  # another boot holds it: that boot's files are its own
+                run.log(Log.ERR, f"another boot still holds {LOCK_PATH}; this one ends "
+                                 "without writing anything")
+                return 1
+    return run.fail(reason)
 
 
 def _boot(run: Run, config: str | None) -> int:
@@ -85,14 +119,18 @@ def _boot(run: Run, config: str | None) -> int:
         from podvm_gpu.errors import ConfigError
 
         try:
-            settings = load_config(config_path, required=True, trusted=True)
+            settings = load_config(config_path, required=True, trusted=True,
+                                   warn=lambda line: _config_warning(run, line))
         except ConfigError as err:
             config_error = str(err)
+        except Exception as err:  # a bug in the validator must still end at the config step
+            config_error = f"{config_path}: internal error: {type(err).__name__}: {err}"
     elif present is not False:
         config_error = f"{config_path}: cannot resolve: {oserror(present)}"
     if settings is not None:
         run.write_spec, run.metrics = settings.unavailable_spec, settings.metrics
     budget = settings.budget_s if settings is not None else DEFAULT_BUDGET_S
+    run.budget_s = budget
     untrusted = untrusted_root(root)
     if untrusted:
         # nothing can be written safely, not even a failed status: the journal says why; a dry
@@ -106,7 +144,9 @@ def _boot(run: Run, config: str | None) -> int:
             lock = acquire_lock(root, budget, log)
         except OSError as err:
             # no lock file means no status file either (same folder), and no other boot can
-            # hold the lock: end failed with what can still be written (spec, console, journal)
+            # hold the lock: end failed with what can still be written without it (the spec,
+            # the console line, the journal); the status is written only with the lock held
+            run.status_file.enabled = False
             if err.filename and str(err.filename).endswith("/" + os.path.basename(LOCK_PATH)):
                 return run.fail(f"status: cannot open the boot lock {LOCK_PATH}: "
                                 f"{err.strerror or err}")
@@ -116,6 +156,7 @@ def _boot(run: Run, config: str | None) -> int:
             log(Log.ERR, f"another boot still holds {LOCK_PATH} after {budget:g} s; this one "
                          "ends without writing anything")
             return 1
+        run.locked = True
         remove_leftovers(root)
     detect = Step("detect")
     run.status.steps.append(detect)

@@ -76,8 +76,28 @@ class BudgetExpired(BaseException):
     """Raised by the interval timer when the budget is spent; a BaseException so no step eats it."""
 
 
+_alarm_due = [0.0]  # when the budget's timer is due (time.monotonic()); 0: not set
+
+
 def _on_alarm(signum, frame):
+    """The budget's timer, or a SIGALRM from outside (``kill -ALRM``): told apart by the time,
+    since the timer fires only at its due time. An outside one ends the boot as any stray
+    signal does (``interrupted by SIGALRM``), not as a spent budget."""
+    if time.monotonic() < _alarm_due[0] - 0.25:
+        raise Interrupted(signum)
     raise BudgetExpired()
+
+
+def budget_cut(err: BaseException) -> CommandError | None:
+    """The tool call behind ``err`` (itself, or the error a step's :class:`StepFailed` was
+    raised from or during) when that call timed out because the boot budget cut its timeout
+    short (``budget_spent``): the budget, not the tool, ended it (docs/interface.md 3.3)."""
+    seen = 0
+    while err is not None and seen < 5:
+        if isinstance(err, CommandError):
+            return err if err.timed_out and err.budget_spent else None
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
 
 
 def describe_command_error(err: CommandError) -> str:
@@ -111,6 +131,7 @@ def run_pipeline(run: Run, config: Config | None) -> int:
         return _dry_run(run, ctx)
     steps = Steps(ctx, run)
     previous = _signal.signal(_signal.SIGALRM, _on_alarm)
+    _alarm_due[0] = time.monotonic() + max(ctx.remaining(), 0) + _ALARM_GRACE_S
     _signal.setitimer(_signal.ITIMER_REAL, max(ctx.remaining(), 0) + _ALARM_GRACE_S)
     try:
         reason = steps.run_all()
@@ -264,10 +285,13 @@ class Steps:
             if step.result != StepResult.RUNNING:
                 return None  # the main thread has given the step its end (a signal's)
             step.result, step.message = StepResult.SKIPPED, f"stopped: {why}"
-        except StepFailed as err:
-            step.result, step.message = StepResult.FAILED, str(err)
-        except CommandError as err:
-            step.result, step.message = StepResult.FAILED, describe_command_error(err)
+        except (StepFailed, CommandError) as err:
+            cut = budget_cut(err)
+            step.result = StepResult.FAILED
+            step.message = (f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent "
+                            f"({describe_command_error(cut)}, its timeout cut to the budget)"
+                            if cut else str(err) if isinstance(err, StepFailed)
+                            else describe_command_error(err))
         except BudgetExpired:
             step.result = StepResult.FAILED
             step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent"

@@ -22,11 +22,20 @@ import time
 
 from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
 from podvm_gpu.host.fs import TMP_SUFFIX, Root, ensure_dir, folder_trust_problems
-from podvm_gpu.model import REASON_MAX, State, Status, Step, StepResult
+from podvm_gpu.model import REASON_MAX, State, Status, Step, StepResult, shown
 from podvm_gpu.status import LOCK_PATH, STATUS_PATH, StatusFile
 
 KMSG_PATH = "/dev/kmsg"
-_SIGNAL_NAMES = {_signal.SIGTERM: "SIGTERM", _signal.SIGINT: "SIGINT"}
+# The signals that end a boot `failed` (3.5): systemd's stop and Ctrl-C, and those whose default
+# action would kill it mid-write, leaving `running` and temporary files (a hang-up, a stray
+# kill -USR1, a SIGALRM from outside; the GPU path's budget timer tells its own SIGALRM apart)
+_SIGNAL_NAMES = {_signal.SIGTERM: "SIGTERM", _signal.SIGINT: "SIGINT", _signal.SIGHUP: "SIGHUP",
+                 _signal.SIGUSR1: "SIGUSR1", _signal.SIGUSR2: "SIGUSR2",
+                 _signal.SIGALRM: "SIGALRM"}
+_SIGNAL_WHY = {_signal.SIGINT: "Ctrl-C, or kill -INT",
+               _signal.SIGTERM: "the unit was stopped, the VM is shutting down, or "
+                                "TimeoutStartSec= passed",
+               _signal.SIGHUP: "the terminal hung up, or kill -HUP"}
 # syslog facility daemon (3) with level err (3) or notice (5): what /dev/kmsg takes from a
 # program (a record without a facility gets "user"); the console prints err even with "quiet".
 _KMSG_PRIORITY = {State.FAILED: (3 << 3) | 3, State.READY: (3 << 3) | 5,
@@ -51,8 +60,8 @@ class Log:
     def __call__(self, priority: int, text: str) -> None:
         label = {3: "error: ", 4: "warning: "}.get(priority, "")
         head = f"<{priority}>" if self.prefix else ""
-        try:
-            print(f"{head}podvm-gpu: {label}{text}", file=self.stream, flush=True)
+        try:  # control characters (a config's ESC or NUL) escaped: one line, no terminal codes
+            print(f"{head}podvm-gpu: {label}{shown(text)}", file=self.stream, flush=True)
         except (OSError, ValueError):
             pass  # a closed stderr must not fail the boot
 
@@ -63,7 +72,8 @@ class Log:
 
 
 class Interrupted(BaseException):
-    """SIGTERM or SIGINT arrived during the boot; a BaseException so that no step eats it."""
+    """SIGTERM, SIGINT or another signal of :data:`_SIGNAL_NAMES` arrived during the boot; a
+    BaseException so that no step eats it."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -73,8 +83,9 @@ class Interrupted(BaseException):
 
 
 class Signals:
-    """SIGTERM and SIGINT raise :class:`Interrupted` in the boot until :meth:`finishing`; after
-    that they are only noted, so the final spec and status writes always complete.
+    """SIGTERM, SIGINT and the other signals of :data:`_SIGNAL_NAMES` raise :class:`Interrupted`
+    in the boot until :meth:`finishing`; after that they are only noted, so the final spec and
+    status writes always complete.
 
     ``_signal`` is the C module under ``signal``; the Python module imports ``enum``, which costs
     the fast path more than the rest of its imports.
@@ -120,6 +131,8 @@ class Run:
         self.signals: Signals | None = None
         self.write_spec = True  # the config's unavailable_spec
         self.metrics = None  # the config's metrics settings, when there is a config
+        self.budget_s = 240.0  # the config's budget_s once read (boot/__init__.py)
+        self.locked = False  # boot.lock is held (boot/__init__.py)
 
     def running_step(self) -> Step:
         """The step in flight (the earliest one still ``running``: several run at once after
@@ -133,11 +146,17 @@ class Run:
         ready), other ``nvidia.com/gpu`` specs renamed aside, the final status, the console
         line, the report. A spec that cannot be written makes the end ``failed`` with the write
         error named, and the status is still written. Returns 0 for no-gpu, else 1."""
-        reason = " ".join(reason.split())
+        # one line, and no control character (ESC, NUL) for the console, the journal, the
+        # spec's environment or a terminal: escaped as \xNN
+        reason = shown(" ".join(reason.split()))
         if len(reason) > REASON_MAX:
             reason = reason[:REASON_MAX - 4].rstrip() + " ..."
         if self.dry_run:
             return self._dry_run_end(state, reason)
+        if not self.status.steps:  # ended before its first step (no lock, a bug): the
+            # document still has its detect step (4.1: steps start with detect)
+            self.status.steps.append(Step("detect", StepResult.SKIPPED,
+                                          "not run: the boot ended before its first step"))
         if self.signals:
             self.signals.finishing()
         try:
@@ -206,6 +225,10 @@ class Run:
         except (OSError, ImportError) as err:  # in words, naming the textfile, not its temporary
             self.log(Log.WARNING, f"metrics: cannot write {self.metrics.textfile_path}: "
                                   f"{in_words(err)}")
+        except Exception as err:  # anything else (a bug, a path the settings let by) too:
+            # the boot's outcome is written already and must not change for the textfile
+            self.log(Log.WARNING, f"metrics: cannot write {self.metrics.textfile_path}: "
+                                  f"internal error: {type(err).__name__}: {err}")
 
     def _ready_line(self) -> str:
         gpus = self.status.gpus
@@ -241,8 +264,8 @@ class Run:
         flight (the earliest, when several ran at once; the others are named too and fail
         alike); the daemons the boot started are left alone (they are not its children)."""
         steps = signal.steps or [self.running_step()]
-        why = ("Ctrl-C, or kill -INT" if signal.signum == _signal.SIGINT else
-               "the unit was stopped, the VM is shutting down, or TimeoutStartSec= passed")
+        why = _SIGNAL_WHY.get(signal.signum, f"kill -{signal.name[3:]} from outside: boot "
+                                             "takes no such signal")
         message = f"interrupted by {signal.name} ({why})"
         for step in steps:
             step.result, step.message = StepResult.FAILED, message
@@ -331,7 +354,7 @@ def tell_console(root: Root, state: str, reason: str) -> None:
     try:
         mode = os.fstat(fd).st_mode
         if (mode & 0o170000) in (0o020000, 0o010000):  # S_IFCHR, S_IFIFO
-            text = " ".join(f"podvm-gpu[{os.getpid()}]: {state}: {reason}".split())
+            text = shown(" ".join(f"podvm-gpu[{os.getpid()}]: {state}: {reason}".split()))
             os.write(fd, f"<{_KMSG_PRIORITY.get(state, 29)}>{text[:_KMSG_MAX]}\n".encode(
                 "utf-8", errors="replace"))
     except OSError:
@@ -379,19 +402,36 @@ def _foreign_link(links: list[str]) -> str | None:
     return None
 
 
+# The files boot writes atomically in its run and spec folders (status.py, cdi/, steps/fabric.py's
+# RUN_FM_CONFIG): only their temporaries are boot's to remove. The metrics exporter writes its
+# textfile (/run/podvm-gpu/metrics.prom by default) in the same folder, without boot's lock.
+OWN_FILES = {"/run/podvm-gpu": (os.path.basename(STATUS_PATH), "fabricmanager.cfg"),
+             "/var/run/cdi": (os.path.basename(CDI_SPEC_PATH),)}
+
+
+def own_leftover(name: str, own: tuple[str, ...]) -> bool:
+    """Whether ``name`` is the temporary of an atomic write of one of ``own`` (``.<name>.<pid>
+    .tmp``, host/fs.py ``atomic_write``)."""
+    if not (name.startswith(".") and name.endswith(TMP_SUFFIX)):
+        return False
+    target, _dot, pid = name[1:-len(TMP_SUFFIX)].rpartition(".")
+    return target in own and pid.isdigit()
+
+
 def remove_leftovers(root: Root) -> None:
     """Remove the temporary files of an earlier boot that was killed mid-write (``.<name>.<pid>
-    .tmp`` in the run and spec directories). Called with the lock held, so no other boot is
-    writing them."""
+    .tmp`` of the files in :data:`OWN_FILES`, in the run and spec directories). Called with the
+    lock held, so no other boot is writing them; another writer's temporaries (the exporter's
+    textfile) are left alone."""
 
-    for folder in ("/run/podvm-gpu", "/var/run/cdi"):
+    for folder, own in OWN_FILES.items():
         try:
             real = root.resolve(folder)
             names = os.listdir(real)
         except OSError:
             continue
         for name in names:
-            if name.startswith(".") and name.endswith(TMP_SUFFIX):
+            if own_leftover(name, own):
                 try:
                     os.unlink(os.path.join(real, name))
                 except OSError:

@@ -133,13 +133,21 @@ def compiled_config_row(image: Image) -> Check:
         return Check("config-compiled", FAIL, f"{CONFIG_PATH} is a link to nothing "
                      f"({path if root.is_host else path.replace(root.path, '', 1)}): boot ends "
                      "failed on it", "fix the link, or remove it for the defaults")
+    # the compiled file is beside the config's real path (config --compile writes it there and
+    # boot reads it there), which is not beside /etc/podvm-gpu/config.yaml when that is a link
+    def inside(host_path: str) -> str:
+        return host_path if root.is_host else host_path.replace(root.path, "", 1)
+
     why = compiled_state(path)
     if why:
-        shown = why if root.is_host else why.replace(root.path, "", 1)
-        return Check("config-compiled", WARN, f"{shown}: boot parses the YAML itself (PyYAML, "
-                     "about 20 ms on every CPU pod VM)", "run podvm-gpu config --compile in the "
-                     "image after changing the config (the installer does it)")
-    return Check("config-compiled", PASS, f"{CONFIG_PATH}.compiled.json is current")
+        beside_link = root.resolve(CONFIG_PATH, follow_last=False) + ".compiled.json"
+        if beside_link != path + ".compiled.json" and os.path.lexists(beside_link):
+            why += (f"; {inside(beside_link)} is beside the link, where nothing reads it "
+                    "(boot reads the one beside the link's target)")
+        return Check("config-compiled", WARN, f"{inside(why)}: boot parses the YAML itself "
+                     "(PyYAML, about 20 ms on every CPU pod VM)", "run podvm-gpu config "
+                     "--compile in the image after changing the config (the installer does it)")
+    return Check("config-compiled", PASS, f"{inside(path)}.compiled.json is current")
 
 
 def trust_row(image: Image) -> Check:

@@ -25,7 +25,10 @@ def run_config(root_dir: str, config: str | None, json_out: bool = False,
         path, required = config_location(root, config)
         present = required or os.path.lexists(path)
         # boot's own load: trusted=True refuses what another user than root could have written
-        settings, compiled = load_config(path, required=required, trusted=True), None
+        settings = load_config(path, required=required, trusted=True,
+                               warn=lambda line: print(f"podvm-gpu: warning: {line}",
+                                                       file=sys.stderr))
+        compiled = None
         if compile_:
             settings, compiled = compile_config(path)
     except (ConfigError, OSError) as err:

@@ -48,13 +48,26 @@ def seconds(minimum: float, inclusive: bool):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise Invalid(loc, f"must be a number of seconds, not {_kind(value)}"
                            + _numeric_text(value))
-        if not math.isfinite(value):
+        # an int is compared as an int: math.isfinite(10**309) and float() raise OverflowError
+        if isinstance(value, float) and not math.isfinite(value):
             raise Invalid(loc, "must be a finite number of seconds")
         if value < minimum or (value == minimum and not inclusive) or value > MAX_SECONDS:
-            raise Invalid(loc, f"must be {bound} and at most {MAX_SECONDS:g} s, not {value!r}")
+            raise Invalid(loc, f"must be {bound} and at most {MAX_SECONDS:g} s, not "
+                               f"{_number_text(value)}")
         return float(value)
 
     return check
+
+
+def _number_text(value: int | float) -> str:
+    """``value`` for a message, bounded: a 300-digit integer is said by its size."""
+    if isinstance(value, int) and not -10**15 < value < 10**15:
+        try:
+            digits = f"{len(str(abs(value)))} digits"
+        except ValueError:  # beyond Python's 4300-digit conversion limit
+            digits = "more than 4300 digits"
+        return f"{'a negative' if value < 0 else 'an'} integer of {digits}"
+    return repr(value)
 
 
 def count(maximum: int):
@@ -64,7 +77,7 @@ def count(maximum: int):
             shown = repr(value) if isinstance(value, float) else _kind(value)
             raise Invalid(loc, f"must be a whole number, not {shown}")
         if not 0 <= value <= maximum:
-            raise Invalid(loc, f"must be from 0 to {maximum}, not {value}")
+            raise Invalid(loc, f"must be from 0 to {maximum}, not {_number_text(value)}")
         return value
 
     return check

@@ -12,6 +12,7 @@ from podvm_gpu.config.fields import MAX_CONFIG_BYTES, Invalid
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import ConfigError, one_line
 from podvm_gpu.host.fs import untrusted_because
+from podvm_gpu.model import shown
 
 
 def parse_config(text: str, path: str) -> Config:
@@ -29,8 +30,8 @@ def parse_yaml(text: str, path: str) -> object:
     mapping (PyYAML would keep the last one silently: ``budget_s: 1`` then ``budget_s: 2``).
 
     Raises:
-        ConfigError: not YAML (also: nested too deeply, a number of more than 4300 digits), or
-            a duplicate key, named with its dotted path and both lines.
+        ConfigError: not YAML (also: nested too deeply, a number of more than 4300 digits), a
+            duplicate key, named with its dotted path and both lines, or an alias (``*name``).
     """
     import yaml
 
@@ -61,15 +62,22 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 def _refuse_duplicate_keys(root, path: str) -> None:
     """Raise :class:`ConfigError` for the first mapping of the node tree ``root`` that holds a
-    key twice (the same tag and text; ``<<`` merge keys may repeat, as YAML 1.1 allows)."""
+    key twice (the same tag and text; ``<<`` merge keys may repeat, as YAML 1.1 allows), and for
+    the first alias (a node reached twice): with aliases a 90 KB file expands to 200 MB, without
+    them the settings are no larger than the text (at most 1 MiB)."""
     import yaml
 
     todo, seen_nodes = [(root, ())], set()
-    while todo:
+    while todo:  # depth first in document order: an anchor is met before its aliases
         node, where = todo.pop()
-        if id(node) in seen_nodes:  # an alias: its node was checked where it was defined
-            continue
+        if id(node) in seen_nodes:
+            # a node met twice is an alias (*name) of an anchored one (&name): refused, since
+            # 90 KB of aliases to one long string make 200 MB of settings (issue 29, item 4)
+            dotted = shown(one_line(".".join(where), 200)) or "(top level)"
+            raise ConfigError(f"{path}: {dotted}: a YAML alias (*name): aliases are not taken "
+                              "(each one copies what its anchor holds); write the value out")
         seen_nodes.add(id(node))
+        children = []
         if isinstance(node, yaml.MappingNode):
             lines: dict[tuple[str, str], int] = {}
             for key_node, value_node in node.value:
@@ -77,13 +85,14 @@ def _refuse_duplicate_keys(root, path: str) -> None:
                 if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
                     key, line = (key_node.tag, key_node.value), key_node.start_mark.line + 1
                     if key in lines:
-                        dotted = one_line(".".join((*where, str(name))), 200)
+                        dotted = shown(one_line(".".join((*where, str(name))), 200))
                         raise ConfigError(f"{path}: {dotted}: duplicate key (lines {lines[key]} "
                                           f"and {line}): say it once")
                     lines[key] = line
-                todo.append((value_node, (*where, str(name))))
+                children += [(key_node, (*where, str(name))), (value_node, (*where, str(name)))]
         elif isinstance(node, yaml.SequenceNode):
-            todo.extend((item, (*where, f"[{i}]")) for i, item in enumerate(node.value))
+            children = [(item, (*where, f"[{i}]")) for i, item in enumerate(node.value)]
+        todo.extend(reversed(children))
 
 
 def validate(raw: object, path: str) -> Config:
@@ -96,21 +105,49 @@ def validate(raw: object, path: str) -> Config:
         return Config()
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: must be a mapping of settings, not {type(raw).__name__}")
-    errors: list[Invalid] = []
+    errors: list[Invalid] = _control_characters(raw)
     try:
         config = Config.validate(raw, [], errors)
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply") from None
     if errors:
         first = errors[0]
-        # a key may hold line breaks or be long: the message stays one bounded line
+        # a key may hold line breaks, ESC or be long: the message stays one bounded line, its
+        # control characters escaped (it reaches terminals, the journal and the console)
         # a YAML null key (~) is None here: named as written
-        key = one_line(".".join("~" if p is None else str(p) for p in first.loc), 200) \
+        key = shown(one_line(".".join("~" if p is None else str(p) for p in first.loc), 200)) \
             or "(top level)"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        message = " ".join(first.message.split())[:300]
+        message = shown(" ".join(first.message.split())[:300])
         raise ConfigError(f"{path}: {key}: {message}{more}")
     return config
+
+
+def _control_characters(raw: object) -> list[Invalid]:
+    """An error for every key or string value of the document ``raw`` that holds a control
+    character (NUL, ESC, a line break: C0 and DEL). No setting needs one; a NUL makes a path
+    unusable (``ValueError: embedded null byte`` where it is opened) and ESC moves the cursor
+    of whoever reads a message that quotes it."""
+    found: list[Invalid] = []
+    todo: list[tuple[object, list]] = [(raw, [])]
+    while todo and len(found) < 100:
+        value, loc = todo.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str) and shown(key) != key:
+                    found.append(Invalid([*loc, key], f"a key with a {_first_control(key)}"))
+                todo.append((item, [*loc, key]))
+        elif isinstance(value, list):
+            todo.extend((item, [*loc, i]) for i, item in enumerate(value))
+        elif isinstance(value, str) and shown(value) != value:
+            found.append(Invalid(loc, f"holds a {_first_control(value)}: no setting takes one"))
+    return found
+
+
+def _first_control(text: str) -> str:
+    """``NUL character (\\x00)`` or ``control character (\\x1b)``: the first one in ``text``."""
+    found = next(c for c in text if shown(c) != c)
+    return f"{'NUL' if found == chr(0) else 'control'} character ({shown(found)})"
 
 
 # --- the compiled form: the YAML parsed once, at image build ----------------------------------
@@ -124,8 +161,26 @@ def validate(raw: object, path: str) -> Config:
 
 COMPILED_SUFFIX = ".compiled.json"
 # 2: made by a version that refuses duplicate keys (a form of 1 may hide one: it is stale)
-COMPILED_FORMAT = "podvm-gpu config, compiled, 2"
+# 3: with "digest", the settings bound to their source (a form of 2 may have been edited)
+COMPILED_FORMAT = "podvm-gpu config, compiled, 3"
 _NOT_COMPILED = object()
+_EDITED = object()  # format and source match, the settings are not what was compiled
+EDITED = ("was edited after it was compiled (its settings do not match its digest, so they may "
+          "not be what its source says): ignored, the YAML is read")
+
+
+def _digest(text: str, settings: object) -> str:
+    """The digest binding a compiled form's ``settings`` to its ``source`` ``text``: BLAKE2b
+    (128 bits) of the text, a NUL and the settings as :func:`~podvm_gpu.jsontext.dumps` writes
+    them. It catches a hand edit of ``settings`` that kept ``source``, not an attack: whoever
+    can write the compiled file can write the config too (boot trusts neither unless root's).
+    ``_blake2``, the C module under hashlib's blake2b: hashlib also loads OpenSSL (2 ms)."""
+    from _blake2 import blake2b
+
+    from podvm_gpu.jsontext import dumps
+
+    return blake2b(f"{text}\0{dumps(settings)}".encode("utf-8", "surrogatepass"),
+                   digest_size=16).hexdigest()
 
 
 def compiled_path(path: str) -> str:
@@ -140,8 +195,9 @@ def compile_config(path: str) -> tuple[Config, str]:
         The config and the compiled file's path.
 
     Raises:
-        ConfigError: the config is missing, unreadable or invalid (nothing is written).
-        OSError: the compiled file cannot be written.
+        ConfigError: the config is missing, unreadable or invalid (nothing is written), or the
+            compiled file cannot be written (named, never its temporary file: ``<path>.compiled
+            .json: cannot write: No space left on device``).
     """
     from podvm_gpu.host.fs import atomic_write
     from podvm_gpu.jsontext import dumps
@@ -150,14 +206,19 @@ def compile_config(path: str) -> tuple[Config, str]:
     raw = parse_yaml(text, path)
     config = validate(raw, path)
     target = compiled_path(path)
-    atomic_write(target, dumps({"format": COMPILED_FORMAT, "source": text, "settings": raw}) + "\n")
+    try:
+        atomic_write(target, dumps({"format": COMPILED_FORMAT, "source": text, "settings": raw,
+                                    "digest": _digest(text, raw)}) + "\n")
+    except OSError as err:
+        raise ConfigError(f"{target}: cannot write: {err.strerror or err}") from None
     return config, target
 
 
 def compiled_settings(path: str, text: str, trusted: bool = False) -> object:
     """The document of the compiled form of the config at ``path`` if it was made from exactly
     ``text``; :data:`_NOT_COMPILED` when there is none, it is stale, unreadable, not ours, or
-    (``trusted``) another user than root could have written it."""
+    (``trusted``) another user than root could have written it; :data:`_EDITED` when its
+    settings no longer match its digest (edited by hand, ``source`` kept)."""
     from podvm_gpu.jsontext import loads
 
     try:
@@ -181,6 +242,11 @@ def compiled_settings(path: str, text: str, trusted: bool = False) -> object:
     if not isinstance(doc, dict) or doc.get("format") != COMPILED_FORMAT \
             or doc.get("source") != text or "settings" not in doc:
         return _NOT_COMPILED
+    try:
+        if doc.get("digest") != _digest(text, doc["settings"]):
+            return _EDITED
+    except (TypeError, ValueError, RecursionError):  # settings JSON cannot hold: not ours
+        return _EDITED
     return doc["settings"]
 
 
@@ -193,7 +259,10 @@ def compiled_state(path: str) -> str | None:
         return None  # the config itself is the problem; the config check says so
     if text is None:
         return None
-    if compiled_settings(path, text) is not _NOT_COMPILED:
+    found = compiled_settings(path, text)
+    if found is _EDITED:
+        return f"{compiled_path(path)} {EDITED}"
+    if found is not _NOT_COMPILED:
         return None
     if os.path.lexists(compiled_path(path)):
         return f"{compiled_path(path)} was made from another version of the config"
@@ -231,7 +300,8 @@ def config_location(root, config: str | None) -> tuple[str, bool]:
                           f"{err.strerror or err}") from err
 
 
-def load_config(path: str, *, required: bool = False, trusted: bool = False) -> Config:
+def load_config(path: str, *, required: bool = False, trusted: bool = False,
+                warn=None) -> Config:
     """Load and validate the config file at ``path``; the defaults when there is no file.
 
     Read through its compiled form when that was made from the same text (see
@@ -243,6 +313,8 @@ def load_config(path: str, *, required: bool = False, trusted: bool = False) -> 
             is an error rather than the defaults.
         trusted: refuse a file that someone other than root could have written (boot, which
             runs the tools it names as root): see :func:`untrusted_because`.
+        warn: called with one line (``<path>.compiled.json was edited ...``) when the compiled
+            form was edited by hand and is ignored for that.
 
     Raises:
         ConfigError: see :func:`read_config_text` and :func:`parse_config`.
@@ -251,7 +323,9 @@ def load_config(path: str, *, required: bool = False, trusted: bool = False) -> 
     if text is None:
         return Config()
     raw = compiled_settings(path, text, trusted)
-    if raw is _NOT_COMPILED:
+    if raw is _EDITED and warn is not None:
+        warn(f"{compiled_path(path)} {EDITED}")
+    if raw is _NOT_COMPILED or raw is _EDITED:
         return parse_config(text, path)
     # the YAML is right or wrong by its own text: a bad compiled form is the compiled form's
     return validate(raw, f"{compiled_path(path)} (compiled from {path}; run podvm-gpu config "

@@ -196,7 +196,8 @@ def _seconds(key: str, value: object, at_least: float | None = None) -> float:
     # YAML's true would otherwise read as 1 second
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise MetricsConfigError(key, "must be a number of seconds")
-    if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+    # the range first: math.isfinite of a 310-digit int raises OverflowError (nan fails it too)
+    if not 0 < value <= MAX_SECONDS or not math.isfinite(value):
         raise MetricsConfigError(key, f"must be more than 0 and at most {MAX_SECONDS:g} s")
     if at_least is not None and value < at_least:
         raise MetricsConfigError(key, f"must be at least {at_least:g} s (and at most "

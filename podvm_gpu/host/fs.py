@@ -201,7 +201,8 @@ def ensure_dir(path: str, mode: int = 0o755) -> None:
     Existing directories are left as they are.
 
     Raises:
-        OSError: a component exists and is not a directory, or permission is denied.
+        OSError: a component exists and is not a directory (``NotADirectoryError``, in words:
+            ``not a folder: a file is in its place``), or permission is denied.
     """
     if os.path.isdir(path):
         return
@@ -212,7 +213,10 @@ def ensure_dir(path: str, mode: int = 0o755) -> None:
         os.mkdir(path, mode)
     except FileExistsError:
         if not os.path.isdir(path):
-            raise
+            # "File exists" would not say what is wrong: a file (or a link to one) is where
+            # a folder must be
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder: a file is in its place",
+                                     path) from None
         return
     os.chmod(path, mode)
 
