@@ -127,6 +127,7 @@ class Exporter:
             "nv-fabricmanager": daemon_pid(self.root, FABRICMANAGER_PID,
                                            FABRICMANAGER_COMM) is not None})))
         out += fam.fabric_kind_families(status)
+        out += fam.attestation_families(status)
         messages = kmsg.read_kernel_log(self.root)
         found = kmsg.findings(messages)
         xids = kmsg.xid_records(messages)
