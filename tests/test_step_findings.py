@@ -25,7 +25,17 @@ from podvm_gpu.steps.persistenced import Seen
     (4242, True, Seen.READY),
 ])
 def test_persistenced_is_ready_only_running_with_its_socket(pid, socket, state):
-    assert Seen(pid, socket).state == state
+    assert Seen(socket, pid).state == state
+    assert Seen(socket, pid).ready == (state == Seen.READY)
+
+
+def test_without_a_socket_the_pid_file_is_not_read_for_readiness():
+    """The boot's wait asks every 10 ms: a stat, and the pid file only once the socket is there."""
+    reads = []
+
+    assert not Seen(False, lambda: reads.append(1) or 4242).ready
+    assert reads == []
+    assert Seen(True, lambda: reads.append(1) or 4242).ready and reads == [1]
 
 
 GPUS = ["0000:18:00.0", "0000:2a:00.0"]

@@ -12,6 +12,7 @@ initialising when the wait ends is left running: it is never killed mid-way.
 
 from __future__ import annotations
 
+import os
 import time
 
 from podvm_gpu.errors import StepFailed, ended_text
@@ -32,17 +33,30 @@ class Seen:
     """What the daemon's pid file and socket say, and what that means: the one decision that
     boot's wait (:func:`run`) and check's row (:func:`persistenced_row`) both act on.
 
-    Attributes:
-        pid: the running daemon's pid (its pid file names a process whose comm is the
-            daemon's), or None.
+    Args:
         socket: its socket exists.
+        pid: the running daemon's pid (its pid file names a process whose comm is the
+            daemon's), or None; or a function of no arguments that reads it, called at most
+            once and only when needed: the boot's wait asks :attr:`ready` every 10 ms, and
+            while there is no socket the pid file is not read.
     """
 
-    __slots__ = ("pid", "socket")
+    __slots__ = ("socket", "_pid")
     NOT_RUNNING, STARTING, READY = "not running", "starting", "ready"
 
-    def __init__(self, pid: int | None, socket: bool):
-        self.pid, self.socket = pid, socket
+    def __init__(self, socket: bool, pid):
+        self.socket, self._pid = socket, pid
+
+    @property
+    def pid(self) -> int | None:
+        if callable(self._pid):
+            self._pid = self._pid()
+        return self._pid
+
+    @property
+    def ready(self) -> bool:
+        """Running with its socket there (the socket is looked at first)."""
+        return self.socket and self.pid is not None
 
     @property
     def state(self) -> str:
@@ -54,9 +68,13 @@ class Seen:
         return self.READY if self.socket else self.STARTING
 
 
+def _pid_of(root):
+    return daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM)
+
+
 def look(root) -> Seen:
-    """The daemon as the root shows it now (:class:`Seen`)."""
-    return Seen(daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM), root.exists(PERSISTENCED_SOCKET))
+    """The daemon as the root shows it now (:class:`Seen`; check's row)."""
+    return Seen(root.exists(PERSISTENCED_SOCKET), _pid_of(root))
 
 
 class NotStarted(StepFailed):
@@ -127,16 +145,17 @@ def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: 
 def run(ctx: BootContext) -> str:
     """Start the daemon unless it runs already, then wait for its socket."""
     root = ctx.root
+    socket = root.resolve(PERSISTENCED_SOCKET)
     cfg = ctx.config.persistenced
     wait_s = cfg.ready_timeout_s + cfg.per_gpu_s * ctx.gpu_count
     rule = f"{cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x {ctx.gpu_count} GPU(s)"
-    pid = look(root).pid
+    pid = _pid_of(root)
 
     def ready() -> bool:
-        return look(root).state == Seen.READY
+        return Seen(os.path.exists(socket), lambda: _pid_of(root)).ready
 
     def running():
-        return daemon_pid(root, PERSISTENCED_PID, PERSISTENCED_COMM)
+        return _pid_of(root)
 
     started = time.monotonic()
     if pid is not None:
