@@ -13,6 +13,12 @@ Rows:
 - ``status`` and ``status --json`` of a final status; ``--help``; ``check`` of a CPU VM;
 - ``status --wait``: from the final write (an ``os.replace``) to the waiting process's exit,
   median of ``--runs``; and the CPU time it used while it waited 1 s (no busy loop);
+- ``attest-1``: C21 made a TDX guest (the CPU flag) with the nvattest stand-in
+  (tests/nvattest_standin.py) taking ``NVATTEST_S`` per run: status.json's
+  ``attestation.duration_s`` minus the time of the nvattest calls (the version query and the
+  run, from the timing wrapper): nonce, runner, parsing, the agent's checks, the kept output;
+  ``verdict-8``: podvm_gpu.steps.cc.attest.verdict over a stand-in's 8 GPU and 4 NVSwitch claims,
+  with the Protected PCIe topology, in this process (median of 200);
 - ``check`` on the booted P03 world with fake tools that answer at once: the whole process's
   wall inside ``umockdev-run`` (the goal of the first batch: 1 s), median of ``--runs``;
 - the GPU path of the shared cases P02 (1 x H100) and P03 (8 x H200 + 4 NVSwitch) through the
@@ -60,6 +66,9 @@ GOALS = {  # name -> (what, goal, unit)
     "gpu-1": ("GPU path, agent's own time, 1 GPU (P02)", 100.0, "ms"),
     "gpu-8": ("GPU path, agent's own time, 8 GPUs + 4 NVSwitch (P03)", 200.0, "ms"),
     "check-8gpu": ("check on P03 (8 GPUs + 4 NVSwitch), instant tools, wall", 1000.0, "ms"),
+    "attest-1": ("attestation's own cost (its time minus nvattest's), 1 GPU (C21, TDX)", 100.0,
+                 "ms"),
+    "verdict-8": ("  the verdict over 8 GPU + 4 NVSwitch claims, in process", 20000.0, "us"),
 }
 
 
@@ -172,6 +181,7 @@ def _cpu_ticks(pid: int) -> int:
 # --- the GPU path with timed tools ----------------------------------------------------------
 
 MODPROBE_S, PER_GPU_S, FABRIC_S, GENERATE_S = 0.3, 1.0, 5.0, 1.5
+NVATTEST_S = 1.0  # the stand-in's attest run: NVIDIA gives no figure; a few seconds a GPU online
 WRAPPER = """#!/bin/sh
 # bench/run.py: the tool's start and end, then its exit status
 s=$(/bin/date +%s.%N)
@@ -299,6 +309,68 @@ def check_8gpu_row(script: str, runs: int) -> dict:
             "summary": summary}
 
 
+def attest_row(script: str, runs: int) -> dict:
+    """``attest-1`` (module docstring)."""
+    from scenarios.world import World
+
+    os.environ["PODVM_GPU_CMD"] = script
+    os.environ["PODVM_GPU_WORLD_DIR"] = SCRATCH or "/tmp"
+    own, spans, tool = [], [], []
+    for _ in range(runs):
+        case = timed_case("C21-cc-ready-state-not-ready.yaml")
+        for rule in case.tools:  # persistenced ready at once: its wait is not measured here
+            if rule["argv"] == ["nvidia-persistenced"]:
+                rule["delay_s"] = 0
+        case.files["proc/cpuinfo"] = ("processor\t: 0\nflags\t\t: fpu tsc msr tdx_guest "
+                                      "hypervisor\n\n")
+        case.nvattest = {"gpus": [{"driver": "550.54.15"}], "gpu": {"delay_s": NVATTEST_S}}
+        with World(case) as world:
+            log = wrap_tools(world)
+            run = world.run("boot")
+            record = (run.status or {}).get("attestation") or {}
+            if record.get("result") != "passed":
+                raise SystemExit(f"attest-1: the boot did not attest: "
+                                 f"{(run.status or {}).get('reason')}\n{run.stderr[-2000:]}")
+            nvattest = 0.0
+            for line in Path(log).read_text().splitlines():
+                start, end, _rc, *argv = line.split()
+                if argv[0] == "nvattest":
+                    nvattest += float(end) - float(start)
+        spans.append(record["duration_s"])
+        tool.append(nvattest)
+        own.append(record["duration_s"] - nvattest)
+    return {"value": round(statistics.median(own) * 1000, 1), "runs": runs,
+            "attestation_s": round(statistics.median(spans), 3),
+            "nvattest_s": round(statistics.median(tool), 3)}
+
+
+def verdict_row() -> dict:
+    """``verdict-8``: judge() of both runs and the topology, in process."""
+    import nvattest_standin as standin
+
+    from podvm_gpu.steps.cc.attest import verdict as v
+
+    nonce = "ab" * 32
+    switches = [f"{i:016X}" for i in range(1, 5)]
+    gpus = [f"{i:016X}" for i in range(16, 24)]
+    gpu_doc = json.dumps({"claims": [standin.gpu_claim(i, {"switch_pdis": switches}, nonce, {})
+                                     for i in range(8)], "result_code": 0,
+                          "result_message": "Ok", "detached_eat": []}, indent=4)
+    sw_doc = json.dumps({"claims": [standin.switch_claim(i, {"pdi": switches[i],
+                                                             "gpu_pdis": gpus}, nonce, {})
+                                    for i in range(4)], "result_code": 0,
+                         "result_message": "Ok", "detached_eat": []}, indent=4)
+    times = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        a = v.judge(0, gpu_doc, "", "gpu", v.Expect(nonce, 8, "580.159.03"))
+        b = v.judge(0, sw_doc, "", "nvswitch", v.Expect(nonce, 4))
+        assert a.ok and b.ok and v.topology_failure(a.claims, b.claims) is None
+        v.claims_sha256(a.claims)
+        times.append(time.perf_counter() - t0)
+    return {"value": round(statistics.median(times) * 1e6), "runs": 200}
+
+
 # --- the table ----------------------------------------------------------------------------------
 
 def main() -> int:
@@ -321,6 +393,10 @@ def main() -> int:
             rows[name] = gpu_row(script, case, args.runs)
     if not only or "check-8gpu" in only:
         rows["check-8gpu"] = check_8gpu_row(script, max(args.runs, 5))
+    if not only or "attest-1" in only:
+        rows["attest-1"] = attest_row(script, args.runs)
+    if not only or "verdict-8" in only:
+        rows["verdict-8"] = verdict_row()
     missed = []
     print(f"interpreter  {interpreter_of(script)} ({args.python})")
     print(f"{'benchmark':<64} {'figure':>9} {'goal':>10}  verdict")
@@ -341,6 +417,10 @@ def main() -> int:
             r = rows[name]
             print(f"  {name}: wall {r['wall_s']} s, tools {r['tools_s']} s, critical path "
                   f"{r['critical_path_s']} s, agent {r['value']} ms (median of {r['runs']})")
+    if "attest-1" in rows:
+        r = rows["attest-1"]
+        print(f"  attest-1: attestation {r['attestation_s']} s, of which nvattest "
+              f"{r['nvattest_s']} s; the agent's own {r['value']} ms (median of {r['runs']})")
     if "check-8gpu" in rows:
         r = rows["check-8gpu"]
         print(f"  check-8gpu: worst {r['worst_ms']} ms, of which umockdev-run alone "

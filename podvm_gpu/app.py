@@ -60,6 +60,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                                help="block until the state is final")
     sub["status"].add_argument("--timeout", metavar="S", default=None,
                                help="longest wait in seconds (default 300)")
+    sub["check"].add_argument("--attest", action="store_true",
+                              help="run a fresh GPU attestation (nvattest; needs the network) "
+                              "for the attestation row; writes nothing")
     sub["check"].add_argument("--image", action="store_true",
                               help="check an image (build time, no GPU needed) instead of a "
                                    "running VM")

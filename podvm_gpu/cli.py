@@ -25,7 +25,7 @@ _FORMS = {
     "metrics": ({"--serve": "serve", "--openmetrics": "openmetrics", "--textfile": "textfile",
                  "--pod-labels": "pod_labels"},
                 {**_COMMON, "--listen": "listen", "--web-config": "web_config"}),
-    "check": ({"--json": "json_out", "--image": "image"}, _COMMON),
+    "check": ({"--json": "json_out", "--image": "image", "--attest": "attest"}, _COMMON),
 }
 
 
@@ -303,7 +303,7 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
         from podvm_gpu.check.command import run_check
 
         return run_check(options["root_dir"], options["config"], options["json_out"],
-                         options["image"])
+                         options["image"], options.get("attest", False))
     if command == "config":
         from podvm_gpu.config.command import run_config
 

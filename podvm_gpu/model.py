@@ -150,6 +150,8 @@ class Status:
         # podvm_gpu.steps.cc.classify.CcFinding (anything with to_dict()), once the CC step read it
         self.confidential_computing = None
         self.steps: list[Step] = []
+        self.attestation: dict | None = None  # podvm_gpu/steps/cc/attest/gate.py's record
+        self.initdata: dict | None = None  # podvm_gpu/initdata.py's record, when configured
 
     def to_dict(self) -> dict:
         return {
@@ -167,4 +169,6 @@ class Status:
             "confidential_computing": (self.confidential_computing.to_dict()
                                        if self.confidential_computing is not None else None),
             "steps": [s.to_dict() for s in self.steps],
+            "attestation": self.attestation,
+            "initdata": self.initdata,
         }

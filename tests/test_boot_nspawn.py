@@ -60,6 +60,37 @@ def test_gpu_vm_kata_agent_starts_after_the_agent_and_sees_a_ready_spec(rootfs, 
     print(f"nspawn GPU path: boot {boot.wall_s:.2f} s, agent {boot.agent_time_s():.3f} s (journal)")
 
 
+def test_a_tdx_guest_attests_in_a_unit_of_its_own_with_network_and_the_agent_keeps_its_sandbox(
+        rootfs, tmp_path):  # noqa: F811
+    """Issue 26 under a real systemd: a TDX guest (the CPU flag) with a CC GPU and the default
+    config: the nvattest stand-in runs in a transient unit of its own that may open IPv4
+    sockets, the agent's own unit still may not, and the ready state is set only after it."""
+    import json
+
+    home = world.populate(rootfs, SPEC_TEMPLATE, attested=True)
+    boot = image.boot(rootfs, tmp_path / "artifacts")
+
+    status = (boot.record or {}).get("status") or {}
+    assert status.get("state") == "ready", (status.get("attestation"), boot.console[-3000:])
+    record = checks.kata_agent_started_after_the_agent_finished(boot)
+    checks.saw_a_ready_spec_with_persistenced_running(boot, record)
+    runs = [json.loads(line) for line in (home / "nvattest.log").read_text().splitlines()]
+    attest = [r for r in runs if "attest" in r["argv"]]
+    assert len(attest) == 1, runs
+    assert attest[0]["cgroup"].endswith(".service") and \
+        "/podvm-gpu-nvattest-gpu-" in attest[0]["cgroup"], attest[0]
+    assert attest[0]["inet"] is True
+    assert (home / "agent-inet").read_text().startswith("refused"), "the agent's sandbox"
+    assert status["attestation"]["result"] == "passed", status["attestation"]
+    assert status["attestation"]["runs"][0]["where"].startswith("unit podvm-gpu-nvattest-gpu-")
+    calls = [json.loads(line) for line in (home / "calls.log").read_text().splitlines()]
+    srs = calls.index(["nvidia-smi", "conf-compute", "-srs", "1"])
+    assert attest[0]["time"] < (home / "cc-ready").stat().st_mtime, "-srs 1 after attestation"
+    assert srs > 0
+    print(f"nspawn attested boot: boot {boot.wall_s:.2f} s, agent {boot.agent_time_s():.3f} s, "
+          f"attestation {status['attestation']['duration_s']:.3f} s")
+
+
 def test_kata_agents_drop_in_alone_pulls_in_and_orders_the_agent(rootfs, tmp_path):  # noqa: F811
     """An image whose own units never mention podvm-gpu.service: neither enabled nor ordered
     before kata-agent. kata-agent's drop-in (Wants= + After=) must still start the agent first."""

@@ -54,7 +54,8 @@ def smi(f="ON", d="OFF", e="PRODUCTION", mgm="None", grs=GRS_NOT_READY):
 
 def test_a_confidential_gpu_passes_the_hook_then_gets_srs(tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(step, "before_ready_state", lambda ctx, finding: seen.append(finding))
+    monkeypatch.setattr(step, "before_ready_state",
+                        lambda ctx, finding, state, tee: seen.append(finding) or "")
     ctx = context(tmp_path, smi(f="OFF", mgm="Protected PCIe"), cpu_flag="tdx_guest")
 
     message = step.run(ctx)
@@ -65,7 +66,7 @@ def test_a_confidential_gpu_passes_the_hook_then_gets_srs(tmp_path, monkeypatch)
 
 
 def test_the_hook_raising_keeps_the_ready_state_unset(tmp_path, monkeypatch):
-    def refuse(ctx, finding):
+    def refuse(ctx, finding, state, tee):
         raise StepFailed("attestation failed")
 
     monkeypatch.setattr(step, "before_ready_state", refuse)
@@ -86,11 +87,31 @@ def test_the_hook_raising_keeps_the_ready_state_unset(tmp_path, monkeypatch):
 ], ids=["dev-tools", "dev-tools-allowed", "cc-off-in-snp", "cc-off-allowed", "cc-off-regular-vm"])
 def test_srs_never_runs_for_a_dev_tools_or_non_confidential_gpu(tmp_path, monkeypatch, answers, config,
                                                                  flag, ends):
-    monkeypatch.setattr(step, "before_ready_state", lambda ctx, finding: pytest.fail("hook called"))
+    called = []
+    monkeypatch.setattr(step, "before_ready_state",
+                        lambda ctx, finding, state, tee: called.append(state) or "")
     ctx = context(tmp_path, answers, config, flag)
     if ends is None:
         assert "never set for a dev-tools GPU" in step.run(ctx)
     else:
         with pytest.raises(ends):
             step.run(ctx)
+    assert ["-srs", "1"] not in ctx.runner.calls
+    # issue 26: a dev-tools GPU the config allows is attested too (its ready state never set);
+    # a GPU the classification refused or skipped never reaches the hook
+    assert called == (["not-ready"] if ends is None else [])
+
+
+@pytest.mark.parametrize("config", [
+    "confidential_computing: {attestation: required}\n",
+    "confidential_computing: {attestation: required, allow_cc_off: true}\n"])
+def test_attestation_required_fails_a_gpu_that_is_not_confidential(tmp_path, config):
+    """Issue 26: with attestation required, ready means attested; a CC-off GPU (skipped on a
+    regular VM, or accepted by allow_cc_off in a guest) cannot be attested, so the step fails."""
+    ctx = context(tmp_path, smi(f="OFF"), config, "sev_snp" if "allow_cc_off" in config else "")
+
+    with pytest.raises(StepFailed, match=r"attestation required \(confidential_computing."
+                                         r"attestation: required\) but .*cannot be attested"):
+        step.run(ctx)
+    assert ctx.status.attestation["result"] == "failed"
     assert ["-srs", "1"] not in ctx.runner.calls

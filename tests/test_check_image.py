@@ -59,7 +59,7 @@ def test_an_image_with_driver_units_and_tools_passes(tmp_path):
         "tools": "pass", "modules": "pass",
         "versions": "pass", "firmware": "pass", "module-compression": "pass",
         "cdi-refresh-units": "pass", "trust": "pass", "fabric": "warn",
-        "attestation-agent-ordering": "skip", "config-compiled": "skip"}
+        "attestation-agent-ordering": "skip", "config-compiled": "skip", "attestation": "warn"}
     assert VERSION in checks["versions"]["detail"]
     assert f"nvidia/{VERSION}/gsp_ga10x.bin" in checks["firmware"]["detail"]
 
@@ -417,6 +417,29 @@ def test_the_fabric_row_never_says_driver_question_mark_without_a_user_space_dri
     assert "driver ?" not in detail, detail
     assert "nv-fabricmanager (the fabric manager of the user-space driver's release; the image " \
            "has no libnvidia-ml.so.1 to tell which)" in detail
+
+
+def test_attestation_row_warns_without_nvattest_and_fails_when_the_image_serves_cc(tmp_path):
+    """check --image's attestation row (podvm_gpu/steps/cc/attest/check.py): nvattest and, for
+    Protected PCIe, libnvidia-nscq.so.2; confidential_computing.image_serves makes a lack fail."""
+    root = make_image(tmp_path)
+    code, checks = check_image(root)
+    assert checks["attestation"]["result"] == "warn"
+    assert "nvattest" in checks["attestation"]["detail"]
+    assert "libnvidia-nscq.so.2" in checks["attestation"]["detail"]
+    config = root / "etc/podvm-gpu/config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("confidential_computing: {image_serves: true}\n")
+    code, checks = check_image(root)
+    assert code == 1 and checks["attestation"]["result"] == "fail"
+    assert "confidential_computing.image_serves is true" in checks["attestation"]["detail"]
+    tool = root / "usr/bin/nvattest"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    (root / "usr/lib/x86_64-linux-gnu").mkdir(parents=True, exist_ok=True)
+    (root / "usr/lib/x86_64-linux-gnu/libnvidia-nscq.so.2").write_text("")
+    code, checks = check_image(root)
+    assert checks["attestation"]["result"] == "pass", checks["attestation"]
 
 
 def test_an_image_kernel_without_a_firmware_loader_fails_the_firmware_row(tmp_path):

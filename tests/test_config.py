@@ -47,9 +47,49 @@ def test_defaults_when_there_is_no_file(fs):
     assert config == Config()
     assert config.budget_s == 240
     assert config.unavailable_spec is True
-    assert config.confidential_computing.set_ready_state is False
+    # issue 26: the ready state is set at boot by default (after attestation in a confidential
+    # guest); it was false before, a contract change (docs/interface.md 3.11, migration)
+    assert config.confidential_computing.set_ready_state is True
+    assert config.confidential_computing.attestation == "auto"
     assert (config.persistenced.ready_timeout_s, config.persistenced.per_gpu_s) == (30, 15)
     assert config.timeouts == {} and config.tools == {}
+
+
+def test_the_old_ready_state_default_is_kept_by_saying_it(config_file):
+    config = load_config(config_file("confidential_computing: {set_ready_state: false}\n"))
+    assert config.confidential_computing.set_ready_state is False
+
+
+@pytest.mark.parametrize("text, wanted", [
+    ("confidential_computing: {attestation: sometimes}\n",
+     "confidential_computing.attestation: must be one of auto, required, off, not 'sometimes'"),
+    ("confidential_computing: {attestation: off}\n",  # YAML 1.1's off is a boolean: say so
+     "confidential_computing.attestation: must be one of auto, required, off, not false (YAML "
+     "reads an unquoted off as false: write 'off')"),
+    ("timeouts: {nvattest: 30}\n",
+     "timeouts.nvattest: nvattest's time limit is confidential_computing.attestation_timeout_s "
+     "+ attestation_per_device_s per device, not timeouts"),
+    ("confidential_computing: {ocsp_url: ftp://proxy}\n",
+     "confidential_computing.ocsp_url: 'ftp://proxy' is not an http(s) URL"),
+    ("confidential_computing: {relying_party_policy: policy.rego}\n",
+     "confidential_computing.relying_party_policy: 'policy.rego' is not an absolute path"),
+    ("confidential_computing: {attestation_timeout_s: 0}\n",
+     "confidential_computing.attestation_timeout_s: must be greater than 0"),
+])
+def test_attestation_keys_are_checked(config_file, text, wanted):
+    assert wanted in load_error(text, config_file)
+
+
+def test_attestation_keys_are_taken(config_file):
+    cc = load_config(config_file(
+        "confidential_computing:\n  attestation: required\n  attestation_timeout_s: 90\n"
+        "  attestation_per_device_s: 0\n  rim_dir: /var/lib/rims\n"
+        "  ocsp_url: http://10.0.0.1:8080/ocsp\n  image_serves: true\n"
+        "tools: {nvattest: /opt/nvat/bin/nvattest}\n")).confidential_computing
+    assert (cc.attestation, cc.attestation_timeout_s, cc.attestation_per_device_s) == \
+        ("required", 90.0, 0.0)
+    assert (cc.rim_dir, cc.ocsp_url, cc.rim_url, cc.image_serves) == \
+        ("/var/lib/rims", "http://10.0.0.1:8080/ocsp", None, True)
 
 
 def test_an_empty_file_means_the_defaults(config_file):

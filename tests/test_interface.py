@@ -302,8 +302,8 @@ def test_the_check_schema_rejects_rows_of_the_other_mode_and_unknown_results():
 
 def test_the_step_names_of_schema_doc_and_code_are_the_same():
     code = set(re.findall(r'\bStep\("([a-z-]+)"', (REPO / "podvm_gpu/boot/__init__.py").read_text()))
-    assert code == {"detect", "config"}, "boot/__init__.py's own steps"
-    names = ["detect", "config", *pipeline.STEP_NAMES]
+    assert code == {"detect", "config", "initdata"}, "boot/__init__.py's own steps"
+    names = ["detect", "config", "initdata", *pipeline.STEP_NAMES]
     step = schema(STATUS_SCHEMA)["$defs"]["step"]["properties"]
     assert step["name"]["enum"] == names
     ready = next(rule["then"] for rule in schema(STATUS_SCHEMA)["allOf"]

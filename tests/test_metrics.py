@@ -596,7 +596,10 @@ def test_the_metrics_doc_lists_every_metric_with_its_type_and_profile(tmp_path, 
                  "NVRM: Xid (PCI:0000:18:00): 13, pid=1, Graphics Exception."]),
               describe(tmp_path / "d1", [gpu(0, recovery_action=3, **COMPLETED), gpu(1, lost=1)]),
               FULL),
-             (make_root(tmp_path / "cc", lib), describe(tmp_path / "d2", [gpu(0)], cc="on"), CC_SAFE),
+             (make_root(tmp_path / "cc", lib, attestation={
+                 "result": "passed", "reason": None, "duration_s": 3.2, "devices": [
+                     {"type": "gpu", "index": 0}]}),
+              describe(tmp_path / "d2", [gpu(0)], cc="on"), CC_SAFE),
              (make_root(tmp_path / "failed", lib, state="failed", reason="modules: x"), None, CC_SAFE)]
     for root, desc, profile in cases:
         for name, family in scrape(root, desc).items():

@@ -32,7 +32,7 @@ from podvm_gpu.status import (
 
 CONTRACT_KEYS = {"version", "state", "reason", "warnings", "started_at", "finished_at", "gpus",
                  "nvswitches", "driver_version", "cdi", "fabric", "confidential_computing",
-                 "steps"}
+                 "steps", "attestation", "initdata"}
 
 
 @pytest.fixture

@@ -18,6 +18,8 @@ import pytest
 
 from podvm_gpu.host.daemons import DAEMONS, FABRICMANAGER, NVLSM, PERSISTENCED
 
+NVATTEST_UNIT = "podvm-gpu-nvattest-gpu.service"  # the transient unit's name, its pid left out
+
 REPO = Path(__file__).resolve().parents[1]
 SYSTEMD = REPO / "systemd"
 BOOT = REPO / "tests/boot"
@@ -40,7 +42,8 @@ INSTALLED = {
        for u in ("nvidia-persistenced.service", "nvidia-cdi-refresh.service", "nvidia-cdi-refresh.path")},
 }
 EXEC_STUBS = ["/opt/podvm-gpu/bin/podvm-gpu", "/usr/bin/python3", "/usr/bin/umockdev-run", "/usr/bin/touch",
-              "/usr/bin/nvidia-persistenced", "/usr/bin/nv-fabricmanager", "/usr/sbin/nvlsm"]
+              "/usr/bin/nvidia-persistenced", "/usr/bin/nv-fabricmanager", "/usr/sbin/nvlsm",
+              "/usr/bin/nvattest"]
 DAEMON_DIR = "/etc/systemd/system"  # systemd-analyze --root reads no /run/systemd/transient
 # The daemons' transient units as unit files, with the command lines boot gives them by default.
 DAEMON_ARGV = {PERSISTENCED.unit: ["/usr/bin/nvidia-persistenced", "--persistence-mode"],
@@ -121,6 +124,10 @@ def root(tmp_path_factory) -> Path:
         transient = root / DAEMON_DIR.lstrip("/") / daemon.unit
         transient.parent.mkdir(parents=True, exist_ok=True)
         transient.write_text(daemon.unit_file(DAEMON_ARGV[daemon.unit]))
+    from podvm_gpu.steps.cc.attest import run as nvattest  # issue 26: nvattest's unit, same way
+    (root / DAEMON_DIR.lstrip("/") / NVATTEST_UNIT).write_text(nvattest.unit_file(
+        ["/usr/bin/nvattest", "attest", "--device", "gpu", "--verifier", "local", "--nonce",
+         "00" * 32, "--format", "json"], 50))
     (etc / "multi-user.target.wants").mkdir(parents=True, exist_ok=True)
     (etc / "multi-user.target.wants/podvm-gpu.service").symlink_to(f"{UNIT_DIR}/podvm-gpu.service")
     return root
@@ -166,7 +173,7 @@ def seconds(timespan: str) -> float:
                                   "podvm-gpu-pod-labels.service", "kata-agent.service",
                                   "nvidia-persistenced.service",
                                   "nvidia-cdi-refresh.service", "nvidia-cdi-refresh.path",
-                                  PERSISTENCED.unit, FABRICMANAGER.unit])
+                                  PERSISTENCED.unit, FABRICMANAGER.unit, NVATTEST_UNIT])
 def test_unit_verifies_without_any_warning(root, unit, analyzer):
     """Every unit with its drop-ins: the product's, and the boot tests' stand-ins and drop-ins."""
     done = analyzer(root, "verify", "--man=no", "--root={root}", unit)
@@ -258,7 +265,8 @@ def test_hardening_leaves_what_gpu_setup_needs(agent):
     ("podvm-gpu-pod-labels.service", f"{UNIT_DIR}/podvm-gpu-pod-labels.service", 2.0),
     (PERSISTENCED.unit, f"{DAEMON_DIR}/{PERSISTENCED.unit}", 3.5),
     (FABRICMANAGER.unit, f"{DAEMON_DIR}/{FABRICMANAGER.unit}", 3.5),
-    (NVLSM.unit, f"{DAEMON_DIR}/{NVLSM.unit}", 3.5)])
+    (NVLSM.unit, f"{DAEMON_DIR}/{NVLSM.unit}", 3.5),
+    (NVATTEST_UNIT, f"{DAEMON_DIR}/{NVATTEST_UNIT}", 4.0)])
 def test_exposure_score(root, unit, path, most, analyzer):
     done = analyzer(root, "security", "--offline=true", "--root={root}", path)
     score = float(re.search(rf"Overall exposure level for {re.escape(unit)}: ([\d.]+)",

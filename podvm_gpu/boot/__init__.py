@@ -201,6 +201,15 @@ def _boot(run: Run, config: str | None) -> int:
         run.status.steps.append(step)
         log.step(step)
         return run.fail(f"config: {config_error}")
+    if settings is not None and settings.initdata.path and not run.dry_run:
+        from podvm_gpu import initdata  # only when the config names the file
+
+        failure = initdata.apply(run, settings, gpus)
+        if failure is not None:  # expected GPUs and none on PCI: failed, never no-gpu
+            step = Step("initdata", StepResult.FAILED, message=failure)
+            run.status.steps.append(step)
+            log.step(step)
+            return run.fail(f"initdata: {failure}")
     if not gpus:
         return run.end(State.NO_GPU, f"detect: {detect.message}")
     from podvm_gpu.boot.pipeline import run_pipeline  # a GPU is there: the full path

@@ -12,8 +12,10 @@ from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 
 
-def run_check(root_dir: str, config_path: str | None, json_out: bool, image: bool) -> int:
-    """Run the checks, print them, return 0 when none failed, else 1 (contract section 1)."""
+def run_check(root_dir: str, config_path: str | None, json_out: bool, image: bool,
+              attest: bool = False) -> int:
+    """Run the checks, print them, return 0 when none failed, else 1 (contract section 1).
+    ``attest``: the attestation row runs a fresh nvattest (podvm_gpu/steps/cc/attest/check.py)."""
     root = Root(root_dir)
     config_note = None
     try:
@@ -33,7 +35,7 @@ def run_check(root_dir: str, config_path: str | None, json_out: bool, image: boo
         try:
             from podvm_gpu.check.vm import vm_checks
 
-            checks = vm_checks(root, config, runner)
+            checks = vm_checks(root, config, runner, attest=attest)
         except Exception as err:  # discovery itself failed: say so, as a row
             checks = [broken("pci", err)]
     if config_note:

@@ -134,8 +134,9 @@ def rows() -> dict:
     return {**found, **OTHER_ROWS}
 
 
-def vm_checks(root: Root, config: Config, runner: Runner) -> list[Check]:
+def vm_checks(root: Root, config: Config, runner: Runner, attest: bool = False) -> list[Check]:
     """Every row of a running VM, each on its own: one that raises becomes a ``fail`` row
-    naming the error, and the others still run."""
+    naming the error, and the others still run. ``attest``: ``check --attest``."""
     facts = Facts(root, config, runner)
+    facts.attest = attest
     return [isolated(name, lambda row=row: row(facts)) for name, row in rows().items()]

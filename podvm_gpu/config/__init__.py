@@ -6,7 +6,11 @@ reading and compiling the file), :mod:`~podvm_gpu.config.command` (``podvm-gpu c
 
 Every key has a default; unknown keys are errors that name the key. The keys ``budget_s``,
 ``timeouts``, ``persistenced``, ``confidential_computing`` and ``unavailable_spec`` are fixed by
-the contract (the field cases use them); the rest are this project's.
+the contract (the field cases use them); the rest are this project's. One contract default
+was changed on purpose: ``confidential_computing.set_ready_state`` is true since issue 26 (it
+was false), so a pod VM's GPUs get their ready state at boot, after attestation in a
+confidential guest; an image that left it to another component says ``set_ready_state:
+false`` (docs/interface.md 3.11, "Migration"; docs/operating.md).
 
 The validator is a small table of fields rather than a pydantic model: every CPU pod VM whose
 image ships a config file validates it at boot, before kata-agent starts, and importing pydantic

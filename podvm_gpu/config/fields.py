@@ -17,7 +17,8 @@ MAX_GPUS = 64  # far above any VM size sold (8 GPUs, 16 at most), still a bound
 # name a tool must be one of them.
 TOOLS = ("modprobe", "nvidia-ctk", "nvidia-persistenced", "nvidia-smi", "nv-fabricmanager",
          "nvidia-modprobe", "systemctl", "ldconfig", "modinfo", "systemd-run", "journalctl",
-         "nvlsm")
+         "nvlsm", "nvattest")
+ATTESTATION_MODES = ("auto", "required", "off")
 MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
 OPTIONAL_MODULES = ("nvidia_modeset",)  # loaded after the required ones, may fail (modules.py)
 REQUIRED_MODULES = tuple(m for m in MODULES if m not in OPTIONAL_MODULES)
@@ -162,6 +163,34 @@ def tool(value: object, loc: list) -> str:
     if value not in TOOLS:
         raise Invalid(loc, f"unknown tool {value!r} (one of {', '.join(TOOLS)})")
     return value
+
+
+def attestation_mode(value: object, loc: list) -> str:
+    """``auto``, ``required`` or ``off``; YAML 1.1 reads an unquoted ``off`` as false, and the
+    error says to quote it (a boolean is not taken for a word: values are strict)."""
+    if value is False:
+        raise Invalid(loc, "must be one of auto, required, off, not false (YAML reads an "
+                      "unquoted off as false: write 'off')")
+    return one_of(ATTESTATION_MODES)(value, loc)
+
+
+def timeout_tool(value: object, loc: list) -> str:
+    """A tool of ``timeouts:``: any of :data:`TOOLS` but ``nvattest``, whose runs are bounded by
+    ``confidential_computing.attestation_timeout_s`` and ``attestation_per_device_s`` (a
+    per-device term a single number cannot give)."""
+    if value == "nvattest":
+        raise Invalid(loc, "nvattest's time limit is confidential_computing."
+                      "attestation_timeout_s + attestation_per_device_s per device, not timeouts")
+    return tool(value, loc)
+
+
+def url(value: object, loc: list) -> str:
+    """A validator of an ``https://`` or ``http://`` URL (one word, no control characters)."""
+    text = _string(value, loc)
+    if not text.startswith(("https://", "http://")) or any(c.isspace() or ord(c) < 32
+                                                           for c in text):
+        raise Invalid(loc, f"{text[:80]!r} is not an http(s) URL")
+    return text
 
 
 def module(value: object, loc: list) -> str:

@@ -9,6 +9,7 @@ from podvm_gpu.config.fields import (
     Invalid,
     Section,
     absolute_path,
+    attestation_mode,
     boolean,
     count,
     mapping,
@@ -19,7 +20,9 @@ from podvm_gpu.config.fields import (
     parameter_value,
     seconds,
     string_list,
+    timeout_tool,
     tool,
+    url,
 )
 
 
@@ -68,14 +71,48 @@ class NvLink5Config(Section):
 
 
 class ConfidentialComputingConfig(Section):
-    """Whether boot may set the GPUs' CC ready state itself (``nvidia-smi conf-compute -srs 1``);
-    whether dev-tools mode (``DevTools Mode: ON``, a development mode: no production
-    confidentiality) is accepted with a warning instead of failing the boot (``allow_devtools``);
-    whether a GPU that is not confidential (CC off, no Protected PCIe) in a confidential guest
-    (TDX, SEV-SNP) is accepted with a warning instead of failing the boot (``allow_cc_off``)."""
+    """The GPUs' CC ready state and the attestation before it (docs/interface.md 3.2 step 8,
+    "Attestation"; the table of set_ready_state x attestation x guest x ready state there).
 
-    FIELDS = {"set_ready_state": (boolean, False), "allow_devtools": (boolean, False),
-              "allow_cc_off": (boolean, False)}
+    ``set_ready_state`` (default true since issue 26; false before): boot sets the ready state
+    itself (``nvidia-smi conf-compute -srs 1``), in a confidential guest only after an
+    attestation that passed. ``allow_devtools``: CC mode ``DEVTOOLS`` (a development mode: no
+    production confidentiality) is accepted with a warning instead of failing the boot;
+    ``allow_cc_off``: a GPU that is not confidential (CC off, no Protected PCIe) in a
+    confidential guest (TDX, SEV-SNP) is accepted with a warning instead of failing the boot
+    (and then not attested).
+    ``attestation``: ``auto`` (attest in a confidential guest, required there; elsewhere when
+    ``nvattest`` is installed), ``required`` (everywhere) or ``off`` (never; a warning).
+    ``attestation_timeout_s + attestation_per_device_s * devices`` bounds each ``nvattest``
+    run, the wait for the network included, always within the boot budget (``timeouts:`` has
+    no ``nvattest`` key: it is refused). The default, 40 s + 10 s a device, is a judgement:
+    a black-holed network takes about 33 s to fail, a GPU about 11 sequential HTTPS requests
+    (nvattest.md 7.1, 8 in the shared notes). ``relying_party_policy``, ``rim_dir`` (with it
+    ``--rim-store dir``), ``rim_url``, ``ocsp_url``: passed to nvattest (an OCSP/RIM proxy:
+    docs/operating.md). ``image_serves``: this image serves confidential GPU VMs: ``check
+    --image`` fails instead of warning when nvattest (and libnvidia-nscq for Protected PCIe)
+    is missing; boot does not read it."""
+
+    FIELDS = {"set_ready_state": (boolean, True), "allow_devtools": (boolean, False),
+              "allow_cc_off": (boolean, False),
+              "attestation": (attestation_mode, "auto"),
+              "attestation_timeout_s": (seconds(0, False), 40.0),
+              "attestation_per_device_s": (seconds(0, True), 10.0),
+              "relying_party_policy": (absolute_path, None),
+              "rim_dir": (absolute_path, None),
+              "rim_url": (url, None),
+              "ocsp_url": (url, None),
+              "image_serves": (boolean, False)}
+    __slots__ = tuple(FIELDS)
+
+
+class InitdataConfig(Section):
+    """Expectations a pod carries in its initdata (podvm_gpu/initdata.py, docs/interface.md
+    3.13): ``path`` the file cloud-api-adaptor keeps it in (``/run/peerpod/initdata``); unset
+    (the default): never read, never waited for. ``wait_s``: the longest wait for it to appear,
+    cut to the budget (15 s: a judgement; process-user-data writes it early in boot)."""
+
+    FIELDS = {"path": (absolute_path, None), "wait_s": (seconds(0, True), 15.0)}
     __slots__ = tuple(FIELDS)
 
 
@@ -143,7 +180,7 @@ class Config(Section):
     """The whole config; ``Config()`` is the defaults."""
 
     FIELDS = {"budget_s": (seconds(0, False), 240.0),
-              "timeouts": (mapping(tool, seconds(0, False)), {}),
+              "timeouts": (mapping(timeout_tool, seconds(0, False)), {}),
               "tools": (mapping(tool, absolute_path), {}),
               "persistenced": (PersistencedConfig, PersistencedConfig()),
               "fabricmanager": (FabricManagerConfig, FabricManagerConfig()),
@@ -151,6 +188,7 @@ class Config(Section):
               "confidential_computing": (ConfidentialComputingConfig,
                                          ConfidentialComputingConfig()),
               "modules": (ModulesConfig, ModulesConfig()),
+              "initdata": (InitdataConfig, InitdataConfig()),
               "detect": (DetectConfig, DetectConfig()),
               "health": (HealthConfig, HealthConfig()),
               "unavailable_spec": (boolean, True),

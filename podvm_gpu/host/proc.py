@@ -23,10 +23,11 @@ _POLL_S = 0.05
 
 
 def nvml_client(argv: list[str]) -> bool:
-    """True for a call that opens NVML: nvidia-smi (every subcommand) and nvidia-ctk's CDI
-    generation (``--mode=nvml``). They take the same driver lock, so one stuck in the driver
-    blocks the next (pop-os/pop#4073, leptonai/gpud#117)."""
-    return argv[0] == "nvidia-smi" or argv[:3] == ["nvidia-ctk", "cdi", "generate"]
+    """True for a call that opens NVML: nvidia-smi (every subcommand), nvidia-ctk's CDI
+    generation (``--mode=nvml``) and nvattest's evidence collection. They take the same driver
+    lock, so one stuck in the driver blocks the next (pop-os/pop#4073, leptonai/gpud#117)."""
+    return argv[0] == "nvidia-smi" or argv[:3] == ["nvidia-ctk", "cdi", "generate"] or \
+        argv[:2] == ["nvattest", "attest"]
 
 
 # The environment variables a tool gets when its name is here, every other one left out (with

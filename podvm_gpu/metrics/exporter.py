@@ -140,6 +140,7 @@ class Exporter:
             "nv-fabricmanager": daemon_pid(self.root, FABRICMANAGER_PID,
                                            FABRICMANAGER_COMM) is not None})))
         out += fam.fabric_kind_families(status)
+        out += fam.attestation_families(status)
         records = kmsg.read_timed_records(self.root)
         messages = [message for _level, message, _usec in records]
         found = kmsg.findings(messages)

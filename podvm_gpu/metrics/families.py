@@ -206,6 +206,36 @@ def fabric_kind_families(status: dict | None) -> list[Metric]:
     return [info]
 
 
+ATTESTATION_RESULTS = ("passed", "failed", "not-run", "off")
+
+
+def attestation_families(status: dict | None) -> list[Metric]:
+    """From status.json's ``attestation`` record (docs/interface.md 3.11): its result
+    (``podvm_gpu_attestation_result{result}``, 1 for the recorded one), its duration and the
+    devices attested by type; no family when the status has no record (no GPU, CC off, a boot
+    that did not reach it, a document from before issue 26)."""
+    record = status.get("attestation") if isinstance(status, dict) else None
+    if not isinstance(record, dict) or record.get("result") not in ATTESTATION_RESULTS:
+        return []
+    result = _gauge("podvm_gpu_attestation_result", "1 for the result of the GPUs' attestation "
+                    "in the last boot (status.json attestation.result).", labels=("result",))
+    for name in ATTESTATION_RESULTS:
+        result.add_metric([name], 1 if record["result"] == name else 0)
+    out: list[Metric] = [result]
+    if isinstance(record.get("duration_s"), (int, float)):
+        out.append(_gauge("podvm_gpu_attestation_duration_seconds", "Wall time of the last "
+                          "boot's attestation (every nvattest run and the version query).",
+                          record["duration_s"]))
+    devices = _gauge("podvm_gpu_attestation_devices", "Devices whose claims the last boot's "
+                     "attestation judged, by type (a passed attestation: every GPU, and every "
+                     "NVSwitch in Protected PCIe).", labels=("type",))
+    found = [d.get("type") for d in record.get("devices") or [] if isinstance(d, dict)]
+    for kind in ("gpu", "nvswitch"):
+        devices.add_metric([kind], found.count(kind))
+    out.append(devices)
+    return out
+
+
 def gpu_fabric_families(reading) -> list[Metric]:
     """Each GPU's fabric state and status from NVML (``nvmlDeviceGetGpuFabricInfoV``, else
     ``nvmlDeviceGetGpuFabricInfo``: what nvidia-smi's ``fabric.state``/``fabric.status`` show), for the GPUs that

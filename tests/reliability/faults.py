@@ -183,6 +183,20 @@ def _mig_without_instances(case: Case) -> None:
 
 
 GENERATE_FAILED = "nvidia-ctk cdi generate failed (exit 1): failed to generate CDI spec"
+TDX_FLAGS = ("processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme de pse tsc msr "
+             "tdx_guest hypervisor\n\n")
+
+
+def _attested(case: Case) -> None:
+    """C21 in a TDX guest (the CPU flag) with the nvattest stand-in (tests/nvattest_standin.py):
+    attestation is required, so every fault of nvattest's attest call fails the boot closed."""
+    case.files["proc/cpuinfo"] = TDX_FLAGS
+    config = yaml.safe_load(case.files["etc/podvm-gpu/config.yaml"])
+    config["confidential_computing"] = {**config.get("confidential_computing", {}),
+                                        "attestation_timeout_s": WAIT_S,
+                                        "attestation_per_device_s": 0}
+    case.files["etc/podvm-gpu/config.yaml"] = yaml.safe_dump(config)
+    case.nvattest = {"gpus": [{"driver": "550.54.15"}]}
 SCENARIOS = (
     Scenario("P02", "P02-one-h100-pcie-ready.yaml", (
         *MODPROBE, *NODES, PERSISTENCED,
@@ -237,6 +251,13 @@ SCENARIOS = (
         Command(("nvidia-smi", "conf-compute", "-grs"), "confidential-computing"),
         SRS,
     )),
+    # The same in a TDX guest: attestation before -srs 1 (issue 26); -srs 1 must never run
+    # after a fault of nvattest's attest call.
+    Scenario("C21-attest", "C21-cc-ready-state-not-ready.yaml", (
+        Command(("nvattest", "attest"), "confidential-computing"),
+        Command(("nvattest", "--log-level", "info", "version"), "confidential-computing",
+                every_fault("the version is only recorded (null when it cannot be read)")),
+    ), tools={"nvattest": "confidential-computing"}, change=_attested),
     Scenario("P02-mig", "P02-one-h100-pcie-ready.yaml", (
         Command(("nvidia-smi", "--query-gpu=index,mig.mode.current"), "cdi",
                 reason_has=GENERATE_FAILED),

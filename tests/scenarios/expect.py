@@ -63,6 +63,12 @@ def judge_boot(world: World, run: Run, expect: dict) -> list[str]:
         hits = [shlex.join(call.argv) for call in run.calls if argv_matches(pattern, call.argv)]
         if hits:
             problems.append(f"not_called {entry!r} was called: {hits}")
+    for entry in expect.get("called") or []:
+        pattern = [entry] if isinstance(entry, str) else [str(arg) for arg in entry]
+        if not any(argv_matches(pattern, call.argv) for call in run.calls):
+            problems.append(f"called {entry!r} was not called")
+    if "attestation" in expect:
+        problems += _attestation_problems(world, status, expect["attestation"])
     if "cdi" in expect:
         problems += judge_cdi(world, expect["cdi"], expect.get("state") or status.get("state"), status)
     if expect.get("cdi_devices"):
@@ -72,6 +78,52 @@ def judge_boot(world: World, run: Run, expect: dict) -> list[str]:
             problems.append(f"spec lacks cdi_devices {missing} (has {sorted(names)})")
     for tool in expect.get("not_killed") or []:
         problems += _killed(run, tool)
+    return problems
+
+
+def _attestation_problems(world: World, status: dict, expect: dict | None) -> list[str]:
+    """``attestation`` (the harness's own, issue 26): status.json's ``attestation`` has each
+    scalar given (``result``, ``code``...), ``devices`` as a count, ``reason_contains`` as
+    substrings; a kept nvattest output (``runs[].output``) is JSON whose claims carry the
+    record's nonce and hash to ``claims_sha256``. ``attestation: null`` expects none."""
+    import hashlib
+
+    record = status.get("attestation")
+    if expect is None:
+        return [] if record is None else [f"status.json attestation {record!r}, expected null"]
+    if not isinstance(record, dict):
+        return [f"status.json attestation {record!r}, expected {expect!r}"]
+    problems = []
+    for key, want in expect.items():
+        if key == "devices":
+            if len(record.get("devices") or []) != want:
+                problems.append(f"attestation lists {len(record.get('devices') or [])} "
+                                f"devices, expected {want}")
+        elif key == "reason_contains":
+            missing = [w for w in want if str(w).lower() not in (record.get("reason") or "").lower()]
+            if missing:
+                problems.append(f"attestation reason {record.get('reason')!r} lacks {missing}")
+        elif record.get(key) != want:
+            problems.append(f"attestation {key} {record.get(key)!r}, expected {want!r}")
+    for run_record in record.get("runs") or []:
+        if not run_record.get("output"):
+            continue
+        try:
+            doc = json.loads(Path(world.path(run_record["output"])).read_text())
+        except (OSError, ValueError) as err:
+            problems.append(f"kept nvattest output {run_record['output']}: {err}")
+            continue
+        claims = doc.get("claims") if isinstance(doc.get("claims"), list) else []
+        digest = hashlib.sha256(json.dumps(claims, sort_keys=True, separators=(",", ":"),
+                                           ensure_ascii=False).encode()).hexdigest()
+        if claims and run_record.get("claims_sha256") != digest:
+            problems.append(f"claims_sha256 of {run_record['output']} is not its claims' SHA-256")
+        mode = os.stat(world.path(run_record["output"])).st_mode & 0o777
+        if mode != 0o644:
+            problems.append(f"{run_record['output']} has mode {mode:o}, not 644")
+        if record.get("result") == "passed" and any(
+                c.get("eat_nonce") != record.get("nonce") for c in claims):
+            problems.append(f"{run_record['output']}: a claim's eat_nonce is not the record's")
     return problems
 
 

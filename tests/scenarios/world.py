@@ -48,7 +48,7 @@ DEFAULT_LIMIT_S = 60  # for a run without max_wall_s (check): a hung run is stil
 GRACE_S = 10  # how long past max_wall_s a run may go before the harness ends it
 
 CASE_KEYS = {"id", "title", "source", "bug", "note", "pci", "files", "symlinks", "kernel_log",
-             "tools", "expect", "vmbus", "pci_late", "infiniband"}
+             "tools", "expect", "vmbus", "pci_late", "infiniband", "nvattest"}
 PCI_KEYS = {"address", "vendor", "device", "class", "driver", "subsystem_vendor", "subsystem_device",
             "vmbus", "vpd", "nvml"}
 IB_KEYS = {"name", "pci", "cap_mask", "gid0"}
@@ -58,7 +58,7 @@ RULE_KEYS = {"argv", "rc", "stdout", "stderr", "delay_s", "effects", "only_befor
              "keep_output_s"}
 BOOT_EXPECT_KEYS = {"state", "exit", "reason_contains", "max_wall_s", "not_called", "cdi", "gpus",
                     "nvswitches", "cdi_devices", "not_killed", "step_messages",
-                    "warnings_contains"}
+                    "warnings_contains", "called", "attestation"}
 CHECK_EXPECT_KEYS = {"exit", "fails", "warns", "passes"}
 EXPECT_KEYS = {"boot": BOOT_EXPECT_KEYS, "rerun": BOOT_EXPECT_KEYS, "check": CHECK_EXPECT_KEYS}
 CDI_EXPECTATIONS = ("ready-spec", "unavailable", "absent")
@@ -70,6 +70,27 @@ import sys
 sys.path.insert(0, {tests!r})
 from scenarios.fake_tool import main
 sys.exit(main({config!r}))
+'''
+
+
+# The nvattest stand-in (tests/nvattest_standin.py), on PATH only in a world whose case has an
+# ``nvattest`` plan: each call is logged like a fake tool's, then the stand-in answers.
+NVATTEST_SCRIPT = '''#!{python} -IS
+"""nvattest stand-in of scenario {case_id}: plan {plan} (tests/nvattest_standin.py)."""
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+os.environ["NVATTEST_STANDIN_PLAN"] = {plan!r}
+from scenarios.fake_tool import CallLog, _log_signals
+import nvattest_standin
+import json
+log = CallLog({calls!r})
+with open({state!r}) as f:
+    phase = json.load(f).get("run", "")
+log.write("start", pid=os.getpid(), ppid=os.getppid(), run=phase, argv=["nvattest", *sys.argv[1:]])
+_log_signals(log)
+rc = nvattest_standin.main(sys.argv[1:])
+log.write("end", rc=rc, answer="nvattest stand-in", applied=[])
+sys.exit(rc)
 '''
 
 
@@ -107,6 +128,7 @@ class Case:
     tools: list[dict]
     expect: dict
     infiniband: list = ()
+    nvattest: dict | None = None  # the stand-in's plan (tests/nvattest_standin.py), or None
 
     @property
     def shared(self) -> bool:
@@ -201,9 +223,11 @@ def load_case(path: Path) -> Case:
         problems += [f"expect.{phase}: unknown key {key!r}" for key in set(block) - EXPECT_KEYS[phase]]
         if block.get("cdi", "ready-spec") not in CDI_EXPECTATIONS:
             problems.append(f"expect.{phase}.cdi must be one of {CDI_EXPECTATIONS}")
+    if data.get("nvattest") is not None and not isinstance(data["nvattest"], dict):
+        problems.append("nvattest must be the stand-in's plan, a mapping")
     if problems:
         raise CaseError(f"{path}: " + "; ".join(problems))
-    return Case(path=path, id=str(data["id"]), pci=pci, vmbus=vmbus, pci_late=pci_late,
+    return Case(nvattest=data.get("nvattest"), path=path, id=str(data["id"]), pci=pci, vmbus=vmbus, pci_late=pci_late,
                 files=data.get("files") or {},
                 symlinks=data.get("symlinks") or {}, kernel_log=data.get("kernel_log") or [],
                 tools=tools, expect=expect, infiniband=infiniband)
@@ -435,6 +459,14 @@ class World:
             Path(script).write_text(FAKE_SCRIPT.format(
                 python=sys.executable, tool=tool, case_id=case.id, config=layout.config,
                 tests=str(TESTS)))
+            os.chmod(script, 0o755)
+        if case.nvattest is not None:
+            plan = os.path.join(os.path.dirname(layout.config), "nvattest.plan.json")
+            Path(plan).write_text(json.dumps(case.nvattest))
+            script = os.path.join(layout.bin, "nvattest")
+            Path(script).write_text(NVATTEST_SCRIPT.format(
+                python=sys.executable, case_id=case.id, plan=plan, calls=layout.calls,
+                state=layout.state, tests=str(TESTS)))
             os.chmod(script, 0o755)
 
     def _parent_resolved(self, name: str) -> str:

@@ -74,6 +74,23 @@ def attestation_agent_ordering(root) -> Check:
     return Check(ORDER_ROW, PASS, how)
 
 
+def attestation_row(facts) -> Check:
+    """The GPUs' attestation (podvm_gpu/steps/cc/attest/check.py): the boot's record, or with
+    ``check --attest`` a fresh run."""
+    from podvm_gpu.steps.cc.attest.check import fresh_row, record_row
+
+    return fresh_row(facts) if getattr(facts, "attest", False) else record_row(facts)
+
+
+def attestation_image_row(image) -> Check:
+    """What the image needs to attest (podvm_gpu/steps/cc/attest/check.py)."""
+    from podvm_gpu.steps.cc.attest.check import image_row
+
+    return image_row(image)
+
+
 VM_ROWS = {"guest-tee": guest_tee_row, CC_ROW: confidential_computing_row,
+           "attestation": attestation_row,
            ORDER_ROW: lambda facts: attestation_agent_ordering(facts.root)}
-IMAGE_ROWS = {ORDER_ROW: lambda image: attestation_agent_ordering(image.root)}
+IMAGE_ROWS = {"attestation": attestation_image_row,
+              ORDER_ROW: lambda image: attestation_agent_ordering(image.root)}

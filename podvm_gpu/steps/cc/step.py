@@ -31,18 +31,35 @@ from podvm_gpu.steps.context import BootContext
 __all__ = ["run", "plan", "before_ready_state", "VM_ROWS", "IMAGE_ROWS"]
 
 
-def before_ready_state(ctx: BootContext, finding: classify.CcFinding) -> None:
-    """The hook between the classification and ``nvidia-smi conf-compute -srs 1``.
+def before_ready_state(ctx: BootContext, finding: classify.CcFinding, state: str = "not-ready",
+                       tee: str | None = None) -> str:
+    """The hook between the classification and ``nvidia-smi conf-compute -srs 1``: the
+    attestation (issue 26; podvm_gpu/steps/cc/attest/gate.py, docs/interface.md 3.12), after the
+    fabricmanager step succeeded (waited for only when an attestation runs; ``-srs 1`` waits
+    for it anyway).
 
-    Called only for a confidential GPU (``finding.confidential``, never dev-tools) whose ready
-    state is ``not-ready`` and may be set (``set_ready_state: true``), after the fabricmanager
-    step succeeded. Attestation (issue 26) goes here: raise
-    :class:`~podvm_gpu.errors.StepFailed` to keep the ready state unset and fail the boot.
+    Called for every GPU the classification accepted (confidential, or dev-tools allowed by
+    the config), whatever the ready state found (``state``: a re-run finds it ``ready`` and
+    attests again) and whatever ``set_ready_state`` says. Protected PCIe attests the
+    NVSwitches too, with the same nonce.
 
     Args:
         ctx: the boot's context.
         finding: the classification this boot made.
+        state: the ready state found, ``ready`` or ``not-ready``.
+        tee: the confidential guest as host/tee.py describes it, or None.
+
+    Returns:
+        What the step's message adds (``""`` when nothing was attested).
+
+    Raises:
+        StepFailed: the attestation failed, or was required and nvattest is unusable (the
+            ready state found ``ready`` was set back to not-ready first).
     """
+    from podvm_gpu.steps.cc.attest.gate import attest_before_ready
+
+    return attest_before_ready(ctx, state, tee, ppcie=finding.multi_gpu == classify.MGM_PPCIE,
+                               before_run=lambda: wait_for_fabric(ctx))
 
 
 def run(ctx: BootContext) -> str:
@@ -64,19 +81,33 @@ def run(ctx: BootContext) -> str:
     if verdict.outcome == classify.FAIL:
         raise StepFailed(f"{verdict.reason}; {verdict.fix}")
     if verdict.outcome == classify.SKIP:
+        from podvm_gpu.steps.cc.attest.gate import attestation_demanded
+
+        demanded = attestation_demanded(ctx)  # required: ready means attested, no less
+        if demanded:
+            ctx.status.attestation = {"result": "failed", "reason": f"{verdict.reason}: not "
+                                      "confidential, so nvattest cannot attest them"}
+            raise StepFailed(f"attestation required ({demanded}) but {verdict.reason}: a GPU "
+                             "that is not confidential cannot be attested")
+        if tee and cfg.allow_cc_off:  # a confidential guest accepting a GPU that is not
+            ctx.warn("confidential-computing: the GPUs are not attested: not confidential, "
+                     "accepted by confidential_computing.allow_cc_off")
+            ctx.status.attestation = {"result": "not-run", "reason": "the GPUs are not "
+                                      "confidential (confidential_computing.allow_cc_off)"}
         raise Skipped(verdict.reason)
     label = verdict.reason
     state = ready_state(ctx)
+    attested = before_ready_state(ctx, finding, state, tee)
+    said = f"; {attested}" if attested else ""
     if state == "ready":
-        return f"{label}, ready state ready"
+        return f"{label}, ready state ready{said}"
     if verdict.outcome == classify.DEVTOOLS:
-        return f"{label}, ready state not-ready (never set for a dev-tools GPU)"
+        return f"{label}, ready state not-ready (never set for a dev-tools GPU){said}"
     if not cfg.set_ready_state:
         ctx.warn("confidential-computing: GPU ready state is not-ready; left for the attestation "
                  "flow to set (set_ready_state: false)")
-        return f"{label}, ready state not-ready (left for the attestation flow)"
+        return f"{label}, ready state not-ready (left for the attestation flow){said}"
     waited = wait_for_fabric(ctx)
-    before_ready_state(ctx, finding)
     done = conf_compute(ctx, "-srs", "1")
     if done.returncode != 0:
         raise StepFailed(f"nvidia-smi conf-compute -srs 1 failed "
@@ -84,7 +115,7 @@ def run(ctx: BootContext) -> str:
     state = ready_state(ctx)
     if state != "ready":
         raise StepFailed(f"CC ready state still {state} after nvidia-smi conf-compute -srs 1")
-    return f"{label}, ready state set to ready{waited}"
+    return f"{label}, ready state set to ready{waited}{said}"
 
 
 def plan(ctx: BootContext) -> list[list[str]]:

@@ -42,6 +42,10 @@ HANG_PERSISTENCED = os.path.join(HOME, "hang-persistenced")
 # What the fake persistenced did: "started PID" and "SIGTERM PID" lines (under /srv, which
 # outlives the boot: the tests read it after power-off).
 PERSISTENCED_EVENTS = os.path.join(HOME, "persistenced-events.log")
+# The GPU in CC mode (issue 26's attestation boot): present, conf-compute answers CC on and
+# keeps the ready state in CC_READY; absent, CC is off as before.
+CC_ON = os.path.join(HOME, "cc-on")
+CC_READY = os.path.join(HOME, "cc-ready")
 
 
 def under(root, path):
@@ -306,8 +310,28 @@ def nvidia_smi(args):
         print(f"GPU 0: {GPU_NAME} (UUID: {GPU_UUID})")
         return 0
     if args[:2] == ["conf-compute", "-f"]:
-        print("CC status: OFF")
+        if os.path.exists(CC_ON):  # what the agent's own sandbox allows (its children's)
+            import socket
+
+            try:
+                socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+                write(os.path.join(HOME, "agent-inet"), "allowed\n")
+            except OSError as err:
+                write(os.path.join(HOME, "agent-inet"), f"refused: {err}\n")
+        print("CC status: ON" if os.path.exists(CC_ON) else "CC status: OFF")
         return 0
+    if os.path.exists(CC_ON) and args[:1] == ["conf-compute"]:
+        answers = {"-d": "DevTools Mode: OFF", "-e": "CC Environment: PRODUCTION",
+                   "-mgm": "Multi-GPU Mode: None",
+                   "-grs": "Confidential Compute GPUs Ready state: "
+                           + ("ready" if os.path.exists(CC_READY) else "not-ready")}
+        if args[1:] == ["-srs", "1"]:
+            write(CC_READY, "1\n")
+            print("Confidential Compute GPUs Ready state: ready")
+            return 0
+        if args[1] in answers:
+            print(answers[args[1]])
+            return 0
     if args[:1] == ["-q"]:
         print("\n==============NVSMI LOG==============\n\n"
               f"Driver Version                            : {DRIVER_VERSION}\n"

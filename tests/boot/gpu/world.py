@@ -13,6 +13,7 @@ stand-in (root) at it.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -76,14 +77,18 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 
 def populate(rootfs: Path, spec_template: Path, fail_cdi_generate: bool = False,
              fail_persistenced: bool = False, kill_persistenced: bool = False,
-             hang_persistenced: bool = False, driver_files: bool = False) -> Path:
+             hang_persistenced: bool = False, driver_files: bool = False,
+             attested: bool = False) -> Path:
     """Write the fake GPU VM into rootfs; returns the host path of /srv/gpu. With
     ``fail_cdi_generate`` the boot fails in its last step, after persistenced started; with
     ``fail_persistenced`` the daemon fails to initialise (fakegpu.py says how); with
     ``kill_persistenced`` it is killed by SIGKILL while it initialises; with
     ``hang_persistenced`` it initialises for ever. ``driver_files``: every file the spec mounts
     into a container exists under the fake root (empty), as a driver install leaves them, so a
-    real runtime can start a container with the spec (the podman boots)."""
+    real runtime can start a container with the spec (the podman boots). ``attested``: a TDX
+    guest (the CPU flag) whose GPU is in CC mode, with the nvattest stand-in
+    (tests/nvattest_standin.py) on the agent's PATH; each nvattest call appends to
+    ``/srv/gpu/nvattest.log`` its argv, its cgroup and whether it may open an IPv4 socket."""
     home = rootfs / "srv/gpu"
     root = home / "root"
     files = {
@@ -133,6 +138,19 @@ def populate(rootfs: Path, spec_template: Path, fail_cdi_generate: bool = False,
     if hang_persistenced:
         (home / "hang-persistenced").touch()
 
+    if attested:
+        _write(root / "proc/cpuinfo", "processor\t: 0\nvendor_id\t: GenuineIntel\n"
+               "flags\t\t: fpu vme de pse tsc msr pae tdx_guest hypervisor\n\n")
+        (home / "cc-on").touch()
+        standin = HERE.parents[1] / "nvattest_standin.py"
+        _write(bin_dir / "nvattest", "#!/usr/bin/python3\n" + standin.read_text().split("\n", 1)[1],
+               0o755)
+        _write(bin_dir / "nvattest.plan.json", json.dumps(
+            {"gpus": [{"driver": VERSION}], "log": "/srv/gpu/nvattest.log"}))
+        # the transient unit is podvm-gpu-nvattest-gpu-<pid>.service: a prefix drop-in reaches
+        # it (systemd 246+); the stand-in writes its log under /srv/gpu
+        dropin = rootfs / "etc/systemd/system/podvm-gpu-nvattest-.service.d/50-fake-gpu.conf"
+        _write(dropin, "[Service]\nReadWritePaths=/srv/gpu\n")
     for unit in ("podvm-gpu.service", "kata-agent.service", "podvm-gpu-persistenced.service"):
         dropin = rootfs / f"etc/systemd/system/{unit}.d/50-fake-gpu.conf"
         dropin.parent.mkdir(parents=True, exist_ok=True)
