@@ -50,6 +50,7 @@ MIG_LGI = ["nvidia-smi", "mig", "-lgi"]
 CC_F = ["nvidia-smi", "conf-compute", "-f"]
 CC_GRS = ["nvidia-smi", "conf-compute", "-grs"]
 CC_SRS = ["nvidia-smi", "conf-compute", "-srs", "1"]
+CC_SRS0 = ["nvidia-smi", "conf-compute", "-srs", "0"]  # issue 26: a failed attestation sets it back
 # the CC classification's queries (steps/cc/classify.py QUERIES), asked by query.read_finding
 # and check's row with a variable option
 CC_QUERIES = [["nvidia-smi", "conf-compute", q] for q in ("-f", "-d", "-e", "-mgm")]
@@ -66,12 +67,13 @@ SITES = {
     "['nvidia-smi', 'conf-compute', *args]": None,  # the conf_compute calls below
     "['nvidia-smi', 'conf-compute', query]": None,  # each of CC_QUERIES
     "['nvidia-smi', 'conf-compute', '-grs']": CC_GRS,
+    "['nvidia-smi', 'conf-compute', '-srs', '0']": CC_SRS0,
     "['nvidia-smi', f\"--query-gpu={','.join(RESET_FIELDS)}\", '--format=csv,noheader']": RESET,
     "['nvidia-smi', f\"--query-gpu={','.join(ACTION_FIELDS)}\", '--format=csv,noheader']": ACTION,
     "['nvidia-smi', '-q']": FULL_Q,
 }
 CC_CALLS = {("-grs",): CC_GRS, ("-srs", "1"): CC_SRS}
-RUN = [FABRIC, REMAP, ECC, MIG_MODE, MIG_LGI, *CC_QUERIES, CC_GRS, CC_SRS, RESET, ACTION, FULL_Q]
+RUN = [FABRIC, REMAP, ECC, MIG_MODE, MIG_LGI, *CC_QUERIES, CC_GRS, CC_SRS, CC_SRS0, RESET, ACTION, FULL_Q]
 
 GPU0, GPU1 = "0000:18:00.0", "0000:28:00.0"  # fake_nvml.gpu(0) and gpu(1)
 ALL_CALLS = ("nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetPciInfo",
@@ -147,6 +149,13 @@ class RealRunner:
     def __init__(self, build: fetch.Build, description: Path, lib: Path):
         self.build, self.description, self.lib, self.asked = build, description, lib, []
         self.timeouts: dict[str, float] = {}
+
+    def which(self, tool: str) -> str | None:
+        """Only nvidia-smi is installed here (no nvattest: a regular VM attests nothing)."""
+        return str(self.build.binary) if tool == "nvidia-smi" else None
+
+    def why_missing(self, tool: str) -> str:
+        return f"{tool} is not installed (not on PATH)"
 
     def run(self, argv, *, timeout=None, check=True):
         from podvm_gpu.host.proc import Completed
@@ -369,6 +378,10 @@ def test_cc_readers_on_the_real_output(builds, world):
         srs = runner.run(CC_SRS, check=False)
         assert (srs.stdout, srs.returncode) == ("", 0)
         assert classify.parse_ready_state(runner.run(CC_GRS, check=False).output) == "ready"
+        # a failed attestation sets a found-ready state back (steps/cc/attest/gate.py)
+        srs = runner.run(CC_SRS0, check=False)
+        assert (srs.stdout, srs.returncode) == ("", 0)
+        assert classify.parse_ready_state(runner.run(CC_GRS, check=False).output) == "not-ready"
         for state in ("lost-after-handle", "lost-at-handle", "init-9"):
             runner, _ = in_state(world, build, state)
             for argv, reader in ((CC_F, classify.parse_cc_mode), (CC_GRS, classify.parse_ready_state)):
@@ -402,7 +415,9 @@ def test_cc_classification_and_step_on_the_real_output(builds, world):
                                        classify.MGM_PPCIE if cc == "ppcie" else classify.MGM_NONE)
             ctx = context(runner, 1, confidential_computing={"set_ready_state": True})
             if label in ("on", "ppcie"):
-                assert cc_step.run(ctx).endswith("ready state set to ready"), (build.ident, cc)
+                said = cc_step.run(ctx)  # a regular VM without nvattest: set, said unattested
+                assert "ready state set to ready; not attested (nvattest not installed)" in said, \
+                    (build.ident, cc, said)
             elif label == "devtools":
                 with pytest.raises(StepFailed, match="DevTools Mode: ON"):
                     cc_step.run(ctx)
