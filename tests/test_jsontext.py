@@ -8,6 +8,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tier import examples
 
 from podvm_gpu.jsontext import dumps
 
@@ -17,7 +18,7 @@ DOCUMENTS = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
                          | st.dictionaries(st.text(), inner, max_size=4), max_leaves=30)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400, 100), deadline=None)
 @given(DOCUMENTS)
 def test_the_text_is_what_json_dumps_with_indent_2_writes(doc):
     assert dumps(doc) == json.dumps(doc, indent=2)
@@ -42,7 +43,7 @@ def test_a_value_json_cannot_hold_is_refused(value):
         dumps(value)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400, 100), deadline=None)
 @given(DOCUMENTS)
 def test_loads_reads_back_what_dumps_and_json_dumps_write(doc):
     from podvm_gpu.jsontext import loads

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tier import examples
 
 from podvm_gpu.config.fields import yaml_float
 from podvm_gpu.config.load import parse_config
@@ -24,9 +25,9 @@ from podvm_gpu.errors import ConfigError
 from reliability.test_properties import check_config
 
 REPO = Path(__file__).resolve().parents[2]
-FAST = settings(max_examples=300, deadline=None, print_blob=True,
+FAST = settings(max_examples=examples(300, 100), deadline=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow])
-COMMAND = settings(max_examples=20, deadline=None, print_blob=True,
+COMMAND = settings(max_examples=examples(20, 5), deadline=None, print_blob=True,
                    suppress_health_check=[HealthCheck.too_slow])
 SECONDS_KEYS = ["budget_s", "timeouts.modprobe", "timeouts.nvidia-smi",
                 "persistenced.ready_timeout_s", "persistenced.per_gpu_s",

@@ -20,6 +20,7 @@ import types
 import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from tier import examples
 
 from podvm_gpu import cdi as cdi_dir
 from podvm_gpu.cdi.model import Spec
@@ -41,9 +42,9 @@ from podvm_gpu.steps.fabric.parse import parse_fabric, parse_fabric_rows
 
 # Random inputs on every run (new ones each time); a failure prints the falsifying example and
 # a @reproduce_failure blob, and .hypothesis/ keeps it for the next local run.
-FAST = settings(max_examples=300, deadline=None, print_blob=True,
+FAST = settings(max_examples=examples(300, 100), deadline=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow])
-FILES = settings(FAST, max_examples=150)
+FILES = settings(FAST, max_examples=examples(150, 50))
 
 # Any text a file or a tool may hold: unicode, invalid UTF-8 decoded with replacement, control
 # characters, markup.

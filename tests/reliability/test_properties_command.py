@@ -29,6 +29,7 @@ from conftest import product_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scenarios.world import World
+from tier import examples
 
 from podvm_gpu.config.load import load_config
 from podvm_gpu.errors import ConfigError
@@ -44,10 +45,10 @@ from reliability.test_properties import (
     status_oracle,
 )
 
-COMMAND = settings(max_examples=25, deadline=None, print_blob=True,
+COMMAND = settings(max_examples=examples(25, 6), deadline=None, print_blob=True,
                    suppress_health_check=[HealthCheck.too_slow,
                                           HealthCheck.function_scoped_fixture])
-WORLDS = settings(COMMAND, max_examples=12)
+WORLDS = settings(COMMAND, max_examples=examples(12, 3))
 
 
 def run(umockdev_run, tree: str, args: list[str], path: str, timeout: float = 60):

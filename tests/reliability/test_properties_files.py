@@ -49,6 +49,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from scenarios.world import DATA, World, load_case
 from test_check_image import make_image
+from tier import examples
 
 from reliability.test_properties import TEXT, documents, status_files
 
@@ -78,7 +79,7 @@ EXITS = {"boot": {0, 1}, "dry-run": {0, 1}, "check": {0, 1}, "image": {0, 1}, "c
 COMMANDS = {"check": ["check", "--json"], "image": ["check", "--image", "--json"],
             "config": ["config"], "status": ["status"], "metrics": ["metrics"],
             "dry-run": ["boot", "--dry-run"]}
-FILES_SETTINGS = settings(max_examples=int(os.environ.get("PODVM_GPU_FUZZ_EXAMPLES", "16")),
+FILES_SETTINGS = settings(max_examples=int(os.environ.get("PODVM_GPU_FUZZ_EXAMPLES", examples(16, 4))),
                           deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow,
                                                  HealthCheck.function_scoped_fixture,

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scenarios.world import World
 from test_tool_env import CTK_VARIABLES, install_standin, p02
+from tier import examples
 
 from reliability.test_properties import TEXT
 
@@ -23,7 +24,7 @@ VALUES = st.sampled_from(["all", "true", "false", "uuid", "/", "/elsewhere", "cs
     | TEXT.map(lambda t: t.replace("\0", ""))
 
 
-@settings(max_examples=6, deadline=None, print_blob=True,
+@settings(max_examples=examples(6, 3), deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.dictionaries(NAMES, VALUES, min_size=1, max_size=8))
 def test_no_nvidia_ctk_variable_of_the_unit_reaches_it_and_the_boot_ends_ready(monkeypatch, variables):
