@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import glob
 import os
-import socket
 import struct
 
 SYS_PCI_PARENT = "/devices/pci0000:00"  # where a PCI device without a VMBus channel sits
@@ -178,6 +177,8 @@ def uevent_message(devpath: str, action: str, properties: list[str], seqnum: int
               f"SEQNUM={seqnum}"] + [p for p in properties if not p.startswith("SUBSYSTEM=")]
     body = "".join(field + "\0" for field in fields).encode()
     # magic and hashes in network order, the sizes in host order (libudev's own header)
+    import socket  # here, not at the top: every fake tool call imports this module (13 ms)
+
     header = _HEADER.pack(b"libudev\0", socket.htonl(UDEV_MONITOR_MAGIC), _HEADER.size,
                           _HEADER.size, len(body), socket.htonl(murmur_hash2(subsystem)), 0, 0, 0)
     return header + body
@@ -186,6 +187,8 @@ def uevent_message(devpath: str, action: str, properties: list[str], seqnum: int
 def send_uevent(testbed: str, message: bytes) -> int:
     """Send ``message`` to every libudev monitor open in the testbed (``event<fd>`` sockets);
     return how many got it. A socket whose monitor was closed refuses it, and is skipped."""
+    import socket
+
     sent = 0
     for path in sorted(glob.glob(os.path.join(testbed, "event[0-9]*"))):
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
