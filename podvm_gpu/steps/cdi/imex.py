@@ -23,11 +23,11 @@ import os
 from podvm_gpu.cdi import IMEX_KIND, IMEX_SPEC_PATH, MAX_SPEC_BYTES
 from podvm_gpu.cdi.parse import parse_spec
 from podvm_gpu.errors import CdiSpecError, CommandError, StepFailed, exit_text
+from podvm_gpu.host.devnode import Node, make_node, node_problem
 from podvm_gpu.host.fs import Root, atomic_write, ensure_dir, read_bounded, unread
 from podvm_gpu.readers import char_majors
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, Check
 from podvm_gpu.steps.context import BootContext
-from podvm_gpu.steps.nodes import Node, make_node, node_problem
 
 IMEX_MAJOR_NAME = "nvidia-caps-imex-channels"  # its /proc/devices name
 CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
