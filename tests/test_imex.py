@@ -239,3 +239,12 @@ def test_the_rows_pass_after_an_install_and_fail_on_a_gpu_kind_spec(tmp_path):
     (tmp_path / IMEX_SPEC_PATH.lstrip("/")).write_text(text)
     row = imex.imex_spec_row(facts)
     assert row.result == FAIL and "kind nvidia.com/gpu, not nvidia.com/imex-channel" in row.detail
+
+
+def test_dry_run_plans_the_imex_generation_after_the_gpus_only_when_on(tmp_path):
+    from podvm_gpu.steps.cdi import step
+
+    on = step.plan(world(tmp_path, "[0]"))
+    assert on[1] == imex.generate_argv(world(tmp_path, "[0]"))
+    assert on[0][:4] == ["nvidia-ctk", "cdi", "generate", "--mode=nvml"]
+    assert not any("--mode=imex" in argv for argv in step.plan(world(tmp_path, "[]")))
