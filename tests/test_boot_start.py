@@ -79,7 +79,8 @@ def test_the_clean_up_removes_only_boots_own_temporary_files(tmp_path):
     run_dir.mkdir(parents=True)
     cdi_dir.mkdir(parents=True)
     own = [run_dir / ".status.json.4242.tmp", run_dir / ".fabricmanager.cfg.17.tmp",
-           cdi_dir / ".nvidia.yaml.99.tmp"]
+           cdi_dir / ".nvidia.yaml.99.tmp", cdi_dir / ".nvidia-imex.yaml.98.tmp",
+           run_dir / ".nvattest-gpu.json.97.tmp", run_dir / ".nvattest-nvswitch.json.96.tmp"]
     others = [run_dir / ".metrics.prom.4243.tmp", run_dir / ".custom.prom.7.tmp",
               cdi_dir / ".other.yaml.5.tmp", run_dir / ".status.json.tmp"]
     for path in own + others:

@@ -20,6 +20,7 @@ import os
 import sys
 import time
 
+from podvm_gpu.cdi import IMEX_SPEC_PATH
 from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
 from podvm_gpu.host.fs import TMP_SUFFIX, Root, ensure_dir, folder_trust_problems
 from podvm_gpu.model import REASON_MAX, State, Status, Step, StepResult, shown
@@ -405,8 +406,10 @@ def _foreign_link(links: list[str]) -> str | None:
 # The files boot writes atomically in its run and spec folders (status.py, cdi/, steps/fabric.py's
 # RUN_FM_CONFIG): only their temporaries are boot's to remove. The metrics exporter writes its
 # textfile (/run/podvm-gpu/metrics.prom by default) in the same folder, without boot's lock.
-OWN_FILES = {"/run/podvm-gpu": (os.path.basename(STATUS_PATH), "fabricmanager.cfg"),
-             "/var/run/cdi": (os.path.basename(CDI_SPEC_PATH),)}
+# the kept nvattest outputs: steps/cc/attest/gate.py (a name the CPU fast path need not import)
+OWN_FILES = {"/run/podvm-gpu": (os.path.basename(STATUS_PATH), "fabricmanager.cfg",
+                                "nvattest-gpu.json", "nvattest-nvswitch.json"),
+             "/var/run/cdi": (os.path.basename(CDI_SPEC_PATH), os.path.basename(IMEX_SPEC_PATH))}
 
 
 def own_leftover(name: str, own: tuple[str, ...]) -> bool:
