@@ -301,18 +301,21 @@ class Steps:
 
 
 def _dry_run(run: Run, ctx: BootContext) -> int:
-    from podvm_gpu.boot.plan import plan
+    from podvm_gpu.boot.plan import notes, plan
     from podvm_gpu.jsontext import dumps
 
-    commands = plan(ctx)
+    commands, said = plan(ctx), notes(ctx)
     if run.json_out:
         print(dumps({"dry_run": True, "gpus": [g.to_dict() for g in ctx.gpus],
-                     "nvswitches": [s.to_dict() for s in ctx.nvswitches], "commands": commands}))
+                     "nvswitches": [s.to_dict() for s in ctx.nvswitches], "commands": commands,
+                     "notes": said}))
     else:
         import shlex
 
         for argv in commands:
             print(shlex.join(argv))
+        for note in said:  # shell comments: the output stays a list of commands
+            print(f"# {note}")
     return 0
 
 
