@@ -10,12 +10,13 @@ import errno
 import os
 import time
 
-from podvm_gpu.host.fs import Root, atomic_write, ensure_dir, read_bounded
+from podvm_gpu.host.fs import TMP_SUFFIX, Root, atomic_write, ensure_dir, read_bounded
 from podvm_gpu.jsontext import dumps
 from podvm_gpu.model import State, Status, now_iso, shown  # noqa: F401 (status.shown)
 
 STATUS_PATH = "/run/podvm-gpu/status.json"
 LOCK_PATH = "/run/podvm-gpu/boot.lock"  # boot's flock; readers only look it up (boot_lock_held)
+_INFO = 6  # boot/run.py Log.INFO
 
 
 class StatusFile:
@@ -54,6 +55,90 @@ class StatusFile:
         status.reason = reason
         status.finished_at = now_iso()
         self.write(status)
+
+
+def acquire_lock(root: Root, timeout_s: float, log) -> int | None:
+    """Take ``/run/podvm-gpu/boot.lock`` (flock, exclusive): one boot at a time on a root.
+
+    A second boot waits for the first, at most ``timeout_s`` seconds, and writes nothing before
+    it holds the lock. The kernel releases a flock when its holder dies, so a killed boot never
+    leaves the lock held. The file descriptor is close-on-exec: no tool or daemon inherits it.
+
+    Returns:
+        The lock's file descriptor (kept open for the rest of the boot), or None when the
+        other boot still holds it after ``timeout_s``.
+
+    Raises:
+        OSError: the run directory or the lock file cannot be made.
+    """
+    import fcntl
+
+    path = root.resolve(LOCK_PATH, follow_last=False)
+    ensure_dir(os.path.dirname(path))
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        os.unlink(path)  # a planted symlink: never lock (or create) what it names
+        fd = os.open(path, flags, 0o644)
+    deadline = time.monotonic() + timeout_s
+    waiting = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if waiting:
+                log(_INFO, f"got {LOCK_PATH} after {time.monotonic() - deadline + timeout_s:.2f} s")
+            return fd
+        except BlockingIOError:
+            pass
+        if not waiting:
+            waiting = True
+            log(_INFO, f"another boot holds {LOCK_PATH}; waiting up to {timeout_s:g} s")
+        if time.monotonic() >= deadline:
+            os.close(fd)
+            return None
+        time.sleep(0.05)
+
+
+# The files boot writes atomically in its run and spec folders (status.py, cdi/, steps/fabric.py's
+# RUN_FM_CONFIG): only their temporaries are boot's to remove. The metrics exporter writes its
+# textfile (/run/podvm-gpu/metrics.prom by default) in the same folder, without boot's lock.
+# The kept nvattest outputs (steps/cc/attest/gate.py) and cdi.SPEC_PATH's and IMEX_SPEC_PATH's
+# names (cdi is status's sibling layer; tests/test_boot_last_resort.py ties them).
+OWN_FILES = {"/run/podvm-gpu": (os.path.basename(STATUS_PATH), "fabricmanager.cfg",
+                                "nvattest-gpu.json", "nvattest-nvswitch.json"),
+             "/var/run/cdi": ("nvidia.yaml", "nvidia-imex.yaml")}
+
+
+def own_leftover(name: str, own: tuple[str, ...]) -> bool:
+    """Whether ``name`` is the temporary of an atomic write of one of ``own`` (``.<name>.<pid>
+    .tmp``, host/fs.py ``atomic_write``)."""
+    if not (name.startswith(".") and name.endswith(TMP_SUFFIX)):
+        return False
+    target, _dot, pid = name[1:-len(TMP_SUFFIX)].rpartition(".")
+    return target in own and pid.isdigit()
+
+
+def remove_leftovers(root: Root) -> None:
+    """Remove the temporary files of an earlier boot that was killed mid-write (``.<name>.<pid>
+    .tmp`` of the files in :data:`OWN_FILES`, in the run and spec directories). Called with the
+    lock held, so no other boot is writing them; another writer's temporaries (the exporter's
+    textfile) are left alone."""
+
+    for folder, own in OWN_FILES.items():
+        try:
+            real = root.resolve(folder)
+            names = os.listdir(real)
+        except OSError:
+            continue
+        for name in names:
+            if own_leftover(name, own):
+                try:
+                    os.unlink(os.path.join(real, name))
+                except OSError:
+                    pass
 
 
 class StatusUnreadable(ValueError):

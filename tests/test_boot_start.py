@@ -21,13 +21,20 @@ REPO = Path(__file__).resolve().parents[1]
 def boot(root: Path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
     """Boot under ``root`` (no NVIDIA GPU on this machine) with ``<root>/dev/kmsg`` a FIFO;
     returns the run and the console line(s)."""
+    return with_console(root, lambda: subprocess.run(
+        [sys.executable, "-m", "podvm_gpu", "boot", "--root", str(root), *args],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)}))
+
+
+def with_console(root: Path, start) -> tuple[subprocess.CompletedProcess, str]:
+    """``start()`` (a boot under ``root``, returning its run) with ``<root>/dev/kmsg`` a FIFO
+    (boot writes its console line into a FIFO or a character device only); returns the run and
+    what reached the console."""
     (root / "dev").mkdir(exist_ok=True)
     os.mkfifo(root / "dev/kmsg")
     reader = os.open(root / "dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
     try:
-        done = subprocess.run([sys.executable, "-m", "podvm_gpu", "boot", "--root", str(root),
-                               *args], capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        done = start()
         try:
             console = os.read(reader, 65536).decode()
         except BlockingIOError:
@@ -79,7 +86,8 @@ def test_the_clean_up_removes_only_boots_own_temporary_files(tmp_path):
     run_dir.mkdir(parents=True)
     cdi_dir.mkdir(parents=True)
     own = [run_dir / ".status.json.4242.tmp", run_dir / ".fabricmanager.cfg.17.tmp",
-           cdi_dir / ".nvidia.yaml.99.tmp"]
+           cdi_dir / ".nvidia.yaml.99.tmp", cdi_dir / ".nvidia-imex.yaml.98.tmp",
+           run_dir / ".nvattest-gpu.json.97.tmp", run_dir / ".nvattest-nvswitch.json.96.tmp"]
     others = [run_dir / ".metrics.prom.4243.tmp", run_dir / ".custom.prom.7.tmp",
               cdi_dir / ".other.yaml.5.tmp", run_dir / ".status.json.tmp"]
     for path in own + others:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from schemas import assert_status_conforms
+from test_boot_start import with_console
 
 REPO = Path(__file__).resolve().parents[1]
 HUGE = "1" + "0" * 309  # 10**309: beyond any float (math.isfinite raised OverflowError)
@@ -59,20 +60,9 @@ def write_config(root: Path, text: str) -> Path:
 
 
 def boot_with_console(root: Path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
-    """Boot under ``root`` with ``<root>/dev/kmsg`` a FIFO (boot writes its console line into a
-    FIFO or a character device only); returns the run and what reached the console."""
-    (root / "dev").mkdir(exist_ok=True)
-    os.mkfifo(root / "dev/kmsg")
-    reader = os.open(root / "dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        done = podvm_gpu("boot", *args, root=root)
-        try:
-            console = os.read(reader, 65536).decode()
-        except BlockingIOError:
-            console = ""
-    finally:
-        os.close(reader)
-    return done, console
+    """Boot under ``root`` with ``<root>/dev/kmsg`` a FIFO (test_boot_start.with_console);
+    returns the run and what reached the console."""
+    return with_console(root, lambda: podvm_gpu("boot", *args, root=root))
 
 
 def assert_failed_boot(root: Path, done: subprocess.CompletedProcess, console: str,

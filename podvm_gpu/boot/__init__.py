@@ -11,14 +11,15 @@ pass-through channel without its PCI device, or fewer GPUs than the config expec
 
 from __future__ import annotations
 
+import _signal
 import os
 import time
 
-from podvm_gpu.boot.run import Interrupted, Log, Run, Signals, acquire_lock, oserror, remove_leftovers, untrusted_root
+from podvm_gpu.boot.run import BudgetExpired, Interrupted, Log, Run, Signals, oserror, untrusted_root
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.sysfs import channels_without_pci, scan_nvidia
 from podvm_gpu.model import State, Step, StepResult
-from podvm_gpu.status import LOCK_PATH, STATUS_PATH
+from podvm_gpu.status import LOCK_PATH, STATUS_PATH, acquire_lock, remove_leftovers
 
 CONFIG_PATH = "/etc/podvm-gpu/config.yaml"
 DEFAULT_BUDGET_S = 240.0  # config/model.py's budget_s default (tests/test_interface.py ties them)
@@ -51,21 +52,43 @@ def run_boot(root_dir: str = "/", config: str | None = None, json_out: bool = Fa
     try:
         run.signals = Signals()
         return _boot(run, config)
-    except Interrupted as signal:
-        if not run.status.steps:  # still waiting for the lock: the other boot owns the state
-            run.log(Log.ERR, f"stopped by {signal.name} before this boot began (nothing written)")
-            return 1
-        return run.interrupted(signal)
-    except Exception as err:  # a bug or a broken install must still end 'failed', never hang
-        import traceback
-
-        run.log(Log.ERR, traceback.format_exc().replace("\n", " | "))
-        if not run.status.steps:
-            return _fail_before_start(run, err)
-        return run.fail_unexpectedly(err)
+    except BaseException as err:  # every way out of a boot but its return ends in a final state
+        return _end_after(run, err)
     finally:
         if run.signals:
             run.signals.restore()
+
+
+def _end_after(run: Run, err: BaseException) -> int:
+    """The one guard every way out of a boot but its return goes through: ``err`` is what ended
+    it (SIGTERM and the like, the budget's timer, a bug or a broken install), or what an ending
+    already under way raised. The ending begins with the budget's timer cancelled and later
+    signals only noted (:meth:`Run.finishing`); then the end for ``err`` (docs/interface.md
+    3.3); and when an ending raises (this one, or the one under way), :meth:`Run.last_resort`
+    still writes the final ``failed`` status and the unavailable spec, naming the error."""
+    try:
+        run.finishing()
+        if run.ending is None:
+            if isinstance(err, KeyboardInterrupt):  # SIGINT before boot's handler was in place
+                err = Interrupted(_signal.SIGINT)
+            if isinstance(err, Interrupted):
+                if not run.status.steps:  # still waiting for the lock: the other boot owns the state
+                    run.log(Log.ERR, f"stopped by {err.name} before this boot began (nothing "
+                                     "written)")
+                    return 1
+                return run.interrupted(err)
+            if isinstance(err, BudgetExpired) and run.status.steps:  # the timer, outside a step
+                return run.fail(f"{run.running_step().name}: timed out: the boot budget of "
+                                f"{run.budget_s:g} s is spent")
+            import traceback  # a bug or a broken install must still end 'failed', never hang
+
+            run.log(Log.ERR, traceback.format_exc().replace("\n", " | "))
+            if not run.status.steps:
+                return _fail_before_start(run, err)
+            return run.fail_unexpectedly(err)
+    except BaseException as again:  # the ending itself raised
+        err = again
+    return run.last_resort(err)
 
 
 def _config_warning(run: Run, line: str) -> None:
@@ -73,7 +96,7 @@ def _config_warning(run: Run, line: str) -> None:
     run.status.warnings.append(f"config: {line}")
 
 
-def _fail_before_start(run: Run, err: Exception) -> int:
+def _fail_before_start(run: Run, err: BaseException) -> int:
     """End ``failed`` after an error no step handled before the first status write (a bug, a
     broken install): the lock is taken as a boot takes it (the status is written only with it
     held; without it, the unavailable spec and the console line alone), then the same ending as
@@ -99,6 +122,7 @@ def _fail_before_start(run: Run, err: Exception) -> int:
                 run.log(Log.ERR, f"another boot still holds {LOCK_PATH}; this one ends "
                                  "without writing anything")
                 return 1
+            run.locked = True
     return run.fail(reason)
 
 

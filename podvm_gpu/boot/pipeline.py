@@ -48,12 +48,11 @@ boot ends failed as any other.
 
 from __future__ import annotations
 
-import _signal
 import threading
 import time
 
 from podvm_gpu import steps as step_list
-from podvm_gpu.boot.run import Interrupted, Log, Run
+from podvm_gpu.boot.run import BudgetExpired, Interrupted, Log, Run
 from podvm_gpu.config.model import Config, timeouts_for
 from podvm_gpu.errors import Cancelled, CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host import kmsg
@@ -70,22 +69,6 @@ PARALLEL = tuple((name, step_list.module(name).run) for name in step_list.GPU_ST
                  if name in step_list.PARALLEL)
 STEP_NAMES = step_list.GPU_STEPS
 _ALARM_GRACE_S = 2.0  # after the budget, let the step in flight report its own timeout first
-
-
-class BudgetExpired(BaseException):
-    """Raised by the interval timer when the budget is spent; a BaseException so no step eats it."""
-
-
-_alarm_due = [0.0]  # when the budget's timer is due (time.monotonic()); 0: not set
-
-
-def _on_alarm(signum, frame):
-    """The budget's timer, or a SIGALRM from outside (``kill -ALRM``): told apart by the time,
-    since the timer fires only at its due time. An outside one ends the boot as any stray
-    signal does (``interrupted by SIGALRM``), not as a spent budget."""
-    if time.monotonic() < _alarm_due[0] - 0.25:
-        raise Interrupted(signum)
-    raise BudgetExpired()
 
 
 def budget_cut(err: BaseException) -> CommandError | None:
@@ -131,12 +114,15 @@ def run_pipeline(run: Run, config: Config | None) -> int:
     if run.dry_run:
         return _dry_run(run, ctx)
     steps = Steps(ctx, run)
-    previous = _signal.signal(_signal.SIGALRM, _on_alarm)
-    _alarm_due[0] = time.monotonic() + max(ctx.remaining(), 0) + _ALARM_GRACE_S
-    _signal.setitimer(_signal.ITIMER_REAL, max(ctx.remaining(), 0) + _ALARM_GRACE_S)
+    # the budget's timer (SIGALRM, boot/run.py Signals): BudgetExpired in the main thread; the
+    # first signal or the timer starts the ending, which cancels the timer and only notes
+    # what comes later, so nothing cuts the ending short (run_boot's guard does the rest)
+    if run.signals:
+        run.signals.arm(max(ctx.remaining(), 0) + _ALARM_GRACE_S)
     try:
         reason = steps.run_all()
     except BudgetExpired:  # while the parallel steps ran: the earliest in flight is blamed
+        run.finishing()
         step = steps.in_flight()
         steps.stop("the boot budget is spent", wait_s=0.5)
         step.result = StepResult.FAILED
@@ -144,14 +130,16 @@ def run_pipeline(run: Run, config: Config | None) -> int:
         reason = f"{step.name}: {step.message}"
     except BaseException as err:
         # SIGTERM, SIGINT, a bug: the step in flight is the one the end names; end the other
-        # steps' tools and give them a moment to record it
+        # steps' tools and give them a moment to record it, the timer cancelled first and
+        # later signals only noted (a second SIGTERM, the budget) so the wait is not cut short
+        run.finishing()
         if isinstance(err, Interrupted):
             err.steps = steps.running()
         steps.stop("the boot is ending", wait_s=1.0)
         raise
     finally:
-        _signal.setitimer(_signal.ITIMER_REAL, 0)
-        _signal.signal(_signal.SIGALRM, previous)
+        if run.signals:
+            run.signals.disarm()
     if reason is not None:
         return _fail(run, reason)
     for finding in kmsg.findings(kmsg.read_kernel_log(run.root)):
@@ -313,18 +301,21 @@ class Steps:
 
 
 def _dry_run(run: Run, ctx: BootContext) -> int:
-    from podvm_gpu.boot.plan import plan
+    from podvm_gpu.boot.plan import notes, plan
     from podvm_gpu.jsontext import dumps
 
-    commands = plan(ctx)
+    commands, said = plan(ctx), notes(ctx)
     if run.json_out:
         print(dumps({"dry_run": True, "gpus": [g.to_dict() for g in ctx.gpus],
-                     "nvswitches": [s.to_dict() for s in ctx.nvswitches], "commands": commands}))
+                     "nvswitches": [s.to_dict() for s in ctx.nvswitches], "commands": commands,
+                     "notes": said}))
     else:
         import shlex
 
         for argv in commands:
             print(shlex.join(argv))
+        for note in said:  # shell comments: the output stays a list of commands
+            print(f"# {note}")
     return 0
 
 

@@ -3,7 +3,9 @@
 Each step says its own (``plan(ctx)`` in its module, podvm_gpu/steps), built from the same facts
 the step reads (loaded modules, existing nodes, running daemons), so the plan skips what a real
 boot would skip. Commands whose arguments depend on results of earlier commands (a GPU's minor
-before the driver is loaded) use the GPU's index.
+before the driver is loaded) use the GPU's index; values known only at boot are placeholders in
+angle brackets (``<port GUID>``, ``<fresh nonce: ...>``). What a step can only decide at run
+time (a call that depends on an earlier call's answer) it says in a note (``plan_notes(ctx)``).
 """
 
 from __future__ import annotations
@@ -16,3 +18,9 @@ def plan(ctx: BootContext) -> list[list[str]]:
     """The argv lists a boot would run, in the step order."""
     return [argv for name in steps.GPU_STEPS
             for argv in getattr(steps.module(name), "plan", lambda ctx: [])(ctx)]
+
+
+def notes(ctx: BootContext) -> list[str]:
+    """The steps' notes on their plans (``plan_notes(ctx)``), in the step order."""
+    return [note for name in steps.GPU_STEPS
+            for note in getattr(steps.module(name), "plan_notes", lambda ctx: [])(ctx)]

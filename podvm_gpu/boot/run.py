@@ -15,15 +15,14 @@ stdlib-only modules only.
 from __future__ import annotations
 
 import _signal
-import errno
 import os
 import sys
 import time
 
 from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
-from podvm_gpu.host.fs import TMP_SUFFIX, Root, ensure_dir, folder_trust_problems
+from podvm_gpu.host.fs import TMP_SUFFIX, Root, folder_trust_problems
 from podvm_gpu.model import REASON_MAX, State, Status, Step, StepResult, shown
-from podvm_gpu.status import LOCK_PATH, STATUS_PATH, StatusFile
+from podvm_gpu.status import STATUS_PATH, StatusFile
 
 KMSG_PATH = "/dev/kmsg"
 # The signals that end a boot `failed` (3.5): systemd's stop and Ctrl-C, and those whose default
@@ -82,10 +81,19 @@ class Interrupted(BaseException):
         self.steps: list = []  # the steps in flight when it arrived, where the pipeline knows
 
 
+class BudgetExpired(BaseException):
+    """Raised by the budget's interval timer (:meth:`Signals.arm`) when the budget is spent; a
+    BaseException so no step eats it."""
+
+
+_ALARM_EARLY_S = 0.25  # a SIGALRM this long before the timer is due is one from outside
+
+
 class Signals:
     """SIGTERM, SIGINT and the other signals of :data:`_SIGNAL_NAMES` raise :class:`Interrupted`
-    in the boot until :meth:`finishing`; after that they are only noted, so the final spec and
-    status writes always complete.
+    in the boot, and the budget's timer (SIGALRM at its due time) :class:`BudgetExpired`, until
+    :meth:`finishing`; after that the timer is cancelled and every signal is only noted, so the
+    ending's spec and status writes always complete.
 
     ``_signal`` is the C module under ``signal``; the Python module imports ``enum``, which costs
     the fast path more than the rest of its imports.
@@ -93,22 +101,48 @@ class Signals:
 
     def __init__(self) -> None:
         self.late: list[str] = []
+        self.ending = False
+        self._due = 0.0  # when the budget's timer is due (time.monotonic()); 0: not armed
         self._previous = {s: _signal.signal(s, self._raise) for s in _SIGNAL_NAMES}
 
     def _raise(self, signum, frame):
-        # the first signal starts the ending: any later one (systemd's again, a second Ctrl-C)
-        # is only noted, so it cannot cut the ending short before its final status is written
+        # the first signal (the budget's timer too) starts the ending: any later one (systemd's
+        # again, a second Ctrl-C, the timer) is only noted, so it cannot cut the ending short
+        # before its final status is written
+        budget = signum == _signal.SIGALRM and self._due and \
+            time.monotonic() >= self._due - _ALARM_EARLY_S
         self.finishing()
+        if budget:
+            raise BudgetExpired()
         raise Interrupted(signum)
 
     def _note(self, signum, frame):
         self.late.append(_SIGNAL_NAMES.get(signum, str(signum)))
 
+    def arm(self, seconds: float) -> None:
+        """Start the budget's timer: SIGALRM in ``seconds`` (> 0) raises :class:`BudgetExpired`
+        in the main thread, unless the ending has begun. A SIGALRM that comes before it is due
+        is one from outside (``kill -ALRM``) and ends the boot as any stray signal does."""
+        if self.ending:
+            return
+        self._due = time.monotonic() + seconds
+        _signal.setitimer(_signal.ITIMER_REAL, seconds)
+
+    def disarm(self) -> None:
+        """Cancel the budget's timer (nothing when it is not armed)."""
+        if self._due:
+            _signal.setitimer(_signal.ITIMER_REAL, 0)
+            self._due = 0.0
+
     def finishing(self) -> None:
+        """The ending begins: the timer cancelled, every later signal only noted."""
+        self.ending = True
         for signum in _SIGNAL_NAMES:
             _signal.signal(signum, self._note)
+        self.disarm()
 
     def restore(self) -> None:
+        self.disarm()
         for signum, handler in self._previous.items():
             _signal.signal(signum, handler)
 
@@ -133,6 +167,15 @@ class Run:
         self.metrics = None  # the config's metrics settings, when there is a config
         self.budget_s = 240.0  # the config's budget_s once read (boot/__init__.py)
         self.locked = False  # boot.lock is held (boot/__init__.py)
+        # the ending under way (:meth:`end`, :meth:`end_ready`): its state and reason, for
+        # :meth:`last_resort` should the ending itself raise; None before it begins
+        self.ending: tuple[str, str | None] | None = None
+
+    def finishing(self) -> None:
+        """The ending begins: the budget's timer cancelled and later signals only noted
+        (:meth:`Signals.finishing`). Called first by every way a boot ends."""
+        if self.signals:
+            self.signals.finishing()
 
     def running_step(self) -> Step:
         """The step in flight (the earliest one still ``running``: several run at once after
@@ -153,12 +196,12 @@ class Run:
             reason = reason[:REASON_MAX - 4].rstrip() + " ..."
         if self.dry_run:
             return self._dry_run_end(state, reason)
+        self.finishing()
+        self.ending = (state, reason)
         if not self.status.steps:  # ended before its first step (no lock, a bug): the
             # document still has its detect step (4.1: steps start with detect)
             self.status.steps.append(Step("detect", StepResult.SKIPPED,
                                           "not run: the boot ended before its first step"))
-        if self.signals:
-            self.signals.finishing()
         try:
             self._publish_unavailable(state, reason)
         except OSError as err:
@@ -170,8 +213,8 @@ class Run:
         """End a ``ready`` boot (the pipeline has installed the spec): final status, console
         line, report. A status that cannot be written ends the boot ``failed`` instead, with
         the unavailable spec: a boot nobody can read the outcome of is not ready."""
-        if self.signals:
-            self.signals.finishing()
+        self.finishing()
+        self.ending = (State.READY, None)
         gpus = self.status.gpus
         names = ", ".join(sorted({g.name for g in gpus}))
         self.log(Log.INFO, f"ready in {time.monotonic() - self.started:.3f} s: "
@@ -273,6 +316,70 @@ class Run:
         also = f"; also in flight: {', '.join(s.name for s in steps[1:])}" if steps[1:] else ""
         return self.fail(f"{steps[0].name}: {message}{also}")
 
+    def last_resort(self, err: BaseException) -> int:
+        """End the boot ``failed`` when an ending raised (a bug or a broken install in the spec,
+        status or console writes; a signal that came before the ending took over): the
+        unavailable spec (or none, as the config says) and the final status, each written on its
+        own whatever the other does, then the console line. The reason is the ending's, with
+        ``ending: internal error: <Type>: <message>`` (or ``interrupted by SIGTERM``, ``the boot
+        budget is spent``) appended. Never raises; writes only where the ending itself would
+        have (not in a dry run, not before the boot's first step unless the ending had begun).
+        Returns 1."""
+        try:
+            self.finishing()
+        except BaseException:  # cannot make it worse: the writes still come
+            pass
+        try:
+            what = f"interrupted by {err.name}" if isinstance(err, Interrupted) else \
+                "the boot budget is spent" if isinstance(err, BudgetExpired) else \
+                f"internal error: {type(err).__name__}: {err}"
+            if self.ending is not None and self.ending[1]:
+                reason = f"{self.ending[1]}; ending: {what}"
+            elif self.ending is not None:
+                reason = f"status: cannot end ready: {what}"
+            else:
+                reason = f"{self.running_step().name}: {what}" if self.status.steps \
+                    else f"detect: {what}"
+            reason = shown(" ".join(reason.split()))
+            if len(reason) > REASON_MAX:
+                reason = reason[:REASON_MAX - 4].rstrip() + " ..."
+        except BaseException:
+            reason = "status: the boot's ending failed"
+        try:
+            self.log(Log.ERR, f"failed: {reason}")
+        except BaseException:
+            pass
+        if self.dry_run or (self.ending is None and not self.status.steps):
+            return 1
+        try:
+            from podvm_gpu.cdi.unavailable import remove_spec, write_unavailable_spec
+
+            if self.write_spec:
+                write_unavailable_spec(self.root, State.FAILED, reason)
+            else:
+                remove_spec(self.root)
+        except BaseException as spec_err:  # the status must still be written
+            self.log(Log.ERR, f"cdi: cannot write {CDI_SPEC_PATH}: {type(spec_err).__name__}: "
+                              f"{spec_err}")
+        try:
+            self.status.cdi = None
+            for step in self.status.steps:  # a final document has no running step (4.3)
+                if step.result == StepResult.RUNNING:
+                    step.result, step.message = StepResult.FAILED, reason
+                    step.duration_s = time.monotonic() - step.started
+            if not self.status.steps:
+                self.status.steps.append(Step("detect", StepResult.SKIPPED, "not run: the "
+                                              "boot ended before its first step"))
+            self.status_file.finish(self.status, State.FAILED, reason)
+        except BaseException as status_err:
+            self.log(Log.ERR, f"status: cannot write {STATUS_PATH}: "
+                              f"{type(status_err).__name__}: {status_err}")
+        try:
+            tell_console(self.root, State.FAILED, reason)
+        except BaseException:
+            pass
+        return 1
+
     def fail_unexpectedly(self, err: Exception) -> int:
         """End the boot ``failed`` after an error no step handled (a broken install, a bug),
         naming the step that was running."""
@@ -289,51 +396,6 @@ def oserror(err: OSError) -> str:
     if name and os.path.basename(str(name)).startswith(".") and str(name).endswith(TMP_SUFFIX):
         name = None
     return f"{err.strerror or err}" + (f" ({name})" if name else "")
-
-
-def acquire_lock(root: Root, timeout_s: float, log: Log) -> int | None:
-    """Take ``/run/podvm-gpu/boot.lock`` (flock, exclusive): one boot at a time on a root.
-
-    A second boot waits for the first, at most ``timeout_s`` seconds, and writes nothing before
-    it holds the lock. The kernel releases a flock when its holder dies, so a killed boot never
-    leaves the lock held. The file descriptor is close-on-exec: no tool or daemon inherits it.
-
-    Returns:
-        The lock's file descriptor (kept open for the rest of the boot), or None when the
-        other boot still holds it after ``timeout_s``.
-
-    Raises:
-        OSError: the run directory or the lock file cannot be made.
-    """
-    import fcntl
-
-    path = root.resolve(LOCK_PATH, follow_last=False)
-    ensure_dir(os.path.dirname(path))
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as err:
-        if err.errno != errno.ELOOP:
-            raise
-        os.unlink(path)  # a planted symlink: never lock (or create) what it names
-        fd = os.open(path, flags, 0o644)
-    deadline = time.monotonic() + timeout_s
-    waiting = False
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if waiting:
-                log(Log.INFO, f"got {LOCK_PATH} after {time.monotonic() - deadline + timeout_s:.2f} s")
-            return fd
-        except BlockingIOError:
-            pass
-        if not waiting:
-            waiting = True
-            log(Log.INFO, f"another boot holds {LOCK_PATH}; waiting up to {timeout_s:g} s")
-        if time.monotonic() >= deadline:
-            os.close(fd)
-            return None
-        time.sleep(0.05)
 
 
 def tell_console(root: Root, state: str, reason: str) -> None:
@@ -400,42 +462,6 @@ def _foreign_link(links: list[str]) -> str | None:
             return (f"{link} is a link owned by uid {st.st_uid} in {os.path.dirname(link)}, "
                     "which others can write: its owner can point it anywhere")
     return None
-
-
-# The files boot writes atomically in its run and spec folders (status.py, cdi/, steps/fabric.py's
-# RUN_FM_CONFIG): only their temporaries are boot's to remove. The metrics exporter writes its
-# textfile (/run/podvm-gpu/metrics.prom by default) in the same folder, without boot's lock.
-OWN_FILES = {"/run/podvm-gpu": (os.path.basename(STATUS_PATH), "fabricmanager.cfg"),
-             "/var/run/cdi": (os.path.basename(CDI_SPEC_PATH),)}
-
-
-def own_leftover(name: str, own: tuple[str, ...]) -> bool:
-    """Whether ``name`` is the temporary of an atomic write of one of ``own`` (``.<name>.<pid>
-    .tmp``, host/fs.py ``atomic_write``)."""
-    if not (name.startswith(".") and name.endswith(TMP_SUFFIX)):
-        return False
-    target, _dot, pid = name[1:-len(TMP_SUFFIX)].rpartition(".")
-    return target in own and pid.isdigit()
-
-
-def remove_leftovers(root: Root) -> None:
-    """Remove the temporary files of an earlier boot that was killed mid-write (``.<name>.<pid>
-    .tmp`` of the files in :data:`OWN_FILES`, in the run and spec directories). Called with the
-    lock held, so no other boot is writing them; another writer's temporaries (the exporter's
-    textfile) are left alone."""
-
-    for folder, own in OWN_FILES.items():
-        try:
-            real = root.resolve(folder)
-            names = os.listdir(real)
-        except OSError:
-            continue
-        for name in names:
-            if own_leftover(name, own):
-                try:
-                    os.unlink(os.path.join(real, name))
-                except OSError:
-                    pass
 
 
 def report(status: Status, json_out: bool) -> None:

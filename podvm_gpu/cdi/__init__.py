@@ -29,6 +29,10 @@ from podvm_gpu.host.fs import Root, read_bounded
 KIND = "nvidia.com/gpu"
 RUN_DIR = "/var/run/cdi"
 SPEC_PATH = RUN_DIR + "/nvidia.yaml"  # what kata-agent reads (contract section 2)
+# The IMEX channels' spec (podvm_gpu/steps/cdi/imex.py): a file boot owns beside ours, of kind
+# nvidia.com/imex-channel; a no-gpu or failed boot removes it (cdi/unavailable.py).
+IMEX_KIND = "nvidia.com/imex-channel"
+IMEX_SPEC_PATH = RUN_DIR + "/nvidia-imex.yaml"
 ETC_DIR = "/etc/cdi"
 OUR_SPEC = "nvidia.yaml"
 DISABLED_SUFFIX = ".disabled-by-podvm-gpu"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from podvm_gpu.cdi import KIND, SPEC_PATH
+from podvm_gpu.cdi import IMEX_SPEC_PATH, KIND, SPEC_PATH
 from podvm_gpu.host.fs import Root, atomic_write, ensure_dir
 from podvm_gpu.jsontext import dumps as _json
 
@@ -39,25 +39,44 @@ def render_unavailable_spec(state: str, reason: str) -> str:
 
 
 def write_unavailable_spec(root: Root, state: str, reason: str) -> str:
-    """Install the unavailable spec atomically at ``/var/run/cdi/nvidia.yaml``; return its real path.
+    """Install the unavailable spec atomically at ``/var/run/cdi/nvidia.yaml``, then remove
+    the IMEX spec (:func:`remove_imex_spec`); return its real path.
 
     Raises:
-        OSError: the spec directory cannot be created or written.
+        OSError: the spec directory cannot be created or written, or the IMEX spec removed.
     """
     path = root.resolve(SPEC_PATH, follow_last=False)
     ensure_dir(root.resolve("/var/run/cdi"))
     atomic_write(path, render_unavailable_spec(state, reason))
+    remove_imex_spec(root)
     return path
+
+
+def remove_imex_spec(root: Root) -> bool:
+    """Remove ``/var/run/cdi/nvidia-imex.yaml`` (steps/cdi/imex.py): a no-gpu or failed boot
+    leaves no IMEX channel a container could get. Returns whether there was one.
+
+    Raises:
+        OSError: it is there and cannot be removed (the error names the file).
+    """
+    try:
+        os.unlink(root.resolve(IMEX_SPEC_PATH, follow_last=False))
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        raise OSError(err.errno, f"cannot remove {IMEX_SPEC_PATH}: {err.strerror}") from err
+    return True
 
 
 def remove_spec(root: Root) -> bool:
     """Remove ``/var/run/cdi/nvidia.yaml`` (an earlier boot's spec) when the config turned the
-    unavailable spec off: a failed or no-GPU boot must leave nothing that looks ready. Returns
-    whether there was one.
+    unavailable spec off: a failed or no-GPU boot must leave nothing that looks ready; the IMEX
+    spec goes too (:func:`remove_imex_spec`). Returns whether there was one.
 
     Raises:
         OSError: it is there and cannot be removed.
     """
+    remove_imex_spec(root)
     try:
         os.unlink(root.resolve(SPEC_PATH, follow_last=False))
     except FileNotFoundError:

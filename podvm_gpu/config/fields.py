@@ -139,6 +139,28 @@ def string_list(value: object, loc: list) -> tuple[str, ...]:
     return tuple(_string(item, [*loc, i]) for i, item in enumerate(value))
 
 
+# IMEX channels: the driver makes NVreg_ImexChannelCount of them (2048 by default, its maximum),
+# so an id is below 2048. A pod uses one channel (the DRA driver hands out channel 0 by default);
+# 64 in a list is a judgement, far above any use, that keeps the nodes and the spec small.
+MAX_IMEX_CHANNEL = 2047
+MAX_IMEX_CHANNELS = 64
+
+
+def imex_channels(value: object, loc: list) -> tuple[int, ...]:
+    """A validator of ``imex.channels``: a list of at most :data:`MAX_IMEX_CHANNELS` distinct
+    channel ids, each a whole number from 0 to :data:`MAX_IMEX_CHANNEL`; returned sorted, as a
+    tuple (the config is frozen)."""
+    if not isinstance(value, list):
+        raise Invalid(loc, f"must be a list of channel ids, not {_kind(value)}")
+    if len(value) > MAX_IMEX_CHANNELS:
+        raise Invalid(loc, f"at most {MAX_IMEX_CHANNELS} channels, not {len(value)}")
+    ids = tuple(count(MAX_IMEX_CHANNEL)(item, [*loc, i]) for i, item in enumerate(value))
+    if len(set(ids)) != len(ids):
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        raise Invalid(loc, f"channel {twice[0]} is listed twice")
+    return tuple(sorted(ids))
+
+
 def one_of(names: tuple[str, ...]):
     """A validator of one of ``names``."""
     def check(value: object, loc: list) -> str:

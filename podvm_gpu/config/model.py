@@ -12,6 +12,7 @@ from podvm_gpu.config.fields import (
     attestation_mode,
     boolean,
     count,
+    imex_channels,
     mapping,
     module,
     module_names,
@@ -138,6 +139,18 @@ class HealthConfig(Section):
     __slots__ = tuple(FIELDS)
 
 
+class ImexConfig(Section):
+    """IMEX channels for multi-node NVLink (GB200/GB300 NVL72 compute trays; issue 28), off by
+    default: ``channels`` lists the channel ids whose nodes
+    (``/dev/nvidia-caps-imex-channels/channel<id>``) the ``cdi`` step makes and whose spec of kind
+    ``nvidia.com/imex-channel`` it installs as ``/var/run/cdi/nvidia-imex.yaml``
+    (podvm_gpu/steps/cdi/imex.py). ``[]`` (the default): nothing made, any earlier IMEX spec
+    removed."""
+
+    FIELDS = {"channels": (imex_channels, ())}
+    __slots__ = tuple(FIELDS)
+
+
 class DetectConfig(Section):
     """GPUs that appear after boot started (Hyper-V's vPCI, hot-plug).
 
@@ -191,6 +204,7 @@ class Config(Section):
               "initdata": (InitdataConfig, InitdataConfig()),
               "detect": (DetectConfig, DetectConfig()),
               "health": (HealthConfig, HealthConfig()),
+              "imex": (ImexConfig, ImexConfig()),
               "unavailable_spec": (boolean, True),
               "metrics": (_metrics, _default_metrics)}
     __slots__ = tuple(FIELDS)

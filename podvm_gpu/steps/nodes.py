@@ -12,24 +12,13 @@ second boot changes nothing.
 
 from __future__ import annotations
 
-import os
-import stat
-
 from podvm_gpu import readers
 from podvm_gpu.errors import CommandError, StepFailed, exit_text
-from podvm_gpu.host.fs import Root, ensure_dir, is_char_device
+from podvm_gpu.host.devnode import Node, make_node, node_problem
+from podvm_gpu.host.fs import Root, is_char_device
 from podvm_gpu.readers import CTL_MINOR, NVIDIA_MAJOR_NAME, UVM_MAJOR_NAME, char_majors, gpu_minors
-from podvm_gpu.record import REQUIRED, Record
 from podvm_gpu.row import FAIL, PASS, Check
 from podvm_gpu.steps.context import BootContext
-
-NODE_MODE = 0o666
-
-
-class Node(Record):
-    """A device node the GPUs need: host path and expected numbers (None: unknown major)."""
-
-    FIELDS = (("path", REQUIRED), ("major", REQUIRED), ("minor", REQUIRED))
 
 
 def required_nodes(root: Root, minors: dict[str, int]) -> list[Node]:
@@ -40,35 +29,6 @@ def required_nodes(root: Root, minors: dict[str, int]) -> list[Node]:
              Node("/dev/nvidia-uvm-tools", uvm, 1)]
     nodes += [Node(f"/dev/nvidia{m}", nv, m) for m in sorted(minors.values())]
     return nodes
-
-
-def node_problem(root: Root, node: Node) -> str | None:
-    """Why ``node`` is not right under the root (missing, not a char device, wrong numbers)."""
-    path = root.resolve(node.path, follow_last=False)
-    if os.path.islink(path):  # a container gets what the link names, not a checked node
-        return f"{node.path} is a symlink, not a character device"
-    numbers = is_char_device(path, follow=False)
-    if numbers is None:
-        return f"{node.path} is missing or not a character device"
-    if node.major is not None and numbers != (node.major, node.minor):
-        return f"{node.path} is {numbers[0]}:{numbers[1]}, expected {node.major}:{node.minor}"
-    return None
-
-
-def make_node(root: Root, node: Node) -> None:
-    """``mknod`` a character device (mode 0666) under the root; replaces nothing that exists.
-
-    Raises:
-        StepFailed: something that is not the node is already at its path.
-        OSError: mknod failed (no CAP_MKNOD, a read-only /dev).
-    """
-    path = root.resolve(node.path, follow_last=False)
-    if os.path.lexists(path):
-        kind = "a symlink" if os.path.islink(path) else "not a character device"
-        raise StepFailed(f"{node.path} exists but is {kind}; remove it so the node can be made")
-    ensure_dir(os.path.dirname(path))
-    os.mknod(path, stat.S_IFCHR | NODE_MODE, os.makedev(node.major, node.minor))
-    os.chmod(path, NODE_MODE)  # mknod's mode is cut by the umask
 
 
 def run(ctx: BootContext) -> str:

@@ -197,6 +197,17 @@ def _attested(case: Case) -> None:
                                         "attestation_per_device_s": 0}
     case.files["etc/podvm-gpu/config.yaml"] = yaml.safe_dump(config)
     case.nvattest = {"gpus": [{"driver": "550.54.15"}]}
+IMEX_SPEC = "var/run/cdi/nvidia-imex.yaml"
+
+
+def _earlier_imex_spec(case: Case) -> None:
+    """S108 with the IMEX spec of an earlier boot in place: a fault that fails the boot must
+    leave none (final_state_problems), and a ready boot replaces it."""
+    case.files[IMEX_SPEC] = ('{"cdiVersion":"0.5.0","kind":"nvidia.com/imex-channel","devices":'
+                             '[{"name":"all","containerEdits":{"deviceNodes":[{"path":'
+                             '"/dev/nvidia-caps-imex-channels/channel0"}]}}]}\n')
+
+
 SCENARIOS = (
     Scenario("P02", "P02-one-h100-pcie-ready.yaml", (
         *MODPROBE, *NODES, PERSISTENCED,
@@ -265,6 +276,11 @@ SCENARIOS = (
         Command(("nvidia-smi", "mig", "-lgi"), "cdi", reason_has=GENERATE_FAILED,
                 reason_lacks=dict.fromkeys(("exit", "hang", "signal"), "no GPU instances exist")),
     ), change=_mig_without_instances),
+    # issue 28: IMEX channels on (S108): every fault of the IMEX spec's generation fails the
+    # cdi step closed (no output, or output that is not the IMEX spec, is never installed)
+    Scenario("S108-imex", "S108-imex-on-and-ready-two-specs.yaml", (
+        Command(("nvidia-ctk", "cdi", "generate", "--mode=imex"), "cdi"),
+    ), change=_earlier_imex_spec),
 )
 
 
@@ -433,6 +449,8 @@ def final_state_problems(world: World, run: Run, budget_s: float) -> list[str]:
                           status)
     if state == "ready":
         problems += own_validation(world)
+    if state != "ready" and os.path.lexists(world.path("/" + IMEX_SPEC)):
+        problems.append(f"/{IMEX_SPEC} left after a boot that ended {state!r}")
     if leftovers := temp_files(world.layout.root):
         problems.append(f"temporary files left: {leftovers}")
     return problems

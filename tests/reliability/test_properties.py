@@ -98,7 +98,9 @@ CONFIG_KEYS = ["budget_s", "timeouts", "tools", "persistenced", "fabricmanager",
                "per_gpu_s", "args", "config_file", "poll_s", "set_ready_state", "parameters",
                "optional", "nvidia", "nvidia-ctk", "nvidia-smi", "modprobe", "NVreg_X",
                # issue 17's keys, and the section one of them lives in
-               "allow_devtools", "health", "reset_pending_warns", "lock_after_boot"]
+               "allow_devtools", "health", "reset_pending_warns", "lock_after_boot",
+               # issue 28's IMEX channels
+               "imex", "channels"]
 _CONFIG_ERROR = re.compile(r"^cfg\.yaml: (not valid YAML: |must be a mapping|nested too deeply"
                            r"|.+: )")
 
@@ -119,6 +121,10 @@ def check_config(config: Config) -> None:
     assert isinstance(config.confidential_computing.allow_devtools, bool)
     assert isinstance(config.health.reset_pending_warns, bool)
     assert isinstance(config.modules.lock_after_boot, bool)
+    # channel ids: whole numbers (never a boolean), in the driver's range, distinct, bounded
+    channels = config.imex.channels
+    assert isinstance(channels, tuple) and len(channels) <= 64 and len(set(channels)) == len(channels)
+    assert all(type(c) is int and 0 <= c <= 2047 for c in channels)
 
 
 @FAST
@@ -130,6 +136,8 @@ def check_config(config: Config) -> None:
 @example("modules: {lock_after_boot: 'true'}")
 @example("confidential_computing: {allow_devtools: [true]}")
 @example("health: {reset_pending_warns: true, lock_after_boot: true}")
+@example("imex: {channels: [true, 1.0, -1, 2048, 10000000000000000000000]}")
+@example("imex: {channels: [0, 0]}")
 def test_any_config_text_is_a_valid_config_or_a_config_error_naming_the_file_and_key(text):
     try:
         config = parse_config(text, "cfg.yaml")

@@ -41,6 +41,8 @@ EFFECTS = {
     "daemon_ready": ({"persistenced", "nvlsm"}, set()),
     "fabric": (set(FABRIC_STATES), set()),
     "cc_ready_state": ({"ready", "not-ready"}, set()),
+    # the harness's own (issue 28): a character major the driver registers in /proc/devices
+    "register_char_device": ({"nvidia-caps-imex-channels"}, {"major"}),
 }
 FLAVOURS = ("open", "proprietary")
 
@@ -60,6 +62,9 @@ NVRM_VERSION = {
 }
 GCC_VERSION = "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
 STAND_IN_CODE = "import time; time.sleep(3600)"
+# The IMEX channels' major is dynamic (the driver asks for one); 509 is a free one in the worlds,
+# beside nvidia-uvm's 510, as the kernel hands dynamic majors out downward from 511.
+IMEX_MAJOR = 509
 IB_UMAD_MAJOR = 231  # IB_UMAD_MAJOR, drivers/infiniband/core/user_mad.c
 NVLSM_SOCKET = "/run/nvidia-fabricmanager/fm_sm_ipc.socket"
 NVLSM_PID = "/run/podvm-gpu/nvlsm.pid"
@@ -314,7 +319,8 @@ class Effects:
             EffectError: the effect cannot be applied (missing fixture, unsafe path, ...).
         """
         name = effect_name(effect)
-        getattr(self, "_" + name)(effect[name], effect)
+        method = "_register_char_device_effect" if name == "register_char_device" else "_" + name
+        getattr(self, method)(effect[name], effect)
         mark = effect_mark(effect)
         if mark not in self.state["applied"]:
             self.state["applied"].append(mark)
@@ -341,6 +347,11 @@ class Effects:
                 banner = NVRM_VERSION[effect.get("flavour", "open")].format(v=effect["version"])
                 _write(self.path("/proc/driver/nvidia/version"), banner + GCC_VERSION)
             self._bind_gpus()
+
+    def _register_char_device_effect(self, name: str, effect: dict) -> None:
+        """``register_char_device: nvidia-caps-imex-channels`` (``major``, default
+        :data:`IMEX_MAJOR`): the line the driver adds to ``/proc/devices`` for its IMEX channels."""
+        self._register_char_device(name, int(effect.get("major", IMEX_MAJOR)))
 
     def _register_char_device(self, name: str, major: int) -> None:
         path = self.path("/proc/devices")

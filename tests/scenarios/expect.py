@@ -63,6 +63,9 @@ def judge_boot(world: World, run: Run, expect: dict) -> list[str]:
         hits = [shlex.join(call.argv) for call in run.calls if argv_matches(pattern, call.argv)]
         if hits:
             problems.append(f"not_called {entry!r} was called: {hits}")
+    for path in expect.get("absent") or []:  # issue 28: what a boot must not leave
+        if os.path.lexists(world.path("/" + str(path).lstrip("/"))):
+            problems.append(f"absent {path!r} is there after the run")
     for entry in expect.get("called") or []:
         pattern = [entry] if isinstance(entry, str) else [str(arg) for arg in entry]
         if not any(argv_matches(pattern, call.argv) for call in run.calls):
@@ -167,7 +170,8 @@ def judge_check(world: World, run: Run, expect: dict) -> list[str]:
         results = {check["name"]: check for check in document["checks"]}
     except (ValueError, KeyError, TypeError) as err:
         return problems + [f"check --json stdout is not {{'checks': [{{'name', 'result', ...}}]}}: {err}"]
-    for key, result in (("fails", "fail"), ("warns", "warn"), ("passes", "pass")):
+    for key, result in (("fails", "fail"), ("warns", "warn"), ("passes", "pass"),
+                        ("skips", "skip")):
         for name in expect.get(key) or []:
             got = results.get(name, {}).get("result", "missing")
             if got != result:

@@ -38,6 +38,10 @@ fields (healthy: ``No``).
 A rule's ``keep_output_s`` (the harness's own key): after answering, the fake leaves a child
 that holds its stdout and stderr open that many seconds, as a tool whose helper outlives it.
 
+``nvidia-ctk cdi generate --mode=imex`` (issue 28): only a rule whose argv names ``--mode=imex``
+answers it; else the harness does (imex_ctk.py), as the real nvidia-ctk 1.20.0 would for the
+channel nodes under the dev root, from its captures.
+
 A call no rule matches (and the harness does not own) exits 127 with a stderr line naming the
 case and the argv; the test output lists such calls.
 """
@@ -52,6 +56,7 @@ import sys
 import time
 
 from . import effects as fx
+from . import imex_ctk
 
 UNMATCHED_RC = 127
 NO_DRIVER_RC = 9
@@ -370,8 +375,25 @@ def main(config_path: str) -> int:
         return refused[0]
 
     rules = world.config["rules"]
-    index = find_rule(rules, argv, start_state["applied"])
+    imex = imex_ctk.is_imex_generate(argv)
+    # issue 28: only a rule that names --mode=imex answers the IMEX generation; a case's plain
+    # `nvidia-ctk cdi generate` rule stands for the GPUs' spec
+    index = find_rule([r if not imex or "--mode=imex" in r["argv"] else {**r, "argv": ["\0"]}
+                       for r in rules], argv, start_state["applied"])
     rule = rules[index] if index is not None else None
+    if imex and rule is None:
+        try:
+            rc, out, err = imex_ctk.answer(argv, world.layout.dir, world.layout.root,
+                                           world.config["fixture_dirs"])
+        except (fx.EffectError, OSError) as error:
+            rc, out, err = 1, "", f"scenario harness: {error}\n"
+            log.write("harness-error", message=str(error))
+        sys.stdout.write(out)
+        sys.stderr.write(err)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        log.write("end", rc=rc, answer="harness (nvidia-ctk --mode=imex)", applied=[])
+        return rc
     owned = owned_query(argv, start_state)
     if rule is None and owned is None:
         sys.stderr.write(f"scenario {world.config['case_id']}: no rule answers {argv!r}\n")

@@ -28,7 +28,7 @@ from podvm_gpu.steps.cc.query import conf_compute, guest, read_finding, ready_st
 from podvm_gpu.steps.cc.rows import IMAGE_ROWS, VM_ROWS
 from podvm_gpu.steps.context import BootContext
 
-__all__ = ["run", "plan", "before_ready_state", "VM_ROWS", "IMAGE_ROWS"]
+__all__ = ["run", "plan", "plan_notes", "before_ready_state", "VM_ROWS", "IMAGE_ROWS"]
 
 
 def before_ready_state(ctx: BootContext, finding: classify.CcFinding, state: str = "not-ready",
@@ -118,6 +118,56 @@ def run(ctx: BootContext) -> str:
     return f"{label}, ready state set to ready{waited}{said}"
 
 
+NONCE_PLACEHOLDER = "<fresh nonce: 32 random bytes, hex>"
+
+
 def plan(ctx: BootContext) -> list[list[str]]:
-    """``boot --dry-run``: the CC queries (the ready state's depend on their answers)."""
-    return [["nvidia-smi", "conf-compute", query] for query in classify.QUERIES]
+    """``boot --dry-run``: the CC queries, the ready state's query, the attestation's calls
+    (docs/interface.md 3.12) and ``-srs 1``, in the order the step makes them. What runs after
+    the queries depends on their answers (a GPU that is not confidential ends the step before
+    it, a ready state found ready skips ``-srs 1``): :func:`plan_notes` says so. The
+    attestation is listed unless the config turns it off, or nvattest is not installed and
+    nothing requires it (a regular VM: the boot warns); its nonce, fresh in each boot, is
+    :data:`NONCE_PLACEHOLDER`. ``-srs 1`` only with ``set_ready_state: true``."""
+    argvs = [["nvidia-smi", "conf-compute", query] for query in classify.QUERIES]
+    argvs.append(["nvidia-smi", "conf-compute", "-grs"])
+    if _plans_attestation(ctx):
+        from podvm_gpu.steps.cc.attest import run as nvattest
+
+        argvs.append(["nvattest", "--log-level", "info", "version"])
+        argvs.append(nvattest.command("gpu", NONCE_PLACEHOLDER, ctx.config.confidential_computing,
+                                      ctx.root))
+    if ctx.config.confidential_computing.set_ready_state:
+        argvs += [["nvidia-smi", "conf-compute", "-srs", "1"], ["nvidia-smi", "conf-compute", "-grs"]]
+    return argvs
+
+
+def plan_notes(ctx: BootContext) -> list[str]:
+    """``boot --dry-run``: what the plan of :func:`plan` cannot know before the queries run."""
+    cc = ctx.config.confidential_computing
+    notes = ["confidential-computing: the calls after nvidia-smi conf-compute -grs run only for "
+             "GPUs the queries find confidential (CC on, or Protected PCIe; dev-tools with "
+             "allow_devtools)" + ("; -srs 1 only when the ready state is found not-ready "
+                                  "(never for a dev-tools GPU)" if cc.set_ready_state else "")]
+    if _plans_attestation(ctx) and ctx.nvswitches:
+        notes.append("confidential-computing: in Protected PCIe mode (known only at run time, "
+                     "from nvidia-smi conf-compute -mgm) a second run attests the NVSwitches "
+                     "with the same nonce: nvattest attest --device nvswitch ... (the same "
+                     "options)")
+    if cc.attestation != "off" and not _plans_attestation(ctx):
+        notes.append("confidential-computing: nvattest is not installed: a boot on this VM "
+                     "does not attest the GPUs (a warning), unless the pod's initdata requires "
+                     "it (read at boot only): then it fails closed")
+    return notes
+
+
+def _plans_attestation(ctx: BootContext) -> bool:
+    """Whether a boot would run nvattest for confidential GPUs (attest/gate.py's policy; the
+    pod's initdata is read at boot only)."""
+    from podvm_gpu.steps.cc.attest.gate import required_because, tee_guest
+
+    cc = ctx.config.confidential_computing
+    if cc.attestation == "off":
+        return False
+    return ctx.runner.which("nvattest") is not None or \
+        required_because(cc, tee_guest(ctx)) is not None

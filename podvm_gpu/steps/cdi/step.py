@@ -11,7 +11,9 @@ out the uvm nodes or names a missing hook. Boot owns kind ``nvidia.com/gpu`` in
 define, so it is renamed aside.
 
 The step is in two parts (boot/pipeline.py): :func:`run` generates and validates, beside the fabric wait and the
-confidential-computing step; :func:`finish` installs, only once they have all succeeded.
+confidential-computing step; :func:`finish` installs, only once they have all succeeded. With
+``imex.channels`` set, the IMEX channels' nodes and spec (steps/cdi/imex.py) are made in the
+first part and the spec installed in the second, before the GPUs'.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
 from podvm_gpu.errors import CdiSpecError, CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host.fs import atomic_write, ensure_dir, read_bounded, unread
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
+from podvm_gpu.steps.cdi import imex
 from podvm_gpu.steps.context import BootContext
 
 # nvidia-ctk's warnings that can explain a failed generate: the driver libraries and device
@@ -92,18 +95,21 @@ class Generated:
     def __init__(self, text: str, spec):
         self.text, self.spec = text, spec
         self.health = ""  # what the health gate read (podvm_gpu/steps/cdi/health.py), for the step's message
+        self.imex = None  # the IMEX spec (steps/cdi/imex.py), None when imex is off
 
 
 def run(ctx: BootContext) -> Generated:
     """Generate and validate the spec while the health gate (podvm_gpu/steps/cdi/health.py: a spec must
     mean a usable GPU) reads the GPUs: two independent NVML clients, both after persistenced, so
-    the gate's queries cost the boot no time beyond the generation's. Nothing is written.
+    the gate's queries cost the boot no time beyond the generation's. Nothing is written but
+    the IMEX channel nodes (steps/cdi/imex.py), when ``imex.channels`` asks for them.
 
     Raises:
         StepFailed: nvidia-ctk failed or timed out (its last error, the driver version, and the
             MIG state when that is the cause), the spec breaks a rule of contract section 8, or
             the health gate read a GPU that needs replacing or a reset (the generation's
-            failure is named first when both fail).
+            failure is named first when both fail), or the IMEX channels or their spec failed
+            (``imex: ...``).
     """
     import threading
 
@@ -170,7 +176,9 @@ def generate(ctx: BootContext) -> Generated:
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise StepFailed("the generated spec is not usable: " + "; ".join(problems[:3]) + more)
-    return Generated(text, spec)
+    generated = Generated(text, spec)
+    generated.imex = imex.generate(ctx)
+    return generated
 
 
 def finish(ctx: BootContext, generated: Generated) -> str:
@@ -182,6 +190,7 @@ def finish(ctx: BootContext, generated: Generated) -> str:
     text, spec = generated.text, generated.spec
     for warning in cdi.disable_duplicates(ctx.root):
         ctx.warn(warning)
+    imex_done = imex.install(ctx, generated.imex)  # before the GPUs' spec makes the VM usable
     try:
         target = ctx.root.resolve(CDI_SPEC_PATH, follow_last=False)
         ensure_dir(os.path.dirname(target))
@@ -191,6 +200,8 @@ def finish(ctx: BootContext, generated: Generated) -> str:
     names = spec.device_names()
     ctx.status.cdi = {"path": CDI_SPEC_PATH, "kind": spec.kind, "devices": names}
     done = f"{CDI_SPEC_PATH}: {len(names)} devices (cdiVersion {spec.cdi_version})"
+    if imex_done:
+        done = f"{done}; {imex_done}"
     return f"{done}; {generated.health}" if generated.health else done
 
 
@@ -198,7 +209,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: the spec's generation, then the health gate's queries."""
     from podvm_gpu.steps.cdi import health
 
-    return [generate_argv(ctx), health.remap_argv(), health.ecc_argv(),
+    return [generate_argv(ctx), *imex.plan(ctx), health.remap_argv(), health.ecc_argv(),
             health.recovery.reset_argv(), health.recovery.action_argv()]
 
 
@@ -314,4 +325,4 @@ def recovery_action_row(facts) -> Check:
 # The remapper first: the health gate runs before the spec is installed.
 VM_ROWS = {"row-remapper": row_remapper_row, "recovery-action": recovery_action_row,
            "cdi-spec": cdi_spec_row,
-           "cdi-duplicates": cdi_duplicates_row}
+           "cdi-duplicates": cdi_duplicates_row, **imex.VM_ROWS}
