@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -96,8 +97,11 @@ def test_kata_agents_drop_in_alone_pulls_in_and_orders_the_agent(rootfs, tmp_pat
     before kata-agent. kata-agent's drop-in (Wants= + After=) must still start the agent first."""
     (rootfs / "etc/systemd/system/multi-user.target.wants/podvm-gpu.service").unlink()
     unit = (rootfs / "usr/lib/systemd/system/podvm-gpu.service").read_text()
-    assert "Before=kata-agent.service\n" in unit
-    (rootfs / "etc/systemd/system/podvm-gpu.service").write_text(unit.replace("Before=kata-agent.service\n", ""))
+    before = re.search(r"^Before=(.*)$", unit, re.M)  # also attestation-agent.service (issue 25)
+    assert before and "kata-agent.service" in before.group(1).split(), unit
+    others = " ".join(w for w in before.group(1).split() if w != "kata-agent.service")
+    (rootfs / "etc/systemd/system/podvm-gpu.service").write_text(
+        unit.replace(before.group(0), f"Before={others}" if others else ""))
     boot = image.boot(rootfs, tmp_path / "artifacts")
 
     record = checks.kata_agent_started_after_the_agent_finished(boot)
