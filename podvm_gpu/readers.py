@@ -65,7 +65,8 @@ def char_majors(root: Root) -> dict[str, int]:
 def gpu_minor(root: Root, pci_address: str) -> int | None:
     """``Device Minor`` of a GPU from ``/proc/driver/nvidia/gpus/<pci>/information``, or None."""
     text = root.read_text(f"/proc/driver/nvidia/gpus/{pci_address.lower()}/information") or ""
-    m = re.search(r"^\s*Device Minor:\s*(\d+)", text, re.M)
+    # the whole value, digits alone: "0A" is no minor 0 (a node for the wrong GPU)
+    m = re.search(r"^[ \t]*Device Minor:[ \t]*(\d+)[ \t]*$", text, re.M)
     return int(m.group(1)) if m else None
 
 

@@ -425,3 +425,17 @@ def test_parse_fabric_of_nothing_is_empty():
     assert parse_fabric("No devices were found\n") == []
 
 
+
+
+def test_a_device_minor_with_more_than_digits_is_no_minor(tmp_path):
+    """Found by hypothesis (tests/reliability/test_properties.py): ``Device Minor:0A`` read as
+    minor 0 would make the node of another GPU."""
+    from podvm_gpu.host.fs import Root
+    from podvm_gpu.readers import gpu_minor
+
+    info = tmp_path / "proc/driver/nvidia/gpus/0000:00:04.0/information"
+    info.parent.mkdir(parents=True)
+    for text, minor in (("Device Minor:0A\n", None), ("Device Minor: \t 7\n", 7),
+                        ("Device Minor: 3 \nGPU Excluded: No\n", 3), ("Device Minor: 12x\n", None)):
+        info.write_text(text)
+        assert gpu_minor(Root(str(tmp_path)), "0000:00:04.0") == minor, text
