@@ -74,7 +74,12 @@ def test_when_both_fail_the_fabrics_reason_wins_though_cc_failed_first():
 
 def test_a_fabric_failure_stops_a_slow_generation_at_once():
     case = p03()
-    rule(case, ["nv-fabricmanager"])["effects"] = [{"fabric": "insufficient-resources"}]
+    fm = rule(case, ["nv-fabricmanager"])
+    fm["effects"] = [{"fabric": "insufficient-resources"}]
+    # the fabric fails 1 s in, so the generation has surely started beside it (on a loaded
+    # machine a fabric failed at once could stop the cdi step before nvidia-ctk ran at all,
+    # and there would be no generation to see stopped)
+    fm["delay_s"] = 1.0
     rule(case, ["nvidia-ctk", "cdi", "generate"])["delay_s"] = 60
 
     run, calls, spec_unavailable = boot(case)
