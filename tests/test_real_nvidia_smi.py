@@ -68,6 +68,7 @@ SITES = {
     "['nvidia-smi', 'conf-compute', query]": None,  # each of CC_QUERIES
     "['nvidia-smi', 'conf-compute', '-grs']": CC_GRS,
     "['nvidia-smi', 'conf-compute', '-srs', '0']": CC_SRS0,
+    "['nvidia-smi', 'conf-compute', '-srs', '1']": CC_SRS,  # boot --dry-run's plan of the step
     "['nvidia-smi', f\"--query-gpu={','.join(RESET_FIELDS)}\", '--format=csv,noheader']": RESET,
     "['nvidia-smi', f\"--query-gpu={','.join(ACTION_FIELDS)}\", '--format=csv,noheader']": ACTION,
     "['nvidia-smi', '-q']": FULL_Q,
