@@ -463,3 +463,16 @@ def test_a_web_config_of_any_file_type_or_size_is_refused_or_taken_at_once(tmp_p
     done = metrics(tmp_path, "--listen", "127.0.0.1:0", "--web-config", str(path), timeout=20)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith(f"podvm-gpu metrics: bad web config: {path}: "), done.stderr
+
+
+def test_a_web_config_key_with_a_newline_is_named_on_one_line(tmp_path):
+    """Found by hypothesis: a top-level key ``"\\n"`` was echoed raw, so the error (and the
+    journal line) broke in two."""
+    from podvm_gpu.metrics.webconfig import WebConfigError, load_web_config
+
+    path = tmp_path / "web.yml"
+    path.write_text('"a\\nb\\u001b[2J": 1\n')
+    with pytest.raises(WebConfigError) as err:
+        load_web_config(str(path))
+    assert "\n" not in str(err.value) and "\x1b" not in str(err.value), str(err.value)
+    assert "a\\x0ab\\x1b[2J: not implemented by this server" in str(err.value), str(err.value)

@@ -31,6 +31,7 @@ import re
 import threading
 
 from podvm_gpu.errors import ConfigError
+from podvm_gpu.model import shown
 
 MAX_FILE_BYTES = 1024 * 1024
 _TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version",
@@ -183,7 +184,8 @@ def load_web_config(path: str) -> WebConfig:
         raise WebConfigError(f"{path}: must be a mapping of {', '.join(_TOP_KEYS)}")
 
     def bad(key: str, what: str) -> WebConfigError:
-        return WebConfigError(f"{path}: {key}: {what}")
+        # a key is the file's words: a newline or ESC in it is shown escaped, never raw
+        return WebConfigError(f"{path}: {shown(key)}: {what}")
 
     for key in doc:
         if key not in _TOP_KEYS:
