@@ -1,7 +1,8 @@
-"""The program behind every fake tool in a scenario world's ``bin/``.
+"""What every fake tool in a scenario world's ``bin/`` answers.
 
-Each fake is a tiny script (``world.py`` writes it) that calls :func:`main` with the world's
-``world.json``. A call:
+Each fake is a tiny script (``world.py`` writes it) whose interpreter is the fake-tool client
+(``fake_server.py``): the test process's fake-tool server answers the call with :func:`answer`
+and the world's ``world.json``. A call:
 
 1. logs its start (argv with argv[0] as the basename, pid, run) to the world's call log;
 2. finds the first rule of the case whose ``argv`` is a prefix of the call's argv (``"*"`` matches
@@ -328,11 +329,15 @@ class CallLog:
 
     One ``os.write`` per line on an ``O_APPEND`` descriptor: lines of concurrent fakes do not mix,
     and a signal handler may log without taking a lock.
+
+    Args:
+        path: the world's ``calls.jsonl``.
+        pid: the calling process (the fake tool's client); this process when None.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, pid: int | None = None):
         self.path = path
-        self.call = f"{os.getpid()}-{os.urandom(3).hex()}"
+        self.call = f"{pid or os.getpid()}-{os.urandom(3).hex()}"
 
     def write(self, event: str, **fields) -> None:
         record = {"event": event, "call": self.call, "t": time.time(), **fields}
@@ -344,7 +349,8 @@ class CallLog:
 
 
 def _log_signals(log: CallLog) -> None:
-    """Log SIGTERM/SIGINT, then die of the signal as a tool without handlers would."""
+    """Log SIGTERM/SIGINT, then die of the signal as a tool without handlers would (for a
+    stand-in that is a process of its own, as the nvattest one)."""
 
     def handler(signum, frame):
         log.write("signal", signal=signal.Signals(signum).name)
@@ -355,15 +361,25 @@ def _log_signals(log: CallLog) -> None:
         signal.signal(signum, handler)
 
 
-def main(config_path: str) -> int:
-    """Run one fake tool call (``sys.argv``) in the world of ``config_path``; return its rc."""
+def answer(config_path: str, raw_argv: list[str], caller) -> tuple[int, float]:
+    """Answer one fake tool call in the world of ``config_path``, writing to stdout and stderr.
+
+    Args:
+        raw_argv: the call's argv, ``raw_argv[0]`` the fake's path (its basename is the tool).
+        caller: the calling process, as the fake-tool server knows it (``fake_server.Caller``):
+            ``pid`` and ``ppid`` (logged), ``sleep(seconds)`` (the rule's delay; a signal
+            the caller gets meanwhile, or its death, ends the call there, with no effect
+            applied) and ``log``, which this sets to the call's :class:`CallLog`.
+
+    Returns:
+        ``(rc, keep_output_s)``: the exit status, and how long a child of the caller must hold
+        its stdout and stderr open after it exits (the rule's ``keep_output_s``, else 0).
+    """
     world = World(config_path)
-    raw_argv = list(sys.argv)
     argv = [os.path.basename(raw_argv[0])] + raw_argv[1:]
-    log = CallLog(world.layout.calls)
+    log = caller.log = CallLog(world.layout.calls, caller.pid)
     start_state = world.state()
-    log.write("start", pid=os.getpid(), ppid=os.getppid(), run=start_state["run"], argv=argv)
-    _log_signals(log)
+    log.write("start", pid=caller.pid, ppid=caller.ppid, run=start_state["run"], argv=argv)
 
     refused = refusal(argv)
     if refused is not None and newer_build(argv, world.config["rules"], start_state["applied"]):
@@ -372,7 +388,7 @@ def main(config_path: str) -> int:
         sys.stdout.write(refused[1])
         sys.stdout.flush()
         log.write("end", rc=refused[0], answer="harness refusal", applied=[])
-        return refused[0]
+        return refused[0], 0.0
 
     rules = world.config["rules"]
     imex = imex_ctk.is_imex_generate(argv)
@@ -393,14 +409,14 @@ def main(config_path: str) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         log.write("end", rc=rc, answer="harness (nvidia-ctk --mode=imex)", applied=[])
-        return rc
+        return rc, 0.0
     owned = owned_query(argv, start_state)
     if rule is None and owned is None:
         sys.stderr.write(f"scenario {world.config['case_id']}: no rule answers {argv!r}\n")
         log.write("end", rc=UNMATCHED_RC, answer="unmatched")
-        return UNMATCHED_RC
+        return UNMATCHED_RC, 0.0
 
-    time.sleep(float(rule["delay_s"]) if rule else 0)
+    caller.sleep(float(rule["delay_s"]) if rule else 0)
     rc = int(rule["rc"]) if rule else 0
     stdout = rule["stdout"] if rule else ""
     stderr = rule["stderr"] if rule else ""
@@ -417,13 +433,10 @@ def main(config_path: str) -> int:
     if owned and rc == 0 and not (owned == "health" and rule):
         rc, stdout = smi_answer(owned, argv, stdout if rule else None, world)
     harness_out = owned and rule and owned != "health"
-    answer = (f"rule {index + 1}" if rule else "harness") + (", harness stdout" if harness_out else "")
+    how = (f"rule {index + 1}" if rule else "harness") + (", harness stdout" if harness_out else "")
     sys.stdout.write(stdout)
     sys.stderr.write(stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    log.write("end", rc=rc, answer=answer, applied=applied)
-    if rule and rule.get("keep_output_s") and os.fork() == 0:
-        time.sleep(float(rule["keep_output_s"]))  # the child: holds the pipes, then goes
-        os._exit(0)
-    return rc
+    log.write("end", rc=rc, answer=how, applied=applied)
+    return rc, float(rule.get("keep_output_s") or 0) if rule else 0.0

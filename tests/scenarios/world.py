@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from . import effects as fx
-from . import testbed
+from . import fake_server, testbed
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
@@ -63,15 +63,6 @@ CHECK_EXPECT_KEYS = {"exit", "fails", "warns", "passes", "skips"}
 EXPECT_KEYS = {"boot": BOOT_EXPECT_KEYS, "rerun": BOOT_EXPECT_KEYS, "check": CHECK_EXPECT_KEYS}
 CDI_EXPECTATIONS = ("ready-spec", "unavailable", "absent")
 _ERROR_WORDS = re.compile(r"\b(errors?|fail(s|ed|ure)?|cannot|unable|timeout|timed out)\b", re.I)
-
-FAKE_SCRIPT = '''#!{python} -IS
-"""Fake {tool} of scenario {case_id}: answers from {config} (tests/scenarios/fake_tool.py)."""
-import sys
-sys.path.insert(0, {tests!r})
-from scenarios.fake_tool import main
-sys.exit(main({config!r}))
-'''
-
 
 # The nvattest stand-in (tests/nvattest_standin.py), on PATH only in a world whose case has an
 # ``nvattest`` plan: each call is logged like a fake tool's, then the stand-in answers.
@@ -456,9 +447,8 @@ class World:
         tools.update(dict.fromkeys(rule["argv"][0] for rule in case.tools))
         for tool in tools:
             script = os.path.join(layout.bin, tool)
-            Path(script).write_text(FAKE_SCRIPT.format(
-                python=sys.executable, tool=tool, case_id=case.id, config=layout.config,
-                tests=str(TESTS)))
+            Path(script).write_text(fake_server.script(tool, layout.config,
+                                                       f" of scenario {case.id}"))
             os.chmod(script, 0o755)
         if case.nvattest is not None:
             plan = os.path.join(os.path.dirname(layout.config), "nvattest.plan.json")
