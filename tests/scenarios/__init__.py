@@ -8,8 +8,11 @@ Layout:
 - ``effects.py``: the world's state and the effect vocabulary (``EFFECTS-harness.md``).
 - ``testbed.py``: umockdev records (VMBus channels, PCI devices), devices added to a live
   testbed, uevents sent to the product's libudev monitors.
-- ``fake_tool.py``: the program behind every fake tool in the world's ``bin/``.
+- ``fake_tool.py``: what every fake tool in the world's ``bin/`` answers.
+- ``fake_server.py``, ``fake_client.c``: how a fake tool call reaches ``fake_tool.py`` (one
+  server per test process, a forked worker per call, a static C client as the fake's interpreter).
 
-``effects.py``, ``testbed.py`` and ``fake_tool.py`` use the standard library only: the fake
-tools import them at every call. Keep this file free of imports for the same reason.
+``effects.py``, ``testbed.py``, ``imex_ctk.py``, ``fake_tool.py`` and ``fake_server.py`` use the
+standard library only: the server runs them with ``python -IS``. Keep this file free of imports
+for the same reason.
 """
