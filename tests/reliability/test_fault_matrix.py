@@ -3,15 +3,15 @@
 hang, killed by a signal, garbage output, empty output}, and every tool x {missing, not
 executable}; what each cell must end in is in faults.py.
 
-The cells run in worlds of their own, several at a time (``PODVM_GPU_MATRIX_JOBS``, default
-the CPU count + 1: most of a cell is waiting on processes), once per session for the cells
-selected; each cell is then its own test, so ``-k P03`` or ``-k 'cdi generate:hang'`` picks a few.
+The cells run in worlds of their own. In one pytest process they run several at a time
+(``PODVM_GPU_MATRIX_JOBS``, default the CPU count + 1: most of a cell is waiting on processes),
+once per session for the cells selected; under pytest-xdist (the fast tier, docs/testing.md)
+each cell runs in its own test, so the workers share them out. Either way each cell is its own
+test, so ``-k P03`` or ``-k 'cdi generate:hang'`` picks a few.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import subprocess
 import sys
@@ -20,34 +20,26 @@ from pathlib import Path
 import pytest
 from scenarios.world import World
 
-from reliability.faults import SCENARIOS, Cell, cells, install_fault, judge_cell, run_cells
+from reliability.faults import SCENARIOS, Cell, cells, install_fault, judge_cell, run_cell, run_cells
 
 CELLS = cells()
 
 
 @pytest.fixture(scope="module")
-def outcomes(request, tmp_path_factory):
+def outcomes(request):
+    """Every selected cell's outcome, the cells run ``jobs`` at a time (one pytest process)."""
     selected = [item.callspec.params["cell"] for item in request.session.items
                 if item.module is request.module and hasattr(item, "callspec")]
-    jobs = int(os.environ.get("PODVM_GPU_MATRIX_JOBS", (os.cpu_count() or 1) + 1))
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return run_cells(selected, jobs)
-    # Under pytest-xdist (the fast tier, docs/testing.md) the cells are spread over the workers,
-    # and each would run the whole matrix for itself: the first runs it, the others wait on the
-    # lock and read its outcomes (the workers share the base temporary folder's parent).
-    shared = tmp_path_factory.getbasetemp().parent / "fault-matrix.json"
-    with open(shared.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if shared.exists():
-            return {cid: tuple(found) for cid, found in json.loads(shared.read_text()).items()}
-        found = run_cells(selected, jobs)
-        shared.write_text(json.dumps(found))
-        return found
+    return run_cells(selected, int(os.environ.get("PODVM_GPU_MATRIX_JOBS",
+                                                  (os.cpu_count() or 1) + 1)))
 
 
 @pytest.mark.parametrize("cell", CELLS, ids=[c.id for c in CELLS])
-def test_cell(cell, outcomes):
-    problems, report, _wall = outcomes[cell.id]
+def test_cell(cell, request):
+    # Under pytest-xdist the workers share the cells out; one of them running the whole matrix
+    # while the others waited for it left cores idle (issue 27's fast tier).
+    problems, report, _wall = run_cell(cell) if os.environ.get("PYTEST_XDIST_WORKER") \
+        else request.getfixturevalue("outcomes")[cell.id]
     if problems:
         pytest.fail(report, pytrace=False)
 
