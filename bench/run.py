@@ -6,7 +6,11 @@ The product is measured as an image has it: a fresh venv made with ``--python`` 
 Debian's ``/usr/bin/python3``) and a plain install of this checkout with its dependencies.
 Ratios are against ``-c pass`` of that venv's interpreter, measured alternately with the command
 in the same run, medians of ``--pairs`` pairs (default 20). Roots live on tmpfs (/dev/shm), as
-/run does on a VM: on a disk each atomic write's fsyncs cost milliseconds.
+/run does on a VM: on a disk each atomic write's fsyncs cost milliseconds. They are reached
+through a link under /tmp (:func:`scratch`): umockdev-run's preload takes every path under
+/dev/ for its own, and umockdev 0.17.16's leaks a socket and one of its 50 descriptor slots on
+each failed open() there, so the 8-GPU boot's fabric wait (a missing pid file polled every
+0.1 s for 5 s) aborted the agent with "libumockdev-preload fd_map_add(): overflow".
 
 Rows:
 - ``boot`` on this CPU machine (no NVIDIA function on its PCI), without and with a config file;
@@ -36,6 +40,7 @@ missed (CI reports that and goes on: its machines are noisy), 1 on a crash.
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import json
 import os
@@ -50,7 +55,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") else None
+_SCRATCH: list[str] = []
+
+
+def scratch() -> str:
+    """The folder for roots and worlds: on tmpfs (/dev/shm) through a link in a private folder
+    under /tmp (module docstring), or /tmp itself when there is no /dev/shm; removed at exit."""
+    if not _SCRATCH:
+        if not os.path.isdir("/dev/shm"):
+            _SCRATCH.append(tempfile.gettempdir())
+            return _SCRATCH[0]
+        target = tempfile.mkdtemp(prefix="podvm-gpu-bench", dir="/dev/shm")
+        holder = tempfile.mkdtemp(prefix="pgbench", dir="/tmp")
+        os.symlink(target, os.path.join(holder, "s"))
+        atexit.register(shutil.rmtree, holder, ignore_errors=True)
+        atexit.register(shutil.rmtree, target, ignore_errors=True)
+        _SCRATCH.append(os.path.join(holder, "s"))
+    return _SCRATCH[0]
+
+
 CONFIG = ("# what an image sets: a longer budget and CC ready state by the agent\n"
           "budget_s: 200\npersistenced:\n  per_gpu_s: 20\n"
           "confidential_computing:\n  set_ready_state: true\n")
@@ -95,7 +118,7 @@ def interpreter_of(script: str) -> str:
 def new_root(config: bool = False, status: str | None = None, compiled: str | None = None) -> str:
     """A fresh root on tmpfs; with ``config``, the image's config file, compiled by ``compiled``
     (a podvm-gpu script) as the installer compiles it."""
-    root = tempfile.mkdtemp(dir=SCRATCH)
+    root = tempfile.mkdtemp(dir=scratch())
     if config:
         os.makedirs(f"{root}/etc/podvm-gpu")
         Path(f"{root}/etc/podvm-gpu/config.yaml").write_text(CONFIG)
@@ -256,7 +279,7 @@ def gpu_row(script: str, case_name: str, runs: int) -> dict:
     from scenarios.world import World
 
     os.environ["PODVM_GPU_CMD"] = script
-    os.environ["PODVM_GPU_WORLD_DIR"] = SCRATCH or "/tmp"  # the root's /run on tmpfs, as on a VM
+    os.environ["PODVM_GPU_WORLD_DIR"] = scratch()  # the root's /run on tmpfs, as on a VM
     walls, tools, paths, own = [], [], [], []
     for _ in range(runs):
         case = timed_case(case_name)
@@ -291,7 +314,7 @@ def check_8gpu_row(script: str, runs: int) -> dict:
     from scenarios.world import DATA, SHARED, World, load_case
 
     os.environ["PODVM_GPU_CMD"] = script
-    os.environ["PODVM_GPU_WORLD_DIR"] = SCRATCH or "/tmp"
+    os.environ["PODVM_GPU_WORLD_DIR"] = scratch()
     name = "P03-hgx-h200-8gpu-4nvswitch-ready.yaml"
     path = next(p for p in (SHARED / "cases" / name, DATA / "cases" / name) if p.exists())
     walls = []
@@ -314,7 +337,7 @@ def attest_row(script: str, runs: int) -> dict:
     from scenarios.world import World
 
     os.environ["PODVM_GPU_CMD"] = script
-    os.environ["PODVM_GPU_WORLD_DIR"] = SCRATCH or "/tmp"
+    os.environ["PODVM_GPU_WORLD_DIR"] = scratch()
     own, spans, tool = [], [], []
     for _ in range(runs):
         case = timed_case("C21-cc-ready-state-not-ready.yaml")
