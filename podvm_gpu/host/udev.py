@@ -13,6 +13,29 @@ from podvm_gpu.host.wait import until
 POLL_S = 0.25  # the re-check interval when no udev monitor can be had
 
 
+class _Context(pyudev.Context):
+    """pyudev's Context, except that dropping one a signal left half-built is silent.
+
+    The boot's signals raise in the main thread wherever it is (``boot/run.py`` ``Signals``),
+    and ``Context()`` spends most of its time finding libudev (``ldconfig -p``): a SIGHUP there
+    left a Context with its library but no handle, whose ``__del__`` (pyudev 0.24.5) printed
+    ``Exception ignored in ... ctypes.ArgumentError`` with a traceback on the boot's stderr.
+    """
+
+    def __del__(self):
+        if "_as_parameter_" in vars(self):
+            super().__del__()
+
+
+class _Monitor(pyudev.Monitor):
+    """pyudev's Monitor, except that dropping one a signal left half-built is silent (as
+    :class:`_Context`: its ``__del__`` needs both the handle and the library)."""
+
+    def __del__(self):
+        if {"_as_parameter_", "_libudev"} <= vars(self).keys():
+            super().__del__()
+
+
 def wait_for_pci(ready, timeout_s: float, recheck_s: float = 1.0) -> tuple[bool, str]:
     """Wait until ``ready()`` is true, at most ``timeout_s`` seconds, woken by PCI uevents.
 
@@ -32,7 +55,7 @@ def wait_for_pci(ready, timeout_s: float, recheck_s: float = 1.0) -> tuple[bool,
         ``"udev events watched"`` or ``"sysfs polled every 0.25 s: no udev monitor (<error>)"``.
     """
     try:
-        monitor = pyudev.Monitor.from_netlink(pyudev.Context())
+        monitor = _Monitor.from_netlink(_Context())
         monitor.filter_by("pci")
         monitor.start()
         how = "udev events watched"
