@@ -43,6 +43,7 @@ _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
 
 _lock = threading.Lock()
 _started: tuple[str, str, int] | None = None  # (client, socket, pid of the test process)
+_keep: list[int] = []  # the control pipes' write ends, held open while this process lives
 
 
 def interpreter() -> tuple[str, str]:
@@ -101,8 +102,6 @@ def _start() -> tuple[str, str]:
     _keep.append(control_write)  # never written, never closed: EOF only when this process ends
     return client, path
 
-
-_keep: list[int] = []
 
 
 def serve(listener_fd: int, control_fd: int, folder: str) -> None:
