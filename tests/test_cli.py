@@ -244,7 +244,7 @@ def test_status_exit_code_of_the_real_process(tmp_path):
     assert done.stdout.strip() == "failed: modules: boom"
 
 
-def test_status_wait_times_out_with_3_while_running(tmp_path):
+def test_status_wait_times_out_with_3_while_running_saying_it_timed_out(tmp_path, capsys):
     write_status(tmp_path, "running")
     started = time.monotonic()
 
@@ -254,6 +254,22 @@ def test_status_wait_times_out_with_3_while_running(tmp_path):
     elapsed = time.monotonic() - started
     assert code == 3
     assert 0.5 <= elapsed < 3
+    # issue 35 item 18: it printed only "running", as if the boot had stopped there
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("running")
+    said = re.fullmatch(r"status --wait: timed out after (\d+\.\d) s \(--timeout 0\.5\) before a "
+                        r"final state", lines[-1])
+    assert said and 0.5 <= float(said.group(1)) < 3, lines
+
+
+def test_status_wait_json_keeps_one_document_and_says_the_timeout_on_stderr(tmp_path, capsys):
+    write_status(tmp_path, "running")
+    with boot_in_progress(tmp_path):
+        code = main(["status", "--root", str(tmp_path), "--wait", "--timeout", "0.2", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 3
+    assert json.loads(out)["state"] == "running"
+    assert "status --wait: timed out after " in err and "(--timeout 0.2)" in err, err
 
 
 def test_status_wait_returns_0_as_soon_as_ready_is_written(tmp_path):
