@@ -149,6 +149,22 @@ def test_an_empty_or_non_ascii_timeout_is_a_usage_error(args, said, capsys, tmp_
     assert f"podvm-gpu: error: {said}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, said", [
+    (["check", "--image", "--attest"], "--image and --attest cannot be used together"),
+    (["check", "--attest", "--json", "--image"], "--image and --attest cannot be used together"),
+    (["metrics", "--pod-labels", "--listen", "127.0.0.1:0"], "--pod-labels and --listen cannot be used"),
+    (["metrics", "--pod-labels", "--listen="], "--pod-labels and --listen cannot be used"),
+    (["metrics", "--textfile", "--pod-labels"], "--pod-labels and --textfile cannot be used"),
+    (["metrics", "--pod-labels", "--openmetrics"], "--pod-labels and --openmetrics cannot be used"),
+    (["metrics", "--pod-labels", "--serve"], "--pod-labels and --serve cannot be used"),
+])
+def test_contradictory_options_are_a_usage_error_naming_both(args, said, capsys, tmp_path):
+    """Issue 35 item 13: each of these ran one of the two and ignored the other silently."""
+    assert main([*args, "--root", str(tmp_path)]) == 2
+    assert f"podvm-gpu: error: {said}" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_help_lists_every_command(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
