@@ -165,6 +165,23 @@ def test_contradictory_options_are_a_usage_error_naming_both(args, said, capsys,
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("args, config, off", [
+    (["--listen="], None, '--listen ""'),
+    (["--listen", ""], None, '--listen ""'),
+    (["--serve"], 'metrics: {listen: ""}\n', 'metrics.listen is ""'),
+])
+def test_nothing_to_serve_says_the_server_is_off_and_where(args, config, off, tmp_path):
+    """Issue 35 item 12: "no listen address" did not say that "" had turned the server off."""
+    if config:
+        (tmp_path / "etc/podvm-gpu").mkdir(parents=True)
+        (tmp_path / "etc/podvm-gpu/config.yaml").write_text(config)
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu", "metrics", *args, "--root", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == f"podvm-gpu metrics: nothing to serve: the HTTP server is off ({off}) and the " \
+        "textfile is off (metrics.textfile is false; --textfile turns it on)\n"
+
+
 def test_help_lists_every_command(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out

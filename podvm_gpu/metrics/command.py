@@ -192,9 +192,13 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
     from podvm_gpu.metrics.journal import Journal, say
     from podvm_gpu.metrics.webconfig import WebConfigError
 
+    off = 'metrics.listen is ""' if listen is None else '--listen ""'
     listen = settings.listen if listen is None else listen
     if not listen and not settings.textfile:
-        print("podvm-gpu metrics: nothing to serve: no listen address and the textfile is off",
+        # say what is off and where it was turned off: '--listen ""' reads as "serve at the
+        # default" to a new user (issue 35 item 12)
+        print(f"podvm-gpu metrics: nothing to serve: the HTTP server is off ({off}) and the "
+              "textfile is off (metrics.textfile is false; --textfile turns it on)",
               file=sys.stderr)
         return 1
     try:
