@@ -13,6 +13,10 @@ NSCQ = "libnvidia-nscq.so.2"  # dlopen()ed by nvattest --device nvswitch (nvatte
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
              "/lib/x86_64-linux-gnu", "/lib64")
 _BIN_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/local/sbin")
+# NVAT's "GPU is neither in CC nor in PPCIe mode" (exit 253): the real nvattest 1.2.2's answer on
+# an H200 with CC off, before any evidence is collected (../shared/nvattest.md, "Confirmed with
+# the real binary")
+NOT_CC_CODE = 509
 
 
 def record_row(facts) -> Check:
@@ -98,11 +102,35 @@ def fresh_row(facts, ppcie: bool = False) -> Check:
         record = attest(probe, ppcie, write=False)
     except CommandError as err:
         return Check(ROW, FAIL, f"--attest: {err}", "see docs/operating.md")
+    if record["result"] != "passed" and record.get("code") == NOT_CC_CODE:
+        # a GPU that is simply not confidential cannot be attested: nothing failed, unless
+        # something requires attestation here (issue 35 item 21)
+        must = _required(facts)
+        if not must:
+            return Check(ROW, SKIP, f"--attest: not attested: the GPU is not in CC or Protected "
+                         f"PCIe mode (nvattest: NVAT {NOT_CC_CODE}, {record.get('message')})")
+        return Check(ROW, FAIL, f"--attest: failed: attestation required ({must}) but the GPU "
+                     f"is not in CC or Protected PCIe mode (nvattest: NVAT {NOT_CC_CODE}, "
+                     f"{record.get('message')})", "turn CC on for the GPU (the host's VM "
+                     "configuration), or lift the requirement")
     if record["result"] != "passed":
         return Check(ROW, FAIL, f"--attest: failed: {record['reason']}",
                      "docs/operating.md, 'When attestation fails'")
     return Check(ROW, PASS, f"--attest: passed now: {len(record['devices'])} device(s), "
                  f"{record['duration_s']:g} s")
+
+
+def _required(facts) -> str | None:
+    """What requires attestation on this VM, as boot decides it (gate.py): the pod's initdata as
+    the last boot read it (status.json ``initdata.attestation_required``), the config's
+    ``attestation: required``, or ``auto`` in a confidential guest; None when nothing does."""
+    from podvm_gpu.status import read_status
+    from podvm_gpu.steps.cc.attest.gate import required_because, tee_guest
+
+    pod = (read_status(facts.root) or {}).get("initdata")
+    if isinstance(pod, dict) and pod.get("attestation_required") is True:
+        return f'the pod\'s initdata ({pod.get("path")}, data."podvm-gpu.toml" attestation_required)'
+    return required_because(facts.config.confidential_computing, tee_guest(facts))
 
 
 def image_row(image) -> Check:
