@@ -182,6 +182,30 @@ def test_nothing_to_serve_says_the_server_is_off_and_where(args, config, off, tm
         "textfile is off (metrics.textfile is false; --textfile turns it on)\n"
 
 
+@pytest.mark.parametrize("command", [["config", "--json"], ["check", "--json"]])
+def test_a_named_config_is_this_machines_file_never_taken_under_the_root(command, tmp_path):
+    """Issue 35 item 20: one rule, said in interface.md 1.2: a file named on the command line
+    (--config, --web-config) is a path on this machine as given; the default is under --root."""
+    root = tmp_path / "root"
+    named = tmp_path / "other.yaml"
+    # check shows a config row only for a bad file: this machine's is bad there, the root's good
+    named.write_text("budget_s: 77\n" if command[0] == "config" else "budget_s: soon\n")
+    (root / named.parent.relative_to("/")).mkdir(parents=True)
+    (root / named.relative_to("/")).write_text("budget_s: 55\n")  # the same path under the root
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu", *command, "--root", str(root),
+                           "--config", str(named)], capture_output=True, text=True, timeout=60)
+    doc = json.loads(done.stdout)
+    if command[0] == "config":
+        assert doc["config"] == str(named) and doc["settings"]["budget_s"] == 77, doc
+    else:
+        row = next(c for c in doc["checks"] if c["name"] == "config")
+        assert row["result"] == "fail" and row["detail"].startswith(f"{named}: budget_s"), row
+    # and the help says so, where a new user looks first
+    helped = subprocess.run([sys.executable, "-m", "podvm_gpu", command[0], "--help"],
+                            capture_output=True, text=True, timeout=60).stdout
+    assert "a path on this machine, never taken under --root" in " ".join(helped.split()), helped
+
+
 def test_help_lists_every_command(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
