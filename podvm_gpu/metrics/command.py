@@ -221,6 +221,11 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
         scheme = "https" if web is not None and web.ssl_context is not None else "http"
         auth = ", basic auth" if web is not None and web.users else ""
         say(f"serving {scheme}://{where}/metrics{auth}")
+        if web is not None and web.plain:
+            # a web config was named, and it leaves the server as open as none would (issue 35
+            # item 16): said, as exporter-toolkit serves such a file without a word
+            say(f"warning: the web config {web.path} sets no TLS and no basic auth ({web.plain}): "
+                "serving plain HTTP without authentication")
         threading.Thread(target=server.serve_forever, name="podvm-gpu-http", daemon=True).start()
     try:
         while not stop.is_set():
