@@ -101,7 +101,20 @@ def write_boot_textfile(root: Root, settings: MetricsSettings) -> str | None:
 
 
 def _write(root: Root, settings: MetricsSettings, text: bytes) -> str:
+    """Write the textfile where its path leads, links in its folders followed under the root;
+    refused (PermissionError) when they lead under a folder no textfile goes in: the config's
+    text was checked when loaded, but a link such as ``/var/lib/node_exporter ->
+    /etc/podvm-gpu`` wrote into the agent's config folder (issue 35 item 17)."""
+    import errno
+
+    from podvm_gpu.config.metrics import forbidden_folder
+
     path = root.resolve(settings.textfile_path, follow_last=False)
+    inside = path if root.is_host else "/" + os.path.relpath(path, root.path)
+    forbidden = forbidden_folder(inside)
+    if forbidden:
+        raise PermissionError(errno.EPERM, f"refused: a link in its path leads to {inside}, "
+                                           f"under {forbidden[0]} ({forbidden[1]})")
     ensure_dir(os.path.dirname(path))
     atomic_write(path, text)
     return path
