@@ -187,7 +187,7 @@ def load_status(root: Root) -> dict | None:
     if not isinstance(doc, dict) or not isinstance(doc.get("state"), str) \
             or doc["state"] not in State.ALL:
         raise StatusUnreadable(f"{STATUS_PATH} has no valid state (one of "
-                               f"{sorted(State.ALL)})")
+                               f"{', '.join(State.ALL)})")
     warnings = doc.get("warnings", [])
     if not isinstance(doc.get("reason"), (str, type(None))) or not isinstance(warnings, list) \
             or not all(isinstance(w, str) for w in warnings):

@@ -19,6 +19,7 @@ directory's owner) and writable by nobody else.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -45,6 +46,11 @@ def _read(root: Root, path: str, limit: int, owner_checked: bool) -> bytes:
     try:
         fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:
+        if err.errno == errno.ELOOP and os.path.islink(where):
+            # O_NOFOLLOW's ELOOP reads "Too many levels of symbolic links" for one link: say
+            # what it is (issue 35 item 14)
+            raise Unusable(f"{path} is a symbolic link, which is not followed (a regular file "
+                           "only)") from err
         raise Unusable(f"{path}: {err.strerror or err}") from err
     try:
         info = os.fstat(fd)
