@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
+from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check, doc_ref
 
 ROW = "attestation"
 NSCQ = "libnvidia-nscq.so.2"  # dlopen()ed by nvattest --device nvswitch (nvattest.md 2.3)
@@ -17,6 +17,10 @@ _BIN_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/l
 # an H200 with CC off, before any evidence is collected (../shared/nvattest.md, "Confirmed with
 # the real binary")
 NOT_CC_CODE = 509
+
+
+def _when_it_fails() -> str:
+    return doc_ref("operating.md", "When attestation fails")
 
 
 def record_row(facts) -> Check:
@@ -41,8 +45,8 @@ def record_row(facts) -> Check:
         return Check(ROW, WARN, f"not attested: {reason}", "install NVIDIA's nvattest in the "
                      "image (podvm-gpu check --attest runs one now)")
     if result != "passed":
-        return Check(ROW, FAIL, f"failed: {reason}", "docs/operating.md, 'When attestation "
-                     "fails'; podvm-gpu check --attest runs a fresh one")
+        return Check(ROW, FAIL, f"failed: {reason}", f"see {_when_it_fails()}; podvm-gpu check "
+                     "--attest runs a fresh one")
     for run in record.get("runs") or []:
         problem = _kept_problem(facts.root, run)
         if problem:
@@ -101,7 +105,7 @@ def fresh_row(facts, ppcie: bool = False) -> Check:
     try:
         record = attest(probe, ppcie, write=False)
     except CommandError as err:
-        return Check(ROW, FAIL, f"--attest: {err}", "see docs/operating.md")
+        return Check(ROW, FAIL, f"--attest: {err}", f"see {_when_it_fails()}")
     if record["result"] != "passed" and record.get("code") == NOT_CC_CODE:
         # a GPU that is simply not confidential cannot be attested: nothing failed, unless
         # something requires attestation here (issue 35 item 21)
@@ -115,7 +119,7 @@ def fresh_row(facts, ppcie: bool = False) -> Check:
                      "configuration), or lift the requirement")
     if record["result"] != "passed":
         return Check(ROW, FAIL, f"--attest: failed: {record['reason']}",
-                     "docs/operating.md, 'When attestation fails'")
+                     f"see {_when_it_fails()}")
     return Check(ROW, PASS, f"--attest: passed now: {len(record['devices'])} device(s), "
                  f"{record['duration_s']:g} s")
 
