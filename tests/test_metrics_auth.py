@@ -292,7 +292,8 @@ def test_users_of_different_costs_each_check_against_their_own_hash(tmp_path):
 
 @pytest.mark.parametrize("text, why", [
     ("", "the file is empty"),
-    ("null\n", "the document is null"),
+    ("null\n", "the document is null or only comments"),
+    ("# TLS comes later\n", "the document is null or only comments"),
     ("basic_auth_users: {}\n", "basic_auth_users: {}"),
     ("tls_server_config: null\n", "tls_server_config: null"),
     ("tls_server_config:\nbasic_auth_users: {}\n", "tls_server_config: null; basic_auth_users: {}"),

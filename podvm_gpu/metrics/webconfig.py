@@ -183,8 +183,8 @@ def load_web_config(path: str) -> WebConfig:
             from None
     except ConfigError as err:
         raise WebConfigError(str(err)) from None
-    empty = "the file is empty" if not data.strip() else "the document is null" \
-        if doc is None else ""
+    empty = "the file is empty" if not data.strip() else "the document is null or only " \
+        "comments" if doc is None else ""
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
