@@ -164,6 +164,11 @@ def apply(run, settings, gpus: list) -> str | None:
     if count is not None and len(gpus) != count:
         return (f'the pod\'s initdata ({cfg.path}, data."{SECTION}") expects {count} GPU(s), '
                 f"{len(gpus)} on PCI")
+    if model is not None and not gpus:
+        # a pod that names the GPU model it needs, on a VM with none, fails as one that counts
+        # its GPUs does (issue 35 item 19); attestation_required alone has nothing to attest
+        return (f'the pod\'s initdata ({cfg.path}, data."{SECTION}") expects GPU model '
+                f"{model!r}; no NVIDIA GPU on PCI")
     if model is not None:
         wrong = [g for g in gpus if model.lower() not in (g.name or "").lower()]
         if wrong:

@@ -58,7 +58,7 @@ def test_an_image_with_driver_units_and_tools_passes(tmp_path):
         "unit": "pass", "kata-agent-ordering": "pass", "kata-agent-cdi": "skip",
         "tools": "pass", "modules": "pass",
         "versions": "pass", "firmware": "pass", "module-compression": "pass",
-        "cdi-refresh-units": "pass", "trust": "pass", "fabric": "warn",
+        "cdi-refresh-units": "pass", "trust": "pass", "fabric": "skip",
         "attestation-agent-ordering": "skip", "config-compiled": "skip", "attestation": "warn"}
     assert VERSION in checks["versions"]["detail"]
     assert f"nvidia/{VERSION}/gsp_ga10x.bin" in checks["firmware"]["detail"]
@@ -364,10 +364,11 @@ def test_an_image_for_nvlink5_vms_passes_the_fabric_row(tmp_path):
     assert f"nv-fabricmanager {VERSION}" in checks["fabric"]["detail"]
 
 
-def test_an_image_without_nvlink5_parts_warns_naming_them_unless_it_says_it_serves_them(tmp_path):
+def test_an_image_without_nvlink5_parts_skips_naming_them_unless_it_says_it_serves_them(tmp_path):
+    # issue 35 item 9: a warn whose advice was "nothing to do" on every default image
     code, checks = check_image(make_image(tmp_path / "plain"))
     row = checks["fabric"]
-    assert (code, row["result"]) == (0, "warn"), row
+    assert (code, row["result"]) == (0, "skip"), row
     for lacking in ("mlx5_core, mlx5_ib, ib_umad for kernel", "nvlsm", "nv-fabricmanager",
                     "image_serves is false"):
         assert lacking in row["detail"], row
@@ -401,7 +402,7 @@ def test_the_fabric_row_s_hint_never_asks_for_the_default_it_already_has(tmp_pat
     code, checks = check_image(make_image(tmp_path / "plain"))
     hint = checks["fabric"]["hint"]
     assert "image_serves: false" not in hint, hint
-    assert hint.startswith("nothing to do for an image that never serves NVLink 5 VMs")
+    assert hint.startswith("for an image that serves NVLink 5 VMs (HGX B200/B300), install")
     assert "set nvlink5.image_serves: true so that this row fails until it has them" in hint
     code, checks = check_image(serving_nvlink5(make_image(tmp_path / "serving")))
     assert checks["fabric"]["hint"].startswith("install the IB modules for every kernel")
@@ -427,6 +428,10 @@ def test_attestation_row_warns_without_nvattest_and_fails_when_the_image_serves_
     assert checks["attestation"]["result"] == "warn"
     assert "nvattest" in checks["attestation"]["detail"]
     assert "libnvidia-nscq.so.2" in checks["attestation"]["detail"]
+    # issue 35 item 9: the hint asked for image_serves: false, which the image already had
+    hint = checks["attestation"]["hint"]
+    assert "image_serves: false" not in hint, hint
+    assert "set confidential_computing.image_serves: true so that this row fails" in hint
     config = root / "etc/podvm-gpu/config.yaml"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text("confidential_computing: {image_serves: true}\n")

@@ -640,3 +640,15 @@ def test_the_metrics_doc_names_every_reason_the_nvml_error_info_can_give():
 
     assert {"no-status", "timeout", "library-not-found"} <= reasons
     assert [r for r in sorted(reasons) if f"`{r}`" not in doc] == []
+
+
+def test_the_reason_label_escapes_control_characters_as_status_and_check_do():
+    """Issue 35 item 17: ESC and BEL of a status reason reached podvm_gpu_boot_reason_info raw."""
+    from podvm_gpu.metrics.exporter import render
+    from podvm_gpu.metrics.families import boot_families
+
+    reason = "modules: \x1b[2J\x07boom"
+    info = next(f for f in boot_families({"state": "failed", "reason": reason}, None)
+                if f.name == "podvm_gpu_boot_reason")
+    assert info.samples[0].labels["reason"] == "modules: \\x1b[2J\\x07boom"
+    assert "\x1b" not in render(boot_families({"state": "failed", "reason": reason}, None)).decode()

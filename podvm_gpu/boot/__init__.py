@@ -139,10 +139,13 @@ def _boot(run: Run, config: str | None) -> int:
         config_path, present = f"{root.path}{CONFIG_PATH}", err
     settings, config_error = None, None
     if present is True:
-        from podvm_gpu.config.load import load_config
+        from podvm_gpu.config.load import link_to_nothing, load_config
         from podvm_gpu.errors import ConfigError
 
         try:
+            nothing = link_to_nothing(root) if config is None else None
+            if nothing:
+                raise ConfigError(nothing)
             settings = load_config(config_path, required=True, trusted=True,
                                    warn=lambda line: _config_warning(run, line))
         except ConfigError as err:

@@ -61,7 +61,7 @@ class NvLink5Config(Section):
     nodes to appear after the load (the driver registers them asynchronously); NVLSM's config
     file (``-F``, the nvlsm package's path NVRC uses) and its readiness wait; ``image_serves``:
     this image serves NVL5 VMs: ``check --image``'s ``fabric`` row (steps/fabric/step.py) fails
-    instead of warning on what NVL5 needs; boot does not read it."""
+    instead of skipping on what NVL5 needs; boot does not read it."""
 
     FIELDS = {"ib_modules": (module_names, ("mlx5_core", "mlx5_ib", "ib_umad")),
               "ib_wait_s": (seconds(0, True), 15.0),

@@ -24,7 +24,7 @@ import datetime
 
 from podvm_gpu.metrics.prom import GaugeMetricFamily, InfoMetricFamily, Metric
 from podvm_gpu.metrics.reading import CC_MODES
-from podvm_gpu.model import State
+from podvm_gpu.model import State, shown
 
 FULL = "full"
 CC_SAFE = "cc-safe"
@@ -131,7 +131,9 @@ def boot_families(status: dict | None, status_error: str | None) -> list[Metric]
     if reason:
         info = InfoMetricFamily("podvm_gpu_boot_reason", "Why the boot ended as it did "
                                 "(status.json's reason), or why the status is unreadable.")
-        info.add_metric([], {"reason": reason})
+        # ESC, BEL and the like escaped as status and check show them: a scrape printed on a
+        # terminal must not move its cursor (issue 35 item 17)
+        info.add_metric([], {"reason": shown(str(reason))})
         out.append(info)
     if not status:
         return out
