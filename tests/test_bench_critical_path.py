@@ -1,0 +1,80 @@
+"""bench/run.py's critical path is the pipeline's dependency graph, not a list of calls (issue 38):
+the same calls give the same yardstick whichever order or overlap the agent ran them in."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "run.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_run", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_run", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def calls_of(durations: list[tuple[str, float]], side_by_side: bool = False):
+    """``(start, end, argv)`` of calls one after another, or all started at once."""
+    calls, t = [], 0.0
+    for argv, took in durations:
+        calls.append((t, t + took, argv.split()))
+        t = t if side_by_side else t + took
+    return calls
+
+
+CHAIN = [("modprobe nvidia", 0.01), ("modprobe nvidia_uvm", 0.01),
+         ("nvidia-ctk system create-device-nodes --control-devices", 0.02),
+         ("nvidia-persistenced --persistence-mode", 0.05)]
+CC = [(f"nvidia-smi conf-compute {q}", 0.02) for q in ("-f", "-d", "-e", "-mgm")]
+HEALTH = [("nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.pending", 0.02),
+          ("nvidia-smi --query-gpu=pci.bus_id,ecc.errors.uncorrected.volatile.total", 0.02)]
+FABRIC = [("nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status", 0.02)]
+
+
+def test_the_lanes_after_persistenced_are_side_by_side(bench):
+    # generate (0.1) is the longest lane: the CC queries (side by side: 0.02) and the health gate
+    # (0.04, one query after another) and the fabric probe run beside it
+    calls = calls_of(CHAIN + FABRIC + CC + HEALTH + [("nvidia-ctk cdi generate --mode=nvml", 0.1)])
+    assert bench.critical_path(calls, nvswitch=False) == pytest.approx(0.09 + 0.1)
+
+
+def test_the_yardstick_does_not_move_with_the_agent(bench):
+    # the CC queries one after another or side by side: the same critical path
+    generate = [("nvidia-ctk cdi generate --mode=nvml", 0.01)]
+    serial = calls_of(CHAIN + CC + generate)
+    parallel = calls_of(CHAIN) + [(0.09, 0.11, argv.split()) for argv, _took in CC] + \
+        [(0.09, 0.1, generate[0][0].split())]
+    assert bench.critical_path(serial, False) == bench.critical_path(parallel, False) == \
+        pytest.approx(0.09 + 0.02)
+
+
+def test_setting_the_ready_state_waits_for_the_fabric(bench):
+    # -srs 1 (and the -grs after it) follow the fabric's end, not only the CC queries
+    calls = calls_of(CHAIN + [("nv-fabricmanager -c x", 1.0)] + FABRIC + CC
+                     + [("nvidia-smi conf-compute -grs", 0.02),
+                        ("nvidia-smi conf-compute -srs 1", 0.03),
+                        ("nvidia-smi conf-compute -grs", 0.02)])
+    assert bench.critical_path(calls, nvswitch=True) == pytest.approx(0.09 + 1.02 + 0.05)
+
+
+def test_fabric_polls_before_it_was_ready_are_not_tool_time(bench):
+    polls = [(0.2 + 0.1 * i, 0.21 + 0.1 * i, FABRIC[0][0].split()) for i in range(9)]
+    calls = calls_of(CHAIN) + [(0.09, 1.09, ["nv-fabricmanager", "-c", "x"])] + polls
+    assert bench.critical_path(calls, nvswitch=True) == pytest.approx(0.09 + 1.0 + 0.01)
+
+
+def test_every_argv_the_agent_runs_has_its_node(bench):
+    # a call the graph does not know would drop out of the yardstick: the dry-run plan's GPU calls
+    for argv in (["nvidia-smi", "conf-compute", "-f"], ["nvidia-ctk", "cdi", "generate"],
+                 ["nvidia-smi", "--query-gpu=pci.bus_id,gpu_recovery_action"],
+                 ["nvidia-smi", "--query-gpu=pci.bus_id,reset_status.reset_required"],
+                 ["nvidia-persistenced"], ["nv-fabricmanager", "--version"], ["modprobe", "x"]):
+        assert bench.node_of(argv, False) in bench.GRAPH
