@@ -240,8 +240,10 @@ def _boot(run: Run, config: str | None) -> int:
     if not gpus:
         return run.end(State.NO_GPU, f"detect: {detect.message}")
     from podvm_gpu.boot.pipeline import run_pipeline  # a GPU is there: the full path
+    from podvm_gpu.host.kmsg import SharedLog
 
-    return run_pipeline(run, settings)
+    with SharedLog(run.root):  # the kernel log read once for all the steps (issue 38)
+        return run_pipeline(run, settings)
 
 
 def _late_wait(run: Run, settings, coming: list, nvidia: list[str]):
