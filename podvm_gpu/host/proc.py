@@ -327,3 +327,29 @@ def _drain(proc: subprocess.Popen) -> tuple[str, str]:
                 stream.close()
         proc.wait()
         return "", ""
+
+
+def side_by_side(calls: list) -> list[tuple[object, BaseException | None]]:
+    """Run each of ``calls`` (functions of no argument, each making its own bounded tool calls)
+    on a thread of its own and wait for all of them: ``(result, None)`` or ``(None, what it
+    raised)`` for each, in the order given. Nothing here waits without a bound: every tool call
+    has its timeout (:meth:`Runner.run`), and a cancelled runner ends the calls in flight.
+    NVML clients side by side are what a real H200 answers fastest (4 nvidia-smi queries at
+    once 27 ms, one after another 94 ms: tests/data/real/h200-580/README.md, issue 38)."""
+    import threading
+
+    out: list[tuple[object, BaseException | None]] = [(None, None)] * len(calls)
+
+    def one(i: int) -> None:
+        try:
+            out[i] = (calls[i](), None)
+        except BaseException as err:  # handed to the caller, which decides what it means
+            out[i] = (None, err)
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"side-by-side-{i}", daemon=True)
+               for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return out

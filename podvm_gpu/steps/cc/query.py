@@ -37,14 +37,22 @@ def conf_compute(ctx: BootContext, *args: str):
 
 
 def answers(run_one) -> dict:
-    """Query -> ``(returncode, output)`` for :data:`classify.QUERIES`, asked in that order with
-    ``run_one(query)`` (a finished call with ``returncode`` and ``output``). After an exit 9 (no
-    driver) or 15 (a lost GPU) the rest are not asked: the answer is decided."""
+    """Query -> ``(returncode, output)`` for :data:`classify.QUERIES`, asked side by side with
+    ``run_one(query)`` (a finished call with ``returncode`` and ``output``; it runs on threads of
+    its own) and read in that order: after an exit 9 (no driver) or 15 (a lost GPU) the rest
+    are not read, the answer is decided. What the first query to raise in that order raised is
+    raised, as asking one after another would have (issue 38: four queries side by side take
+    about the time of one on a real H200, 27 ms against 94).
+    """
+    from podvm_gpu.host.proc import side_by_side
+
+    done = side_by_side([lambda query=query: run_one(query) for query in classify.QUERIES])
     found = {}
-    for query in classify.QUERIES:
-        done = run_one(query)
-        found[query] = (done.returncode, done.output)
-        if done.returncode in (classify.NO_DRIVER_RC, classify.GPU_LOST_RC):
+    for query, (answer, err) in zip(classify.QUERIES, done):
+        if err is not None:
+            raise err
+        found[query] = (answer.returncode, answer.output)
+        if answer.returncode in (classify.NO_DRIVER_RC, classify.GPU_LOST_RC):
             break
     return found
 
@@ -59,7 +67,7 @@ def read_finding(ctx: BootContext) -> classify.CcFinding:
     finding = classify.from_smi(found)
     for query in classify.QUERIES:
         if query not in found and query not in finding.unreadable:
-            finding.unreadable[query] = "not asked: the answer was decided"
+            finding.unreadable[query] = "not read: the answer was decided"
     return finding
 
 
