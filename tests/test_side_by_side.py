@@ -15,6 +15,11 @@ CC_QUERIES = [["nvidia-smi", "conf-compute", q] for q in ("-f", "-d", "-e", "-mg
 FABRIC_QUERY = ["nvidia-smi", "--query-gpu=pci.bus_id,fabric.state,fabric.status",
                 "--format=csv,noheader"]
 DELAY_S = 1.0
+HEALTH_QUERIES = [(["nvidia-smi", "--query-remapped-rows=gpu_bus_id,remapped_rows.pending,"
+                    "remapped_rows.failure"], "00000000:04:00.0, 0, 0\n"),
+                  (["nvidia-smi", "--query-gpu=pci.bus_id,ecc.errors.uncorrected.volatile.total,"
+                    "retired_pages.pending"], "00000000:04:00.0, 0, [N/A]\n")]
+GENERATE = ["nvidia-ctk", "cdi", "generate"]
 
 
 def overlap(a, b) -> bool:
@@ -24,13 +29,16 @@ def overlap(a, b) -> bool:
 
 @pytest.fixture(scope="module")
 def runs(umockdev_run):
-    """P02 with the CC queries and the fabric query taking DELAY_S each: its boot and a check."""
+    """P02 with the CC queries, the generation, the fabric query and two health queries taking
+    DELAY_S each: its boot and a check."""
     case = copy.deepcopy(load_case(DATA / "cases" / "P02-one-h100-pcie-ready.yaml"))
     for rule in case.tools:
-        if rule["argv"] in CC_QUERIES:
+        if rule["argv"] in CC_QUERIES or rule["argv"] == GENERATE:
             rule["delay_s"] = DELAY_S
     # the fabric query is the harness's to answer; a rule of rc 0 only adds its delay
     case.tools.insert(0, _rule({"argv": FABRIC_QUERY, "delay_s": DELAY_S}, []))
+    for argv, stdout in HEALTH_QUERIES:  # a health rule answers with its own stdout
+        case.tools.insert(0, _rule({"argv": argv, "delay_s": DELAY_S, "stdout": stdout}, []))
     with World(case) as world:
         boot = world.run("boot")
         check = world.run("check")
@@ -51,6 +59,15 @@ def test_the_cc_queries_run_side_by_side(runs, phase):
     queries = [calls_of(run, argv)[0] for argv in CC_QUERIES]
     for a, b in itertools.combinations(queries, 2):
         assert overlap(a, b), (a.argv, b.argv)
+
+
+def test_the_health_gates_queries_run_side_by_side_beside_the_generation(runs):
+    boot, _check = runs
+    (remap,), (ecc,) = (calls_of(boot, argv) for argv, _stdout in HEALTH_QUERIES)
+    assert overlap(remap, ecc)
+    assert "remap pending 0" in next(s["message"] for s in boot.status["steps"]
+                                     if s["name"] == "cdi")
+    assert all(overlap(generate, remap) for generate in calls_of(boot, GENERATE)[:1])
 
 
 def test_checks_rows_run_side_by_side_and_keep_their_order(runs):

@@ -27,11 +27,14 @@ The order, and what depends on what (contract section 3):
 ``confidential-computing``  same time: the fabric wait is tens of seconds on HGX machines,
 ``cdi`` (generate)    }     and nvidia-ctk's generation does not need the fabric or the ready
                             state, only the driver and persistenced.
-``cdi`` (health gate)       after generation, in the same branch (podvm_gpu/steps/cdi/health.py): two bounded
-                            nvidia-smi queries (row remapper; volatile ECC, pages pending), NVML
-                            clients, so after persistenced; before the install, since a spec
-                            means a usable GPU. No step of its own: the contract's step list
-                            is fixed, and the gate decides whether the ``cdi`` spec goes in.
+``cdi`` (health gate)       beside generation, in the same branch on a thread of its own
+                            (podvm_gpu/steps/cdi/health.py, steps/cdi/step.py ``run``): bounded
+                            nvidia-smi queries side by side (row remapper; volatile ECC, pages
+                            pending; reset status; recovery action), NVML clients, so
+                            after persistenced; the branch waits for both, and the gate comes
+                            before the install, since a spec means a usable GPU. No step of its
+                            own: the contract's step list is fixed, and the gate decides whether
+                            the ``cdi`` spec goes in.
 ``cdi`` (install)           only once all three succeeded: the spec a CDI reader sees must mean
                             a usable GPU (fabric Completed/Success, CC ready state as decided,
                             memory health as read).

@@ -92,14 +92,16 @@ def ask(runner, argv: list[str], width: int, timeout: float) -> tuple[list[list[
     return rows, ""
 
 
-def query(ctx: BootContext, argv: list[str], width: int, what: str) -> list[list[str]] | None:
-    """Run one health query; its rows, or None after adding a warning saying why it is unread.
+def query(ctx: BootContext, argv: list[str], width: int, what: str,
+          asker=ask) -> list[list[str]] | None:
+    """Run one health query (with ``asker``, :func:`ask`'s shape); its rows, or None after
+    adding a warning saying why it is unread.
 
     Raises:
         StepFailed: :class:`Broken` (a lost GPU, a driver that cannot answer).
     """
     try:
-        rows, why = ask(ctx.runner, argv, width, ctx.harmless_timeout("nvidia-smi"))
+        rows, why = asker(ctx.runner, argv, width, ctx.harmless_timeout("nvidia-smi"))
     except Broken as err:
         raise StepFailed(f"health: {err}; spec not installed") from err
     if rows is None:
@@ -177,6 +179,33 @@ def judge_ecc(rows: list[list[str]], verdict: Verdict) -> None:
                                  f"(retired_pages.pending {retire}): GPU reset needed")
 
 
+def asked_side_by_side(ctx: BootContext):
+    """:func:`ask` with the gate's four queries asked at once, side by side (issue 38: they do
+    not depend on each other, and a real H200 answers four nvidia-smi calls at once in about
+    the time of one); the gate reads their answers in its own order, so a :class:`Broken` or a
+    warning comes where asking one after another put it. A query not asked here is asked when
+    it is read."""
+    from podvm_gpu.host.proc import side_by_side
+
+    timeout = ctx.harmless_timeout("nvidia-smi")
+    queries = [(remap_argv(), len(REMAP_FIELDS)), (ecc_argv(), len(ECC_FIELDS)),
+               (recovery.reset_argv(), len(recovery.RESET_FIELDS)),
+               (recovery.action_argv(), len(recovery.ACTION_FIELDS))]
+    done = dict(zip([tuple(argv) for argv, _width in queries], side_by_side(
+        [lambda argv=argv, width=width: ask(ctx.runner, argv, width, timeout)
+         for argv, width in queries])))
+
+    def asked(runner, argv: list[str], width: int, timeout: float):
+        if tuple(argv) not in done:
+            return ask(runner, argv, width, timeout)
+        answer, err = done.pop(tuple(argv))
+        if err is not None:
+            raise err
+        return answer
+
+    return asked
+
+
 def gate(ctx: BootContext) -> str:
     """Read the GPUs' memory health; return one line of what was read.
 
@@ -185,16 +214,17 @@ def gate(ctx: BootContext) -> str:
             ``health.reset_pending_warns``) a reset.
     """
     verdict = Verdict()
-    rows = query(ctx, remap_argv(), len(REMAP_FIELDS), "the row remapper")
+    asked = asked_side_by_side(ctx)
+    rows = query(ctx, remap_argv(), len(REMAP_FIELDS), "the row remapper", asked)
     if rows is not None:
         judge_remapper(rows, verdict)
-    rows = query(ctx, ecc_argv(), len(ECC_FIELDS), "ECC errors and page retirement")
+    rows = query(ctx, ecc_argv(), len(ECC_FIELDS), "ECC errors and page retirement", asked)
     if rows is not None:
         judge_ecc(rows, verdict)
     for line in verdict.unread:
         ctx.warn(f"cdi: health: {line}: not read as a value; the boot does not fail on it")
     try:  # issue 28: the reset status and the recovery action
-        found = recovery.read(ask, ctx.runner, ctx.harmless_timeout("nvidia-smi"))
+        found = recovery.read(asked, ctx.runner, ctx.harmless_timeout("nvidia-smi"))
     except Broken as err:
         raise StepFailed(f"health: {err}; spec not installed") from err
     verdict.fatal += found.fatal
