@@ -64,12 +64,43 @@ from podvm_gpu.model import REASON_MAX, Step, StepResult
 from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.context import BootContext
 
+
+def _imported_when_run(name: str):
+    """Step ``name``'s ``run``, its module imported when it first runs: the parallel steps'
+    modules (CC, attestation, CDI, fabric: about half of the pipeline's imports) are imported
+    by :func:`import_parallel_steps` while the sequential steps wait on their tools, not
+    before the first GPU step (issue 38)."""
+    def run(ctx):
+        return step_list.module(name).run(ctx)
+
+    run.__qualname__ = f"{name}.run"
+    return run
+
+
 # The step list (podvm_gpu/steps/__init__.py): each step's ``run``, in order; after persistenced,
 # the parallel ones at once; the last of them (the spec) ``finish``es once all have succeeded.
 SEQUENTIAL = tuple((name, step_list.module(name).run) for name in step_list.GPU_STEPS
                    if name not in step_list.PARALLEL)
-PARALLEL = tuple((name, step_list.module(name).run) for name in step_list.GPU_STEPS
+PARALLEL = tuple((name, _imported_when_run(name)) for name in step_list.GPU_STEPS
                  if name in step_list.PARALLEL)
+
+
+def import_parallel_steps() -> threading.Thread:
+    """Import the parallel steps' modules on a thread of its own, started before the first GPU
+    step: it runs while the main thread waits on modprobe and persistenced. The package has no
+    import cycle, so two threads importing at once only wait on each other's module (Python's
+    per-module import locks), never deadlock. An import that fails here is left alone: it
+    fails again where the step runs, and that step reports it."""
+    def load() -> None:
+        for name in step_list.PARALLEL:
+            try:
+                step_list.module(name)
+            except Exception:  # reported by the step itself (module docstring)
+                pass
+
+    thread = threading.Thread(target=load, name="import-parallel-steps", daemon=True)
+    thread.start()
+    return thread
 STEP_NAMES = step_list.GPU_STEPS
 _ALARM_GRACE_S = 2.0  # after the budget, let the step in flight report its own timeout first
 
@@ -116,6 +147,7 @@ def run_pipeline(run: Run, config: Config | None) -> int:
                                                         gpus=gpus)
     if run.dry_run:
         return _dry_run(run, ctx)
+    import_parallel_steps()
     steps = Steps(ctx, run)
     # the budget's timer (SIGALRM, boot/run.py Signals): BudgetExpired in the main thread; the
     # first signal or the timer starts the ending, which cancels the timer and only notes
