@@ -56,9 +56,12 @@ def test_the_parallel_steps_are_not_imported_before_the_first_gpu_step():
     code = ("import sys, podvm_gpu.boot.pipeline as p, podvm_gpu.steps as s\n"
             "print(sorted(n for n in s.PARALLEL if f'podvm_gpu.steps.{dict(s.STEPS)[n]}' "
             "in sys.modules))\n"
+            "print(all(n not in sys.modules for n in p._IMPORTED_WHEN_RUN))\n"
             "p.import_parallel_steps().join()\n"
             "print(sorted(n for n in s.PARALLEL if f'podvm_gpu.steps.{dict(s.STEPS)[n]}' "
-            "in sys.modules))\n")
+            "in sys.modules))\n"
+            "print(all(n in sys.modules for n in p._IMPORTED_WHEN_RUN))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.splitlines()
-    assert out == ["[]", str(sorted(__import__("podvm_gpu.steps").steps.PARALLEL))]
+    assert out == ["[]", "True", str(sorted(__import__("podvm_gpu.steps").steps.PARALLEL)),
+                   "True"]

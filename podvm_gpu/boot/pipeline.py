@@ -85,17 +85,29 @@ PARALLEL = tuple((name, _imported_when_run(name)) for name in step_list.GPU_STEP
                  if name in step_list.PARALLEL)
 
 
+# What the parallel steps import inside their functions on every GPU boot (the attestation
+# gate's question, the health gate), loaded beside the sequential steps too.
+_IMPORTED_WHEN_RUN = ("podvm_gpu.steps.cc.attest.gate", "podvm_gpu.steps.cdi.health")
+
+
 def import_parallel_steps() -> threading.Thread:
     """Import the parallel steps' modules on a thread of its own, started before the first GPU
     step: it runs while the main thread waits on modprobe and persistenced. The package has no
     import cycle, so two threads importing at once only wait on each other's module (Python's
     per-module import locks), never deadlock. An import that fails here is left alone: it
     fails again where the step runs, and that step reports it."""
+    import importlib
+
     def load() -> None:
         for name in step_list.PARALLEL:
             try:
                 step_list.module(name)
             except Exception:  # reported by the step itself (module docstring)
+                pass
+        for name in _IMPORTED_WHEN_RUN:
+            try:
+                importlib.import_module(name)
+            except Exception:  # as above; a helper moved elsewhere is only not preloaded
                 pass
 
     thread = threading.Thread(target=load, name="import-parallel-steps", daemon=True)
@@ -222,7 +234,7 @@ class Steps:
         self.threads = [threading.Thread(target=self._branch, args=(step, func, results),
                                          name=f"step-{step.name}", daemon=True)
                         for step, func in started]
-        for thread in self.threads:
+        for thread in reversed(self.threads):
             thread.start()
         steps = [step for step, _ in started]
         for _ in self.threads:
