@@ -1,5 +1,6 @@
-"""The kernel log read once per boot (issue 38): podvm_gpu.host.kmsg.SharedLog, and a boot's
-reads of ``<root>/dev/kmsg`` counted from outside the product (strace), no timing involved."""
+"""The kernel log read once per boot (issue 38): podvm_gpu.host.kmsg_once.SharedLog, and a
+boot's reads of ``<root>/dev/kmsg`` counted from outside the product (strace), no timing
+involved."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from scenarios.world import DATA, World, load_case
 
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
+from podvm_gpu.host.kmsg_once import SharedLog
 
 
 def record(seq: int, message: str, prio: int = 6) -> str:
@@ -35,7 +37,7 @@ def test_every_reader_goes_through_one_open(root, monkeypatch):
     monkeypatch.setattr(kmsg.os, "open", lambda path, *a: opened.append(path) or real_open(path, *a))
     alone = kmsg.read_timed_records(root)
     assert len(opened) == 1
-    with kmsg.SharedLog(root) as log:
+    with SharedLog(root) as log:
         for _ in range(3):
             assert kmsg.read_timed_records(root) == alone
             assert kmsg.read_kernel_log(root) == [m for _l, m, _u in alone]
@@ -47,7 +49,7 @@ def test_every_reader_goes_through_one_open(root, monkeypatch):
 
 def test_records_added_later_are_read_and_only_they(root):
     path = os.path.join(root.path, "dev", "kmsg")
-    with kmsg.SharedLog(root) as log:
+    with SharedLog(root) as log:
         first = kmsg.read_kernel_log(root)
         with open(path, "a") as f:  # the driver's records after the modprobe
             f.write(record(3, "NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.",
@@ -65,7 +67,7 @@ def test_records_added_later_are_read_and_only_they(root):
 
 def test_a_replaced_or_shortened_file_is_read_from_its_start(root):
     path = os.path.join(root.path, "dev", "kmsg")
-    with kmsg.SharedLog(root) as log:
+    with SharedLog(root) as log:
         kmsg.read_kernel_log(root)
         with open(path + ".new", "w") as f:
             f.write(record(1, "another boot"))
@@ -86,7 +88,7 @@ def test_a_live_log_is_read_on_from_where_it_ended(tmp_path):
     writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
     try:
         root = Root(str(tmp_path))
-        with kmsg.SharedLog(root) as log:
+        with SharedLog(root) as log:
             os.write(writer, record(1, "one").encode())
             assert kmsg.read_kernel_log(root) == ["one"]
             os.write(writer, record(2, "two").encode())
@@ -101,7 +103,7 @@ def test_the_newest_4_mib_are_kept(root, monkeypatch):
     path = os.path.join(root.path, "dev", "kmsg")
     with open(path, "w") as f:
         f.writelines(record(i, f"message {i:04d}") for i in range(40))
-    with kmsg.SharedLog(root):
+    with SharedLog(root):
         shared = kmsg.read_kernel_log(root)
     assert shared[-1] == "message 0039" and sum(len(m) + 12 for m in shared) <= 400
     assert shared == [m for _level, m, _usec in kmsg._read_all(root)]

@@ -240,7 +240,7 @@ def _boot(run: Run, config: str | None) -> int:
     if not gpus:
         return run.end(State.NO_GPU, f"detect: {detect.message}")
     from podvm_gpu.boot.pipeline import run_pipeline  # a GPU is there: the full path
-    from podvm_gpu.host.kmsg import SharedLog
+    from podvm_gpu.host.kmsg_once import SharedLog
 
     with SharedLog(run.root):  # the kernel log read once for all the steps (issue 38)
         return run_pipeline(run, settings)

@@ -46,8 +46,8 @@ def read_timed_records(root: Root) -> list[tuple[int, str, int | None]]:
     The newest 4 MiB are kept (the kernel's ring buffer is at most a few MiB; a larger file is
     not a kernel log), and at most 64 MiB are read, so no file or device given as the log can
     hang the boot. Returns an empty list when the log cannot be read (no file, no permission).
-    While a :class:`SharedLog` of ``root`` is open (a boot's GPU path), its records: the log
-    read once, and after that only what was added to it.
+    While a :class:`~podvm_gpu.host.kmsg_once.SharedLog` of ``root`` is open (a boot's GPU
+    path), its records: the log read once, and after that only what was added to it.
     """
     shared = _SHARED
     if shared is not None and shared.root.path == root.path:
@@ -96,148 +96,7 @@ def _read_all(root: Root) -> list[tuple[int, str, int | None]]:
     return [(level, m[:_MAX_MESSAGE], usec) for level, m, usec in records if m is not None]
 
 
-class SharedLog:
-    """One root's kernel log read once for a whole boot (issue 38: seven reads of the same log
-    were a boot's largest own cost after Python's start): opened on the first read, each later
-    read takes only the records added since (``/dev/kmsg`` gives a reader that stays open the
-    next records; a plain file is read on from where it ended), so a step sees the driver's
-    records of the modprobe before it. Every reader of the log (:func:`read_timed_records`,
-    :func:`read_kernel_records`, :func:`read_kernel_log`) goes through it while it is open.
-
-    The limits of :func:`read_timed_records` hold: the newest 4 MiB of records are kept, and one
-    read takes at most 64 MiB. A plain file that was replaced or shortened is read again from its
-    start. Safe for the parallel steps' threads (one lock). Use as a context manager, or
-    :meth:`open`/:meth:`close`; one is open at a time (a second replaces the first until closed).
-
-    Attributes:
-        root: the root whose ``/dev/kmsg`` it reads.
-        opens: how often the log was opened (1 for a boot; the tests count it).
-    """
-
-    def __init__(self, root: Root):
-        import threading  # the GPU path only: a CPU VM's boot never shares a log
-
-        self.root = root
-        self.opens = 0
-        self._lock = threading.Lock()
-        self._fd: int | None = None
-        self._regular = False
-        self._ident: tuple[int, int] | None = None
-        self._pending = b""  # a plain file's last line, not yet ended
-        self._cut = False
-        self._records: collections.deque = collections.deque()
-        self._bytes = 0
-        self._previous: SharedLog | None = None
-
-    def open(self) -> "SharedLog":
-        global _SHARED
-        self._previous, _SHARED = _SHARED, self
-        return self
-
-    def close(self) -> None:
-        global _SHARED
-        if _SHARED is self:
-            _SHARED = self._previous
-        with self._lock:
-            self._drop_fd()
-
-    __enter__ = open
-
-    def __exit__(self, *_exc) -> None:
-        self.close()
-
-    def timed_records(self) -> list[tuple[int, str, int | None]]:
-        """The records so far, as :func:`read_timed_records` returns them; reads what is new."""
-        with self._lock:
-            self._read_new()
-            records = list(self._records)
-            last = self._pending.decode("utf-8", errors="replace")  # a file's unended line
-        if last and not last.startswith(" "):
-            level, message, usec = _timed(last)
-            if message is not None:
-                records.append((level, message[:_MAX_MESSAGE], usec))
-        return records
-
-    def _drop_fd(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def _reset(self) -> None:
-        self._drop_fd()
-        self._records.clear()
-        self._bytes = 0
-        self._pending = b""
-        self._cut = False
-
-    def _read_new(self) -> None:
-        if self._fd is not None and self._regular and self._replaced():
-            self._reset()
-        if self._fd is None and not self._open():
-            return
-        chunks, read_bytes = [], 0
-        try:
-            while read_bytes < _MAX_READ:
-                try:
-                    chunk = os.read(self._fd, 65536)
-                except OSError as err:
-                    if err.errno == errno.EPIPE:  # records overwritten while we read: go on
-                        continue
-                    break  # EAGAIN: the end of the live log, for now
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                read_bytes += len(chunk)
-        except OSError:
-            pass
-        data = self._pending + b"".join(chunks)
-        if self._regular:
-            data, _sep, self._pending = data.rpartition(b"\n") if b"\n" in data else \
-                (b"", b"", data)
-        lines = data.decode("utf-8", errors="replace").splitlines()
-        if self._cut and lines:
-            lines, self._cut = lines[1:], False
-        for line in lines:
-            if not line or line.startswith(" "):
-                continue
-            level, message, usec = _timed(line)
-            if message is None:
-                continue
-            self._records.append((level, message[:_MAX_MESSAGE], usec))
-            self._bytes += len(line) + 1
-        while self._bytes > _MAX_BYTES and self._records:
-            self._bytes -= len(self._records.popleft()[1]) + 1
-
-    def _open(self) -> bool:
-        try:
-            path = self.root.resolve(KMSG_PATH)
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return False
-        self.opens += 1
-        self._fd = fd
-        try:
-            info = os.fstat(fd)
-        except OSError:
-            return True
-        self._regular = stat.S_ISREG(info.st_mode)
-        self._ident = (info.st_dev, info.st_ino)
-        if self._regular and info.st_size > _MAX_BYTES:
-            os.lseek(fd, info.st_size - _MAX_BYTES, os.SEEK_SET)
-            self._cut = True  # the first line read may be the tail of a record
-        return True
-
-    def _replaced(self) -> bool:
-        """Whether the plain file under the path is another one now, or shorter than read."""
-        try:
-            info = os.stat(self.root.resolve(KMSG_PATH))
-            return (info.st_dev, info.st_ino) != self._ident or \
-                info.st_size < os.lseek(self._fd, 0, os.SEEK_CUR)
-        except OSError:
-            return False
-
-
-_SHARED: SharedLog | None = None
+_SHARED = None  # the open podvm_gpu.host.kmsg_once.SharedLog, or None
 
 
 _RECORD = re.compile(r"(\d+),\d+,(\d+),[^;]*")
