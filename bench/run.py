@@ -333,10 +333,12 @@ def node_of(argv: list[str], set_seen: bool) -> str | None:
     tool, args = argv[0], argv[1:]
     if tool in ("modprobe", "nvidia-modprobe"):
         return "modules"
-    if "--version" in args:
-        return "versions"
     if args[:2] == ["system", "create-device-nodes"]:
         return "device-nodes"
+    if tool == "nvidia-ctk":  # the spec's step: its version, hooks and generation (and IMEX's)
+        return "generate"
+    if "--version" in args:
+        return "versions"
     if tool == "nvidia-persistenced":
         return "persistenced"
     if tool in ("nv-fabricmanager", "nvlsm") or tool == "nvidia-smi" and (
@@ -348,8 +350,6 @@ def node_of(argv: list[str], set_seen: bool) -> str | None:
         return "cc-set" if set_seen or args[1:2] == ["-srs"] else "cc-state"
     if tool == "nvattest":
         return "attestation"
-    if tool == "nvidia-ctk" and args[:2] == ["cdi", "generate"]:
-        return "generate"
     if tool == "nvidia-smi" and args and args[0].startswith(_HEALTH):
         return "health"
     return None

@@ -85,3 +85,23 @@ def test_every_argv_the_agent_runs_has_its_node(bench):
                  ["nvidia-smi", "--query-gpu=pci.bus_id,reset_status.reset_required"],
                  ["nvidia-persistenced"], ["nv-fabricmanager", "--version"], ["modprobe", "x"]):
         assert bench.node_of(argv, False) in bench.GRAPH
+
+
+@pytest.mark.parametrize("tree", ["h100-pcie", "hgx-h200-8gpu-4nvswitch"])
+def test_every_call_of_the_dry_run_plan_has_its_node(bench, podvm, tmp_path, tree):
+    # what boot --dry-run says a boot would run (the attestation too, with set_ready_state):
+    # a call the graph has no node for would drop out of the yardstick unseen
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "nvattest").write_text("#!/bin/sh\nexit 99\n")
+    (folder / "nvattest").chmod(0o755)
+    root = tmp_path / "root"
+    (root / "etc/podvm-gpu").mkdir(parents=True)
+    (root / "etc/podvm-gpu/config.yaml").write_text(
+        "confidential_computing:\n  set_ready_state: true\n")
+    done = podvm(["boot", "--dry-run", "--json", "--root", str(root)], tree=tree,
+                 env={"PATH": str(folder)})
+    assert done.returncode == 0, done.stderr
+    commands = __import__("json").loads(done.stdout)["commands"]
+    assert any(c[0] == "nvattest" for c in commands) and len(commands) > 10
+    assert [c for c in commands if bench.node_of(c, False) is None] == []
