@@ -153,6 +153,7 @@ def _boot(run: Run, config: str | None) -> int:
         config_error = f"{config_path}: cannot resolve: {oserror(present)}"
     if settings is not None:
         run.write_spec, run.metrics = settings.unavailable_spec, settings.metrics
+        run.bind_mode = settings.confidential_computing.bind
     budget = settings.budget_s if settings is not None else DEFAULT_BUDGET_S
     run.budget_s = budget
     untrusted = untrusted_root(root)
