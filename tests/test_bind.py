@@ -14,12 +14,12 @@ import os
 import struct
 
 import pytest
+from rtmr_fake import FakeRegister, aael, ccel, replayed, tagged
 
 from podvm_gpu.host import rtmr
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import Status
 from podvm_gpu.steps.cc import bind
-from tests.rtmr_fake import FakeRegister, aael, ccel, replayed, tagged
 
 KNOWN_TEXT = "coco.com some-operation some-content"
 # Trustee's test data, recomputed (issue 37): the tagged event and its SHA-384
