@@ -127,3 +127,15 @@ def test_the_config_key_takes_its_three_words(tmp_path, mode):
     path = tmp_path / "c.yaml"
     path.write_text(f"confidential_computing:\n  bind: '{mode}'\n")
     assert load_config(str(path), required=True).confidential_computing.bind == mode
+
+
+def test_the_metrics_give_the_bindings_state(tmp_path, monkeypatch):
+    from podvm_gpu.metrics.families import attestation_families
+
+    root = tdx_root(tmp_path, FakeRegister(), monkeypatch)
+    assert boot.run_boot(str(root)) == 0
+    [family] = attestation_families(status(root))  # no attestation on a CPU VM: the binding's
+    assert family.name == "podvm_gpu_binding_state"
+    assert {s.labels["state"]: s.value for s in family.samples} == {
+        "bound": 1, "unbound": 0, "broken": 0, "off": 0}
+    assert attestation_families({"binding": None}) == []

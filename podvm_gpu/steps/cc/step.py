@@ -13,8 +13,9 @@ state where allowed.
    ``ok`` with a warning (the attestation flow sets it); a dev-tools GPU's is never set.
 4. Before ``-srs 1``: wait until the fabricmanager step has succeeded (it runs beside this step;
    the GPUs and NVSwitches of a fabric are attested and made ready together), then
-   :func:`before_ready_state`, the hook where attestation goes (issue 26), then ``-srs 1`` and
-   ``-grs`` again.
+   :func:`before_ready_state`, the hook where attestation goes (issue 26), then
+   :func:`bind_pass` (an attestation that passed is bound into TDX RTMR3, issue 37), then
+   ``-srs 1`` and ``-grs`` again.
 
 ``-srs 1`` never runs for a dev-tools GPU nor for one that is not confidential.
 """
