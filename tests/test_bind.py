@@ -228,3 +228,41 @@ def test_for_boot_a_broken_binding_fails_the_boot_in_auto(tmp_path):
     register = FakeRegister(refuse=True)
     record, failure = bind.for_boot(Root(tmp_path), Status(), "auto", "none", register)
     assert record["state"] == "broken" and failure.startswith("binding broken: extending")
+
+
+# ---- check's binding row
+
+
+def row_world(tmp_path, binding: dict | None, register: bytes | None, log: bytes = b""):
+    from types import SimpleNamespace
+
+    from podvm_gpu.status import StatusFile
+
+    root = world(tmp_path, log=log)
+    if register is not None:
+        node = tmp_path / rtmr.RTMR3_PATH.lstrip("/")
+        node.parent.mkdir(parents=True)
+        node.write_bytes(register)
+    status = Status()
+    status.binding = binding
+    StatusFile(root).finish(status, "no-gpu", "detect: no NVIDIA GPU on PCI (3 devices scanned)")
+    return SimpleNamespace(root=root)
+
+
+def test_the_row_passes_a_binding_whose_logs_still_replay_and_fails_one_that_does_not(tmp_path):
+    log = aael([f"podvm-gpu GpuAttestation {body('none')}"])
+    value = replayed([hashlib.sha384(tagged(f"podvm-gpu GpuAttestation {body('none')}")).digest()])
+    bound = rtmr.binding_record("bound", "none", None, True, "ab" * 48)
+    row = bind.binding_row(row_world(tmp_path / "a", bound, value, log))
+    assert (row.result, row.name) == ("pass", "binding") and "bound: none" in row.detail
+    later = hashlib.sha384(value + b"an extend nobody logged".ljust(48)).digest()
+    row = bind.binding_row(row_world(tmp_path / "b", bound, later, log))
+    assert row.result == "fail" and "no longer replays" in row.detail
+
+
+def test_the_row_fails_broken_and_skips_unbound(tmp_path):
+    broken = rtmr.binding_record("broken", "pass", "extending it failed")
+    row = bind.binding_row(row_world(tmp_path / "a", broken, None))
+    assert row.result == "fail" and "extending it failed" in row.detail
+    unbound = rtmr.binding_record("unbound", reason=rtmr.UNBOUND_REASON)
+    assert bind.binding_row(row_world(tmp_path / "b", unbound, None)).result == "skip"

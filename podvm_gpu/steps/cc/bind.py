@@ -325,3 +325,38 @@ def _keep_record(root, attested: dict | None) -> str | None:
     except OSError as err:
         raise BindError(f"cannot write {RECORD_PATH}: {err.strerror or err}") from None
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+ROW = "binding"
+
+
+def binding_row(facts):
+    """``check``'s ``binding`` row (docs/interface.md 5.1): status.json's ``binding`` record,
+    and, where the register exists, the logs replayed against it now (read-only): an extend
+    nobody logged since the boot fails the row, as it fails every attestation of the VM."""
+    from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check
+    from podvm_gpu.status import read_status
+
+    record = (read_status(facts.root) or {}).get("binding")
+    if not isinstance(record, dict):
+        return Check(ROW, SKIP, "no binding in status.json (no boot has ended, or one from "
+                     "before issue 37)")
+    state = record.get("state")
+    if state == BROKEN:
+        return Check(ROW, FAIL, f"broken: {record.get('reason')}", "reboot the VM: its "
+                     "event log no longer explains RTMR3 (docs/operating.md)")
+    if state != BOUND:
+        return Check(ROW, SKIP, f"{state}: {record.get('reason')}")
+    try:
+        now = rtmr.Register(facts.root.resolve(rtmr.RTMR3_PATH)).read()
+        replayed = rtmr.replay(_read_log(facts.root, rtmr.CCEL_PATH, True) +
+                               _read_log(facts.root, rtmr.EVENTLOG_PATH, False))
+    except (OSError, BindError, rtmr.LogError) as err:
+        return Check(ROW, WARN, f"bound {record.get('result')} at boot, but RTMR3 cannot be "
+                     f"checked now: {getattr(err, 'strerror', None) or err}")
+    if replayed != now:
+        return Check(ROW, FAIL, f"bound {record.get('result')} at boot, but {rtmr.RTMR3_PATH} "
+                     f"no longer replays from {rtmr.CCEL_PATH} and {rtmr.EVENTLOG_PATH}: "
+                     "something extended it without logging", "reboot the VM")
+    return Check(ROW, PASS, f"bound: {record.get('result')} in {rtmr.EVENTLOG_PATH} and RTMR3 "
+                 "(the logs replay to it)")
