@@ -106,21 +106,26 @@ def fresh_row(facts, ppcie: bool = False) -> Check:
 
 
 def image_row(image) -> Check:
-    """Whether the image has nvattest (and libnvidia-nscq for Protected PCIe): ``warn`` when it
-    lacks them, ``fail`` when ``confidential_computing.image_serves`` says it serves
-    confidential GPU VMs."""
+    """Whether the image has nvattest, and libnvidia-nscq when its config says it serves
+    Protected PCIe (``confidential_computing.image_serves_protected_pcie``: the NVSwitches'
+    evidence; no other VM needs it): ``warn`` when it lacks them, ``fail`` when
+    ``confidential_computing.image_serves`` says it serves confidential GPU VMs."""
     import os
 
     root, cc = image.root, image.config.confidential_computing
     configured = image.config.tools.get("nvattest")
     paths = [configured] if configured else [f"{d}/nvattest" for d in _BIN_DIRS]
     have_tool = any(os.path.isfile(root / p) and os.access(root / p, os.X_OK) for p in paths)
-    have_nscq = any(os.path.exists(root / f"{d}/{NSCQ}") for d in _LIB_DIRS)
+    ppcie = cc.image_serves_protected_pcie
+    have_nscq = not ppcie or any(os.path.exists(root / f"{d}/{NSCQ}") for d in _LIB_DIRS)
     lacks = ([] if have_tool else ["nvattest" + (f" at {configured} (config)" if configured
                                                  else "")]) + \
-        ([] if have_nscq else [f"{NSCQ} (Protected PCIe only)"])
+        ([] if have_nscq else [f"{NSCQ} (Protected PCIe: confidential_computing."
+                               "image_serves_protected_pcie is true)"])
     if not lacks:
-        return Check(ROW, PASS, f"nvattest and {NSCQ} present")
+        return Check(ROW, PASS, f"nvattest and {NSCQ} present" if ppcie else
+                     f"nvattest present ({NSCQ} not required: confidential_computing."
+                     "image_serves_protected_pcie is false)")
     if cc.attestation == "off":
         return Check(ROW, WARN, f"lacks {', '.join(lacks)}; confidential_computing.attestation "
                      "is off")
@@ -130,5 +135,6 @@ def image_row(image) -> Check:
     fail = serves and (not have_tool or not have_nscq)
     return Check(ROW, FAIL if fail else WARN, f"for confidential GPU VMs the image lacks: "
                  f"{'; '.join(lacks)} ({why}); a confidential guest's boot fails without "
-                 "nvattest", "install NVIDIA's nvattest (NVAT CLI) and the driver's "
-                 "libnvidia-nscq, or set confidential_computing.image_serves: false")
+                 "nvattest", "install NVIDIA's nvattest (NVAT CLI)" +
+                 (" and the driver's libnvidia-nscq" if not have_nscq else "") +
+                 ", or set confidential_computing.image_serves: false")
