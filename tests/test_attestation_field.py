@@ -116,3 +116,57 @@ def test_standin_version_is_the_real_line_on_stderr(tmp_path):
     rc, out, err = nvattest(tmp_path, {}, "version")
     assert rc == 0 and out == "" and err.strip().endswith("nvattest 1.2.2 (Linux/x86_64)")
     assert NONCE  # the shared nonce of the verdict tests is 64 hex
+
+
+# --- the CC step binds pass before -srs 1 (issue 37) -------------------------------------------
+
+def _register(world_fixture, monkeypatch, register):
+    from podvm_gpu.host import rtmr
+
+    node = world_fixture.root / rtmr.RTMR3_PATH.lstrip("/")
+    node.parent.mkdir(parents=True, exist_ok=True)
+    node.write_bytes(bytes(48))
+    monkeypatch.setattr(rtmr, "Register", lambda path: register)
+
+
+def test_the_cc_step_binds_an_attested_pass(world, monkeypatch):  # noqa: F811
+    from rtmr_fake import FakeRegister
+
+    from podvm_gpu.steps.cc import step
+
+    register = FakeRegister()
+    _register(world, monkeypatch, register)
+    ctx = world({"gpu": {"driver": "550.54.15"}})
+    gate.attest_before_ready(ctx, "not-ready", guest="TDX")
+    assert step.bind_pass(ctx, "not-ready") == "; pass bound into RTMR3"
+    assert ctx.status.binding["state"] == "bound" and register.writes == [(48, 0)]
+    assert not [c for c in world.calls() if "-srs" in c]
+
+
+def test_a_broken_binding_fails_the_step_and_sets_a_ready_state_back(world, monkeypatch):  # noqa: F811
+    from rtmr_fake import FakeRegister
+
+    from podvm_gpu.steps.cc import step
+
+    _register(world, monkeypatch, FakeRegister(refuse=True))
+    ctx = world({"gpu": {"driver": "550.54.15"}})
+    gate.attest_before_ready(ctx, "ready", guest="TDX")
+    with pytest.raises(StepFailed) as err:
+        step.bind_pass(ctx, "ready")
+    assert str(err.value).startswith("binding broken: extending")
+    assert "set back to not-ready" in str(err.value)
+    assert [c[1:] for c in world.calls() if c[0].endswith("nvidia-smi")] == [
+        ["conf-compute", "-srs", "0"]]
+
+
+def test_nothing_is_bound_without_an_attestation_that_passed(world, monkeypatch):  # noqa: F811
+    from rtmr_fake import FakeRegister
+
+    from podvm_gpu.steps.cc import step
+
+    register = FakeRegister()
+    _register(world, monkeypatch, register)
+    ctx = world({"gpu": {"driver": "550.54.15"}}, attestation="off")
+    gate.attest_before_ready(ctx, "not-ready", guest="TDX")
+    assert step.bind_pass(ctx, "not-ready") == "" and ctx.status.binding is None
+    assert register.writes == []
