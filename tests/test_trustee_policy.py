@@ -23,8 +23,8 @@ from podvm_gpu.steps.cc import bind
 POLICY = Path(__file__).resolve().parent.parent / "docs" / "trustee" / "podvm-gpu.rego"
 
 
-def ours(result: str, gpus: int = 1) -> tuple[str, str, str]:
-    return bind.DOMAIN, bind.OPERATION, bind.content(result, gpus, 0, "on", "ab" * 32, None)
+def ours(result: str, gpus: int = 1, cc_mode: str = "on") -> tuple[str, str, str]:
+    return bind.DOMAIN, bind.OPERATION, bind.content(result, gpus, 0, cc_mode, "ab" * 32, None)
 
 
 OTHER = ("github.com/confidential-containers", "PullImage", '{"image":"busybox"}')
@@ -90,6 +90,12 @@ def test_other_registers_and_no_action_records_do_not_count_as_first():
 def test_a_firmware_event_in_rtmr3_before_the_pass_is_not_first():
     view = trustee_view([ours("pass")], [{"index": 4, "type_name": "EV_IPL", "details": {}}])
     assert attested(view) is False
+
+
+@pytest.mark.parametrize("cc_mode, want", [("on", True), ("ppcie", True), ("devtools", False),
+                                           (None, False)])
+def test_the_policy_requires_production_cc_mode(cc_mode, want):
+    assert attested(trustee_view([ours("pass", cc_mode=cc_mode)])) is want
 
 
 def test_the_policy_requires_at_least_n_gpus():

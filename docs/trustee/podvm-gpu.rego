@@ -11,7 +11,8 @@
 #     hardware := 2 if { ...your TDX checks...; podvm_gpu_attested }
 #
 # The rule: the FIRST event extended into RTMR3 (index 4) is podvm-gpu's GpuAttestation with
-# result "pass" and at least podvm_gpu_min_gpus GPUs, and no podvm-gpu event says "fail". A
+# result "pass", at least podvm_gpu_min_gpus GPUs and CC mode "on" or "ppcie" (not dev-tools),
+# and no podvm-gpu event says "fail". A
 # later forged "pass" adds nothing (it is not first); a real later "fail" (the boot failed
 # after attesting, or a rerun failed) revokes. A boot that died before it wrote anything leaves
 # no podvm-gpu event: refused.
@@ -48,6 +49,7 @@ podvm_gpu_attested if {
 	said := json.unmarshal(first.details.data.content)
 	said.result == "pass"
 	said.gpus >= podvm_gpu_min_gpus
+	said.cc_mode in {"on", "ppcie"} # not dev-tools mode (no production confidentiality)
 	every r in podvm_gpu_results {
 		r != "fail"
 	}
