@@ -14,6 +14,8 @@ import os
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rtmr_fake import FakeRegister, aael, ccel, replayed, tagged
 
 from podvm_gpu.host import rtmr
@@ -266,3 +268,31 @@ def test_the_row_fails_broken_and_skips_unbound(tmp_path):
     assert row.result == "fail" and "extending it failed" in row.detail
     unbound = rtmr.binding_record("unbound", reason=rtmr.UNBOUND_REASON)
     assert bind.binding_row(row_world(tmp_path / "b", unbound, None)).result == "skip"
+
+
+# ---- the host gives the CCEL (an ACPI table): any bytes are read safely
+
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400), st.booleans())
+def test_any_bytes_parse_to_records_or_a_log_error(data, header):
+    try:
+        records = rtmr.parse_records(data, header, "log")
+    except rtmr.LogError:
+        return
+    for r in records:
+        assert r.offset < len(data) and (r.digest is None or len(r.digest) == 48)
+    try:
+        assert len(rtmr.replay(records)) == 48
+    except rtmr.LogError:
+        pass
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40),
+                max_size=5))
+def test_built_entries_parse_back_to_their_texts(contents):
+    texts = [f"d o {c.replace(chr(10), ' ').replace(chr(13), ' ')}" for c in contents]
+    log = b"".join(rtmr.entry(rtmr.tagged_event(*t.split(" ", 2))) for t in texts)
+    assert [r.text() for r in rtmr.parse_records(log, False, "l")] == texts
