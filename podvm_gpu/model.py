@@ -134,7 +134,7 @@ class Step:
 
 
 class Status:
-    """The status document, version 2 (contract section 4): version 1 and ``fabric``."""
+    """The status document, version 3 (contract section 4): version 2 and ``binding``."""
 
     def __init__(self) -> None:
         self.state = State.RUNNING
@@ -152,10 +152,11 @@ class Status:
         self.steps: list[Step] = []
         self.attestation: dict | None = None  # podvm_gpu/steps/cc/attest/gate.py's record
         self.initdata: dict | None = None  # podvm_gpu/initdata.py's record, when configured
+        self.binding: dict | None = None  # podvm_gpu/steps/cc/bind.py's record, at the end
 
     def to_dict(self) -> dict:
         return {
-            "version": 2,
+            "version": 3,
             "state": self.state,
             "reason": self.reason,
             "warnings": list(self.warnings),
@@ -171,4 +172,5 @@ class Status:
             "steps": [s.to_dict() for s in self.steps],
             "attestation": self.attestation,
             "initdata": self.initdata,
+            "binding": self.binding,
         }

@@ -427,7 +427,6 @@ def test_attestation_row_warns_without_nvattest_and_fails_when_the_image_serves_
     code, checks = check_image(root)
     assert checks["attestation"]["result"] == "warn"
     assert "nvattest" in checks["attestation"]["detail"]
-    assert "libnvidia-nscq.so.2" in checks["attestation"]["detail"]
     # issue 35 item 9: the hint asked for image_serves: false, which the image already had
     hint = checks["attestation"]["hint"]
     assert "image_serves: false" not in hint, hint
@@ -445,6 +444,28 @@ def test_attestation_row_warns_without_nvattest_and_fails_when_the_image_serves_
     (root / "usr/lib/x86_64-linux-gnu/libnvidia-nscq.so.2").write_text("")
     code, checks = check_image(root)
     assert checks["attestation"]["result"] == "pass", checks["attestation"]
+
+
+def test_libnvidia_nscq_is_required_only_by_an_image_that_serves_protected_pcie(tmp_path):
+    """Issue 37 item 7: libnvidia-nscq is the NVSwitches' evidence, needed in Protected PCIe
+    only; the image's config says so (confidential_computing.image_serves_protected_pcie)."""
+    root = make_image(tmp_path)
+    tool = root / "usr/bin/nvattest"
+    tool.parent.mkdir(parents=True, exist_ok=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    config = root / "etc/podvm-gpu/config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("confidential_computing: {image_serves: true}\n")
+    code, checks = check_image(root)
+    assert checks["attestation"]["result"] == "pass", checks["attestation"]
+    assert "image_serves_protected_pcie is false" in checks["attestation"]["detail"]
+    config.write_text("confidential_computing: {image_serves: true, "
+                      "image_serves_protected_pcie: true}\n")
+    code, checks = check_image(root)
+    assert code == 1 and checks["attestation"]["result"] == "fail"
+    assert "libnvidia-nscq.so.2 (Protected PCIe: confidential_computing." \
+           "image_serves_protected_pcie is true)" in checks["attestation"]["detail"]
 
 
 def test_an_image_kernel_without_a_firmware_loader_fails_the_firmware_row(tmp_path):

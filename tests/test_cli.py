@@ -423,7 +423,7 @@ def test_cpu_boot_json_prints_the_status_document(tmp_path, podvm, empty_path):
 
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert doc["version"] == 2 and doc["state"] == "no-gpu"
+    assert doc["version"] == 3 and doc["state"] == "no-gpu"
     assert doc["reason"] == "detect: no NVIDIA GPU on PCI (3 devices scanned)"
     assert doc["gpus"] == [] and doc["nvswitches"] == []
     assert [(s["name"], s["result"]) for s in doc["steps"]] == [("detect", "ok")]

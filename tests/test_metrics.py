@@ -598,7 +598,9 @@ def test_the_metrics_doc_lists_every_metric_with_its_type_and_profile(tmp_path, 
               FULL),
              (make_root(tmp_path / "cc", lib, attestation={
                  "result": "passed", "reason": None, "duration_s": 3.2, "devices": [
-                     {"type": "gpu", "index": 0}]}),
+                     {"type": "gpu", "index": 0}]}, binding={
+                 "state": "bound", "result": "pass", "appended": True, "digest": "ab" * 48,
+                 "reason": None, "eventlog": "/run/attestation-agent/eventlog"}),
               describe(tmp_path / "d2", [gpu(0)], cc="on"), CC_SAFE),
              (make_root(tmp_path / "failed", lib, state="failed", reason="modules: x"), None, CC_SAFE)]
     for root, desc, profile in cases:

@@ -32,7 +32,7 @@ from podvm_gpu.status import (
 
 CONTRACT_KEYS = {"version", "state", "reason", "warnings", "started_at", "finished_at", "gpus",
                  "nvswitches", "driver_version", "cdi", "fabric", "confidential_computing",
-                 "steps", "attestation", "initdata"}
+                 "steps", "attestation", "initdata", "binding"}
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_a_new_status_has_every_contract_key_and_state_running():
     doc = Status().to_dict()
 
     assert set(doc) == CONTRACT_KEYS
-    assert doc["version"] == 2 and doc["state"] == "running"
+    assert doc["version"] == 3 and doc["state"] == "running"
     assert doc["reason"] is None and doc["finished_at"] is None and doc["warnings"] == []
 
 

@@ -91,8 +91,12 @@ class ConfidentialComputingConfig(Section):
     (nvattest.md 7.1, 8 in the shared notes). ``relying_party_policy``, ``rim_dir`` (with it
     ``--rim-store dir``), ``rim_url``, ``ocsp_url``: passed to nvattest (an OCSP/RIM proxy:
     docs/operating.md). ``image_serves``: this image serves confidential GPU VMs: ``check
-    --image`` fails instead of warning when nvattest (and libnvidia-nscq for Protected PCIe)
-    is missing; boot does not read it."""
+    --image`` fails instead of warning when nvattest is missing; with
+    ``image_serves_protected_pcie`` (the image serves 8-GPU HGX VMs in Protected PCIe mode)
+    libnvidia-nscq is required too, and only then; boot reads neither. ``bind``: the GPUs'
+    verdict bound into TDX RTMR3 with an event in the attestation-agent's log
+    (podvm_gpu/steps/cc/bind.py, docs/interface.md 3.14): ``auto`` (where ``rtmr3:sha384``
+    exists), ``required`` (a boot that cannot bind fails) or ``off``."""
 
     FIELDS = {"set_ready_state": (boolean, True), "allow_devtools": (boolean, False),
               "allow_cc_off": (boolean, False),
@@ -103,7 +107,9 @@ class ConfidentialComputingConfig(Section):
               "rim_dir": (absolute_path, None),
               "rim_url": (url, None),
               "ocsp_url": (url, None),
-              "image_serves": (boolean, False)}
+              "image_serves": (boolean, False),
+              "image_serves_protected_pcie": (boolean, False),
+              "bind": (attestation_mode, "auto")}
     __slots__ = tuple(FIELDS)
 
 
