@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from . import effects as fx
-from . import fake_server, testbed
+from . import fake_server, testbed, toolkit_ctk
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
@@ -48,7 +48,8 @@ DEFAULT_LIMIT_S = 60  # for a run without max_wall_s (check): a hung run is stil
 GRACE_S = 10  # how long past max_wall_s a run may go before the harness ends it
 
 CASE_KEYS = {"id", "title", "source", "bug", "note", "pci", "files", "symlinks", "kernel_log",
-             "tools", "expect", "vmbus", "pci_late", "infiniband", "nvattest"}
+             "tools", "expect", "vmbus", "pci_late", "infiniband", "nvattest", "toolkit"}
+HOOK_PATH = "usr/bin/nvidia-cdi-hook"  # where nvidia-ctk's specs name the hook binary
 PCI_KEYS = {"address", "vendor", "device", "class", "driver", "subsystem_vendor", "subsystem_device",
             "vmbus", "vpd", "nvml"}
 IB_KEYS = {"name", "pci", "cap_mask", "gid0"}
@@ -58,7 +59,8 @@ RULE_KEYS = {"argv", "rc", "stdout", "stderr", "delay_s", "effects", "only_befor
              "keep_output_s"}
 BOOT_EXPECT_KEYS = {"state", "exit", "reason_contains", "max_wall_s", "not_called", "cdi", "gpus",
                     "nvswitches", "cdi_devices", "not_killed", "step_messages",
-                    "warnings_contains", "called", "attestation", "absent"}
+                    "warnings_contains", "called", "attestation", "absent",
+                    "nvidia_ctk_version"}
 CHECK_EXPECT_KEYS = {"exit", "fails", "warns", "passes", "skips"}
 EXPECT_KEYS = {"boot": BOOT_EXPECT_KEYS, "rerun": BOOT_EXPECT_KEYS, "check": CHECK_EXPECT_KEYS}
 CDI_EXPECTATIONS = ("ready-spec", "unavailable", "absent")
@@ -120,6 +122,7 @@ class Case:
     expect: dict
     infiniband: list = ()
     nvattest: dict | None = None  # the stand-in's plan (tests/nvattest_standin.py), or None
+    toolkit: dict | None = None  # the case's toolkit versions (toolkit_ctk.versions), or None
 
     @property
     def shared(self) -> bool:
@@ -216,9 +219,16 @@ def load_case(path: Path) -> Case:
             problems.append(f"expect.{phase}.cdi must be one of {CDI_EXPECTATIONS}")
     if data.get("nvattest") is not None and not isinstance(data["nvattest"], dict):
         problems.append("nvattest must be the stand-in's plan, a mapping")
+    toolkit = None
+    if data.get("toolkit") is not None:
+        try:
+            toolkit = toolkit_ctk.versions(data["toolkit"])
+        except ValueError as err:
+            problems.append(str(err))
     if problems:
         raise CaseError(f"{path}: " + "; ".join(problems))
-    return Case(nvattest=data.get("nvattest"), path=path, id=str(data["id"]), pci=pci, vmbus=vmbus, pci_late=pci_late,
+    return Case(toolkit=toolkit,
+                nvattest=data.get("nvattest"), path=path, id=str(data["id"]), pci=pci, vmbus=vmbus, pci_late=pci_late,
                 files=data.get("files") or {},
                 symlinks=data.get("symlinks") or {}, kernel_log=data.get("kernel_log") or [],
                 tools=tools, expect=expect, infiniband=infiniband)
@@ -438,7 +448,8 @@ class World:
                         "infiniband": list(case.infiniband),
                         "pci_late": case.pci_late, "vmbus": case.vmbus,
                         "fixture_dirs": case.fixture_dirs, "python": sys.executable,
-                        "json_specs": json_specs(case)}
+                        "json_specs": json_specs(case),
+                        "toolkit": case.toolkit or toolkit_ctk.versions(None)}
         Path(layout.config).write_text(json.dumps(self._config, indent=1))
         Path(layout.state).write_text(json.dumps(fx.initial_state(case.pci, case.pci_late),
                                                  indent=1))
@@ -450,6 +461,14 @@ class World:
             Path(script).write_text(fake_server.script(tool, layout.config,
                                                        f" of scenario {case.id}"))
             os.chmod(script, 0o755)
+        hook = self.path("/" + HOOK_PATH)
+        if case.toolkit is not None and not os.path.lexists(hook):
+            # issue 36: the case names its toolkit: the hook binary the spec names answers as
+            # that version's (toolkit_ctk.py)
+            os.makedirs(os.path.dirname(hook), exist_ok=True)
+            Path(hook).write_text(fake_server.script("nvidia-cdi-hook", layout.config,
+                                                     f" of scenario {case.id}"))
+            os.chmod(hook, 0o755)
         if case.nvattest is not None:
             plan = os.path.join(os.path.dirname(layout.config), "nvattest.plan.json")
             Path(plan).write_text(json.dumps(case.nvattest))
