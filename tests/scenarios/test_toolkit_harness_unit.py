@@ -1,0 +1,74 @@
+"""The harness's nvidia-ctk and nvidia-cdi-hook by version (toolkit_ctk.py, issue 36), held to
+the real builds' words (../shared/nvidia-ctk-real.md, 1.17.8 against 1.20.0) and to the real
+1.20.0 spec of tests/data/real/h200-580."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from . import toolkit_ctk as tk
+
+REAL_SPEC = Path(__file__).resolve().parents[1] / \
+    "data/real/h200-580/nvidia-ctk-1.20.0-cdi-generate.json"
+GENERATE = ["nvidia-ctk", "cdi", "generate", "--mode=nvml", "--format=json", "--output="]
+
+
+def hook_names(text: str) -> list[str]:
+    spec = json.loads(text)
+    return [h["args"][1] for h in spec["containerEdits"].get("hooks", [])]
+
+
+def test_versions_default_to_1_20_0_and_take_one_or_each_binary():
+    assert tk.versions(None) == {"nvidia-ctk": "1.20.0", "nvidia-cdi-hook": "1.20.0"}
+    assert tk.versions("1.17.8") == {"nvidia-ctk": "1.17.8", "nvidia-cdi-hook": "1.17.8"}
+    assert tk.versions({"nvidia-cdi-hook": "1.17.8"})["nvidia-ctk"] == "1.20.0"
+    for bad in ("1.17", {"nvidia-smi": "1.0.0"}, 1.17):
+        with pytest.raises(ValueError):
+            tk.versions(bad)
+
+
+@pytest.mark.parametrize("version, line", [
+    ("1.20.0", "NVIDIA Container Toolkit CLI version 1.20.0"),
+    ("1.17.8", "NVIDIA Container Toolkit CLI version 1.17.8")])
+def test_version_is_the_real_first_line(version, line):
+    rc, out, _err = tk.ctk_answer(["nvidia-ctk", "--version"], version)
+    assert rc == 0 and out.splitlines()[0] == line
+
+
+def test_1_17_8_refuses_the_flags_and_the_mode_of_1_18_as_the_real_build():
+    assert tk.ctk_answer(GENERATE + ["--disable-hook=all"], "1.17.8") == (
+        1, "", 'level=error msg="flag provided but not defined: -disable-hook"\n')
+    assert tk.ctk_answer(["nvidia-ctk", "cdi", "generate", "--mode=imex"], "1.17.8") == (
+        1, "", 'level=error msg="invalid discovery mode: imex"\n')
+    assert tk.ctk_answer(GENERATE + ["--disable-hook=all"], "1.20.0") is None
+    assert tk.ctk_answer(GENERATE, "1.17.8") is None  # a rule answers it
+
+
+def test_the_hook_binary_refuses_what_its_version_lacks_with_exit_3():
+    argv = ["nvidia-cdi-hook", "disable-device-node-modification", "--help"]
+    assert tk.hook_answer(argv, "1.17.8") == (
+        3, "", "No help topic for 'disable-device-node-modification'\n")
+    assert tk.hook_answer(argv, "1.20.0")[0] == 0
+    assert tk.hook_answer(["nvidia-cdi-hook", "update-ldcache", "--help"], "1.17.8")[0] == 0
+    assert tk.hook_answer(["nvidia-cdi-hook", "--version"], "1.17.8")[1].startswith(
+        "NVIDIA CDI Hook version 1.17.8\n")
+
+
+def test_the_real_spec_keeps_every_hook_on_1_20_and_loses_the_new_ones_on_1_17_8():
+    text = REAL_SPEC.read_text()
+    assert tk.filter_spec(text, GENERATE, "1.20.0") is text  # unchanged, byte for byte
+    assert hook_names(tk.filter_spec(text, GENERATE, "1.17.8")) == [
+        "create-symlinks", "create-symlinks", "enable-cuda-compat", "update-ldcache"]
+
+
+def test_disable_hook_takes_its_hooks_out_and_all_takes_every_hook():
+    text = REAL_SPEC.read_text()
+    out = tk.filter_spec(text, GENERATE + ["--disable-hook=disable-device-node-modification"],
+                         "1.20.0")
+    assert "disable-device-node-modification" not in hook_names(out)
+    assert "update-application-profile" in hook_names(out)
+    assert "hooks" not in json.loads(tk.filter_spec(text, GENERATE + ["--disable-hook=all"],
+                                                    "1.20.0"))["containerEdits"]
