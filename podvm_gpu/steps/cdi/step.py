@@ -29,7 +29,7 @@ from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
 from podvm_gpu.errors import CdiSpecError, CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host.fs import atomic_write, ensure_dir, read_bounded, unread
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
-from podvm_gpu.steps.cdi import imex, toolkit
+from podvm_gpu.steps.cdi import imex, toolkit, toolkit_image
 from podvm_gpu.steps.context import BootContext
 
 # nvidia-ctk's warnings that can explain a failed generate: the driver libraries and device
@@ -332,3 +332,6 @@ def recovery_action_row(facts) -> Check:
 VM_ROWS = {"row-remapper": row_remapper_row, "recovery-action": recovery_action_row,
            "cdi-spec": cdi_spec_row,
            "cdi-duplicates": cdi_duplicates_row, **imex.VM_ROWS}
+
+# check --image: the toolkit's binaries and their versions (issue 36)
+IMAGE_ROWS = {"toolkit": toolkit_image.image_row}
