@@ -41,8 +41,12 @@ def test_version_is_the_real_first_line(version, line):
 def test_1_17_8_refuses_the_flags_and_the_mode_of_1_18_as_the_real_build():
     assert tk.ctk_answer(GENERATE + ["--disable-hook=all"], "1.17.8") == (
         1, "", 'level=error msg="flag provided but not defined: -disable-hook"\n')
-    assert tk.ctk_answer(["nvidia-ctk", "cdi", "generate", "--mode=imex"], "1.17.8") == (
+    # the agent's IMEX argv: 1.17.8 has --class and refuses the mode (the real build, run)
+    assert tk.ctk_answer(["nvidia-ctk", "cdi", "generate", "--mode=imex", "--class=imex-channel",
+                          "--format=json", "--output="], "1.17.8") == (
         1, "", 'level=error msg="invalid discovery mode: imex"\n')
+    assert tk.ctk_answer(GENERATE + ["--enable-hook=chmod"], "1.17.8")[2].endswith(
+        '"flag provided but not defined: -enable-hook"\n')
     assert tk.ctk_answer(GENERATE + ["--disable-hook=all"], "1.20.0") is None
     assert tk.ctk_answer(GENERATE, "1.17.8") is None  # a rule answers it
 

@@ -7,9 +7,10 @@ from different toolkits). What each version does is what NVIDIA's real builds di
 
 - ``nvidia-ctk --version``: ``NVIDIA Container Toolkit CLI version <v>`` and a ``commit:`` line,
   exit 0 (answered by the harness unless a rule answers ``[nvidia-ctk, --version]``).
-- before 1.18.0, ``cdi generate`` with ``--disable-hook``, ``--enable-hook`` or ``--class``:
-  ``flag provided but not defined: -<flag>``, exit 1 (urfave/cli parses flags first); with
-  ``--mode=imex``: ``invalid discovery mode: imex``, exit 1.
+- before 1.18.0, ``cdi generate`` with ``--disable-hook`` or ``--enable-hook``: ``flag provided
+  but not defined: -<flag>``, exit 1 (urfave/cli parses flags first); with ``--mode=imex``:
+  ``invalid discovery mode: imex``, exit 1. 1.17.8 has ``--class`` (``--mode=imex
+  --class=imex-channel`` is refused for the mode; run 2026-12-04, the real 1.17.8 built here).
 - the spec a generation writes (a rule's ``write_spec``, ``--format=json``) holds only the hooks
   that version writes: 1.17.8 none of ``disable-device-node-modification`` and
   ``update-application-profile``; each ``--disable-hook=<name>`` (``all``: every hook) takes
@@ -34,10 +35,10 @@ import json
 from . import effects as fx
 
 DEFAULT_VERSION = "1.20.0"
-SINCE = (1, 18, 0)  # IMEX mode, --class, --disable-hook and --enable-hook arrived then
+SINCE = (1, 18, 0)  # IMEX mode, --disable-hook and --enable-hook arrived then
 HOOKS_1_17 = ("update-ldcache", "create-symlinks", "chmod", "enable-cuda-compat")
 HOOKS_1_20 = HOOKS_1_17 + ("disable-device-node-modification", "update-application-profile")
-NEW_FLAGS = ("--disable-hook", "--enable-hook", "--class")
+NEW_FLAGS = ("--disable-hook", "--enable-hook")
 COMMITS = {"1.17.8": "f202b80", "1.20.0": "1d1bd5a"}
 NO_TOPIC_RC = 3
 
