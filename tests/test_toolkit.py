@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -213,3 +214,21 @@ def test_a_hook_binary_that_does_not_answer_in_time_fails_the_check(tmp_path):
                                          "/usr/bin/nvidia-cdi-hook did not answer"):
         toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"), None)
     assert time.monotonic() - started < 5
+
+
+def test_a_hung_version_query_is_cut_at_its_timeout_and_only_warns(tmp_path):
+    """A stuck ``nvidia-ctk --version`` costs at most its bound (the harmless-call time, cut
+    to the tool's timeout), then the boot goes on: a warning, no version."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ctk = bin_dir / "nvidia-ctk"
+    ctk.write_text(f"#!/bin/sh\nexec {shutil.which('sleep')} 30\n")
+    ctk.chmod(0o755)
+    runner = Runner(timeouts={"nvidia-ctk": 0.5}, env={"PATH": str(bin_dir)})
+    ctx = context(tmp_path, runner=runner)
+    started = time.monotonic()
+    assert toolkit.read_version(ctx) is None
+    assert time.monotonic() - started < 5
+    assert ctx.status.nvidia_ctk_version is None
+    assert any(w.startswith("cdi: nvidia-ctk --version: ") and "timed out" in w
+               for w in ctx.status.warnings), ctx.status.warnings
