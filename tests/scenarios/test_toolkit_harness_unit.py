@@ -39,8 +39,8 @@ def test_version_is_the_real_first_line(version, line):
 
 
 def test_1_17_8_refuses_the_flags_and_the_mode_of_1_18_as_the_real_build():
-    assert tk.ctk_answer(GENERATE + ["--disable-hook=all"], "1.17.8") == (
-        1, "", 'level=error msg="flag provided but not defined: -disable-hook"\n')
+    assert tk.ctk_answer(GENERATE + ["--disable-hook=all"], "1.17.8")[::2] == (
+        1, 'level=error msg="flag provided but not defined: -disable-hook"\n')
     # the agent's IMEX argv: 1.17.8 has --class and refuses the mode (the real build, run)
     assert tk.ctk_answer(["nvidia-ctk", "cdi", "generate", "--mode=imex", "--class=imex-channel",
                           "--format=json", "--output="], "1.17.8") == (
@@ -76,3 +76,33 @@ def test_disable_hook_takes_its_hooks_out_and_all_takes_every_hook():
     assert "update-application-profile" in hook_names(out)
     assert "hooks" not in json.loads(tk.filter_spec(text, GENERATE + ["--disable-hook=all"],
                                                     "1.20.0"))["containerEdits"]
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "data/fixtures/nvidia-ctk"
+
+
+def capture(name: str) -> tuple[list[str], int, str, str]:
+    """(argv, exit, stderr, stdout) of a capture of the real binaries (README there)."""
+    text = (FIXTURES / name).read_text()
+    argv = text.split("# argv: ", 1)[1].split("\n", 1)[0].split()
+    rc = int(text.split("# exit: ", 1)[1].split("\n", 1)[0])
+    err, out = text.split("# stderr:\n", 1)[1].split("# stdout:\n", 1)
+    return argv, rc, err, out
+
+
+@pytest.mark.parametrize("name, version", [
+    ("version-1.17.8.txt", "1.17.8"), ("version-1.20.0.txt", "1.20.0"),
+    ("hook-version-1.17.8.txt", "1.17.8"), ("generate-1.17.8-imex.txt", "1.17.8"),
+    ("generate-1.17.8-disable-hook.txt", "1.17.8"),
+    ("hook-1.17.8-disable-device-node-modification.txt", "1.17.8"),
+    ("hook-1.17.8-update-application-profile.txt", "1.17.8")])
+def test_the_stand_ins_answer_as_the_real_builds_did(name, version):
+    """Exit status and stderr as captured; stdout's first line (the version line, the usage
+    line; the help text after it is not played)."""
+    argv, rc, err, out = capture(name)
+    answer = tk.ctk_answer(argv, version) if argv[0] == "nvidia-ctk" else \
+        tk.hook_answer(argv, version)
+    assert answer[0] == rc and answer[2] == err, answer
+    assert answer[1].split("\n", 1)[0] == out.split("\n", 1)[0]
+    if name.startswith("version") or name.startswith("hook-version"):  # whole but the commit
+        assert answer[1].split("commit:")[0] == out.split("commit:")[0]

@@ -93,7 +93,8 @@ def ctk_answer(argv: list[str], version: str) -> tuple[int, str, str] | None:
     if argv[1:3] == ["cdi", "generate"] and number(version) < SINCE:
         for flag in NEW_FLAGS:
             if fx.option_value(argv, flag) is not None:
-                return 1, "", f'level=error msg="flag provided but not defined: {flag[1:]}"\n'
+                said = f"flag provided but not defined: {flag[1:]}"
+                return 1, f"Incorrect Usage: {said}\n\n", f'level=error msg="{said}"\n'
         if fx.option_value(argv, "--mode") == "imex":
             return 1, "", 'level=error msg="invalid discovery mode: imex"\n'
     return None
