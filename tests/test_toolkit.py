@@ -188,10 +188,12 @@ def test_a_hook_the_root_s_binary_refuses_fails_naming_it_and_both_versions(tmp_
                            "(exit 3: No help topic for 'disable-device-node-modification')")
     assert "nvidia-ctk 1.20.0" in said and "cdi.disable_hooks" in said
     binary = str(tmp_path / "usr/bin/nvidia-cdi-hook")
-    asked = [argv for argv in ctx.runner.calls if argv[0] == binary]
-    assert asked[:3] == [[binary, "create-symlinks", "--help"],
-                         [binary, "enable-cuda-compat", "--help"],
-                         [binary, "update-ldcache", "--help"]]  # once per name, the root's
+    asked = sorted(argv[1] for argv in ctx.runner.calls if argv[0] == binary and
+                   argv[2:] == ["--help"])
+    assert asked == sorted(["create-symlinks", "enable-cuda-compat", "update-ldcache",
+                            "disable-device-node-modification", "update-application-profile"])
+    # once per name, the root's binary; then its --version for the reason
+    assert [binary, "--version"] in ctx.runner.calls
 
 
 def test_every_hook_a_1_20_binary_knows_passes_once_per_name(tmp_path):

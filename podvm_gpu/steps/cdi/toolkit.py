@@ -130,8 +130,9 @@ def hooks_to_ask(spec) -> dict[tuple[str, str], list[str]]:
 
 def check_hooks(ctx: BootContext, spec, ctk: Version | None) -> int:
     """Ask each hook binary, once per hook name, whether it knows the hook:
-    ``<root><path> [hook] <name> --help``, at most the harmless-call time each; returns how
-    many were asked.
+    ``<root><path> [hook] <name> --help``, at most the harmless-call time each, all at once (a
+    Go binary's start is most of a call, and the cdi step is on the boot's critical path);
+    returns how many were asked. The first failure in the spec's order is the one reported.
 
     Raises:
         StepFailed: a binary refused a name (a non-zero exit: the real refusal is exit 3 with
@@ -139,27 +140,44 @@ def check_hooks(ctx: BootContext, spec, ctk: Version | None) -> int:
             ``--version``, bounded) and nvidia-ctk's; or an answer did not come in time, or the
             binary could not run (a container's creation would hang or fail the same way).
     """
-    asked = 0
-    for (path, name), middle in hooks_to_ask(spec).items():
-        binary = ctx.root.resolve(path)
-        timeout = ctx.harmless_timeout("nvidia-ctk")
+    import threading
+
+    asks = list(hooks_to_ask(spec).items())
+    timeout = ctx.harmless_timeout("nvidia-ctk")
+    failed: dict[int, CommandError] = {}
+
+    def ask(index: int, argv: list[str]) -> None:
         try:
-            ctx.runner.run([binary, *middle, name, "--help"], timeout=timeout)
+            ctx.runner.run(argv, timeout=timeout)
         except CommandError as err:
-            if err.timed_out or err.returncode is None:
-                said = f"did not answer {name} --help in {err.timeout_s:g} s" \
-                    if err.timed_out else err.tool_message()
-                raise StepFailed(f"the spec's hook {name} could not be checked: {path} {said}; "
-                                 "a container's creation runs it") from err
-            hook_version = _hook_version(ctx, binary, timeout)
-            raise StepFailed(
-                f"the spec names hook {name}, which {path} ({hook_version}) does not know "
-                f"({exit_text(err.returncode)}: {err.tool_message()}); the spec comes from "
-                f"nvidia-ctk {ctk or '(version unknown)'}: every container would fail at "
-                f"creation; install nvidia-ctk and nvidia-cdi-hook of one toolkit version, or "
-                f"add {name} to cdi.disable_hooks") from err
-        asked += 1
-    return asked
+            failed[index] = err
+
+    threads = []
+    for index, ((path, name), middle) in enumerate(asks):
+        binary = ctx.root.resolve(path)
+        thread = threading.Thread(target=ask, args=(index, [binary, *middle, name, "--help"]),
+                                  name=f"hook-check-{index}", daemon=True)
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    if not failed:
+        return len(asks)
+    index = min(failed)
+    err = failed[index]
+    (path, name), _middle = asks[index]
+    if err.timed_out or err.returncode is None:
+        said = f"did not answer {name} --help in {err.timeout_s:g} s" \
+            if err.timed_out else err.tool_message()
+        raise StepFailed(f"the spec's hook {name} could not be checked: {path} {said}; "
+                         "a container's creation runs it") from err
+    hook_version = _hook_version(ctx, ctx.root.resolve(path), timeout)
+    raise StepFailed(
+        f"the spec names hook {name}, which {path} ({hook_version}) does not know "
+        f"({exit_text(err.returncode)}: {err.tool_message()}); the spec comes from "
+        f"nvidia-ctk {ctk or '(version unknown)'}: every container would fail at "
+        f"creation; install nvidia-ctk and nvidia-cdi-hook of one toolkit version, or "
+        f"add {name} to cdi.disable_hooks") from err
 
 
 def _hook_version(ctx: BootContext, binary: str, timeout: float) -> str:
