@@ -234,3 +234,27 @@ def test_a_hung_version_query_is_cut_at_its_timeout_and_only_warns(tmp_path):
     assert ctx.status.nvidia_ctk_version is None
     assert any(w.startswith("cdi: nvidia-ctk --version: ") and "timed out" in w
                for w in ctx.status.warnings), ctx.status.warnings
+
+
+def test_a_boot_that_ends_during_the_hook_check_raises_in_the_step_s_thread(tmp_path,
+                                                                           monkeypatch):
+    """A signal or another step's failure cancels the runner while the hook check asks: the
+    Cancelled of the asking threads is raised by the check itself, never left unhandled in a
+    helper thread (it printed a Traceback on boot's stderr: test_boot_ends, SIGTERM during the
+    confidential-computing step with cdi in flight)."""
+    import threading
+
+    from podvm_gpu.errors import Cancelled
+
+    class Cancelling:
+        timeouts: dict = {}
+
+        def run(self, argv, **_):
+            raise Cancelled("SIGTERM")
+
+    unhandled = []
+    monkeypatch.setattr(threading, "excepthook", unhandled.append)
+    ctx = context(tmp_path, runner=Cancelling())
+    with pytest.raises(Cancelled):
+        toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"), None)
+    assert unhandled == []

@@ -139,18 +139,23 @@ def check_hooks(ctx: BootContext, spec, ctk: Version | None) -> int:
             ``No help topic for '<name>'``), naming the hook, the hook binary's version (its
             ``--version``, bounded) and nvidia-ctk's; or an answer did not come in time, or the
             binary could not run (a container's creation would hang or fail the same way).
+        Cancelled: the boot is ending (another step failed, a signal): raised here, in the
+            step's thread, never left in a helper thread.
     """
     import threading
 
     asks = list(hooks_to_ask(spec).items())
     timeout = ctx.harmless_timeout("nvidia-ctk")
     failed: dict[int, CommandError] = {}
+    raised: dict[int, BaseException] = {}
 
     def ask(index: int, argv: list[str]) -> None:
         try:
             ctx.runner.run(argv, timeout=timeout)
         except CommandError as err:
             failed[index] = err
+        except BaseException as err:  # Cancelled (the boot is ending): re-raised below
+            raised[index] = err
 
     threads = []
     for index, ((path, name), middle) in enumerate(asks):
@@ -161,6 +166,8 @@ def check_hooks(ctx: BootContext, spec, ctk: Version | None) -> int:
         threads.append(thread)
     for thread in threads:
         thread.join()
+    if raised:  # in the step's own thread, as a call of its own would raise it
+        raise raised[min(raised)]
     if not failed:
         return len(asks)
     index = min(failed)
