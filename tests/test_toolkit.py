@@ -258,3 +258,21 @@ def test_a_boot_that_ends_during_the_hook_check_raises_in_the_step_s_thread(tmp_
     with pytest.raises(Cancelled):
         toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"), None)
     assert unhandled == []
+
+
+def test_the_hook_binary_gets_only_the_environment_nvidia_ctk_gets(tmp_path):
+    """nvidia-cdi-hook is a urfave/cli program as nvidia-ctk is (every flag can come from a
+    variable): run by its absolute path it gets PATH, LD_LIBRARY_PATH, LD_PRELOAD and
+    LC_ALL=C only."""
+    seen = tmp_path / "env.txt"
+    target = tmp_path / "usr/bin/nvidia-cdi-hook"
+    target.parent.mkdir(parents=True)
+    target.write_text(f"#!/bin/sh\n{shutil.which('env')} >> {seen}\nexit 0\n")
+    target.chmod(0o755)
+    runner = Runner(env={"PATH": "/usr/bin:/bin", "NVIDIA_CTK_DEBUG": "true",
+                         "NVIDIA_CTK_CDI_GENERATE_DISABLED_HOOKS": "all", "HOME": "/root"})
+    ctx = context(tmp_path, runner=runner)
+    toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"), None)
+    names = {line.split("=", 1)[0] for line in seen.read_text().splitlines()}
+    assert names <= {"PATH", "LC_ALL", "PWD", "SHLVL", "_"}, names  # sh adds PWD, SHLVL, _
+    assert "NVIDIA_CTK_DEBUG" not in names and "HOME" not in names
