@@ -114,9 +114,10 @@ def disable_hook_args(config) -> list[str]:
 
 
 def hooks_to_ask(spec) -> dict[tuple[str, str], list[str]]:
-    """Each (hook path, hook name) the spec names, once, with the argv prefix that asks for
-    it (``[nvidia-cdi-hook]`` or ``[nvidia-ctk, hook]``), in the spec's order. A hook whose
-    ``args[0]`` is neither binary is not asked (it is not the toolkit's)."""
+    """Each (hook path, hook name) the spec names, once, in the spec's order, with the
+    arguments that go between the binary and the name when it is asked (``[]`` for
+    ``nvidia-cdi-hook``, ``["hook"]`` for ``nvidia-ctk``). A hook whose ``args[0]`` is neither
+    binary is not asked (it is not the toolkit's)."""
     found: dict[tuple[str, str], list[str]] = {}
     for hook in spec.hooks():
         args = list(hook.args or [])
