@@ -145,6 +145,7 @@ class Status:
         self.gpus: list[PciDevice] = []
         self.nvswitches: list[PciDevice] = []
         self.driver_version: str | None = None
+        self.nvidia_ctk_version: str | None = None  # steps/cdi/toolkit.py, once the cdi step read it
         self.cdi: dict | None = None
         self.fabric = None  # podvm_gpu.steps.fabric.fabric_kind.Fabric (anything with to_dict()), GPU path
         # podvm_gpu.steps.cc.classify.CcFinding (anything with to_dict()), once the CC step read it
@@ -165,6 +166,7 @@ class Status:
             "gpus": [g.to_dict() for g in self.gpus],
             "nvswitches": [s.to_dict() for s in self.nvswitches],
             "driver_version": self.driver_version,
+            "nvidia_ctk_version": self.nvidia_ctk_version,
             "cdi": self.cdi,
             "fabric": self.fabric.to_dict() if self.fabric is not None else None,
             "confidential_computing": (self.confidential_computing.to_dict()

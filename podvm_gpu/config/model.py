@@ -11,6 +11,7 @@ from podvm_gpu.config.fields import (
     absolute_path,
     attestation_mode,
     boolean,
+    cdi_hooks,
     count,
     imex_channels,
     mapping,
@@ -157,6 +158,18 @@ class ImexConfig(Section):
     __slots__ = tuple(FIELDS)
 
 
+class CdiConfig(Section):
+    """The GPUs' spec (podvm_gpu/steps/cdi/step.py). ``disable_hooks``: hooks nvidia-ctk must
+    leave out of the spec, each passed as ``--disable-hook=<name>`` (``all``: every hook;
+    nvidia-ctk 1.18.0 or later, checked before it runs; podvm_gpu/steps/cdi/toolkit.py). The
+    alternative to the host's ``NVreg_ModifyDeviceFiles=0`` for the
+    ``disable-device-node-modification`` hook, which the fabric manager cannot run with (issue 36).
+    ``[]`` (the default): nvidia-ctk's own choice."""
+
+    FIELDS = {"disable_hooks": (cdi_hooks, ())}
+    __slots__ = tuple(FIELDS)
+
+
 class DetectConfig(Section):
     """GPUs that appear after boot started (Hyper-V's vPCI, hot-plug).
 
@@ -211,6 +224,7 @@ class Config(Section):
               "detect": (DetectConfig, DetectConfig()),
               "health": (HealthConfig, HealthConfig()),
               "imex": (ImexConfig, ImexConfig()),
+              "cdi": (CdiConfig, CdiConfig()),
               "unavailable_spec": (boolean, True),
               "metrics": (_metrics, _default_metrics)}
     __slots__ = tuple(FIELDS)

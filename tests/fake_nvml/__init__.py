@@ -31,7 +31,12 @@ FUNCTIONS = [
     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetEncoderUtilization",
     "nvmlDeviceGetDecoderUtilization", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2",
     "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetFieldValues",
+    # what NVIDIA's real nvidia-ctk's cdi generate also calls (issue 36, nvidia-ctk-real.md)
+    "nvmlDeviceGetMinorNumber", "nvmlDeviceGetHandleByUUID", "nvmlDeviceIsMigDeviceHandle",
 ]
+# The description beside the library, read when FAKE_NVML_DESCRIPTION is not set (nvidia-ctk
+# gets only PATH, LD_LIBRARY_PATH and LD_PRELOAD from the agent).
+BESIDE = "fake-nvml.description"
 # What NVIDIA's real nvidia-smi also needs for the agent's command lines (tests/test_real_nvidia_smi.py).
 SMI_FUNCTIONS = [
     "nvmlInternalGetExportTable", "nvmlSystemGetNVMLVersion", "nvmlDeviceGetArchitecture",

@@ -185,6 +185,10 @@ def _status_problems(status: dict, expect: dict) -> list[str]:
                if str(word).lower() not in warnings.lower()]
     if missing:
         problems.append(f"warnings {warnings!r} lack {missing}")
+    if "nvidia_ctk_version" in expect and status.get("nvidia_ctk_version") != \
+            expect["nvidia_ctk_version"]:  # issue 36: the version the cdi step read
+        problems.append(f"status.json nvidia_ctk_version {status.get('nvidia_ctk_version')!r}, "
+                        f"expected {expect['nvidia_ctk_version']!r}")
     for key in ("gpus", "nvswitches"):
         if key in expect and len(status.get(key) or []) != expect[key]:
             problems.append(f"status.json lists {len(status.get(key) or [])} {key}, "
