@@ -28,6 +28,7 @@ from realsmi import fetch, smi
 from podvm_gpu.config.load import validate
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.gpufacts import smi as smi_back_end
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import PciDevice, Status
 from podvm_gpu.steps import Skipped
@@ -57,24 +58,24 @@ CC_QUERIES = [["nvidia-smi", "conf-compute", q] for q in ("-f", "-d", "-e", "-mg
 RESET = recovery.reset_argv()  # issue 28: the health gate's own queries
 ACTION = recovery.action_argv()
 FULL_Q = ["nvidia-smi", "-q"]  # issue 28: the rack-scale kind's cliques
+FABRIC_HEALTH = smi_back_end.fabric_health_argv()  # issue 33: 580's health summary, a query of its own
 # Each argv list written in the agent's code (ast.unparse of the list) -> the command line(s) run.
+# Issue 33: they are all in the nvidia-smi back end (podvm_gpu/gpufacts/smi.py).
 SITES = {
-    "['nvidia-smi', f\"--query-remapped-rows={','.join(REMAP_FIELDS)}\", '--format=csv,noheader']": REMAP,
-    "['nvidia-smi', f\"--query-gpu={','.join(ECC_FIELDS)}\", '--format=csv,noheader']": ECC,
-    "['nvidia-smi', f\"--query-gpu={','.join(FABRIC_FIELDS)}\", '--format=csv,noheader']": FABRIC,
-    "['nvidia-smi', '--query-gpu=index,mig.mode.current', '--format=csv,noheader']": MIG_MODE,
+    "['nvidia-smi', f\"--query-remapped-rows={','.join(REMAP_FIELDS)}\", CSV]": REMAP,
+    "['nvidia-smi', f\"--query-gpu={','.join(fields)}\", CSV]": None,  # QUERY_GPU below
     "['nvidia-smi', 'mig', '-lgi']": MIG_LGI,
     "['nvidia-smi', 'conf-compute', *args]": None,  # the conf_compute calls below
-    "['nvidia-smi', 'conf-compute', query]": None,  # each of CC_QUERIES
-    "['nvidia-smi', 'conf-compute', '-grs']": CC_GRS,
-    "['nvidia-smi', 'conf-compute', '-srs', '0']": CC_SRS0,
-    "['nvidia-smi', 'conf-compute', '-srs', '1']": CC_SRS,  # boot --dry-run's plan of the step
-    "['nvidia-smi', f\"--query-gpu={','.join(RESET_FIELDS)}\", '--format=csv,noheader']": RESET,
-    "['nvidia-smi', f\"--query-gpu={','.join(ACTION_FIELDS)}\", '--format=csv,noheader']": ACTION,
     "['nvidia-smi', '-q']": FULL_Q,
 }
+# the --query-gpu builder's argvs, each from its function
+QUERY_GPU = {smi_back_end.fabric_argv: FABRIC, smi_back_end.fabric_health_argv: FABRIC_HEALTH,
+             smi_back_end.ecc_argv: ECC,
+             smi_back_end.reset_argv: RESET, smi_back_end.action_argv: ACTION,
+             smi_back_end.mig_mode_argv: MIG_MODE}
 CC_CALLS = {("-grs",): CC_GRS, ("-srs", "1"): CC_SRS}
-RUN = [FABRIC, REMAP, ECC, MIG_MODE, MIG_LGI, *CC_QUERIES, CC_GRS, CC_SRS, CC_SRS0, RESET, ACTION, FULL_Q]
+RUN = [FABRIC, REMAP, ECC, MIG_MODE, MIG_LGI, *CC_QUERIES, CC_GRS, CC_SRS, CC_SRS0, RESET, ACTION, FULL_Q,
+       FABRIC_HEALTH]
 
 GPU0, GPU1 = "0000:18:00.0", "0000:28:00.0"  # fake_nvml.gpu(0) and gpu(1)
 ALL_CALLS = ("nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetPciInfo",
@@ -226,6 +227,9 @@ def test_the_suite_runs_every_nvidia_smi_call_of_the_agent():
     assert cc_calls == set(CC_CALLS)
     wanted = [argv for argv in SITES.values() if argv] + list(CC_CALLS.values()) + CC_QUERIES
     assert all(argv in RUN for argv in wanted)
+    assert all(build() == argv and argv in RUN for build, argv in QUERY_GPU.items())
+    assert [smi_back_end.conf_compute_argv(*args) for args in [("-grs",), ("-srs", "1"), ("-srs", "0")]] \
+        == [CC_GRS, CC_SRS, CC_SRS0]
     # the functions that build the argvs give what the suite runs
     assert health.remap_argv() == REMAP and health.ecc_argv() == ECC
 
@@ -306,7 +310,7 @@ def test_fabric_wait_ends_when_the_real_program_says_completed_success(builds, w
         runner, ctx = fabric_ctx(world, build, "healthy")
         states = fabric.wait_for_fabric(ctx, None)
         assert [tuple(s) for s in states] == [("00000000:18:00.0", "Completed", "Success")]
-        assert ctx.nvml_seen == {"0:18:00.0"}
+        assert ctx.nvml_seen == {"00000000:18:00.0"}
         assert runner.asked == [FABRIC]
 
 
@@ -526,6 +530,19 @@ def test_every_real_build_answers_reset_status_and_refuses_the_recovery_action(b
         assert done.returncode == 0 and done.stdout.startswith("00000000:18:00.0, "), build.ident
         found = recovery.read(health.ask, runner, 10)
         assert not (found.fatal or found.reset or found.warn or found.unread), build.ident
+
+
+def test_every_real_build_refuses_the_fabric_health_summary_as_not_offered(builds, world):
+    """Issue 33: 580 lists fabric.health.summary; the Debian builds (535-555) refuse it, exit 2,
+    and the query of its own is then "not offered", never a warning, never the fabric's
+    failure."""
+    for build in builds:
+        runner, ctx = fabric_ctx(world, build, "healthy")
+        done = runner.run(FABRIC_HEALTH, check=False)
+        assert (done.stdout, done.returncode) == (
+            'Field "fabric.health.summary" is not a valid field to query.\n\n', 2), build.ident
+        assert fabric.health_summary(ctx) == "health summary not offered by this nvidia-smi"
+        assert ctx.status.warnings == []
 
 
 

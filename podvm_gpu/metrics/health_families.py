@@ -24,10 +24,11 @@ copied; docs/metrics.md cites each file):
 
 from __future__ import annotations
 
+from podvm_gpu.gpufacts import judge
+from podvm_gpu.gpufacts.words import SCORE
 from podvm_gpu.metrics.prom import GaugeMetricFamily, Metric
-from podvm_gpu.steps.cdi.recovery import ACTIONS, DRAIN_AND_RESET, DRAIN_P2P, GPU_RESET, NODE_REBOOT
 
-PASS, WARN, FAIL = 0, 10, 20  # DCGM_HEALTH_RESULT_*
+PASS, WARN, FAIL = SCORE["ok"], SCORE["warn"], SCORE["fail"]  # DCGM_HEALTH_RESULT_*
 COUNTERS = frozenset({"DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_XID_ERRORS_COUNT"})
 # every DCGM-named family of this module (all kept by the cc-safe profile: states and counts,
 # none a rate or a use that could time the GPU's work)
@@ -35,10 +36,8 @@ FAMILIES = (*sorted(COUNTERS), "DCGM_FI_DEV_CC_MODE", "DCGM_FI_DEV_GPU_RECOVERY_
 XID_WINDOW_MS = 300000  # dcgm-exporter's --xid-count-window-size default
 # Xids after which the GPU is unusable until it is reset (host/kmsg.py FATAL_XIDS) fail ALL;
 # Xid 95 is DCGM's uncontained error, the others have no DCGM_FR_ code of their own
-_FATAL_RECOVERY = {NODE_REBOOT: FAIL, GPU_RESET: FAIL, DRAIN_AND_RESET: FAIL, DRAIN_P2P: WARN}
-# recovery action names, extended with the values newer nvml.h files add (nvidia-ml-py 13.x)
-ACTION_NAMES = {**ACTIONS, 5: "Recover IMEX Domain", 6: "Bus Reset", 7: "System Reboot"}
-_WORSE_ACTIONS = {"Bus Reset": FAIL, "System Reboot": FAIL, "Recover IMEX Domain": WARN}
+# recovery action names: the one table (gpufacts/judge.py ACTIONS, 0-7)
+ACTION_NAMES = {a.number: a.name for a in judge.ACTIONS}
 
 
 def health_results(gpu, fatal_xids: list[int]) -> dict[str, tuple[int, str]]:
@@ -84,8 +83,10 @@ def health_results(gpu, fatal_xids: list[int]) -> dict[str, tuple[int, str]]:
             out["NVLINK"] = (FAIL, "DCGM_FR_NVLINK_DOWN")
         else:
             out["NVLINK"] = (PASS, "DCGM_FR_OK")
-    action = ACTION_NAMES.get(gpu.recovery_action) if gpu.recovery_action is not None else None
-    result = max(_FATAL_RECOVERY.get(action, 0), _WORSE_ACTIONS.get(action, 0))
+    action = judge.ACTION_BY_NUMBER.get(gpu.recovery_action) \
+        if gpu.recovery_action is not None else None
+    # DCGM's meaning: no health.reset_pending_warns here (the podvm_gpu_health family has it)
+    result = SCORE[judge.verdict_of(action.kind, False)] if action is not None else PASS
     if fatal_xids:
         out["ALL"] = (FAIL, "DCGM_FR_UNCONTAINED_ERROR" if 95 in fatal_xids else "DCGM_FR_UNKNOWN")
     elif result:

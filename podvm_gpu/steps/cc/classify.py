@@ -34,17 +34,18 @@ from __future__ import annotations
 import re
 
 from podvm_gpu.errors import exit_text
+from podvm_gpu.gpufacts import judge, words
 
 # The queries, by their short option (the shared cases answer these and the long forms).
 QUERIES = ("-f", "-d", "-e", "-mgm")
-NO_DRIVER_RC = 9  # nvidia-smi cannot reach the driver (readers.NVSMI_NO_DRIVER_RC)
-NOT_CAPABLE_RC = 6  # "No CC capable devices found." (architecture gate), or no GPU at all
-GPU_LOST_RC = 15  # NVML_ERROR_GPU_IS_LOST
-USAGE_RC = 2  # an option this nvidia-smi does not offer
+NO_DRIVER_RC = words.NVSMI_NO_DRIVER_RC  # nvidia-smi cannot reach the driver
+NOT_CAPABLE_RC = words.NVSMI_NOT_FOUND_RC  # "No CC capable devices found." (architecture gate), or no GPU at all
+GPU_LOST_RC = words.NVSMI_GPU_LOST_RC  # NVML_ERROR_GPU_IS_LOST
+USAGE_RC = words.NVSMI_USAGE_RC  # an option this nvidia-smi does not offer
 NOT_CAPABLE_TEXT = "no cc capable devices found"
 
-# multi_gpu values
-MGM_NONE, MGM_PPCIE, MGM_NOT_OFFERED = "none", "protected-pcie", "not-offered"
+# multi_gpu values (gpufacts/judge.py)
+MGM_NONE, MGM_PPCIE, MGM_NOT_OFFERED = judge.MGM_NONE, judge.MGM_PPCIE, judge.MGM_NOT_OFFERED
 # labels (metrics' podvm_gpu_cc_mode, status, check)
 LABELS = ("off", "on", "devtools", "ppcie")
 # decide() outcomes
@@ -157,16 +158,9 @@ class CcFinding:
 
     @property
     def label(self) -> str | None:
-        """One of :data:`LABELS`, ``unsupported`` (not CC capable), or None (unknown)."""
-        if not self.capable:
-            return "unsupported"
-        if self.devtools and self.mode == "on":
-            return "devtools"
-        if self.mode == "on":
-            return "on"
-        if self.mode == "off":
-            return "ppcie" if self.multi_gpu == MGM_PPCIE else "off"
-        return None
+        """One of :data:`LABELS`, ``unsupported`` (not CC capable), or None (unknown): the
+        one labelling (gpufacts/judge.py ``cc_label``), which the NVML back end uses too."""
+        return judge.cc_label(self.capable, self.mode, self.devtools, self.multi_gpu)
 
     @property
     def off_unproven(self) -> bool:

@@ -27,6 +27,7 @@ from podvm_gpu.cdi.parse import parse_spec
 from podvm_gpu.cdi.ready import check_ready_spec
 from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
 from podvm_gpu.errors import CdiSpecError, CommandError, StepFailed, exit_text, one_line
+from podvm_gpu.gpufacts import smi, words
 from podvm_gpu.host.fs import atomic_write, ensure_dir, read_bounded, unread
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.steps.cdi import imex
@@ -54,7 +55,7 @@ def generate_argv(ctx: BootContext) -> list[str]:
 
 # nvidia-smi's exit status for NVML_ERROR_NOT_FOUND: what `mig -lgi` exits with, printing "No GPU
 # instances found", on a GPU in MIG mode without instances (field case C11).
-NOT_FOUND_RC = 6
+NOT_FOUND_RC = words.NVSMI_NOT_FOUND_RC
 
 
 def mig_problem(ctx: BootContext) -> str | None:
@@ -66,17 +67,15 @@ def mig_problem(ctx: BootContext) -> str | None:
     """
     timeout = ctx.harmless_timeout("nvidia-smi")
     try:
-        done = ctx.runner.run(["nvidia-smi", "--query-gpu=index,mig.mode.current",
-                               "--format=csv,noheader"], timeout=timeout)
+        done = ctx.runner.run(smi.mig_mode_argv(), timeout=timeout)
     except CommandError:
         return None
-    enabled = [ln.split(",")[0].strip() for ln in done.stdout.splitlines()
-               if "," in ln and ln.split(",", 1)[1].strip().lower() == "enabled"]
+    enabled = smi.mig_enabled(done.stdout)
     if not enabled:
         return None
     gpus = one_line(", ".join(enabled), 100)
     try:
-        listing = ctx.runner.run(["nvidia-smi", "mig", "-lgi"], check=False, timeout=timeout)
+        listing = ctx.runner.run(smi.mig_list_argv(), check=False, timeout=timeout)
     except CommandError as err:
         return f"MIG mode is enabled on GPU {gpus} (nvidia-smi mig -lgi: {err})"
     said = f"{exit_text(listing.returncode)}: {one_line(listing.output, 200) or 'no output'}"

@@ -261,7 +261,9 @@ def rack_cliques(ctx, fabric: Fabric) -> str:
     from podvm_gpu.errors import CommandError
 
     try:
-        out = ctx.runner.run(["nvidia-smi", "-q"], timeout=ctx.harmless_timeout("nvidia-smi")).stdout
+        from podvm_gpu.gpufacts.smi import full_query_argv
+
+        out = ctx.runner.run(full_query_argv(), timeout=ctx.harmless_timeout("nvidia-smi")).stdout
     except CommandError as err:
         return f"clique and cluster UUID not read ({err})"
     fabric.cliques = parse_cliques(out)

@@ -1,0 +1,206 @@
+"""The nvidia-smi back end: every nvidia-smi command line the agent runs, and the parsers of
+their answers (issue 33). ``boot --dry-run`` names these command lines (docs/interface.md 1.5);
+boot and check run them (nvidia-smi's calls are killable: an NVML call in process is not).
+
+Each query asks only fields every build in reach knows, or is a query of its own: a field the
+installed nvidia-smi refuses aborts its whole query (``Field "x" is not a valid field to query.``,
+exit 2; ../shared/nvidia-smi-real.md, tests/data/real/h200-580). What each build says:
+
+- fabric (:func:`fabric_argv`): every build, 535 to 580; values labelled (``state  Completed``,
+  two spaces; ``status Success``), ``[N/A]`` unlabelled without a fabric, ``N/A`` on 580. The
+  health summary (:func:`fabric_health_argv`) is a query of its own: 580's ``--help-query-gpu``
+  lists ``fabric.health.summary``, the Debian builds (535-555) refuse it.
+- memory (:func:`remap_argv`, :func:`ecc_argv`): every build; ``remapped_rows.*`` are ``1``/``0``
+  on 535-555, ``Yes``/``No`` on 580.
+- reset status (:func:`reset_argv`): 535-555 take it; 580 refuses it (NVML deprecated the fields
+  in 570 for the recovery action). Recovery action (:func:`action_argv`): 580 answers ``None``;
+  535-555 refuse it.
+- MIG (:func:`mig_mode_argv`, :func:`mig_list_argv`), CC (:func:`conf_compute_argv`), and the
+  full ``-q`` (:func:`full_query_argv`: the clique and cluster of NVLink 5, 550 and later).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+
+from podvm_gpu.gpufacts.words import GPU_LOST, csv_rows, csv_value, na
+
+CSV = "--format=csv,noheader"
+FABRIC_FIELDS = ("pci.bus_id", "fabric.state", "fabric.status")
+FABRIC_HEALTH_FIELDS = ("pci.bus_id", "fabric.health.summary")
+REMAP_FIELDS = ("gpu_bus_id", "remapped_rows.pending", "remapped_rows.failure")
+ECC_FIELDS = ("pci.bus_id", "ecc.errors.uncorrected.volatile.total", "retired_pages.pending")
+RESET_FIELDS = ("pci.bus_id", "reset_status.reset_required",
+                "reset_status.drain_and_reset_recommended")
+ACTION_FIELDS = ("pci.bus_id", "gpu_recovery_action")
+MIG_FIELDS = ("index", "mig.mode.current")
+
+
+def query_gpu_argv(fields: tuple[str, ...]) -> list[str]:
+    """``nvidia-smi --query-gpu=<fields> --format=csv,noheader``."""
+    return ["nvidia-smi", f"--query-gpu={','.join(fields)}", CSV]
+
+
+def fabric_argv() -> list[str]:
+    """The fabric query every real nvidia-smi has (535 to 580)."""
+    return query_gpu_argv(FABRIC_FIELDS)
+
+
+def fabric_health_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=pci.bus_id,fabric.health.summary --format=csv,noheader``: 580's
+    field, refused by 535-555 (then "not offered", never a warning)."""
+    return query_gpu_argv(FABRIC_HEALTH_FIELDS)
+
+
+def remap_argv() -> list[str]:
+    """``nvidia-smi --query-remapped-rows=<REMAP_FIELDS> --format=csv,noheader``."""
+    return ["nvidia-smi", f"--query-remapped-rows={','.join(REMAP_FIELDS)}", CSV]
+
+
+def ecc_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=<ECC_FIELDS> --format=csv,noheader``."""
+    return query_gpu_argv(ECC_FIELDS)
+
+
+def reset_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=<RESET_FIELDS> --format=csv,noheader``."""
+    return query_gpu_argv(RESET_FIELDS)
+
+
+def action_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=<ACTION_FIELDS> --format=csv,noheader``."""
+    return query_gpu_argv(ACTION_FIELDS)
+
+
+def mig_mode_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader``."""
+    return query_gpu_argv(MIG_FIELDS)
+
+
+def mig_list_argv() -> list[str]:
+    """``nvidia-smi mig -lgi``: the GPU instances."""
+    return ["nvidia-smi", "mig", "-lgi"]
+
+
+def full_query_argv() -> list[str]:
+    """``nvidia-smi -q``: everything, read by labels (the clique and cluster of NVLink 5)."""
+    return ["nvidia-smi", "-q"]
+
+
+def conf_compute_argv(*args: str) -> list[str]:
+    """``nvidia-smi conf-compute <args>`` (``-f``, ``-d``, ``-e``, ``-mgm``, ``-grs``; ``-srs
+    1``/``-srs 0``, the only setting the agent makes, in the confidential-computing step)."""
+    return ["nvidia-smi", "conf-compute", *args]
+
+
+# --- parsers -------------------------------------------------------------------------------
+
+class FabricState(collections.namedtuple("FabricState", "gpu state status")):
+    """One GPU's NVLink fabric state: the GPU's PCI address, its fabric state and status as
+    text (``Completed``/``Success``), from :func:`fabric_argv`'s rows (:func:`parse_fabric_rows`)
+    or a full ``nvidia-smi -q`` (:func:`parse_fabric`). A GPU lost after NVML took its handle
+    has ``GPU is lost`` in all three."""
+
+    __slots__ = ()
+
+    @property
+    def lost(self) -> bool:
+        return self.state == GPU_LOST[1:-1]
+
+    @property
+    def supported(self) -> bool:
+        return not na(self.state) and self.state.strip().lower() != "unknown"
+
+    @property
+    def completed(self) -> bool:
+        return self.state.strip().lower() == "completed"
+
+    @property
+    def success(self) -> bool:
+        return self.completed and self.status.strip().lower() == "success"
+
+
+def parse_fabric(text: str) -> list[FabricState]:
+    """The ``Fabric`` block of each GPU in ``nvidia-smi -q`` output, by labels.
+
+    A GPU block starts at ``GPU <pci>``; inside it, the ``State`` and ``Status`` lines after a
+    ``Fabric`` heading (indented deeper than it) are read. GPUs without a Fabric block are left out.
+    """
+    result: list[FabricState] = []
+    gpu = None
+    fabric_indent = None
+    state = status = None
+
+    def flush():
+        nonlocal state, status
+        if gpu is not None and state is not None:
+            result.append(FabricState(gpu, state, status or "N/A"))
+        state = status = None
+
+    for line in text.splitlines():
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        m = re.match(r"^GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", stripped)
+        if m and indent == 0:
+            flush()
+            gpu, fabric_indent = m.group(1), None
+            continue
+        if stripped == "Fabric":
+            fabric_indent = indent
+            continue
+        if fabric_indent is not None:
+            if indent <= fabric_indent and stripped:
+                fabric_indent = None
+                continue
+            key, sep, value = stripped.partition(":")
+            if sep and key.strip() == "State" and state is None:
+                state = value.strip()
+            elif sep and key.strip() == "Status" and status is None:
+                status = value.strip()
+    flush()
+    return result
+
+
+def parse_fabric_rows(text: str) -> list[FabricState] | None:
+    """One :class:`FabricState` per row of :func:`fabric_argv`'s answer (one row per GPU NVML
+    lists, in its order), labels removed (``state  In Progress`` -> ``In Progress``; ``[N/A]``
+    without a fabric -> ``N/A``); None when the text is not such an answer."""
+    rows = csv_rows(text, len(FABRIC_FIELDS))
+    if rows is None:
+        return None
+    return [FabricState(csv_value(bus), csv_value(state, "state"), csv_value(status, "status"))
+            for bus, state, status in rows]
+
+
+def parse_fabric_health(text: str) -> list[tuple[str, str]] | None:
+    """``(bus id, summary)`` per row of :func:`fabric_health_argv`'s answer (a ``summary``
+    label, should a build print one as it does for the state, removed; ``[N/A]`` -> ``N/A``);
+    None when the text is not such an answer."""
+    rows = csv_rows(text, len(FABRIC_HEALTH_FIELDS))
+    if rows is None:
+        return None
+    return [(csv_value(bus), csv_value(summary, "summary")) for bus, summary in rows]
+
+
+def summarize(states: list[FabricState]) -> str:
+    """``State X, Status Y on N GPU(s)`` for each distinct pair."""
+    pairs: dict[tuple[str, str], int] = {}
+    for s in states:
+        pairs[(s.state, s.status)] = pairs.get((s.state, s.status), 0) + 1
+    return "; ".join(f"State {a}, Status {b} on {n} GPU(s)" for (a, b), n in pairs.items())
+
+
+def mig_enabled(text: str) -> list[str]:
+    """The indexes of the GPUs :func:`mig_mode_argv`'s answer lists with MIG ``Enabled``."""
+    return [ln.split(",")[0].strip() for ln in text.splitlines()
+            if "," in ln and ln.split(",", 1)[1].strip().lower() == "enabled"]
+
+
+def flag(value: str) -> bool | None:
+    """``1``/``Yes``/``True`` -> True, ``0``/``No``/``False`` -> False (a count above 1 is
+    True), any case; None otherwise (N/A, an error text)."""
+    word = value.strip().lower()
+    if word in ("yes", "no", "true", "false"):
+        return word in ("yes", "true")
+    return int(word) > 0 if word.isdigit() else None
