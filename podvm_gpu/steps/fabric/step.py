@@ -158,16 +158,28 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
     counted = False
     watch = FmWatch(ctx.root, daemon, pid)
     nvl5_vm = ctx.fabric is not None and ctx.fabric.kind == fabric_kind.NVLINK5
+    since = {"said": "", "at": time.monotonic()}
+
+    def note() -> None:
+        """The state last seen and since when, for the pipeline when the budget ends the wait."""
+        said = seen(ctx, states)
+        if said != since["said"]:
+            since.update(said=said, at=time.monotonic())
+        ctx.last_seen["fabricmanager"] = f"{said} for {time.monotonic() - since['at']:.1f} s"
+
+    note()
 
     def look() -> bool:
         nonlocal states, failed_query, counted
         failed_query = None
         try:
             states = query(ctx)
+            note()
             if not counted:
                 nvml_count(ctx, states)
                 counted = True
         except CommandError as err:
+            note()  # how long the last state has stood, up to this failed query
             if ctx.nvml_seen == set():
                 nvml_count(ctx, [])
             no_driver = words.no_driver(err.returncode, err.stdout + err.stderr)
