@@ -146,6 +146,12 @@ def _status_problems(status: dict, expect: dict) -> list[str]:
                if str(word).lower() not in warnings.lower()]
     if missing:
         problems.append(f"warnings {warnings!r} lack {missing}")
+    if "warnings_only" in expect:  # every warning holds one of these substrings (issue 33)
+        allowed = [str(word).lower() for word in expect["warnings_only"] or []]
+        others = [str(w) for w in status.get("warnings") or []
+                  if not any(word in str(w).lower() for word in allowed)]
+        if others:
+            problems.append(f"warnings {others!r} are none of {allowed}")
     for key in ("gpus", "nvswitches"):
         if key in expect and len(status.get(key) or []) != expect[key]:
             problems.append(f"status.json lists {len(status.get(key) or [])} {key}, "
