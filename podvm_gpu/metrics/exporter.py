@@ -180,7 +180,7 @@ class Exporter:
         counts = hfam.xid_counts(kmsg.timed_xids(records), kernel_clock_usec(self.root))
         out += hfam.health_families(
             reading, lambda gpu: fam.dcgm_labels(gpu, self.hostname, reading, pod), fatal, counts,
-            gpu_labels=fam._gpu_labels)
+            gpu_labels=fam._gpu_labels, reset_pending_warns=self.settings.reset_pending_warns)
         return out
 
     def close(self) -> None:

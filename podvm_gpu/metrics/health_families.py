@@ -119,9 +119,28 @@ def xid_counts(timed: list[tuple[int | None, str, int]], now_usec: int | None,
     return out
 
 
+def agent_health_family(reading, gpu_labels, reset_pending_warns: bool) -> Metric | None:
+    """``podvm_gpu_health{gpu labels, check}``: the agent's own verdict per GPU and check
+    (``memory``, ``recovery-action``, ``fabric``, ``gpu-lost``) on DCGM's scale, 0 pass, 10
+    warn, 20 fail: the decision boot's health gate and check's rows make on the same facts
+    (gpufacts/judge.py ``gpu_verdicts``), ``health.reset_pending_warns`` included. Where DCGM's
+    meaning differs (a pending row remap: DCGM warns, the agent fails the boot),
+    ``DCGM_EXP_GPU_HEALTH_STATUS`` keeps DCGM's and this family says the agent's
+    (docs/metrics.md). None when NVML gave no GPU."""
+    family = GaugeMetricFamily("podvm_gpu_health", "The agent's verdict on the GPU per check, "
+                               "as boot and check make it: 0 pass, 10 warn, 20 fail.",
+                               labels=["gpu", "UUID", "pci_bus_id", "device", "check"])
+    for gpu in reading.gpus:
+        verdicts = judge.gpu_verdicts(gpu.values, gpu.recovery_action, gpu.fabric_state,
+                                      gpu.fabric_status, gpu.up, reset_pending_warns)
+        for check, verdict in verdicts.items():
+            family.add_metric([*gpu_labels(gpu), check], SCORE[verdict])
+    return family if family.samples else None
+
+
 def health_families(reading, dcgm_labels, fatal_by_gpu: dict[str, list[int]],
                     xids: dict[str, dict[int, int]], window_ms: int = XID_WINDOW_MS,
-                    gpu_labels=None) -> list[Metric]:
+                    gpu_labels=None, reset_pending_warns: bool = False) -> list[Metric]:
     """The families of this module for the GPUs that answered NVML.
 
     Args:
@@ -130,6 +149,7 @@ def health_families(reading, dcgm_labels, fatal_by_gpu: dict[str, list[int]],
         fatal_by_gpu: NVML-form PCI bus id -> fatal Xid codes since boot.
         xids: :func:`xid_counts`.
         gpu_labels: ``gpu -> list`` of the agent's GPU label values (families._gpu_labels).
+        reset_pending_warns: the config's ``health.reset_pending_warns`` (podvm_gpu_health).
     """
     health = Metric("DCGM_EXP_GPU_HEALTH_STATUS", "Health of the GPU per health watch, computed "
                     "by podvm-gpu from what it reads: 0 pass, 10 warn, 20 fail.", "unknown")
@@ -166,4 +186,5 @@ def health_families(reading, dcgm_labels, fatal_by_gpu: dict[str, list[int]],
             name = ACTION_NAMES.get(gpu.recovery_action, f"unknown({gpu.recovery_action})")
             for known in dict.fromkeys([*ACTION_NAMES.values(), name]):
                 named.add_metric([*gpu_labels(gpu), known], 1 if known == name else 0)
-    return [f for f in (health, xid, cc, action, named) if f.samples]
+    agent = agent_health_family(reading, gpu_labels, reset_pending_warns) if gpu_labels else None
+    return [f for f in (health, xid, cc, action, named, agent) if f is not None and f.samples]

@@ -314,6 +314,47 @@ def row_remapper_row(facts) -> Check:
     return Check("row-remapper", PASS, "; ".join(verdict.read))
 
 
+def memory_errors_row(facts) -> Check:
+    """Each GPU's volatile uncorrectable ECC count and pending page retirement, judged as the
+    health gate judges them (podvm_gpu/steps/cdi/health.py ``judge_ecc``; issue 33: boot read
+    them, check did not show them): one bounded query; a count above 0 or a retirement pending
+    fails with "GPU reset needed" unless ``health.reset_pending_warns`` (then warns); an
+    unanswered query warns; a lost GPU or a driver that cannot answer fails."""
+    from podvm_gpu.gpufacts import judge
+    from podvm_gpu.steps.cdi import health
+    from podvm_gpu.steps.context import HARMLESS_CALL_S
+
+    name = "memory-errors"
+    skip = facts.not_reached("cdi")
+    if skip:
+        return Check(name, SKIP, skip.detail)
+    skip = facts.needs_driver(name)
+    if skip:
+        return skip
+    timeout = min(facts.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
+    hand = ("run nvidia-smi --query-gpu=pci.bus_id,ecc.errors.uncorrected.volatile.total,"
+            "retired_pages.pending --format=csv by hand")
+    try:
+        rows, why = health.ask(facts.runner, health.ecc_argv(), len(health.ECC_FIELDS), timeout)
+    except health.Broken as err:
+        return Check(name, FAIL, str(err), "reboot the VM; if the GPU stays lost, ask the "
+                     "provider for another host")
+    if rows is None:
+        return Check(name, WARN, f"not read ({why}); the boot does not fail on it", hand)
+    verdict = health.Verdict()
+    health.judge_ecc(rows, verdict)
+    if verdict.fatal or verdict.reset:
+        state = judge.reset_verdict(facts.config.health.reset_pending_warns) \
+            if not verdict.fatal else words.FAIL
+        return Check(name, words.CHECK_STATE[state], "; ".join(verdict.fatal + verdict.reset) + (
+            " (a warning: health.reset_pending_warns)" if state == words.WARN else ""),
+            "reset the GPU (nvidia-smi -r with no process using it, or restart the VM on its "
+            "host); the retirement takes effect and the volatile count starts again then")
+    said = "; ".join(f"{bus} volatile uncorrectable ECC {count}, retirement pending {pending}"
+                     for bus, count, pending in rows)
+    return Check(name, PASS, said)
+
+
 def recovery_action_row(facts) -> Check:
     """The GPUs' reset status and recovery action (steps/cdi/recovery.py, issue 28)."""
     from podvm_gpu.steps.cdi import health
@@ -322,6 +363,7 @@ def recovery_action_row(facts) -> Check:
 
 
 # The remapper first: the health gate runs before the spec is installed.
-VM_ROWS = {"row-remapper": row_remapper_row, "recovery-action": recovery_action_row,
+VM_ROWS = {"row-remapper": row_remapper_row, "memory-errors": memory_errors_row,
+           "recovery-action": recovery_action_row,
            "cdi-spec": cdi_spec_row,
            "cdi-duplicates": cdi_duplicates_row, **imex.VM_ROWS}
