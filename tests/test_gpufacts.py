@@ -87,12 +87,13 @@ def test_the_verdict_scale_is_one_mapping_for_boot_check_and_the_exporter():
 
 def test_the_failure_table_keeps_nvidia_smis_status_apart_from_nvmls_code():
     assert words.NVSMI_EXIT[15] == "GPU is lost"
-    assert words.NVSMI_EXIT[255] == "unknown error (NVML 1, 22, 28, 999, or a foreign library)"
+    assert words.NVSMI_EXIT[255] == ("unknown error (NVML 1, 10, 16, 22, 25, 26, 27, 28, 29, "
+                                     "999, or a foreign library)")
     assert words.NVSMI_BROKEN == (9, 12, 15, 17, 18)
     assert 28 not in words.NVSMI_EXIT, "NVML 28 is seen as exit 255"
     assert {25, 26, 27, 28, 29} <= set(words.NVML_RETURN)
     assert words.nvml_text(27) == "NVML 27 (NOT_READY: not ready yet)"
-    assert words.NVML_RETURN[16].broken and words.NVML_RETURN[16].smi_exit is None
+    assert words.NVML_RETURN[16].broken and words.NVML_RETURN[16].smi_exit == 255
 
 
 @pytest.mark.parametrize("given, nvml", [("0000:01:00", "00000000:01:00.0"),

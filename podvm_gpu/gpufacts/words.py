@@ -93,9 +93,10 @@ class Failure(collections.namedtuple("Failure", "nvml name meaning smi_exit brok
         nvml: NVML's return code (``nvmlReturn_t``, nvml.h), what the NVML back end sees.
         name: its name without ``NVML_ERROR_`` (``GPU_IS_LOST``).
         meaning: what it means, in a few words.
-        smi_exit: the exit status nvidia-smi was observed to give for it (the real Debian
-            builds 535.261.03 to 555.58.02 against a stand-in NVML, nvidia-smi-real.md): the
-            code itself, 255, or None where no build was seen returning it.
+        smi_exit: the exit status nvidia-smi was observed to give for it: every real Debian
+            build, 535.261.03 to 555.58.02, against the stand-in NVML (tests/fake_nvml)
+            returning it from NVML's initialisation (tests/test_real_nvidia_smi.py holds each
+            row; nvidia-smi-real.md): the code itself, or 255.
         broken: True when no answer can come after it (the driver, the library or a GPU is
             unusable): a failure wherever it appears after the modules step, never "unread".
     """
@@ -111,21 +112,21 @@ FAILURES = (
     Failure(4, "NO_PERMISSION", "insufficient permissions", 4, False),
     Failure(6, "NOT_FOUND", "not found (no GPU listed)", 6, False),
     Failure(9, "DRIVER_NOT_LOADED", "driver not loaded", 9, True),
-    Failure(10, "TIMEOUT", "timed out", None, False),
+    Failure(10, "TIMEOUT", "timed out", 255, False),
     Failure(12, "LIBRARY_NOT_FOUND", "NVML library not found", 12, True),
     Failure(13, "FUNCTION_NOT_FOUND", "NVML function not found (a library older than "
             "nvidia-smi)", 13, False),
     Failure(15, "GPU_IS_LOST", "GPU is lost", 15, True),
-    Failure(16, "RESET_REQUIRED", "GPU reset required", None, True),
+    Failure(16, "RESET_REQUIRED", "GPU reset required", 255, True),
     Failure(17, "OPERATING_SYSTEM", "GPU access blocked by the operating system", 17, True),
     Failure(18, "LIB_RM_VERSION_MISMATCH", "driver/library version mismatch", 18, True),
     Failure(22, "VGPU_ECC_NOT_SUPPORTED", "ECC not supported on this vGPU", 255, False),
     Failure(25, "ARGUMENT_VERSION_MISMATCH", "argument version mismatch (a struct version "
-            "the library does not know)", None, False),
-    Failure(26, "DEPRECATED", "deprecated", None, False),
-    Failure(27, "NOT_READY", "not ready yet", None, False),
+            "the library does not know)", 255, False),
+    Failure(26, "DEPRECATED", "deprecated", 255, False),
+    Failure(27, "NOT_READY", "not ready yet", 255, False),
     Failure(28, "GPU_NOT_FOUND", "GPU not found", 255, False),
-    Failure(29, "INVALID_STATE", "invalid state", None, False),
+    Failure(29, "INVALID_STATE", "invalid state", 255, False),
     Failure(999, "UNKNOWN", "unknown error", 255, False),
 )
 NVML_RETURN = {f.nvml: f for f in FAILURES}  # NVML's return code -> its row
@@ -137,8 +138,9 @@ NVSMI_EXIT = {f.smi_exit: f.meaning for f in FAILURES if f.smi_exit not in (None
 NVSMI_EXIT[255] = ("unknown error (NVML " + ", ".join(str(f.nvml) for f in FAILURES
                                                        if f.smi_exit == 255)
                    + ", or a foreign library)")
-# the exit statuses after which no answer can come
-NVSMI_BROKEN = tuple(f.smi_exit for f in FAILURES if f.broken and f.smi_exit is not None)
+# the exit statuses after which no answer can come: those only broken codes give (255 stands
+# for codes that are not, too: never one of them)
+NVSMI_BROKEN = tuple(sorted({f.smi_exit for f in FAILURES if f.broken and f.smi_exit != 255}))
 # nvidia-smi cannot reach the kernel driver (no module, no /dev/nvidiactl, no permission): every
 # subcommand, 535.261.03 as the field's newer drivers, prints "NVIDIA-SMI has failed because it
 # couldn't communicate with the NVIDIA driver. ..." (tests/data/nvidia-535.261.03/plain)
