@@ -579,3 +579,80 @@ def test_the_failure_tables_observed_exit_status_is_what_every_build_exits_with(
         assert done.stdout.startswith("Failed to initialize NVML: ") or code in (9, 12), done.stdout
 
     assert observed == dict.fromkeys(observed, words.NVML_RETURN[code].smi_exit)
+
+
+# --- issue 33: the two back ends give the same facts ------------------------------------------
+
+_NVML_CHILD = """
+import json, sys
+from podvm_gpu.gpufacts.nvml import NvmlReader
+from podvm_gpu.host.fs import Root
+from podvm_gpu.readers import find_nvml, find_nvml_elsewhere
+r = NvmlReader(Root(sys.argv[1]), 20, find=(find_nvml, find_nvml_elsewhere)).read("full")
+print(json.dumps({"up": r.up, "message": r.message, "gpus": [
+    {"bus": g.pci_bus_id, "up": g.up, "values": g.values,
+     "fabric": [g.fabric_state, g.fabric_status]} for g in r.gpus]}))
+"""
+_FABRIC_WORDS = {1: "Not Started", 2: "In Progress", 3: "Completed"}
+
+
+def smi_facts(runner) -> dict:
+    """Per GPU (bus id normalised), what the nvidia-smi back end reads of memory and fabric."""
+    out: dict = {}
+    rows, _ = health.ask(runner, smi_back_end.remap_argv(), 3, 10)
+    for bus, pending, failure in rows:
+        out[words.bus_id(bus)] = {"remap_pending": smi_back_end.flag(pending),
+                                  "remap_failure": smi_back_end.flag(failure)}
+    rows, _ = health.ask(runner, smi_back_end.ecc_argv(), 3, 10)
+    for bus, volatile, retired in rows:
+        out[words.bus_id(bus)].update(ecc_volatile=int(volatile),
+                                      retired_pending=smi_back_end.flag(retired))
+    states = smi_back_end.parse_fabric_rows(runner.run(smi_back_end.fabric_argv(), check=False).stdout)
+    for s in states:
+        out[words.bus_id(s.gpu)]["fabric"] = [s.state if s.supported else None, s.success]
+    return out
+
+
+def nvml_facts(root) -> dict:
+    """The same facts through the NVML back end (pynvml, in a child: NVML is process-wide)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _NVML_CHILD, str(root)], capture_output=True,
+                          text=True, timeout=60, env=fake_nvml.metrics_env(root / "fake.desc"))
+    assert done.returncode == 0, done.stderr
+    reading = json.loads(done.stdout)
+    assert reading["up"], reading["message"]
+    out = {}
+    for gpu in reading["gpus"]:
+        v = gpu["values"]
+        state, status = gpu["fabric"]
+        out[words.bus_id(gpu["bus"])] = {
+            "remap_pending": bool(v["DCGM_FI_DEV_ROW_REMAP_PENDING"]),
+            "remap_failure": bool(v["DCGM_FI_DEV_ROW_REMAP_FAILURE"]),
+            "ecc_volatile": int(v["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]),
+            "retired_pending": bool(v["DCGM_FI_DEV_RETIRED_PENDING"]),
+            "fabric": [_FABRIC_WORDS.get(state), state == 3 and status == 0]}
+    return out
+
+
+@pytest.mark.parametrize("state", ["healthy", "remap-pending", "remap-failure", "ecc-volatile",
+                                   "retire-pending", "fabric-in-progress",
+                                   "fabric-completed-error"])
+def test_the_nvidia_smi_and_nvml_back_ends_read_the_same_facts(builds, world, state, tmp_path):
+    """Issue 33: one tests/fake_nvml state, read through every real nvidia-smi build (the boot's
+    and check's back end) and through pynvml (the exporter's), gives equal facts: bus ids,
+    remap pending and failure, the volatile uncorrectable count, the pending retirement, the
+    fabric state and whether it succeeded."""
+    gpus, kw = STATES[state]
+    library = next(world.lib.glob("libnvidia-ml.so*"))
+    root = fake_nvml.make_root(tmp_path / "root", library, gpus=len(gpus))
+    seen_by_nvml = None
+    for build in builds:
+        description = describe(world, build, f"equal-{state}", gpus, **kw)
+        runner = RealRunner(build, description, world.lib)
+        if seen_by_nvml is None:
+            (root / "fake.desc").write_text(description.read_text())
+            seen_by_nvml = nvml_facts(root)
+        assert smi_facts(runner) == seen_by_nvml, build.ident
