@@ -170,3 +170,50 @@ def test_the_cc_label_is_one_rule_for_nvidia_smi_and_nvml():
         assert finding.label == judge.cc_label(*args)
     assert judge.cc_label(True, "on", True, judge.MGM_NONE) == "devtools"
     assert judge.cc_label(True, "value 7", None, None) is None
+
+
+class _Smi:
+    """nvidia-smi answering each argv with (rc, stdout); a missing one refuses its field."""
+
+    def __init__(self, answers):
+        self.answers = {tuple(argv): answer for argv, answer in answers}
+
+    def run(self, argv, check=False, timeout=None):
+        from podvm_gpu.host.proc import Completed
+
+        rc, out = self.answers.get(tuple(argv), (2, f'Field "{argv[1]}" is not a valid field to '
+                                                    'query.\n\n'))
+        return Completed(argv=argv, returncode=rc, stdout=out, stderr="", duration_s=0.01)
+
+
+def test_every_value_of_the_nvidia_smi_back_end_is_read_or_says_why_not():
+    from podvm_gpu.gpufacts.facts import unread
+
+    bus, lost = "00000000:18:00.0", "00000000:2A:00.0"
+    facts = smi.smi_facts(_Smi([
+        (smi.remap_argv(), (0, f"{bus}, 1, 0\n{lost}, [GPU is lost], [GPU is lost]\n")),
+        (smi.ecc_argv(), (3, "Not Supported\n")),
+        (smi.action_argv(), (0, f"{bus}, 1, Reset\n")),
+        (smi.fabric_argv(), (0, f"{bus}, state  In Progress, status N/A\n")),
+    ]), 5)
+
+    gpu = facts[bus]
+    assert (gpu.remap_pending.value, gpu.remap_failure.value, gpu.recovery_action.value) == \
+        (True, False, 1)
+    assert gpu.ecc_volatile.why.startswith("nvidia-smi --query-gpu=pci.bus_id,ecc.errors."
+                                           "uncorrected.volatile.total,retired_pages.pending exit 3")
+    assert gpu.fabric_state.value == "In Progress" and gpu.fabric_success.value is False
+    assert gpu.fabric_summary == unread("not offered by this nvidia-smi")
+    assert facts[lost].lost.value is True
+    assert judge.facts_verdicts(facts[lost], False) == {"gpu-lost": "fail"}
+    assert judge.facts_verdicts(gpu, False) == {"gpu-lost": "ok", "memory": "fail",
+                                                "recovery-action": "fail", "fabric": "fail"}
+    assert judge.facts_verdicts(gpu, True)["memory"] == "warn"
+
+
+def test_a_recovery_word_no_table_knows_is_kept_verbatim_and_warns():
+    bus = "00000000:18:00.0"
+    gpu = smi.smi_facts(_Smi([(smi.action_argv(), (0, f"{bus}, Quarantine Rack\n"))]), 5)[bus]
+
+    assert gpu.recovery_action.value == "Quarantine Rack"
+    assert judge.facts_verdicts(gpu, False)["recovery-action"] == "warn"

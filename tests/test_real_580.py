@@ -154,3 +154,28 @@ def test_the_captured_boot_warned_of_the_reset_status_that_no_longer_warns():
     assert status["state"] == "ready"
     assert [w.split(":")[0] for w in status["warnings"]] == ["modules", "cdi"]
     assert "reset status not read" in status["warnings"][1]
+
+
+def test_the_580_answers_as_value_types_and_their_verdicts():
+    """The nvidia-smi back end's facts of the real H200 (gpufacts/facts.py): each value read or
+    why not; the verdicts on them (gpufacts/judge.py) pass. The health summary, not in the
+    capture, is answered as 580 answers a GPU without a fabric (``[N/A]``)."""
+    from podvm_gpu.gpufacts.facts import unread
+
+    class Replay580(Replay):
+        def run(self, argv, check=False, timeout=None):
+            if argv == smi.fabric_health_argv():
+                return Completed(argv=argv, returncode=0, stdout=f"{BUS}, [N/A]\n", stderr="",
+                                 duration_s=0.02)
+            return super().run(argv, check, timeout)
+
+    facts = smi.smi_facts(Replay580(), 5)
+
+    assert list(facts) == [BUS]
+    gpu = facts[BUS]
+    assert (gpu.lost.value, gpu.remap_pending.value, gpu.remap_failure.value,
+            gpu.ecc_volatile.value, gpu.recovery_action.value) == (False, False, False, 0, 0)
+    assert gpu.retired_pending == unread("N/A") and gpu.fabric_state == unread("N/A")
+    assert gpu.fabric_summary == unread("N/A")
+    assert judge.facts_verdicts(gpu, False) == {"gpu-lost": "ok", "memory": "ok",
+                                                "recovery-action": "ok"}

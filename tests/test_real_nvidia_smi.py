@@ -585,36 +585,29 @@ def test_the_failure_tables_observed_exit_status_is_what_every_build_exits_with(
 
 _NVML_CHILD = """
 import json, sys
+from podvm_gpu.gpufacts.facts import nvml_facts
 from podvm_gpu.gpufacts.nvml import NvmlReader
 from podvm_gpu.host.fs import Root
 from podvm_gpu.readers import find_nvml, find_nvml_elsewhere
 r = NvmlReader(Root(sys.argv[1]), 20, find=(find_nvml, find_nvml_elsewhere)).read("full")
-print(json.dumps({"up": r.up, "message": r.message, "gpus": [
-    {"bus": g.pci_bus_id, "up": g.up, "values": g.values,
-     "fabric": [g.fabric_state, g.fabric_status]} for g in r.gpus]}))
+print(json.dumps({"up": r.up, "message": r.message,
+                  "gpus": [nvml_facts(g)._asdict() for g in r.gpus]}))
 """
-_FABRIC_WORDS = {1: "Not Started", 2: "In Progress", 3: "Completed"}
+# the facts both back ends read (the recovery action: no Debian build offers it; the fabric
+# health summary: not read through NVML)
+COMPARED = ("lost", "remap_pending", "remap_failure", "ecc_volatile", "retired_pending",
+            "fabric_state", "fabric_success")
 
 
 def smi_facts(runner) -> dict:
-    """Per GPU (bus id normalised), what the nvidia-smi back end reads of memory and fabric."""
-    out: dict = {}
-    rows, _ = health.ask(runner, smi_back_end.remap_argv(), 3, 10)
-    for bus, pending, failure in rows:
-        out[words.bus_id(bus)] = {"remap_pending": smi_back_end.flag(pending),
-                                  "remap_failure": smi_back_end.flag(failure)}
-    rows, _ = health.ask(runner, smi_back_end.ecc_argv(), 3, 10)
-    for bus, volatile, retired in rows:
-        out[words.bus_id(bus)].update(ecc_volatile=int(volatile),
-                                      retired_pending=smi_back_end.flag(retired))
-    states = smi_back_end.parse_fabric_rows(runner.run(smi_back_end.fabric_argv(), check=False).stdout)
-    for s in states:
-        out[words.bus_id(s.gpu)]["fabric"] = [s.state if s.supported else None, s.success]
-    return out
+    """Per GPU, the values the nvidia-smi back end reads (gpufacts/smi.py smi_facts)."""
+    return {bus: {name: getattr(facts, name).value for name in COMPARED}
+            for bus, facts in smi_back_end.smi_facts(runner, 10).items()}
 
 
 def nvml_facts(root) -> dict:
-    """The same facts through the NVML back end (pynvml, in a child: NVML is process-wide)."""
+    """The same through the NVML back end (gpufacts/facts.py nvml_facts; pynvml in a child:
+    NVML is process-wide)."""
     import json
     import subprocess
     import sys
@@ -624,17 +617,7 @@ def nvml_facts(root) -> dict:
     assert done.returncode == 0, done.stderr
     reading = json.loads(done.stdout)
     assert reading["up"], reading["message"]
-    out = {}
-    for gpu in reading["gpus"]:
-        v = gpu["values"]
-        state, status = gpu["fabric"]
-        out[words.bus_id(gpu["bus"])] = {
-            "remap_pending": bool(v["DCGM_FI_DEV_ROW_REMAP_PENDING"]),
-            "remap_failure": bool(v["DCGM_FI_DEV_ROW_REMAP_FAILURE"]),
-            "ecc_volatile": int(v["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]),
-            "retired_pending": bool(v["DCGM_FI_DEV_RETIRED_PENDING"]),
-            "fabric": [_FABRIC_WORDS.get(state), state == 3 and status == 0]}
-    return out
+    return {gpu["bus"]: {name: gpu[name][0] for name in COMPARED} for gpu in reading["gpus"]}
 
 
 @pytest.mark.parametrize("state", ["healthy", "remap-pending", "remap-failure", "ecc-volatile",
@@ -642,9 +625,9 @@ def nvml_facts(root) -> dict:
                                    "fabric-completed-error"])
 def test_the_nvidia_smi_and_nvml_back_ends_read_the_same_facts(builds, world, state, tmp_path):
     """Issue 33: one tests/fake_nvml state, read through every real nvidia-smi build (the boot's
-    and check's back end) and through pynvml (the exporter's), gives equal facts: bus ids,
-    remap pending and failure, the volatile uncorrectable count, the pending retirement, the
-    fabric state and whether it succeeded."""
+    and check's back end) and through pynvml (the exporter's), gives equal facts (the value
+    types of gpufacts/facts.py): bus ids, lost, remap pending and failure, the volatile
+    uncorrectable count, the pending retirement, the fabric state and whether it succeeded."""
     gpus, kw = STATES[state]
     library = next(world.lib.glob("libnvidia-ml.so*"))
     root = fake_nvml.make_root(tmp_path / "root", library, gpus=len(gpus))
@@ -656,3 +639,4 @@ def test_the_nvidia_smi_and_nvml_back_ends_read_the_same_facts(builds, world, st
             (root / "fake.desc").write_text(description.read_text())
             seen_by_nvml = nvml_facts(root)
         assert smi_facts(runner) == seen_by_nvml, build.ident
+    assert seen_by_nvml, "the GPUs were read"

@@ -159,52 +159,34 @@ def memory_kind(remap_failure: bool | None, remap_pending: bool | None,
     return FINE
 
 
-# --- one GPU's verdicts, for the exporter (the boot and check make the same on nvidia-smi) ----
+# --- one GPU's verdicts, on its facts (either back end) ------------------------------------
 
-# NVML_GPU_FABRIC_STATE_*: 0 not supported, 1 not started, 2 in progress, 3 completed
-FABRIC_COMPLETED = 3
-
-
-def fabric_kind_of(state: int | None, status: int | None) -> str | None:
-    """The kind of an NVML fabric state: completed with status 0 (success) fine, completed with
-    another status fatal (boot's "fabric unhealthy"), not started or in progress fatal (a GPU
-    whose fabric is not ready is not usable: boot's wait fails on it); None where the GPU
-    reports no fabric (not supported, or not read)."""
-    if state in (None, 0):
-        return None
-    if state != FABRIC_COMPLETED:
-        return FATAL
-    return FINE if status in (None, 0) else FATAL
-
-
-def gpu_verdicts(values: dict, recovery_action: int | None, fabric_state: int | None,
-                 fabric_status: int | None, up: bool, reset_pending_warns: bool) -> dict[str, str]:
-    """check name -> verdict (:data:`OK`/:data:`WARN`/:data:`FAIL`) for one GPU, from what NVML
-    gave: the decisions boot's health gate and check's rows make on nvidia-smi's answers, on
-    one scale. ``gpu-lost`` is always there; ``memory``, ``recovery-action`` and ``fabric``
-    only where a value was read (a check never made has no verdict).
+def facts_verdicts(facts, reset_pending_warns: bool) -> dict[str, str]:
+    """check name -> verdict (:data:`OK`/:data:`WARN`/:data:`FAIL`) for one GPU's facts
+    (gpufacts/facts.py ``GpuFacts``, from either back end): the decisions boot's health gate and
+    check's rows make, on one scale. ``gpu-lost`` is always there; ``memory``,
+    ``recovery-action`` and ``fabric`` only where a value was read (a check never made has no
+    verdict).
 
     Args:
-        values: DCGM field name -> value (gpufacts/reading.py ``GpuReading.values``).
-        recovery_action: NVML's number or None; fabric_state, fabric_status: NVML's or None.
-        up: False for a GPU that answers nothing (lost, needs a reset).
         reset_pending_warns: the config's ``health.reset_pending_warns``.
     """
-    out = {"gpu-lost": OK if up else FAIL}
-    if not up:
+    out = {"gpu-lost": FAIL if facts.lost.value else OK}
+    if facts.lost.value:
         return out
-    keys = ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_PENDING",
-            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_RETIRED_PENDING")
-    if any(k in values for k in keys):
-        kind = memory_kind(*(values.get(k) for k in (
-            "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_PENDING",
-            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_RETIRED_PENDING")))
-        out["memory"] = verdict_of(kind, reset_pending_warns)
-    if recovery_action is not None:
-        action = ACTION_BY_NUMBER.get(recovery_action)
+    memory = (facts.remap_failure, facts.remap_pending, facts.ecc_volatile, facts.retired_pending)
+    if any(value.ok for value in memory):
+        out["memory"] = verdict_of(memory_kind(*(value.value for value in memory)),
+                                   reset_pending_warns)
+    if facts.recovery_action.ok:
+        action = action_of(facts.recovery_action.value)
         out["recovery-action"] = WARN if action is None else verdict_of(action.kind,
                                                                          reset_pending_warns)
-    kind = fabric_kind_of(fabric_state, fabric_status)
-    if kind is not None:
-        out["fabric"] = verdict_of(kind, reset_pending_warns)
+    if facts.fabric_state.ok:
+        kinds = [FINE if facts.fabric_state.value == "Completed" and facts.fabric_success.value
+                 else FATAL]
+        if facts.fabric_summary.ok:
+            kinds.append(summary_kind(facts.fabric_summary.value) or NOTE)
+        out["fabric"] = max((verdict_of(kind, reset_pending_warns) for kind in kinds),
+                            key=lambda verdict: {OK: 0, WARN: 1, FAIL: 2}[verdict])
     return out

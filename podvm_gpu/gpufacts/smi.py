@@ -204,3 +204,105 @@ def flag(value: str) -> bool | None:
     if word in ("yes", "no", "true", "false"):
         return word in ("yes", "true")
     return int(word) > 0 if word.isdigit() else None
+
+
+# --- the facts, from the queries (gpufacts/facts.py) ----------------------------------------
+
+def _answer(runner, argv: list[str], width: int, timeout: float, parse=None):
+    """``(rows, None)`` or ``(None, Read)`` saying why the query gave no value."""
+    from podvm_gpu.errors import CommandError
+    from podvm_gpu.gpufacts.facts import unread
+    from podvm_gpu.gpufacts.words import NOT_A_FIELD, failed_call
+
+    try:
+        done = runner.run(argv, check=False, timeout=timeout)
+    except CommandError as err:
+        return None, unread(str(err))
+    if done.returncode != 0 and NOT_A_FIELD in done.output:
+        return None, unread("not offered by this nvidia-smi")
+    rows = (parse(done.stdout) if parse else csv_rows(done.stdout, width)) \
+        if done.returncode == 0 else None
+    if rows is None:
+        return None, unread(failed_call(argv, done.returncode, done.output))
+    return rows, None
+
+
+def smi_facts(runner, timeout: float) -> dict:
+    """NVML's bus id -> :class:`~podvm_gpu.gpufacts.facts.GpuFacts` of every GPU the queries
+    list: the row remapper, the volatile ECC count and pending retirement, the recovery action,
+    the fabric state and 580's health summary, each query bounded by ``timeout`` seconds. A value
+    a query did not give says why (the failed call's words, ``not offered by this nvidia-smi``,
+    ``N/A``); a GPU printed ``[GPU is lost]`` is ``lost``.
+
+    Args:
+        runner: what runs a command (``run(argv, check=False, timeout=)``, host/proc.py's).
+    """
+    from podvm_gpu.gpufacts.facts import gpu_facts, read, unread
+    from podvm_gpu.gpufacts.words import bus_id
+
+    found: dict[str, dict] = {}
+
+    def put(bus: str, **values) -> None:
+        found.setdefault(bus_id(bus), {}).update(values)
+
+    def value(text: str, convert):
+        if text.strip() == GPU_LOST:
+            return None
+        if na(text):
+            return unread("N/A")
+        converted = convert(text)
+        return unread(f"{text.strip()!r} not understood") if converted is None else read(converted)
+
+    def number(text: str):
+        return int(text) if text.strip().isdigit() else None
+
+    queries = {"remap": (remap_argv(), REMAP_FIELDS), "ecc": (ecc_argv(), ECC_FIELDS),
+               "action": (action_argv(), ACTION_FIELDS), "fabric": (fabric_argv(), FABRIC_FIELDS),
+               "summary": (fabric_health_argv(), FABRIC_HEALTH_FIELDS)}
+    parsers = {"fabric": parse_fabric_rows, "summary": parse_fabric_health,
+               "action": lambda text: [[r[0], ", ".join(r[1:])] for r in (
+                   csv_rows(text, 2) or csv_rows(text, 3) or [])] or None}
+    answers = {name: _answer(runner, argv, len(fields), timeout, parsers.get(name))
+               for name, (argv, fields) in queries.items()}
+    rows, why = answers["remap"]
+    for bus, pending, failure in rows or []:
+        if GPU_LOST in (pending, failure):
+            put(bus, lost=read(True))
+            continue
+        put(bus, remap_pending=value(pending, flag), remap_failure=value(failure, flag))
+    rows, _ = answers["ecc"]
+    for bus, volatile, retired in rows or []:
+        if GPU_LOST not in (volatile, retired):
+            put(bus, ecc_volatile=value(volatile, number), retired_pending=value(retired, flag))
+    rows, _ = answers["action"]
+    for bus, action in rows or []:
+        if action != GPU_LOST:
+            put(bus, recovery_action=value(action, lambda t: _action_value(t)))
+    for state in answers["fabric"][0] or []:
+        if not state.lost:
+            put(state.gpu, fabric_state=read(state.state) if state.supported else unread("N/A"),
+                fabric_success=read(state.success) if state.supported else unread("N/A"))
+    rows, _ = answers["summary"]
+    for bus, summary in rows or []:
+        put(bus, fabric_summary=value(summary, lambda t: t.strip()))
+    out = {}
+    for bus, values in found.items():
+        for name, answer in answers.items():
+            if answer[1] is not None:
+                for field in _FIELDS_OF[name]:
+                    values.setdefault(field, answer[1])
+        out[bus] = gpu_facts(bus, **values)
+    return out
+
+
+_FIELDS_OF = {"remap": ("remap_pending", "remap_failure"), "ecc": ("ecc_volatile", "retired_pending"),
+              "action": ("recovery_action",), "fabric": ("fabric_state", "fabric_success"),
+              "summary": ("fabric_summary",)}
+
+
+def _action_value(text: str):
+    """NVML's number of the action nvidia-smi's words name (judge.action_of), else the words."""
+    from podvm_gpu.gpufacts.judge import action_of
+
+    action = action_of(text)
+    return action.number if action is not None else text.strip()

@@ -25,6 +25,7 @@ copied; docs/metrics.md cites each file):
 from __future__ import annotations
 
 from podvm_gpu.gpufacts import judge
+from podvm_gpu.gpufacts.facts import nvml_facts
 from podvm_gpu.gpufacts.words import SCORE
 from podvm_gpu.metrics.prom import GaugeMetricFamily, Metric
 
@@ -123,16 +124,15 @@ def agent_health_family(reading, gpu_labels, reset_pending_warns: bool) -> Metri
     """``podvm_gpu_health{gpu labels, check}``: the agent's own verdict per GPU and check
     (``memory``, ``recovery-action``, ``fabric``, ``gpu-lost``) on DCGM's scale, 0 pass, 10
     warn, 20 fail: the decision boot's health gate and check's rows make on the same facts
-    (gpufacts/judge.py ``gpu_verdicts``), ``health.reset_pending_warns`` included. Where DCGM's
-    meaning differs (a pending row remap: DCGM warns, the agent fails the boot),
-    ``DCGM_EXP_GPU_HEALTH_STATUS`` keeps DCGM's and this family says the agent's
-    (docs/metrics.md). None when NVML gave no GPU."""
+    (gpufacts/facts.py ``nvml_facts``, gpufacts/judge.py ``facts_verdicts``),
+    ``health.reset_pending_warns`` included. Where DCGM's meaning differs (a pending row
+    remap: DCGM warns, the agent fails the boot), ``DCGM_EXP_GPU_HEALTH_STATUS`` keeps DCGM's
+    and this family says the agent's (docs/metrics.md). None when NVML gave no GPU."""
     family = GaugeMetricFamily("podvm_gpu_health", "The agent's verdict on the GPU per check, "
                                "as boot and check make it: 0 pass, 10 warn, 20 fail.",
                                labels=["gpu", "UUID", "pci_bus_id", "device", "check"])
     for gpu in reading.gpus:
-        verdicts = judge.gpu_verdicts(gpu.values, gpu.recovery_action, gpu.fabric_state,
-                                      gpu.fabric_status, gpu.up, reset_pending_warns)
+        verdicts = judge.facts_verdicts(nvml_facts(gpu), reset_pending_warns)
         for check, verdict in verdicts.items():
             family.add_metric([*gpu_labels(gpu), check], SCORE[verdict])
     return family if family.samples else None
