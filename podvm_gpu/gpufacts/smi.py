@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import re
 
+from podvm_gpu.gpufacts import judge
 from podvm_gpu.gpufacts.words import GPU_LOST, csv_rows, csv_value, na
 
 CSV = "--format=csv,noheader"
@@ -162,6 +163,31 @@ def parse_fabric(text: str) -> list[FabricState]:
     return result
 
 
+def parse_cliques(text: str) -> list[dict]:
+    """``[{"gpu", "clique_id", "cluster_uuid"}]`` from the ``Fabric`` block of each GPU in a full
+    ``nvidia-smi -q`` (550 and later: ``CliqueId``, ``ClusterUUID``; ../shared/nvidia-smi-real.md);
+    GPUs whose block lacks them (535) or says ``N/A`` are left out."""
+    out, gpu, inside = [], None, False
+    for line in text.splitlines():
+        m = re.match(r"^GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", line)
+        if m:
+            gpu, inside = m.group(1), False
+            continue
+        stripped = line.strip()
+        if stripped == "Fabric":
+            inside = True
+            out.append({"gpu": gpu, "clique_id": None, "cluster_uuid": None})
+            continue
+        if not inside or gpu is None or ":" not in stripped:
+            continue
+        key, _sep, value = (p.strip() for p in stripped.partition(":"))
+        if key == "CliqueId" and value.isdigit():
+            out[-1]["clique_id"] = int(value)
+        elif key == "ClusterUUID" and re.fullmatch(r"[0-9a-fA-F-]{36}", value):
+            out[-1]["cluster_uuid"] = value.lower()
+    return [c for c in out if c["clique_id"] is not None and c["cluster_uuid"] is not None]
+
+
 def parse_fabric_rows(text: str) -> list[FabricState] | None:
     """One :class:`FabricState` per row of :func:`fabric_argv`'s answer (one row per GPU NVML
     lists, in its order), labels removed (``state  In Progress`` -> ``In Progress``; ``[N/A]``
@@ -181,6 +207,69 @@ def parse_fabric_health(text: str) -> list[tuple[str, str]] | None:
     if rows is None:
         return None
     return [(csv_value(bus), csv_value(summary, "summary")) for bus, summary in rows]
+
+
+# --- conf-compute (the CC step's answers; classified in steps/cc/classify.py) -----------------
+
+def parse_cc_mode(text: str, returncode: int | None = 0) -> str | None:
+    """``on``/``off`` from ``conf-compute -f`` (``CC status: ON``); another value is returned
+    lowercased as it is (never read as off); None when the label is missing, or when
+    ``returncode`` (nvidia-smi's exit status, when the caller has it) is not 0: a failed query
+    is never read as a value (550 and 555 exit with NVML's code; 535 prints ``CC status: OFF``
+    with exit 0 when the query fails: steps/cc/classify.py ``CcFinding.off_unproven``)."""
+    if returncode not in (0, None):
+        return None
+    m = re.search(r"CC status\s*:\s*(\S+)", text or "", re.I)
+    return m.group(1).lower() if m else None
+
+
+def parse_devtools(text: str) -> bool | None:
+    """True/False from ``conf-compute -d`` (``DevTools Mode: ON|OFF``); None otherwise."""
+    m = re.search(r"DevTools Mode\s*:\s*(\S+)", text or "", re.I)
+    value = m.group(1).upper() if m else None
+    return {"ON": True, "OFF": False}.get(value or "")
+
+
+def parse_environment(text: str) -> str | None:
+    """``UNAVAILABLE``, ``INTERNAL`` or ``PRODUCTION`` from ``conf-compute -e``; another word
+    as printed, upper-cased; None when the label is missing."""
+    m = re.search(r"CC Environment\s*:\s*(\S+)", text or "", re.I)
+    return m.group(1).upper() if m else None
+
+
+def parse_multi_gpu(text: str) -> str | None:
+    """judge.MGM_NONE or judge.MGM_PPCIE from ``conf-compute -mgm`` (``Multi-GPU Mode:
+    None|Protected PCIe``); another value lowercased as printed; None without the label."""
+    m = re.search(r"Multi-GPU Mode\s*:\s*(.+?)\s*$", text or "", re.I | re.M)
+    if not m:
+        return None
+    value = m.group(1).lower()
+    return {"none": judge.MGM_NONE, "protected pcie": judge.MGM_PPCIE}.get(value, value)
+
+
+def parse_ready_state(text: str, returncode: int | None = 0) -> str | None:
+    """``ready``/``not-ready`` from ``conf-compute -grs`` (the real program prints the line
+    between blank lines); the negative is matched first, since "not-ready" contains "ready";
+    another value is returned as it is; None without the label or when ``returncode`` is given
+    and not 0 (never a value from a failed query)."""
+    if returncode not in (0, None):
+        return None
+    m = re.search(r"Ready state\s*:\s*(.+)$", text or "", re.I | re.M)
+    if not m:
+        return None
+    value = m.group(1).strip().lower()
+    if re.fullmatch(r"not[\s_-]?ready", value):
+        return "not-ready"
+    if value == "ready":
+        return "ready"
+    return value
+
+
+def smi_unrecognized_option(text: str) -> str | None:
+    """The option an installed nvidia-smi does not offer, from ``Option "-mgm" is not
+    recognized.`` (its usage error, exit 2), or None."""
+    m = re.search(r'Option "(-[^"\s]+)" is not recognized', text or "")
+    return m.group(1) if m else None
 
 
 def summarize(states: list[FabricState]) -> str:
