@@ -133,3 +133,41 @@ def test_a_build_without_the_field_is_not_offered_and_another_failure_warns():
     ctx = _HealthCtx(3, "Not Supported\n")
     assert health_summary(ctx) == "health summary not read"
     assert ctx.warnings and "exit 3 (not supported)" in ctx.warnings[0]
+
+
+class _OutsideFacts:
+    """check's facts for a VM without NVSwitches whose GPUs report a fabric managed outside."""
+
+    def __init__(self, root, summary_answer):
+        from podvm_gpu.gpufacts import smi
+        from podvm_gpu.host.fs import Root
+
+        self.root = Root(str(root))
+        self.answers = {
+            tuple(smi.fabric_argv()): (0, "00000000:18:00.0, state  Completed, status Success\n"),
+            tuple(smi.fabric_health_argv()): summary_answer}
+        self.runner = self
+        self.timeouts = {}
+
+    def run(self, argv, check=False, timeout=None):
+        from podvm_gpu.host.proc import Completed
+
+        rc, out = self.answers[tuple(argv)]
+        return Completed(argv=argv, returncode=rc, stdout=out, stderr="", duration_s=0.01)
+
+
+@pytest.mark.parametrize("answer, result, words", [
+    ((0, "00000000:18:00.0, Healthy\n"), "pass", "health summary Healthy on 1 GPU(s)"),
+    ((2, 'Field "fabric.health.summary" is not a valid field to query.\n\n'), "pass",
+     "health summary not offered by this nvidia-smi"),
+    ((0, "00000000:18:00.0, Unhealthy\n"), "fail", "00000000:18:00.0: health summary Unhealthy"),
+    ((0, "00000000:18:00.0, Limited Capacity\n"), "warn", "less bandwidth"),
+])
+def test_checks_fabric_row_judges_the_health_summary_as_boot_does(tmp_path, answer, result, words):
+    """Issue 33: the fabric was judged three times; check's row now reads 580's health summary
+    after Completed/Success, as boot's step does (parse.read_summary)."""
+    from podvm_gpu.steps.fabric import step
+
+    row = step._outside_row(_OutsideFacts(tmp_path, answer))
+
+    assert (row.result, words in row.detail) == (result, True), row

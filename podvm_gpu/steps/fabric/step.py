@@ -48,6 +48,7 @@ from podvm_gpu.steps.fabric.parse import (  # noqa: F401
     health_summary,
     parse_fabric_rows,
     summarize,
+    summary_row,
 )
 
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
@@ -404,8 +405,8 @@ def fabricmanager_row(facts) -> Check:
                      "read /var/log/fabricmanager.log" + (
                          " and NVLSM's journal (podvm-gpu-nvlsm.service)"
                          if kind == fabric_kind.NVLINK5 else ""))
-    return Check("fabricmanager", PASS, f"running (pid {pid}); fabric Completed/Success on "
-                 f"{len(states)} GPU(s)")
+    return summary_row(facts, f"running (pid {pid}); fabric Completed/Success on "
+                              f"{len(states)} GPU(s)")
 
 
 def fabric_query_said(done) -> str:
@@ -437,8 +438,8 @@ def _outside_row(facts) -> Check:
                      "the host's fabric manager has not finished this VM's partition: "
                      "ask the provider, or replace the VM")
     if managed:
-        return Check("fabricmanager", PASS, f"no NVSwitch in the VM; fabric managed "
-                     f"outside it Completed/Success on {len(managed)} GPU(s)")
+        return summary_row(facts, f"no NVSwitch in the VM; fabric managed outside it "
+                                  f"Completed/Success on {len(managed)} GPU(s)")
     return Check("fabricmanager", SKIP, f"no NVSwitch on PCI{note}")
 
 
