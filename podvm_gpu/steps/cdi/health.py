@@ -32,7 +32,7 @@ answered (not supported, a tool too old, a timeout, a field it does not know) is
 from __future__ import annotations
 
 from podvm_gpu.errors import CommandError, StepFailed
-from podvm_gpu.gpufacts import smi, words
+from podvm_gpu.gpufacts import judge, smi, words
 from podvm_gpu.gpufacts.smi import ECC_FIELDS, REMAP_FIELDS, ecc_argv, remap_argv  # noqa: F401
 from podvm_gpu.steps.cdi import recovery
 from podvm_gpu.steps.context import BootContext
@@ -118,8 +118,9 @@ class Verdict:
         ``health.reset_pending_warns``) or :data:`HEALTHY`."""
         if self.fatal:
             return self.REPLACE
-        if self.reset:
-            return self.RESET_WARNS if reset_pending_warns else self.RESET
+        if self.reset:  # the one reading of health.reset_pending_warns (gpufacts/judge.py)
+            return self.RESET_WARNS if judge.reset_verdict(reset_pending_warns) == words.WARN \
+                else self.RESET
         return self.HEALTHY
 
 
@@ -135,11 +136,12 @@ def judge_remapper(rows: list[list[str]], verdict: Verdict) -> None:
         if failed is None or waiting is None:
             verdict.unread.append(f"GPU {bus}: remapper answered pending {pending!r}, failure "
                                   f"{failure!r}")
-        if failed:
+        kind = judge.memory_kind(failed, waiting, None, None)  # the one decision on memory
+        if kind == judge.FATAL:
             verdict.fatal.append(f"GPU {bus}: row remapping failed (remapped_rows.failure "
                                  f"{failure}): the GPU's memory cannot be repaired, the GPU "
                                  "needs replacing")
-        if waiting:
+        if waiting:  # also beside a failure: both are said
             verdict.reset.append(f"GPU {bus}: a row remap is pending (remapped_rows.pending "
                                  f"{pending}): GPU reset needed")
         verdict.read.append(f"{bus} remap pending {pending}, failure {failure}")
@@ -148,7 +150,10 @@ def judge_remapper(rows: list[list[str]], verdict: Verdict) -> None:
 def judge_ecc(rows: list[list[str]], verdict: Verdict) -> None:
     """Rows of :data:`ECC_FIELDS` into ``verdict``."""
     for bus, volatile, retire in judge_lost(rows, verdict):
-        if not _na(volatile) and volatile.isdigit() and int(volatile) > 0:
+        count = int(volatile) if not _na(volatile) and volatile.isdigit() else None
+        if judge.memory_kind(None, None, count, _flag(retire)) != judge.RESET:
+            continue
+        if count:
             verdict.reset.append(f"GPU {bus}: {volatile} uncorrectable ECC error(s) since the "
                                  "driver loaded (volatile counter): GPU reset needed")
         if _flag(retire):
