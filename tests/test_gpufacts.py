@@ -217,3 +217,19 @@ def test_a_recovery_word_no_table_knows_is_kept_verbatim_and_warns():
 
     assert gpu.recovery_action.value == "Quarantine Rack"
     assert judge.facts_verdicts(gpu, False)["recovery-action"] == "warn"
+
+
+def test_a_gpu_lost_in_any_query_has_reads_in_every_field():
+    """[GPU is lost] in a row is never a value: the GPU is lost, and every field stays a Read."""
+    bus = "00000000:18:00.0"
+    lost = "[GPU is lost]"
+    facts = smi.smi_facts(_Smi([
+        (smi.remap_argv(), (0, f"{bus}, {lost}, {lost}\n")),
+        (smi.ecc_argv(), (0, f"{bus}, {lost}, {lost}\n")),
+        (smi.action_argv(), (0, f"{bus}, {lost}\n")),
+        (smi.fabric_health_argv(), (0, f"{bus}, {lost}\n")),
+    ]), 5)[bus]
+
+    assert facts.lost.value is True
+    assert all(hasattr(getattr(facts, name), "why") for name in facts._fields[1:])
+    assert judge.facts_verdicts(facts, False) == {"gpu-lost": "fail"}

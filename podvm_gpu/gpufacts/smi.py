@@ -321,7 +321,9 @@ def smi_facts(runner, timeout: float) -> dict:
     list: the row remapper, the volatile ECC count and pending retirement, the recovery action,
     the fabric state and 580's health summary, each query bounded by ``timeout`` seconds. A value
     a query did not give says why (the failed call's words, ``not offered by this nvidia-smi``,
-    ``N/A``); a GPU printed ``[GPU is lost]`` is ``lost``.
+    ``N/A``); a GPU printed ``[GPU is lost]`` is ``lost``. An exit status that says no answer
+    can come (words.NVSMI_BROKEN: a GPU lost at its handle, no driver) leaves the query's values
+    unread with its words: the boot's step and check's rows fail on it (steps/cdi/health.py).
 
     Args:
         runner: what runs a command (``run(argv, check=False, timeout=)``, host/proc.py's).
@@ -353,7 +355,7 @@ def smi_facts(runner, timeout: float) -> dict:
                    csv_rows(text, 2) or csv_rows(text, 3) or [])] or None}
     answers = {name: _answer(runner, argv, len(fields), timeout, parsers.get(name))
                for name, (argv, fields) in queries.items()}
-    rows, why = answers["remap"]
+    rows, _ = answers["remap"]
     for bus, pending, failure in rows or []:
         if GPU_LOST in (pending, failure):
             put(bus, lost=read(True))
@@ -366,14 +368,15 @@ def smi_facts(runner, timeout: float) -> dict:
     rows, _ = answers["action"]
     for bus, action in rows or []:
         if action != GPU_LOST:
-            put(bus, recovery_action=value(action, lambda t: _action_value(t)))
+            put(bus, recovery_action=value(action, _action_value))
     for state in answers["fabric"][0] or []:
         if not state.lost:
             put(state.gpu, fabric_state=read(state.state) if state.supported else unread("N/A"),
                 fabric_success=read(state.success) if state.supported else unread("N/A"))
     rows, _ = answers["summary"]
     for bus, summary in rows or []:
-        put(bus, fabric_summary=value(summary, lambda t: t.strip()))
+        if summary != GPU_LOST:
+            put(bus, fabric_summary=value(summary, str.strip))
     out = {}
     for bus, values in found.items():
         for name, answer in answers.items():
