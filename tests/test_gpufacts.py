@@ -233,3 +233,16 @@ def test_a_gpu_lost_in_any_query_has_reads_in_every_field():
     assert facts.lost.value is True
     assert all(hasattr(getattr(facts, name), "why") for name in facts._fields[1:])
     assert judge.facts_verdicts(facts, False) == {"gpu-lost": "fail"}
+
+
+def test_the_nvml_back_end_takes_a_gpu_down_from_the_failure_tables_nvml_column():
+    """One table (gpufacts/words.py FAILURES): the NVML back end's "answers nothing more" is its
+    broken codes and NVML 1, by the code pynvml's error carries, not a list of class names."""
+    import pynvml
+
+    from podvm_gpu.gpufacts.nvml import _down
+
+    down = {code for code in (*words.NVML_RETURN, 2, 3, 999)
+            if _down(pynvml.NVMLError(code))}
+
+    assert down == {1, 9, 12, 15, 16, 17, 18}

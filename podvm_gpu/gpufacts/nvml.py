@@ -40,6 +40,7 @@ import time
 
 from podvm_gpu.gpufacts import judge
 from podvm_gpu.gpufacts.reading import GpuReading, NvmlReading, cc_safe
+from podvm_gpu.gpufacts.words import NVML_RETURN
 from podvm_gpu.host.fs import Root
 
 
@@ -235,8 +236,12 @@ class NvmlReader:
         return reading
 
 
-# Errors after which a GPU answers nothing more until it is reset (nvml.h).
-_DOWN = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired", "NVMLError_Uninitialized")
+def _down(err) -> bool:
+    """True when NVML's error says the GPU answers nothing more until it is reset: a code the
+    failure table marks so (gpufacts/words.py FAILURES, its NVML column: GPU lost, reset
+    required, no driver, library mismatch, ...) or NVML 1 (uninitialised)."""
+    code = getattr(err, "value", None)
+    return code == 1 or (code in NVML_RETURN and NVML_RETURN[code].broken)
 
 
 def optional(nv, call, what: str, fn, *args):
@@ -249,7 +254,7 @@ def optional(nv, call, what: str, fn, *args):
     try:
         return call(what, fn, *args)
     except nv.NVMLError as err:
-        if type(err).__name__ in _DOWN:
+        if _down(err):
             raise _GpuDown(reason_of(err), f"{what}: {err}") from err
         return None
 
@@ -268,7 +273,7 @@ def newer_or_older(nv, call, index: int, newer: tuple, older: tuple):
     try:
         return call(f"{new_name}(GPU {index})", new_fn, *new_args)
     except nv.NVMLError as err:
-        if type(err).__name__ in _DOWN:
+        if _down(err):
             raise _GpuDown(reason_of(err), f"{new_name}(GPU {index}): {err}") from err
         return optional(nv, call, f"{old_name}(GPU {index})", old_fn, *old_args)
 
@@ -418,7 +423,7 @@ def _read_fabric(nv, call, gpu: GpuReading, handle) -> None:
              nv.byref(newer))
         info = newer
     except nv.NVMLError as err:
-        if type(err).__name__ in _DOWN:
+        if _down(err):
             raise _GpuDown(reason_of(err), f"nvmlDeviceGetGpuFabricInfoV(GPU {i}): {err}") from err
         if optional(nv, call, f"nvmlDeviceGetGpuFabricInfo(GPU {i})",
                     nv.nvmlDeviceGetGpuFabricInfo, handle, nv.byref(older)) is None:
