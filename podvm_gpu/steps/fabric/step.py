@@ -411,7 +411,7 @@ def fabricmanager_row(facts) -> Check:
 
 def fabric_query_said(done) -> str:
     """What a fabric query that gave no rows said: its exit status by NVML meaning, its words."""
-    return f"nvidia-smi {words.status_text(done.returncode)}: {words.said(done.output, 200)}"
+    return words.failed_call(fabric_argv(), done.returncode, done.output, 200)
 
 
 def _outside_row(facts) -> Check:
