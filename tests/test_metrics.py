@@ -635,7 +635,7 @@ def test_the_metrics_doc_names_every_reason_the_nvml_error_info_can_give():
 
     repo = Path(__file__).resolve().parents[1]
     code = (repo / "podvm_gpu/metrics/exporter.py").read_text() + \
-        (repo / "podvm_gpu/metrics/nvml.py").read_text()
+        (repo / "podvm_gpu/gpufacts/nvml.py").read_text()
     reasons = set(re.findall(r'return "([a-z][a-z-]+)", ', code)) | \
         set(re.findall(r'NvmlReading\(False, "([a-z][a-z-]+)"', code))
     doc = (repo / "docs/metrics.md").read_text()

@@ -71,6 +71,14 @@ STEP_NAMES = step_list.GPU_STEPS
 _ALARM_GRACE_S = 2.0  # after the budget, let the step in flight report its own timeout first
 
 
+def last_seen(ctx, step_name: str) -> str:
+    """``; last seen: <what the step's wait saw> for N s`` when the step recorded it
+    (``ctx.last_seen``, the fabric wait's state), else ``""``: a budget that ends a wait names
+    the state that never came, not only the call it cut (issue 33)."""
+    seen = ctx.last_seen.get(step_name)
+    return f"; last seen: {seen}" if seen else ""
+
+
 def budget_cut(err: BaseException) -> CommandError | None:
     """The tool call behind ``err`` (itself, or the error a step's :class:`StepFailed` was
     raised from or during) when that call timed out because the boot budget cut its timeout
@@ -126,7 +134,8 @@ def run_pipeline(run: Run, config: Config | None) -> int:
         step = steps.in_flight()
         steps.stop("the boot budget is spent", wait_s=0.5)
         step.result = StepResult.FAILED
-        step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent"
+        step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent" \
+            + last_seen(ctx, step.name)
         reason = f"{step.name}: {step.message}"
     except BaseException as err:
         # SIGTERM, SIGINT, a bug: the step in flight is the one the end names; end the other
@@ -279,11 +288,13 @@ class Steps:
             step.result = StepResult.FAILED
             step.message = (f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent "
                             f"({describe_command_error(cut)}, its timeout cut to the budget)"
+                            + last_seen(ctx, step.name)
                             if cut else str(err) if isinstance(err, StepFailed)
                             else describe_command_error(err))
         except BudgetExpired:
             step.result = StepResult.FAILED
-            step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent"
+            step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent" \
+                + last_seen(ctx, step.name)
         except Exception as err:  # a bug must still end in 'failed' with the unavailable spec
             import traceback
 

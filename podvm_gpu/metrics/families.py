@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import datetime
 
+from podvm_gpu.gpufacts.reading import CC_MODES
+from podvm_gpu.gpufacts.words import bus_id
 from podvm_gpu.metrics.prom import GaugeMetricFamily, InfoMetricFamily, Metric
-from podvm_gpu.metrics.reading import CC_MODES
 from podvm_gpu.model import State, shown
 
 FULL = "full"
@@ -79,23 +80,8 @@ DAEMONS = ("nvidia-persistenced", "nvlsm", "nv-fabricmanager")
 FABRIC_STATES = ("not-supported", "not-started", "in-progress", "completed")
 
 
-def pci_bus_id(address: str) -> str:
-    """NVML's form of a PCI address, as DCGM's ``pci_bus_id`` label has it: 8-digit domain,
-    upper-case hex, function ``.0`` when not given.
-
-    Args:
-        address: ``0000:01:00`` (the kernel log's Xid), ``0000:01:00.0`` (sysfs) or NVML's own.
-    """
-    head, _, function = address.partition(".")
-    parts = head.split(":")
-    if len(parts) != 3:
-        return address
-    try:
-        domain, bus, device = (int(p, 16) for p in parts)
-        fn = int(function or "0", 16)
-    except ValueError:
-        return address
-    return f"{domain:08X}:{bus:02X}:{device:02X}.{fn:X}"
+# NVML's form of a PCI address, as DCGM's pci_bus_id label has it (the one normaliser)
+pci_bus_id = bus_id
 
 
 def _gauge(name: str, doc: str, value: float | None = None, labels: tuple[str, ...] = ()):

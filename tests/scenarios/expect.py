@@ -189,6 +189,12 @@ def _status_problems(status: dict, expect: dict) -> list[str]:
             expect["nvidia_ctk_version"]:  # issue 36: the version the cdi step read
         problems.append(f"status.json nvidia_ctk_version {status.get('nvidia_ctk_version')!r}, "
                         f"expected {expect['nvidia_ctk_version']!r}")
+    if "warnings_only" in expect:  # every warning holds one of these substrings (issue 33)
+        allowed = [str(word).lower() for word in expect["warnings_only"] or []]
+        others = [str(w) for w in status.get("warnings") or []
+                  if not any(word in str(w).lower() for word in allowed)]
+        if others:
+            problems.append(f"warnings {others!r} are none of {allowed}")
     for key in ("gpus", "nvswitches"):
         if key in expect and len(status.get(key) or []) != expect[key]:
             problems.append(f"status.json lists {len(status.get(key) or [])} {key}, "

@@ -84,7 +84,14 @@ _QUERY_FIELDS = {"fabric.state": 0, "fabric.status": 1}
 # --query-gpu fields no real build (535 to 555) accepts: nvidia-smi-real.md
 NOT_QUERY_FIELDS = ("fabric.clique_id", "fabric.cluster_uuid", "remapped_rows.correctable",
                     "remapped_rows.uncorrectable", "remapped_rows.pending",
-                    "remapped_rows.failure", "gpu_recovery_action")
+                    "remapped_rows.failure", "gpu_recovery_action",
+                    # issue 33: 580's fabric health fields (tests/data/real/h200-580/README.md)
+                    "fabric.health.summary", "fabric.health.bandwidth",
+                    "fabric.health.route_recovery_in_progress", "fabric.health.route_unhealthy",
+                    "fabric.health.access_timeout_recovery", "fabric.health.incorrect_configuration",
+                    "fabric.health.partition_assigned")
+# the fields of nvidia-smi 565 or later: a case rule answering one stands for such a build
+NEWER_FIELDS = ("gpu_recovery_action", "fabric.health.summary")
 USAGE_RC = 2
 BAD_DISPLAY = "Failed to parse --display/-d flags\n"
 # The -d types of nvidia-smi -q (535 to 555 --help); FABRIC is none of them.
@@ -111,11 +118,12 @@ def refusal(argv: list[str]) -> tuple[int, str] | None:
 
 
 def newer_build(argv: list[str], rules: list[dict], applied: list[str]) -> bool:
-    """True when ``argv`` asks for ``gpu_recovery_action`` and a case rule answers it: such a
-    rule stands for an nvidia-smi 565 or later, which knows the field (issue 28; no Debian
-    build does, so without a rule the harness refuses it as they do)."""
+    """True when ``argv`` asks for ``gpu_recovery_action`` (or 580's ``fabric.health.summary``,
+    issue 33) and a case rule answers it: such a rule stands for an nvidia-smi 565 or later,
+    which knows the field (issue 28; no Debian build does, so without a rule the harness
+    refuses it as they do)."""
     fields = [f.strip() for f in (fx.option_value(argv, "--query-gpu") or "").split(",")]
-    return "gpu_recovery_action" in fields and find_rule(rules, argv, applied) is not None
+    return any(f in fields for f in NEWER_FIELDS) and find_rule(rules, argv, applied) is not None
 
 
 def argv_matches(pattern: list[str], argv: list[str]) -> bool:

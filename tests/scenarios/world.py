@@ -61,8 +61,8 @@ RULE_KEYS = {"argv", "rc", "stdout", "stderr", "delay_s", "effects", "only_befor
              "keep_output_s"}
 BOOT_EXPECT_KEYS = {"state", "exit", "reason_contains", "max_wall_s", "not_called", "cdi", "gpus",
                     "nvswitches", "cdi_devices", "not_killed", "step_messages",
-                    "warnings_contains", "called", "attestation", "absent", "binding",
-                    "nvidia_ctk_version"}
+                    "warnings_contains", "warnings_only", "called", "attestation", "absent",
+                    "binding", "nvidia_ctk_version"}
 CHECK_EXPECT_KEYS = {"exit", "fails", "warns", "passes", "skips"}
 EXPECT_KEYS = {"boot": BOOT_EXPECT_KEYS, "rerun": BOOT_EXPECT_KEYS, "check": CHECK_EXPECT_KEYS}
 CDI_EXPECTATIONS = ("ready-spec", "unavailable", "absent")

@@ -158,8 +158,10 @@ def plan(ctx: BootContext) -> list[list[str]]:
     attestation is listed unless the config turns it off, or nvattest is not installed and
     nothing requires it (a regular VM: the boot warns); its nonce, fresh in each boot, is
     :data:`NONCE_PLACEHOLDER`. ``-srs 1`` only with ``set_ready_state: true``."""
-    argvs = [["nvidia-smi", "conf-compute", query] for query in classify.QUERIES]
-    argvs.append(["nvidia-smi", "conf-compute", "-grs"])
+    from podvm_gpu.gpufacts.smi import conf_compute_argv
+
+    argvs = [conf_compute_argv(query) for query in classify.QUERIES]
+    argvs.append(conf_compute_argv("-grs"))
     if _plans_attestation(ctx):
         from podvm_gpu.steps.cc.attest import run as nvattest
 
@@ -167,7 +169,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
         argvs.append(nvattest.command("gpu", NONCE_PLACEHOLDER, ctx.config.confidential_computing,
                                       ctx.root))
     if ctx.config.confidential_computing.set_ready_state:
-        argvs += [["nvidia-smi", "conf-compute", "-srs", "1"], ["nvidia-smi", "conf-compute", "-grs"]]
+        argvs += [conf_compute_argv("-srs", "1"), conf_compute_argv("-grs")]
     return argvs
 
 

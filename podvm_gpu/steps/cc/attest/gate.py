@@ -26,6 +26,7 @@ import os
 import time
 
 from podvm_gpu.errors import CommandError, StepFailed, one_line
+from podvm_gpu.gpufacts.smi import conf_compute_argv
 from podvm_gpu.steps.cc.attest import run as nvattest
 from podvm_gpu.steps.cc.attest import verdict as v
 
@@ -286,7 +287,7 @@ def _unready(ctx, state: str) -> str:
     if state != "ready":
         return ""
     try:
-        done = ctx.runner.run(["nvidia-smi", "conf-compute", "-srs", "0"], check=False)
+        done = ctx.runner.run(conf_compute_argv("-srs", "0"), check=False)
         said = "" if done.returncode == 0 else \
             f"exit {done.returncode}: {one_line(done.output, 200)}"
     except CommandError as err:
