@@ -2,10 +2,11 @@
 
 Keys: shared/cases/README.md and EFFECTS.md ("Expect keys"). Beyond them the harness holds the
 product to the interface every case shares: the final status.json conforms to
-docs/status.schema.json; a ``check`` run changes nothing (contract
+docs/status.schema.json; a ``check`` run (every world has one) changes nothing (contract
 section 5: no effect applied by its tool calls, no file under the root created, changed or
-removed), and after a boot no other spec in ``/var/run/cdi`` defines kind ``nvidia.com/gpu``
-(section 3, step 9). A fake tool that could not apply an effect fails the test too.
+removed) and holds no row whose detail says the check itself failed (it raised); after a
+boot no other spec in ``/var/run/cdi`` defines kind ``nvidia.com/gpu`` (section 3, step 9).
+A fake tool that could not apply an effect fails the test too.
 """
 
 from __future__ import annotations
@@ -162,6 +163,9 @@ def _status_problems(status: dict, expect: dict) -> list[str]:
     return problems
 
 
+CRASHED = "the check itself failed"  # podvm_gpu.check.broken's detail: a row that raised
+
+
 def judge_check(world: World, run: Run, expect: dict) -> list[str]:
     """Problems of a ``check --json`` run against ``expect.check``; empty when it passes."""
     problems = _common(run, expect)
@@ -177,6 +181,8 @@ def judge_check(world: World, run: Run, expect: dict) -> list[str]:
             if got != result:
                 problems.append(f"check {name!r} is {got!r}, expected {result!r}"
                                 f" ({results.get(name, {}).get('detail', '')})")
+    problems += [f"check row {name!r} crashed: {row.get('detail')}" for name, row in results.items()
+                 if str(row.get("detail", "")).startswith(CRASHED)]
     problems += [f"check is read-only but {shlex.join(call.argv)} applied {call.applied}"
                  for call in run.calls if call.applied]
     if run.root_changes:
