@@ -172,10 +172,15 @@ def test_usage_error_exit_code_reaches_the_shell():
 # --- status ---------------------------------------------------------------------------------------
 
 def write_status(root: Path, state: str, reason: str | None = None, warnings=()) -> None:
+    """A status document in ``state``; a ready one is the real H200's (a ready document must
+    keep the rules of ready, interface.md 4.4)."""
     path = root / "run" / "podvm-gpu" / "status.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(str(path), json.dumps({"version": 1, "state": state, "reason": reason,
-                                        "warnings": list(warnings), "steps": []}))
+    doc = {"version": 1, "state": state, "reason": reason, "steps": []}
+    if state == "ready":
+        doc = {**json.loads((Path(__file__).parent / "data/real/h200-580/podvm-gpu-status.json")
+                            .read_text()), "confidential_computing": None}
+    atomic_write(str(path), json.dumps({**doc, "warnings": list(warnings)}))
 
 
 @contextlib.contextmanager
