@@ -470,7 +470,10 @@ def test_the_issues_ready_document_is_unreadable_to_status_and_check(vm_root, ca
     assert out.startswith("unreadable status file: /run/podvm-gpu/status.json says ready, but "
                           'gpus is "lots"'), out
     assert main(["status", "--json", "--root", vm_root.path]) == 3
-    assert json.loads(capsys.readouterr().out)["state"] is None
+    from schemas import STATUS_OUTPUT_SCHEMA, problems
+
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["state"] is None and problems(printed, STATUS_OUTPUT_SCHEMA) == [], printed
 
     from podvm_gpu.check.vm import status_row
 
