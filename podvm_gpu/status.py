@@ -231,8 +231,8 @@ def not_ready_why(doc: dict) -> str | None:
         doc: a status document whose ``state`` is ``ready``.
 
     Returns:
-        One clause naming the first rule broken (``gpus is 'lots', not a list of PCI
-        objects``), or None.
+        One clause naming the first rule broken (``gpus is "lots", not a non-empty list of
+        PCI objects``), or None.
     """
     def typed(key, kinds, what):
         value = doc.get(key)
@@ -253,7 +253,10 @@ def _brief(value) -> str:
 
     if value is None:
         return "missing or null"
-    text = json.dumps(value, ensure_ascii=True)
+    try:
+        text = json.dumps(value, ensure_ascii=True)
+    except (ValueError, RecursionError):  # nested as deeply as the reader takes
+        return f"a {type(value).__name__} nested too deeply"
     return text if len(text) <= 40 else text[:37] + "..."
 
 
