@@ -127,9 +127,26 @@ def new_root(config: bool = False, status: str | None = None, compiled: str | No
                            capture_output=True)
     if status:
         os.makedirs(f"{root}/run/podvm-gpu")
-        Path(f"{root}/run/podvm-gpu/status.json").write_text(json.dumps(
-            {"version": 1, "state": status, "reason": None, "warnings": [], "steps": []}))
+        Path(f"{root}/run/podvm-gpu/status.json").write_text(json.dumps(status_doc(status)))
     return root
+
+
+def status_doc(state: str) -> dict:
+    """A status document in ``state``; a ``ready`` one keeps the rules of ready (interface.md
+    4.2: GPUs, the spec, every step), which readers hold it to (4.4)."""
+    doc = {"version": 2, "state": state, "reason": None, "warnings": [], "steps": []}
+    if state == "ready":
+        when = "2026-12-01T12:07:43.120042+00:00"
+        doc.update(finished_at=when, driver_version="550.54.15", gpus=[{
+            "pci_address": "0000:00:04.0", "vendor_id": "10de", "device_id": "2331",
+            "class_code": "030200", "driver": "nvidia", "name": "H100 PCIe"}],
+            cdi={"path": "/var/run/cdi/nvidia.yaml", "kind": "nvidia.com/gpu",
+                 "devices": ["0", "all"]},
+            steps=[{"name": name, "result": "ok", "started_at": when, "duration_s": 0.1,
+                    "message": "ok"} for name in (
+                        "detect", "drivers", "modules", "versions", "device-nodes",
+                        "persistenced", "fabricmanager", "confidential-computing", "cdi")])
+    return doc
 
 
 def wall(argv: list[str]) -> float:
@@ -185,8 +202,7 @@ def status_wait_row(script: str, runs: int) -> dict:
         time.sleep(1.0)
         cpu.append((_cpu_ticks(proc.pid) - before) / tick)
         path = f"{root}/run/podvm-gpu/status.json"
-        Path(path + ".new").write_text(json.dumps({"version": 1, "state": "ready", "reason": None,
-                                                   "warnings": [], "steps": []}))
+        Path(path + ".new").write_text(json.dumps(status_doc("ready")))
         t0 = time.perf_counter()
         os.replace(path + ".new", path)
         proc.wait(timeout=30)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from boot.nvidia_image import VERSION, add_nvidia_driver
+from boot.nvidia_image import VERSION, add_nvidia_driver, depmod, kernel_module
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -178,6 +178,7 @@ def test_an_xz_compressed_module_is_read_without_modinfo(tmp_path):
     module = next(root.glob("lib/modules/*/updates/dkms/nvidia.ko"))
     module.with_name("nvidia.ko.xz").write_bytes(lzma.compress(module.read_bytes()))
     module.unlink()
+    depmod(root, module.parents[2].name)  # as DKMS does after installing modules
     code, checks = check_image(root)
     assert checks["modules"]["result"] == "pass", checks["modules"]
     assert checks["versions"]["result"] == "pass", checks["versions"]
@@ -216,6 +217,8 @@ def xz_modules(root: Path, check: str, kernel: str | None = None) -> list[Path]:
     listed = subprocess.run(["xz", "--robot", "--list", str(made[0])], capture_output=True,
                             text=True, check=True).stdout
     assert f"\t{XZ_CHECKS[check]}\t" in listed, listed  # the real xz wrote that check type
+    for release in sorted({m.parents[2].name for m in made}):
+        depmod(root, release)  # as the build does after installing modules
     return made
 
 
@@ -334,7 +337,8 @@ def add_nvlink5(root: Path, fm_version: str = VERSION, nvlsm: bool = True) -> Pa
         for name, folder in IB_MODULES.items():
             path = root / f"lib/modules/{kernel}/kernel/{folder}/{name}.ko"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(b"")
+            path.write_bytes(kernel_module(name, kernel))
+        depmod(root, kernel)  # as the kernel package does
     tools = ["nv-fabricmanager"] + (["nvlsm"] if nvlsm else [])
     for tool in tools:
         path = root / "usr/bin" / tool
@@ -393,6 +397,7 @@ def test_an_ib_module_one_kernel_lacks_is_named_with_that_kernel(tmp_path):
     (root / "boot/vmlinuz-6.12.0-other").write_bytes(b"")
     add_nvlink5(root)
     shutil.rmtree(root / "lib/modules/6.12.0-other/kernel/drivers/infiniband")
+    depmod(root, "6.12.0-other")  # the index says what is there (kmod reads nothing else)
     code, checks = check_image(serving_nvlink5(root))
     assert checks["fabric"]["result"] == "fail"
     assert "IB module(s) mlx5_ib, ib_umad for kernel 6.12.0-other" in checks["fabric"]["detail"]

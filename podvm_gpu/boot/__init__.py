@@ -232,14 +232,23 @@ def _boot(run: Run, config: str | None) -> int:
     if settings is not None and settings.initdata.path and not run.dry_run:
         from podvm_gpu import initdata  # only when the config names the file
 
-        failure = initdata.apply(run, settings, gpus,
+        # the step is in the status while it reads (and waits for) the file, so the wait is
+        # named for what it is (status, a signal's reason, the budget's); it stays in the
+        # final document only when it fails (3.13)
+        step = Step("initdata")
+        run.status.steps.append(step)
+        failure = initdata.apply(run, settings, gpus, step,
                                  lambda count: _initdata_wait(run, settings, detect, count))
         gpus = run.status.gpus
+        step.duration_s = time.monotonic() - step.started
         if failure is not None:  # expected GPUs and none on PCI: failed, never no-gpu
-            step = Step("initdata", StepResult.FAILED, message=failure)
-            run.status.steps.append(step)
+            step.result, step.message = StepResult.FAILED, failure
             log.step(step)
             return run.fail(f"initdata: {failure}")
+        if step.result == StepResult.RUNNING:
+            step.result = StepResult.OK  # read (skipped: not there)
+        log.step(step)
+        run.status.steps.remove(step)
     if not gpus:
         return run.end(State.NO_GPU, f"detect: {detect.message}")
     from podvm_gpu.boot.pipeline import run_pipeline  # a GPU is there: the full path

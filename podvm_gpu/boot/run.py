@@ -21,7 +21,7 @@ import time
 
 from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
 from podvm_gpu.host import rtmr
-from podvm_gpu.host.fs import TMP_SUFFIX, Root, folder_trust_problems
+from podvm_gpu.host.fs import TMP_SUFFIX, Root, untrusted_dirs
 from podvm_gpu.model import REASON_MAX, State, Status, Step, StepResult, shown
 from podvm_gpu.status import STATUS_PATH, StatusFile
 
@@ -444,42 +444,9 @@ def tell_console(root: Root, state: str, reason: str) -> None:
 
 
 def untrusted_root(root: Root) -> str | None:
-    """Why boot must not write under ``root``: a folder on the way to the status file or the
-    spec (the deepest one that exists, and every one above it, the root and its parents
-    included) that another user than root owns or can write. Such a user could swap what
-    follows for a link between boot's checks and its writes and make root write anywhere.
-    None when only root can change them (a sticky folder such as /tmp is fine)."""
-    for host_dir in (os.path.dirname(STATUS_PATH), os.path.dirname(CDI_SPEC_PATH)):
-        links: list[str] = []
-        try:
-            folder = root.resolve(host_dir, links=links)
-        except OSError:
-            continue  # a link loop: the write fails and the boot says so
-        while not os.path.isdir(folder) and folder != root.path:
-            folder = os.path.dirname(folder)
-        problems = folder_trust_problems(folder)
-        if problems:
-            return problems[0][1]
-        why = _foreign_link(links)
-        if why:
-            return why
-    return None
-
-
-def _foreign_link(links: list[str]) -> str | None:
-    """A link on the way that another user may replace: one they own in a folder that others
-    can write (a sticky folder lets an entry's owner replace it). Under ``--root`` the agent
-    follows links itself, so the kernel's ``protected_symlinks`` does not stand guard."""
-    owners = (0, os.geteuid())
-    for link in links:
-        try:
-            st, parent = os.lstat(link), os.stat(os.path.dirname(link))
-        except OSError:
-            continue
-        if st.st_uid not in owners and parent.st_mode & 0o002:
-            return (f"{link} is a link owned by uid {st.st_uid} in {os.path.dirname(link)}, "
-                    "which others can write: its owner can point it anywhere")
-    return None
+    """Why boot must not write under ``root``: :func:`podvm_gpu.host.fs.untrusted_dirs` for
+    the folders of the status file and the spec (``check``'s status row asks the same)."""
+    return untrusted_dirs(root, (os.path.dirname(STATUS_PATH), os.path.dirname(CDI_SPEC_PATH)))
 
 
 def report(status: Status, json_out: bool) -> None:

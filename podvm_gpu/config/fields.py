@@ -326,7 +326,8 @@ class Section:
     @classmethod
     def validate(cls, raw: object, loc: list, errors: list[Invalid]):
         """A section from the mapping ``raw``; every bad key or value is appended to ``errors``
-        (the section then holds the default for it)."""
+        (the section then holds the default for it). ``null`` is taken for a key whose default
+        is null (unset), and for no other."""
         if not isinstance(raw, dict):
             errors.append(Invalid(loc, f"must be a mapping of settings, not {_kind(raw)}"))
             return cls()
@@ -336,7 +337,12 @@ class Section:
             if key not in cls.FIELDS:
                 errors.append(Invalid(where, "unknown key"))
                 continue
-            check = cls.FIELDS[key][0]
+            check, default = cls.FIELDS[key]
+            if value is None and default is None:
+                # null where the documented default is "null (unset)": what config --json
+                # prints for it, so its settings can be fed back (issue 35 item 5)
+                values[key] = None
+                continue
             try:
                 if isinstance(check, type) and issubclass(check, Section):
                     values[key] = check.validate(value, where, errors)

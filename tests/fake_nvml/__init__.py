@@ -148,7 +148,7 @@ def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int =
     from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
     from podvm_gpu.host.fs import Root
     from podvm_gpu.model import PciDevice, Status, Step, StepResult
-    from podvm_gpu.status import StatusFile
+    from podvm_gpu.status import READY_STEPS, StatusFile
     from podvm_gpu.steps.fabric.fabric_kind import Fabric
 
     status = Status()
@@ -162,10 +162,15 @@ def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int =
     status.binding = binding
     if status.fabric.kind == "nvlink5":
         status.fabric.port, status.fabric.guid = "mlx5_2", "0xa088c20300543a1e"
-    for name, seconds in (("pci", 0.004), ("modules", 1.9), ("persistenced", 11.2), ("cdi", 0.8)):
+    # every GPU step, as a ready boot has them (a ready document without them is unreadable:
+    # interface.md 4.4); the failed boot fails at cdi
+    seconds = {"detect": 0.004, "modules": 1.9, "persistenced": 11.2, "cdi": 0.8}
+    for name, _results in READY_STEPS:
         step = Step(name, StepResult.OK if state != "failed" or name != "cdi" else StepResult.FAILED)
-        step.duration_s = seconds
+        step.duration_s = seconds.get(name, 0.01)
         status.steps.append(step)
+    if state != "no-gpu":
+        status.driver_version = "550.54.15"
     if state == "ready":
         status.cdi = {"path": CDI_SPEC_PATH, "kind": "nvidia.com/gpu",
                       "devices": [str(i) for i in range(gpus)] + ["all"]}

@@ -2,10 +2,12 @@
 
 Keys: shared/cases/README.md and EFFECTS.md ("Expect keys"). Beyond them the harness holds the
 product to the interface every case shares: the final status.json conforms to
-docs/status.schema.json; a ``check`` run changes nothing (contract
+docs/status.schema.json; a ``check`` run (every world has one) changes nothing (contract
 section 5: no effect applied by its tool calls, no file under the root created, changed or
-removed), and after a boot no other spec in ``/var/run/cdi`` defines kind ``nvidia.com/gpu``
-(section 3, step 9). A fake tool that could not apply an effect fails the test too.
+removed), holds no row whose detail says the check itself failed (it raised), and its rows
+make a table no wider than 80 and 100 columns (the product's renderer); after a
+boot no other spec in ``/var/run/cdi`` defines kind ``nvidia.com/gpu`` (section 3, step 9).
+A fake tool that could not apply an effect fails the test too.
 """
 
 from __future__ import annotations
@@ -211,6 +213,9 @@ def _status_problems(status: dict, expect: dict) -> list[str]:
     return problems
 
 
+CRASHED = "the check itself failed"  # podvm_gpu.check.broken's detail: a row that raised
+
+
 def judge_check(world: World, run: Run, expect: dict) -> list[str]:
     """Problems of a ``check --json`` run against ``expect.check``; empty when it passes."""
     problems = _common(run, expect)
@@ -226,10 +231,38 @@ def judge_check(world: World, run: Run, expect: dict) -> list[str]:
             if got != result:
                 problems.append(f"check {name!r} is {got!r}, expected {result!r}"
                                 f" ({results.get(name, {}).get('detail', '')})")
+    problems += [f"check row {name!r} crashed: {row.get('detail')}" for name, row in results.items()
+                 if str(row.get("detail", "")).startswith(CRASHED)]
+    problems += _table_problems(document["checks"])
     problems += [f"check is read-only but {shlex.join(call.argv)} applied {call.applied}"
                  for call in run.calls if call.applied]
     if run.root_changes:
         problems.append(f"check is read-only but changed under the root: {run.root_changes[:10]}")
+    return problems
+
+
+def _table_problems(rows: list[dict]) -> list[str]:
+    """The table a person sees for this world's rows (the product's own renderer,
+    ``podvm_gpu.check.print_table``) at 80 and 100 columns: no line wider (issue 35 item 3)."""
+    import contextlib
+    import io
+
+    from podvm_gpu.check import print_table
+    from podvm_gpu.row import Check
+
+    checks = [Check(str(r.get("name")), str(r.get("result")), str(r.get("detail", "")),
+                    str(r.get("hint", ""))) for r in rows]
+    summary = {result: sum(c.result == result for c in checks)
+               for result in ("pass", "warn", "fail", "skip")}
+    problems = []
+    for width in (80, 100):
+        shown = io.StringIO()
+        with contextlib.redirect_stdout(shown):
+            print_table(checks, summary, width)
+        wide = [line for line in shown.getvalue().splitlines() if len(line) > width]
+        if wide:
+            problems.append(f"check's table at {width} columns has {len(wide)} wider line(s): "
+                            f"{wide[0]!r}")
     return problems
 
 

@@ -407,8 +407,7 @@ VM_ROWS = {"modules": modules_row, "module-lock": module_lock_row}
 def modules_image_row(image) -> Check:
     root, kernels, found = image.root, image.kernels, image.found
     if not kernels:
-        return Check("modules", FAIL, "no kernel in the image (/boot/vmlinuz-*, /lib/modules)",
-                     "install a kernel")
+        return Check("modules", FAIL, "no kernel in the image (/boot/vmlinuz-*, /lib/modules)", "install a kernel")
     unread = sorted({why for k in kernels for res in found[k].values() for why in res.unread})
     if unread:  # a FIFO, a device or a folder named *.conf in a modprobe.d folder
         more = f" (and {len(unread) - 3} more)" if len(unread) > 3 else ""
@@ -447,6 +446,8 @@ def modules_image_row(image) -> Check:
             "", "build the nvidia modules (DKMS) for every kernel in the image")
         return Check("modules", FAIL, f"no {name} module for kernel(s) {', '.join(kernels_lacking)} "
                      f"(/lib/modules/{release})" + (f": {reason}" if reason else ""), hint)
+    if kmod.unindexed(root, kernels):  # an image is finished: no fallback (boot keeps its own)
+        return Check("modules", FAIL, *kmod.unindexed(root, kernels))
 
     def shown(res: kmod.Resolution) -> str:
         via = f" via {res.rules[0].split(': ', 1)[-1]}" if res.rules else ""

@@ -30,7 +30,7 @@ def record_row(facts) -> Check:
 
     skip = facts.not_reached("confidential-computing")
     if skip:
-        return Check(ROW, SKIP, skip.message)
+        return Check(ROW, SKIP, skip.detail)
     if not facts.gpus:
         return Check(ROW, SKIP, NO_GPU)
     record = (read_status(facts.root) or {}).get("attestation")
