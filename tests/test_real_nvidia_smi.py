@@ -60,6 +60,7 @@ RESET = recovery.reset_argv()  # issue 28: the health gate's own queries
 ACTION = recovery.action_argv()
 FULL_Q = ["nvidia-smi", "-q"]  # issue 28: the rack-scale kind's cliques
 FABRIC_HEALTH = smi_back_end.fabric_health_argv()  # issue 33: 580's health summary, a query of its own
+VBIOS = smi_back_end.vbios_argv()  # issue 37: the VBIOS an NVAT 104 (RIM not found) names
 # Each argv list written in the agent's code (ast.unparse of the list) -> the command line(s) run.
 # Issue 33: they are all in the nvidia-smi back end (podvm_gpu/gpufacts/smi.py).
 SITES = {
@@ -73,10 +74,10 @@ SITES = {
 QUERY_GPU = {smi_back_end.fabric_argv: FABRIC, smi_back_end.fabric_health_argv: FABRIC_HEALTH,
              smi_back_end.ecc_argv: ECC,
              smi_back_end.reset_argv: RESET, smi_back_end.action_argv: ACTION,
-             smi_back_end.mig_mode_argv: MIG_MODE}
+             smi_back_end.mig_mode_argv: MIG_MODE, smi_back_end.vbios_argv: VBIOS}
 CC_CALLS = {("-grs",): CC_GRS, ("-srs", "1"): CC_SRS}
 RUN = [FABRIC, REMAP, ECC, MIG_MODE, MIG_LGI, *CC_QUERIES, CC_GRS, CC_SRS, CC_SRS0, RESET, ACTION, FULL_Q,
-       FABRIC_HEALTH]
+       FABRIC_HEALTH, VBIOS]
 
 GPU0, GPU1 = "0000:18:00.0", "0000:28:00.0"  # fake_nvml.gpu(0) and gpu(1)
 ALL_CALLS = ("nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetPciInfo",

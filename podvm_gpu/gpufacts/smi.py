@@ -74,6 +74,12 @@ def action_argv() -> list[str]:
     return query_gpu_argv(ACTION_FIELDS)
 
 
+def vbios_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=vbios_version --format=csv,noheader``: the VBIOS an NVAT 104
+    (RIM not found) names, nvattest's JSON carrying no claims then (steps/cc/attest/gate.py)."""
+    return query_gpu_argv(("vbios_version",))
+
+
 def mig_mode_argv() -> list[str]:
     """``nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader``."""
     return query_gpu_argv(MIG_FIELDS)

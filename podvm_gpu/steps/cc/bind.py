@@ -334,7 +334,7 @@ def binding_row(facts):
     """``check``'s ``binding`` row (docs/interface.md 5.1): status.json's ``binding`` record,
     and, where the register exists, the logs replayed against it now (read-only): an extend
     nobody logged since the boot fails the row, as it fails every attestation of the VM."""
-    from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check
+    from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check, doc_ref
     from podvm_gpu.status import read_status
 
     record = (read_status(facts.root) or {}).get("binding")
@@ -344,7 +344,8 @@ def binding_row(facts):
     state = record.get("state")
     if state == BROKEN:
         return Check(ROW, FAIL, f"broken: {record.get('reason')}", "reboot the VM: its "
-                     "event log no longer explains RTMR3 (docs/operating.md)")
+                     "event log no longer explains RTMR3 (" +
+                     doc_ref("operating.md", "Binding the GPUs' verdict to the TEE") + ")")
     if state != BOUND:
         return Check(ROW, SKIP, f"{state}: {record.get('reason')}")
     try:

@@ -26,7 +26,8 @@ import os
 import time
 
 from podvm_gpu.errors import CommandError, StepFailed, one_line
-from podvm_gpu.gpufacts.smi import conf_compute_argv
+from podvm_gpu.gpufacts.smi import conf_compute_argv, vbios_argv
+from podvm_gpu.row import doc_ref
 from podvm_gpu.steps.cc.attest import run as nvattest
 from podvm_gpu.steps.cc.attest import verdict as v
 
@@ -247,8 +248,7 @@ def rim_not_found(ctx, kind: str) -> str:
     versions = ""
     if kind == "gpu":
         try:
-            done = ctx.runner.run(["nvidia-smi", "--query-gpu=vbios_version",
-                                   "--format=csv,noheader"], check=False, timeout=10)
+            done = ctx.runner.run(vbios_argv(), check=False, timeout=10)
             found = sorted({line.strip() for line in done.stdout.splitlines() if line.strip()})
             if done.returncode == 0 and found:
                 versions = f" (VBIOS {', '.join(found)}; driver {ctx.driver_version})"
@@ -259,8 +259,8 @@ def rim_not_found(ctx, kind: str) -> str:
     return (f"; RIM not found: NVIDIA has not published the reference values for this "
             f"{'GPU' if kind == 'gpu' else 'NVSwitch'}'s firmware or driver{versions} "
             f"({where}); not a measurement mismatch: supply the RIM files in a folder named by "
-            "confidential_computing.rim_dir (docs/operating.md), or use a VBIOS and driver "
-            "NVIDIA has published")
+            f"confidential_computing.rim_dir ({doc_ref('operating.md', 'When attestation fails')}), or use "
+            "a VBIOS and driver NVIDIA has published")
 
 
 def _keep(ctx, kind: str, stdout: str) -> str | None:
