@@ -139,6 +139,17 @@ class HealthConfig(Section):
     __slots__ = tuple(FIELDS)
 
 
+class WatchConfig(Section):
+    """``podvm-gpu watch`` (podvm_gpu/watch/): ``interval_s`` is the time between two polls of
+    the recovery action, the memory health, the fabric state and the daemons (one poll at a
+    time; the kernel log is read as it arrives, whatever the interval). The default, 60 s, keeps
+    the polls' cost near zero: a poll is four or five nvidia-smi queries (bench/watch.py
+    measures it); a recovery action that turns to Node Reboot is seen within one interval."""
+
+    FIELDS = {"interval_s": (seconds(0, False), 60.0)}
+    __slots__ = tuple(FIELDS)
+
+
 class ImexConfig(Section):
     """IMEX channels for multi-node NVLink (GB200/GB300 NVL72 compute trays; issue 28), off by
     default: ``channels`` lists the channel ids whose nodes
@@ -205,6 +216,7 @@ class Config(Section):
               "detect": (DetectConfig, DetectConfig()),
               "health": (HealthConfig, HealthConfig()),
               "imex": (ImexConfig, ImexConfig()),
+              "watch": (WatchConfig, WatchConfig()),
               "unavailable_spec": (boolean, True),
               "metrics": (_metrics, _default_metrics)}
     __slots__ = tuple(FIELDS)

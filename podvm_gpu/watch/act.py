@@ -1,0 +1,104 @@
+"""A fatal finding applied (docs/interface.md 2.1, 4.1): under the boot's lock, the unavailable
+spec naming it, the CC ready state set back in a confidential guest, status.json ``failed``, one
+journal and one console line."""
+
+from __future__ import annotations
+
+import os
+
+from podvm_gpu.host.fs import Root
+from podvm_gpu.model import State
+from podvm_gpu.status import read_status
+
+LOCK_WAIT_S = 30.0  # a boot run again holds the lock for its whole run: wait, then try again
+
+
+def apply_finding(root: Root, config, runner, finding: dict, confidential: bool,
+                  boot_started_at: str | None, log) -> bool:
+    """Take the GPUs out of the spec for ``finding`` (``reason`` one line starting ``watch:``),
+    under the boot's lock; update ``finding`` in place (``applied``, ``ready_state``).
+
+    Returns True when it was applied, or is moot (a boot ran again meanwhile and its status is
+    no longer the ready one watched); False when the lock could not be had.
+    """
+    from podvm_gpu.boot.run import tell_console
+    from podvm_gpu.status import acquire_lock
+
+    reason = finding["reason"]
+    try:
+        fd = acquire_lock(root, LOCK_WAIT_S, lambda *a: None)
+    except OSError as err:
+        log(log.ERR, f"{reason}; cannot take /run/podvm-gpu/boot.lock: {err.strerror or err}")
+        return False
+    if fd is None:
+        log(log.ERR, f"{reason}; a boot holds /run/podvm-gpu/boot.lock: not applied yet")
+        return False
+    try:
+        doc = read_status(root)
+        if not doc or doc.get("state") != State.READY or doc.get("started_at") != boot_started_at:
+            finding["applied"] = True
+            log(log.WARNING, f"{reason}; the watched boot's ready status is gone (a boot ran "
+                             "again): the spec is that boot's")
+            return True
+        problems = []
+        try:
+            if config.unavailable_spec:
+                from podvm_gpu.cdi.unavailable import write_unavailable_spec
+
+                write_unavailable_spec(root, State.FAILED, reason)
+            else:
+                from podvm_gpu.cdi.unavailable import remove_spec
+
+                remove_spec(root)
+        except OSError as err:
+            # the spec still says ready: said everywhere, and the watcher fails (restarted)
+            problems.append(f"the spec could not be replaced: {err.strerror or err}")
+        if confidential:
+            finding["ready_state"] = _ready_state_off(runner)
+            if finding["ready_state"] != "set to not ready":
+                problems.append(f"conf-compute -srs 0: {finding['ready_state']}")
+        doc["state"], doc["cdi"] = State.FAILED, None
+        doc["reason"] = reason + (f"; {'; '.join(problems)}" if problems else "")
+        doc["finished_at"] = finding["at"]
+        try:
+            write_status(root, doc)
+        except OSError as err:
+            problems.append(f"status.json not written: {err.strerror or err}")
+        finding["applied"] = not any(p.startswith("the spec") for p in problems)
+    finally:
+        os.close(fd)
+    line = doc["reason"]
+    log(log.ERR, line)
+    tell_console(root, State.FAILED, line)
+    return finding["applied"]
+
+
+def _ready_state_off(runner) -> str:
+    """``nvidia-smi conf-compute -srs 0``, once (system-wide; a lost GPU makes it exit 15, which
+    is reported, not retried)."""
+    from podvm_gpu import readers
+    from podvm_gpu.errors import CommandError, one_line
+
+    try:
+        done = runner.run(["nvidia-smi", "conf-compute", "-srs", "0"], check=False)
+    except CommandError as err:
+        return f"not run ({one_line(err, 200)})"
+    if done.returncode == 0:
+        return "set to not ready"
+    return (f"{readers.nvsmi_exit_text(done.returncode)}: "
+            f"{one_line(done.output, 160) or 'no output'}")
+
+
+def write_status(root: Root, doc: dict) -> None:
+    """Replace status.json with ``doc`` atomically (the caller holds the boot's lock).
+
+    Raises:
+        OSError: the run directory cannot be made or written.
+    """
+    from podvm_gpu.host.fs import atomic_write, ensure_dir
+    from podvm_gpu.jsontext import dumps
+    from podvm_gpu.status import STATUS_PATH
+
+    path = root.resolve(STATUS_PATH, follow_last=False)
+    ensure_dir(os.path.dirname(path))
+    atomic_write(path, dumps(doc) + "\n")

@@ -1,0 +1,428 @@
+"""``podvm-gpu watch``: the watcher's loop, the finding applied, ``--clear`` (the package's
+docstring, podvm_gpu/watch/__init__.py, says what it does and why)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+
+from podvm_gpu import watchfile as watch_state
+from podvm_gpu.host.fs import Root
+from podvm_gpu.model import State, now_iso, shown
+from podvm_gpu.status import read_status
+from podvm_gpu.watch import verdicts
+from podvm_gpu.watch.act import LOCK_WAIT_S, apply_finding, write_status
+from podvm_gpu.watch.kernel_log import BOOT_READY, KernelLog
+
+CLEAR_COMMAND = "podvm-gpu watch --clear"
+_DAEMON_TRIES = 3  # restarts of nvidia-persistenced on a VM whose GPUs are not confidential
+_DAEMON_BACK_S = 10.0  # how long a restarted daemon has to name itself in its pid file
+
+
+class Stop(Exception):
+    """SIGTERM or SIGINT: stop watching, keep the position."""
+
+
+def nothing_to_watch(root: Root, doc: dict | None) -> str | None:
+    """Why there is nothing to watch under ``root`` (the boot did not end ``ready`` with GPUs,
+    or a finding stands), or None when there is."""
+    if doc is None:
+        return "no status: podvm-gpu boot has not run (or its status is unreadable)"
+    if doc.get("state") != State.READY:
+        reason = doc.get("reason")
+        return f"the boot ended {doc.get('state')}" + (f": {shown(reason)}" if reason else "")
+    if not doc.get("gpus"):
+        return "the boot found no GPU"
+    finding = watch_state.standing_finding(root)
+    if finding:
+        return f"a finding stands: {shown(finding['reason'])} (clear it with {CLEAR_COMMAND})"
+    return None
+
+
+def run_watch(root_dir: str, config: str | None = None, json_out: bool = False,
+              clear: bool = False) -> int:
+    """``podvm-gpu watch``: watch until a fatal finding (exit 0 once it is applied), a signal
+    (exit 0, position kept) or an error that stops the watcher (exit 1: systemd restarts it).
+    With ``clear``: remove a standing finding (:func:`clear_finding`). Nothing to watch (a CPU
+    VM, a boot that did not end ready): one line, exit 0 at once.
+
+    Args:
+        root_dir: the root (contract section 1); config: ``--config`` or None.
+    """
+    from podvm_gpu.boot.run import Log
+
+    root = Root(root_dir)
+    log = Log()
+    if clear:
+        return clear_finding(root, log, json_out)
+    doc = read_status(root)
+    pending = watch_state.load(root)
+    if pending and pending.get("finding") and not pending["finding"].get("applied") \
+            and doc and doc.get("state") == State.READY:
+        return _apply_pending(root, config, doc, pending, log, json_out)
+    why = nothing_to_watch(root, doc)
+    if why:
+        _say(json_out, {"watching": False, "why": why}, f"nothing to watch: {why}")
+        return 0
+    cfg = _config(root, config, log)
+    watcher = Watcher(root, cfg, doc, log)
+    code = watcher.run()
+    if watcher.finding:
+        _say(json_out, {"watching": False, "finding": watcher.finding},
+             f"failed: {watcher.finding['reason']}")
+    return code
+
+
+def _apply_pending(root: Root, config: str | None, doc: dict, pending: dict, log,
+                   json_out: bool) -> int:
+    """A watcher stopped between keeping a finding and applying it: apply it now."""
+    from podvm_gpu.config.model import timeouts_for
+    from podvm_gpu.host.proc import Runner
+
+    cfg = _config(root, config, log)
+    finding = pending["finding"]
+    runner = Runner(cfg.tools, timeouts_for(cfg), trust_tool_paths=True)
+    confidential = (doc.get("confidential_computing") or {}).get("confidential") is True
+    applied = apply_finding(root, cfg, runner, finding, confidential, doc.get("started_at"), log)
+    try:
+        watch_state.save(root, pending)
+    except OSError as err:
+        log(log.WARNING, f"watch: cannot write {watch_state.WATCH_PATH}: {err.strerror or err}")
+    _say(json_out, {"watching": False, "finding": finding}, f"failed: {finding['reason']}")
+    return 0 if applied else 1
+
+
+def _say(json_out: bool, doc: dict, line: str) -> None:
+    if json_out:
+        import json
+
+        print(json.dumps(doc, indent=2))
+    else:
+        print(shown(line))
+
+
+def _config(root: Root, path: str | None, log):
+    from podvm_gpu.config.load import config_location, load_config
+    from podvm_gpu.config.model import Config
+    from podvm_gpu.errors import ConfigError
+
+    try:
+        where, required = config_location(root, path)
+        return load_config(where, required=required, trusted=True)
+    except ConfigError as err:  # the boot that ended ready read it; watch on with the defaults
+        log(log.WARNING, f"watch: config not read ({err}); the defaults apply")
+        return Config()
+
+
+def clear_finding(root: Root, log, json_out: bool = False) -> int:
+    """``podvm-gpu watch --clear``: remove watch.json (and with it the finding), under the boot's
+    lock; the spec and status stay as the finding left them until boot runs again. Exit 0, or 1
+    when the lock or the file cannot be had."""
+    from podvm_gpu.status import acquire_lock
+
+    try:
+        fd = acquire_lock(root, LOCK_WAIT_S, log)
+    except OSError as err:
+        log(log.ERR, f"watch --clear: cannot take the boot's lock: {err.strerror or err}")
+        return 1
+    if fd is None:
+        log(log.ERR, "watch --clear: a boot holds /run/podvm-gpu/boot.lock; try again")
+        return 1
+    try:
+        finding = watch_state.standing_finding(root)
+        try:
+            watch_state.remove(root)
+        except OSError as err:
+            log(log.ERR, f"watch --clear: cannot remove {watch_state.WATCH_PATH}: "
+                         f"{err.strerror or err}")
+            return 1
+    finally:
+        os.close(fd)
+    said = (f"cleared: {finding['reason']}; run the boot again (systemctl restart podvm-gpu "
+            "podvm-gpu-watch) to install a spec" if finding else "no finding stands")
+    log(log.INFO, f"watch --clear: {said}")
+    _say(json_out, {"cleared": finding}, said)
+    return 0
+
+
+class Watcher:
+    """One run of the watcher over the boot whose status document is ``doc``."""
+
+    def __init__(self, root: Root, config, doc: dict, log):
+        from podvm_gpu.config.model import timeouts_for
+        from podvm_gpu.host.proc import Runner
+
+        self.root, self.config, self.doc, self.log = root, config, doc, log
+        self.gpus = [g["pci_address"] for g in doc.get("gpus") or []]
+        cc = doc.get("confidential_computing") or {}
+        self.confidential = cc.get("confidential") is True
+        self.runner = Runner(config.tools, timeouts_for(config), trust_tool_paths=True)
+        self.interval = config.watch.interval_s
+        self.finding: dict | None = None
+        self.polls = queue.Queue()
+        self.stopping = threading.Event()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.state = watch_state.new_state(doc.get("started_at"))
+        self.klog: KernelLog | None = None
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        old = {s: signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        poller = threading.Thread(target=self._poll_loop, name="watch-poll", daemon=True)
+        try:
+            self._start()
+            poller.start()
+            while self.finding is None:
+                if self.klog is not None:
+                    self.klog.wait(self.interval, self._wake_r)
+                    self._records(self.klog.read())
+                else:
+                    _wait_fd(self._wake_r, self.interval)
+                self._drain_wake()
+                while self.finding is None:
+                    try:
+                        self._verdicts(*self.polls.get_nowait())
+                    except queue.Empty:
+                        break
+            return self._apply()
+        except Stop:
+            self.log(self.log.INFO, "watch: stopped by a signal; position kept")
+            self._save()
+            return 0
+        finally:
+            self.stopping.set()
+            os.write(self._wake_w, b"x")
+            for s, handler in old.items():
+                signal.signal(s, handler)
+            if self.klog is not None:
+                self.klog.close()
+
+    def _stop(self, signum, frame):
+        raise Stop()
+
+    def _start(self) -> None:
+        saved = watch_state.load(self.root)
+        position = None
+        if saved and saved.get("boot_started_at") == self.doc.get("started_at") \
+                and isinstance(saved.get("kmsg_seq"), int):
+            self.state, position = saved, saved["kmsg_seq"]
+            self.state.setdefault("warnings", [])
+            self.state.setdefault("warnings_dropped", 0)
+        self.state["started_at"] = now_iso()
+        try:
+            self.klog = KernelLog(self.root)
+            first = self.klog.read(most=1 << 30)
+        except OSError as err:
+            self.klog, first = None, []
+            self._warn(f"the kernel log cannot be read ({err.strerror or err}): Xid records "
+                       "are not watched; the polls go on")
+        if position is None:
+            # the boot's own final "ready" line is the position it reached; without it (a file
+            # log, a line that could not be written) everything already there counts as before
+            marks = [r.seq for r in first if not r.kernel and BOOT_READY.search(r.message)]
+            position = marks[-1] if marks else (first[-1].seq if first else -1)
+        self.state["kmsg_seq"] = position
+        self._records([r for r in first if r.seq > position])
+        self._pids = self._daemons_now()
+        self._save()
+        how = "" if self.klog is None or self.klog.event_driven else \
+            " (no inotify: the file is looked at once a second)"
+        self.log(self.log.INFO, f"watch: watching {len(self.gpus)} GPU(s): kernel log after "
+                                f"record {position}{how}, polls every {self.interval:g} s")
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except OSError:
+            pass
+
+    def _save(self) -> None:
+        self.state["updated_at"] = now_iso()
+        try:
+            watch_state.save(self.root, self.state)
+        except OSError as err:
+            self.log(self.log.WARNING, f"watch: cannot write {watch_state.WATCH_PATH}: "
+                                       f"{err.strerror or err}")
+
+    # --- judging ----------------------------------------------------------------------------
+
+    def _records(self, records) -> None:
+        for record in records:
+            if self.finding is not None:
+                return
+            if self.state["kmsg_seq"] is not None and record.seq <= self.state["kmsg_seq"]:
+                continue  # read already (a restarted watcher), or before the boot
+            self.state["kmsg_seq"] = record.seq
+            if not record.kernel:
+                continue
+            found = verdicts.judge_record(record.message)
+            if found:
+                self._verdicts(found, [], source=f"kernel log record {record.seq}",
+                               quote=record.message)
+
+    def _verdicts(self, found, unread, source: str = "poll", quote: str = "") -> None:
+        for line in unread:
+            self._warn(f"{line}; not read as a verdict")
+        for v in found:
+            if self.finding is not None:
+                return
+            if v.gpu is not None and not any(verdicts.same_gpu(v.gpu, g) for g in self.gpus):
+                self._warn(f"{v.what} (GPU {v.gpu} is not one the spec holds)")
+                continue
+            if v.level == verdicts.WARN or (v.level == verdicts.RESET
+                                            and self.config.health.reset_pending_warns):
+                extra = " (health.reset_pending_warns)" if v.level == verdicts.RESET else ""
+                self._warn(v.what + extra)
+                continue
+            if v.level in (verdicts.FATAL, verdicts.RESET):
+                self._found(v, source, quote)
+
+    def _found(self, v, source: str, quote: str) -> None:
+        gpu = next((g for g in self.gpus if v.gpu and verdicts.same_gpu(v.gpu, g)), None)
+        at = now_iso()
+        named = f"GPU {gpu}" if gpu else "a GPU"
+        what = v.what if not quote else f'{v.what} (kernel: "{" ".join(quote.split())[:300]}")'
+        reason = f"watch: {named}: {what}; found at {at} ({source})"
+        self.finding = {"gpu": gpu, "what": v.what, "source": source, "at": at,
+                        "kmsg_seq": self.state["kmsg_seq"], "reason": reason[:900],
+                        "applied": False, "ready_state": None}
+        self.state["finding"] = self.finding
+        self._save()  # kept first: a watcher killed now applies it at its restart
+
+    def _warn(self, text: str) -> None:
+        text = " ".join(text.split())[:400]
+        if watch_state.add_warning(self.state, text):
+            self.log(self.log.WARNING, f"watch: {text}")
+            self._save()
+            self._status_warning(f"watch: {text}")
+
+    def _status_warning(self, text: str) -> None:
+        """Add ``text`` to status.json's warnings, under the boot's lock (a boot running again
+        owns the file meanwhile: then the warning stays in watch.json only)."""
+        from podvm_gpu.status import acquire_lock
+
+        try:
+            fd = acquire_lock(self.root, 0.5, lambda *a: None)
+        except OSError:
+            return
+        if fd is None:
+            return
+        try:
+            doc = read_status(self.root)
+            if not doc or doc.get("state") != State.READY or doc.get("started_at") != \
+                    self.doc.get("started_at"):
+                return
+            kept = [w for w in doc.get("warnings") or [] if w.startswith("watch: ")]
+            if text in kept or len(kept) >= watch_state.MAX_WARNINGS:
+                return
+            doc["warnings"] = [*(doc.get("warnings") or []), text]
+            write_status(self.root, doc)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    # --- polls (on their own thread, one at a time) -----------------------------------------
+
+    def _poll_loop(self) -> None:
+        from podvm_gpu.steps.context import HARMLESS_CALL_S
+
+        timeout = min(self.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
+        fabric = any(s.get("name") == "fabricmanager" and s.get("result") == "ok"
+                     for s in self.doc.get("steps") or [])
+        while not self.stopping.wait(self.interval):
+            try:
+                found, unread = verdicts.poll_health(self.runner, timeout)
+                if fabric:
+                    more, why = verdicts.poll_fabric(self.runner, timeout, self.gpus)
+                    found, unread = found + more, unread + why
+                found += self._daemons_gone()
+            except Exception as err:  # a poll that breaks is a warning, never a verdict
+                found, unread = [], [f"a poll failed: {type(err).__name__}: {err}"]
+            if found or unread:
+                self.polls.put((found, unread))
+                try:
+                    os.write(self._wake_w, b"p")
+                except OSError:
+                    pass
+
+    def _daemons_now(self) -> dict[str, int]:
+        from podvm_gpu import readers
+
+        pids = {}
+        for name, pid_file, comm in (
+                ("nvidia-persistenced", readers.PERSISTENCED_PID, readers.PERSISTENCED_COMM),
+                ("nv-fabricmanager", readers.FABRICMANAGER_PID, readers.FABRICMANAGER_COMM)):
+            pid = readers.daemon_pid(self.root, pid_file, comm)
+            if pid is not None:
+                pids[name] = pid
+        return pids
+
+    def _daemons_gone(self) -> list:
+        """A daemon that ran at the watcher's start and is gone: fatal in a confidential guest;
+        elsewhere nvidia-persistenced is started again (bounded tries, warned) and is fatal only
+        when it does not come back; the fabric manager is fatal (the fabric cannot be kept)."""
+        now = self._daemons_now()
+        out = []
+        for name, pid in self._pids.items():
+            if name in now:
+                continue
+            gone = f"{name} (pid {pid}) is gone"
+            if name == "nvidia-persistenced" and not self.confidential:
+                back = self._restart_persistenced()
+                if back is not None:
+                    self._pids[name] = back
+                    out.append(verdicts.Verdict(verdicts.WARN, None,
+                                                f"{gone}; started again (pid {back})"))
+                    continue
+                gone += f"; not back after {_DAEMON_TRIES} starts"
+            elif self.confidential:
+                gone += " in a confidential guest"
+            out.append(verdicts.Verdict(verdicts.FATAL, None, gone))
+        return out
+
+    def _restart_persistenced(self) -> int | None:
+        from podvm_gpu import readers
+        from podvm_gpu.errors import CommandError
+        from podvm_gpu.host.daemons import start_daemon
+
+        log_path = self.root.resolve("/run/podvm-gpu/nvidia-persistenced.log", follow_last=False)
+        for _ in range(_DAEMON_TRIES):
+            try:
+                if os.path.lexists(log_path):
+                    os.unlink(log_path)
+                start_daemon(self.runner, ["nvidia-persistenced",
+                                           *self.config.persistenced.args], log_path)
+            except (CommandError, OSError, KeyError):
+                continue
+            end = time.monotonic() + _DAEMON_BACK_S
+            while time.monotonic() < end and not self.stopping.is_set():
+                pid = readers.daemon_pid(self.root, readers.PERSISTENCED_PID,
+                                         readers.PERSISTENCED_COMM)
+                if pid is not None:
+                    return pid
+                time.sleep(0.2)
+        return None
+
+    # --- the finding ------------------------------------------------------------------------
+
+    def _apply(self) -> int:
+        """Apply :attr:`finding`: 0 once applied, 1 when the boot's lock cannot be had (exit 1:
+        systemd starts the watcher again, which applies the finding kept in watch.json)."""
+        applied = apply_finding(self.root, self.config, self.runner, self.finding,
+                                self.confidential, self.doc.get("started_at"), self.log)
+        self._save()
+        return 0 if applied else 1
+
+
+def _wait_fd(fd: int, timeout_s: float) -> None:
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poller.poll(int(timeout_s * 1000))

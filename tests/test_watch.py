@@ -1,0 +1,246 @@
+"""``podvm-gpu watch`` in scenario worlds (issue 34): after a ready boot, a GPU that fails is
+taken out of the spec for every container created after.
+
+The world's kernel log is a regular file (tests/scenarios/world.py); records are appended to it
+as the kernel would add them, and the watcher must see them through inotify, not its interval:
+the tests set ``watch.interval_s`` to an hour where the kernel log alone must decide, so a
+reaction within the test's bound proves the path is event-driven.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from scenarios.world import DATA, World, load_case, product_command
+
+from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
+from podvm_gpu.watchfile import WATCH_PATH
+
+REACT_S = 10.0  # the tests' bound; the bench measures the real reaction (about a second or less)
+XID_79 = ("NVRM: Xid (PCI:0000:00:04): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+          "the bus.")
+XID_13 = ("NVRM: Xid (PCI:0000:00:04): 13, pid=4242, name=python3, Graphics Exception: ESR "
+          "0x404490=0x80000002")
+
+
+def case(name: str, config: str | None = None, extra_log: list[str] = (), rules: list = ()):
+    """A copy of the field case ``name`` (tests/data/cases) with a config file, kernel-log lines
+    put first (before the driver's banner: an earlier load's, which the boot does not judge),
+    and tool rules put first."""
+    loaded = load_case(next((DATA / "cases").glob(f"{name}-*.yaml")))
+    if config is not None:
+        loaded.files = {**loaded.files, "etc/podvm-gpu/config.yaml": config}
+    loaded.kernel_log = [*extra_log, *loaded.kernel_log]
+    loaded.tools = [*rules, *loaded.tools]
+    return loaded
+
+
+def rule(argv: list[str], stdout: str = "", rc: int = 0) -> dict:
+    return {"argv": argv, "rc": rc, "stdout": stdout, "stderr": "", "delay_s": 0.0,
+            "effects": [], "only_before": {}, "keep_output_s": 0.0}
+
+
+def append_kmsg(world: World, message: str, level: int = 3) -> int:
+    """Append one kernel record (facility kernel) after the last one; its sequence number."""
+    path = Path(world.path("/dev/kmsg"))
+    lines = path.read_text().splitlines()
+    seq = int(lines[-1].split(",")[1]) + 1 if lines else 0
+    with path.open("a") as f:
+        f.write(f"{level},{seq},{int(time.monotonic() * 1e6)},-;{message}\n")
+    return seq
+
+
+def start_watch(world: World, *args: str) -> subprocess.Popen:
+    out = open(os.path.join(world.layout.out, "watch.stdout"), "ab")
+    err = open(os.path.join(world.layout.out, "watch.stderr"), "ab")
+    argv = [*product_command(), "watch", "--root", world.layout.root, *args]
+    try:
+        return world.start_product(argv, out, err)
+    finally:
+        out.close()
+        err.close()
+
+
+def stderr_of(world: World) -> str:
+    return Path(world.layout.out, "watch.stderr").read_text(errors="replace")
+
+
+def wait_until(what, limit_s: float, proc: subprocess.Popen | None = None):
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        got = what()
+        if got:
+            return got
+        if proc is not None and proc.poll() is not None:
+            return what()
+        time.sleep(0.05)
+    return what()
+
+
+def watching(world: World, proc: subprocess.Popen) -> dict | None:
+    """watch.json once the watcher has read the log up to its start."""
+    def look():
+        try:
+            return json.loads(Path(world.path(WATCH_PATH)).read_text())
+        except (OSError, ValueError):
+            return None
+    return wait_until(look, 30, proc)
+
+
+def spec(world: World) -> dict:
+    return yaml.safe_load(Path(world.path("/var/run/cdi/nvidia.yaml")).read_text())
+
+
+def status(world: World) -> dict:
+    return json.loads(Path(world.path("/run/podvm-gpu/status.json")).read_text())
+
+
+def spec_env(world: World) -> list[str]:
+    devices = spec(world)["devices"]
+    return devices[0]["containerEdits"]["env"] if devices[0]["name"] == UNAVAILABLE_DEVICE \
+        else []
+
+
+def ready_world(world: World) -> None:
+    run = world.run("boot")
+    assert run.status and run.status["state"] == "ready", (run.stdout, run.stderr)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+HOUR = "watch:\n  interval_s: 3600\n"
+
+
+def test_an_xid_79_after_the_boot_makes_the_spec_unavailable_naming_the_gpu():
+    with World(case("P02", HOUR)) as world:
+        ready_world(world)
+        assert spec(world)["devices"][0]["name"] != UNAVAILABLE_DEVICE
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            seq = append_kmsg(world, XID_79)
+            sent = time.monotonic()
+            flipped = wait_until(lambda: status(world)["state"] == "failed", REACT_S, proc)
+            took = time.monotonic() - sent
+            assert flipped, stderr_of(world)
+            assert proc.wait(REACT_S) == 0, stderr_of(world)
+        finally:
+            stop(proc)
+        doc = status(world)
+        assert doc["reason"].startswith("watch: GPU 0000:00:04.0: Xid 79"), doc["reason"]
+        assert doc["cdi"] is None
+        env = spec_env(world)
+        assert "PODVM_GPU_STATE=failed" in env
+        assert any(e.startswith("PODVM_GPU_REASON=watch: GPU 0000:00:04.0: Xid 79") for e in env)
+        found = json.loads(Path(world.path(WATCH_PATH)).read_text())
+        assert found["finding"]["gpu"] == "0000:00:04.0" and found["finding"]["applied"]
+        assert found["kmsg_seq"] == seq
+        assert "Xid 79" in stderr_of(world)
+        # the interval is an hour: only the kernel log's own event can have woken it
+        assert took < REACT_S
+
+
+def test_records_from_before_the_boot_are_not_findings():
+    with World(case("P02", HOUR, extra_log=[XID_79])) as world:
+        ready_world(world)
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            append_kmsg(world, "virtio_net virtio0 eth0: link up")
+            time.sleep(1.5)
+            assert proc.poll() is None, stderr_of(world)
+            assert status(world)["state"] == "ready"
+        finally:
+            stop(proc)
+        assert proc.returncode == 0
+        assert spec(world)["devices"][0]["name"] != UNAVAILABLE_DEVICE
+
+
+def test_an_xid_13_only_warns_and_the_watcher_goes_on():
+    with World(case("P02", HOUR)) as world:
+        ready_world(world)
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            append_kmsg(world, XID_13)
+            warned = wait_until(lambda: any("Xid 13" in w for w in status(world)["warnings"]),
+                                REACT_S, proc)
+            assert warned, stderr_of(world)
+            assert proc.poll() is None
+            assert status(world)["state"] == "ready"
+        finally:
+            stop(proc)
+        doc = json.loads(Path(world.path(WATCH_PATH)).read_text())
+        assert doc["finding"] is None and doc["warnings"][0]["count"] == 1
+
+
+def test_a_recovery_action_that_turns_to_node_reboot_fails_within_an_interval():
+    with World(case("P02", "watch:\n  interval_s: 0.5\n")) as world:
+        ready_world(world)
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            config = json.loads(Path(world.layout.config).read_text())
+            config["rules"].insert(0, rule(["nvidia-smi", "--query-gpu=pci.bus_id,"
+                                            "gpu_recovery_action"], "00000000:00:04.0, Node Reboot\n"))
+            Path(world.layout.config).write_text(json.dumps(config))
+            assert wait_until(lambda: status(world)["state"] == "failed", REACT_S, proc), \
+                stderr_of(world)
+        finally:
+            stop(proc)
+        assert "Node Reboot" in status(world)["reason"]
+        assert status(world)["reason"].startswith("watch: GPU 0000:00:04.0")
+
+
+def test_a_boot_run_again_while_a_finding_stands_ends_failed_naming_it():
+    with World(case("P02", HOUR)) as world:
+        ready_world(world)
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            append_kmsg(world, XID_79)
+            assert proc.wait(REACT_S + 20) == 0, stderr_of(world)
+        finally:
+            stop(proc)
+        again = world.run("rerun")
+        assert again.rc == 1 and again.status["state"] == "failed", again.stderr
+        assert again.status["reason"].startswith("watch: "), again.status["reason"]
+        assert "Xid 79" in again.status["reason"]
+        assert "PODVM_GPU_STATE=failed" in spec_env(world)
+        # cleared explicitly, the boot runs again and judges for itself: the Xid 79 came after
+        # the driver loaded, so the modules step fails on it (no longer a watch finding)
+        clear = subprocess.run([*product_command(), "watch", "--root", world.layout.root,
+                                "--clear"], capture_output=True, text=True, timeout=60)
+        assert clear.returncode == 0 and "cleared" in clear.stdout, clear.stderr
+        assert not os.path.exists(world.path(WATCH_PATH))
+        third = world.run("rerun")
+        assert third.status["state"] == "failed", third.stderr
+        assert third.status["reason"].startswith("modules: ") and "Xid 79" in \
+            third.status["reason"]
+
+
+@pytest.mark.parametrize("name", ["P01"])
+def test_nothing_to_watch_on_a_cpu_vm_exits_0_at_once(name):
+    with World(case(name)) as world:
+        world.run("boot")
+        started = time.monotonic()
+        done = subprocess.run([*product_command(), "watch", "--root", world.layout.root],
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("nothing to watch: the boot ended no-gpu")
+        assert time.monotonic() - started < 5
+        assert not os.path.exists(world.path(WATCH_PATH))
