@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from scenarios.world import DATA, World, load_case, product_command
+from scenarios.world import DATA, OWN_CASES, World, load_case, product_command
 
 from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
 from podvm_gpu.watchfile import WATCH_PATH
@@ -33,9 +33,11 @@ def case(name: str, config: str | None = None, extra_log: list[str] = (), rules:
     """A copy of the field case ``name`` (tests/data/cases) with a config file, kernel-log lines
     put first (before the driver's banner: an earlier load's, which the boot does not judge),
     and tool rules put first."""
-    loaded = load_case(next((DATA / "cases").glob(f"{name}-*.yaml")))
+    loaded = load_case(next(p for folder in (DATA / "cases", OWN_CASES)
+                            for p in folder.glob(f"{name}-*.yaml")))
     if config is not None:
-        loaded.files = {**loaded.files, "etc/podvm-gpu/config.yaml": config}
+        before = loaded.files.get("etc/podvm-gpu/config.yaml") or ""
+        loaded.files = {**loaded.files, "etc/podvm-gpu/config.yaml": before + config}
     loaded.kernel_log = [*extra_log, *loaded.kernel_log]
     loaded.tools = [*rules, *loaded.tools]
     return loaded
@@ -204,6 +206,46 @@ def test_a_recovery_action_that_turns_to_node_reboot_fails_within_an_interval():
             stop(proc)
         assert "Node Reboot" in status(world)["reason"]
         assert status(world)["reason"].startswith("watch: GPU 0000:00:04.0")
+
+
+def test_in_a_confidential_guest_the_finding_sets_the_ready_state_back():
+    srs_0 = ["nvidia-smi", "conf-compute", "-srs", "0"]
+    with World(case("S77", HOUR, rules=[rule(srs_0, "CC Ready State: Not Ready\n")])) as world:
+        ready_world(world)
+        assert status(world)["confidential_computing"]["confidential"] is True
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            append_kmsg(world, XID_79)
+            assert proc.wait(REACT_S + 20) == 0, stderr_of(world)
+        finally:
+            stop(proc)
+        called = [c.argv for c in world.calls() if c.argv[:2] == ["nvidia-smi", "conf-compute"]
+                  and "-srs" in c.argv]
+        assert called[-1] == srs_0, called
+        found = json.loads(Path(world.path(WATCH_PATH)).read_text())["finding"]
+        assert found["ready_state"] == "set to not ready"
+        assert status(world)["state"] == "failed"
+        assert "PODVM_GPU_STATE=failed" in spec_env(world)
+
+
+def test_a_ready_state_that_cannot_be_set_back_is_reported_not_retried():
+    lost = rule(["nvidia-smi", "conf-compute", "-srs", "0"], "", rc=15)
+    lost["stderr"] = "Unable to set the ready state: GPU is lost\n"
+    with World(case("S77", HOUR, rules=[lost])) as world:
+        ready_world(world)
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            append_kmsg(world, XID_79)
+            assert proc.wait(REACT_S + 20) == 0, stderr_of(world)
+        finally:
+            stop(proc)
+        srs = [c for c in world.calls() if c.argv[-2:] == ["-srs", "0"]]
+        assert len(srs) == 1
+        reason = status(world)["reason"]
+        assert "conf-compute -srs 0: exit 15" in reason, reason
+        assert "PODVM_GPU_STATE=failed" in spec_env(world)
 
 
 def test_a_boot_run_again_while_a_finding_stands_ends_failed_naming_it():
