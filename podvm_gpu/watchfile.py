@@ -15,6 +15,8 @@ import os
 from podvm_gpu.host.fs import Root, atomic_write, ensure_dir, read_bounded
 
 WATCH_PATH = "/run/podvm-gpu/watch.json"
+WATCH_UNIT = "podvm-gpu-watch.service"
+CLEAR_COMMAND = "podvm-gpu watch --clear"
 VERSION = 1
 MAX_BYTES = 1 << 20
 MAX_WARNINGS = 20  # distinct warnings kept (each with its count); the rest only counted

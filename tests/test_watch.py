@@ -154,6 +154,14 @@ def test_an_xid_79_after_the_boot_makes_the_spec_unavailable_naming_the_gpu():
         assert "Xid 79" in stderr_of(world)
         # the interval is an hour: only the kernel log's own event can have woken it
         assert took < REACT_S
+        checked = world.run("check")
+        rows = {row["name"]: row for row in json.loads(checked.stdout)["checks"]}
+        assert checked.rc == 1
+        assert rows["status"]["result"] == "fail"
+        assert rows["status"]["detail"].startswith("a GPU failed after boot: watch: ")
+        assert "rerun" not in rows["status"]["hint"] and "boot" not in rows["status"]["hint"]
+        assert rows["watch"]["result"] == "fail" and "Xid 79" in rows["watch"]["detail"]
+        assert "podvm-gpu watch --clear" in rows["watch"]["hint"]
 
 
 def test_records_from_before_the_boot_are_not_findings():

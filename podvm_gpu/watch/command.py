@@ -17,7 +17,6 @@ from podvm_gpu.watch import verdicts
 from podvm_gpu.watch.act import LOCK_WAIT_S, apply_finding, write_status
 from podvm_gpu.watch.kernel_log import BOOT_READY, KernelLog
 
-CLEAR_COMMAND = "podvm-gpu watch --clear"
 _DAEMON_TRIES = 3  # restarts of nvidia-persistenced on a VM whose GPUs are not confidential
 _DAEMON_BACK_S = 10.0  # how long a restarted daemon has to name itself in its pid file
 
@@ -38,7 +37,7 @@ def nothing_to_watch(root: Root, doc: dict | None) -> str | None:
         return "the boot found no GPU"
     finding = watch_state.standing_finding(root)
     if finding:
-        return f"a finding stands: {shown(finding['reason'])} (clear it with {CLEAR_COMMAND})"
+        return f"a finding stands: {shown(finding['reason'])} (clear it with {watch_state.CLEAR_COMMAND})"
     return None
 
 
