@@ -162,6 +162,9 @@ def test_an_xid_79_after_the_boot_makes_the_spec_unavailable_naming_the_gpu():
         assert "rerun" not in rows["status"]["hint"] and "boot" not in rows["status"]["hint"]
         assert rows["watch"]["result"] == "fail" and "Xid 79" in rows["watch"]["detail"]
         assert "podvm-gpu watch --clear" in rows["watch"]["hint"]
+        scraped = subprocess.run([*product_command(), "metrics", "--root", world.layout.root],
+                                 capture_output=True, text=True, timeout=60)
+        assert 'podvm_gpu_watch_finding{gpu="0000:00:04.0"} 1.0' in scraped.stdout, scraped.stderr
 
 
 def test_records_from_before_the_boot_are_not_findings():
