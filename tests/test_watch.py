@@ -51,11 +51,18 @@ def rule(argv: list[str], stdout: str = "", rc: int = 0) -> dict:
 def append_kmsg(world: World, message: str, level: int = 3) -> int:
     """Append one kernel record (facility kernel) after the last one; its sequence number."""
     path = Path(world.path("/dev/kmsg"))
-    lines = path.read_text().splitlines()
-    seq = int(lines[-1].split(",")[1]) + 1 if lines else 0
+    seq = next_seq(path)
     with path.open("a") as f:
         f.write(f"{level},{seq},{int(time.monotonic() * 1e6)},-;{message}\n")
     return seq
+
+
+def next_seq(path: Path) -> int:
+    """The sequence number after the last well-formed record of the log file at ``path``."""
+    seqs = [int(fields[1]) for fields in (line.split(b",", 2) for line in
+                                          path.read_bytes().splitlines())
+            if len(fields) == 3 and fields[1].isdigit()]
+    return max(seqs) + 1 if seqs else 0
 
 
 def start_watch(world: World, *args: str) -> subprocess.Popen:

@@ -13,13 +13,23 @@ from podvm_gpu.status import read_status
 LOCK_WAIT_S = 30.0  # a boot run again holds the lock for its whole run: wait, then try again
 
 
+def watched(doc: dict | None, boot_started_at: str | None) -> bool:
+    """Whether ``doc`` (status.json) is still the watched boot's: ``ready``, or ``failed`` by a
+    finding of the watcher (a spec write that failed is tried again), with its start time."""
+    if not doc or doc.get("started_at") != boot_started_at:
+        return False
+    return doc.get("state") == State.READY or (
+        doc.get("state") == State.FAILED and (doc.get("reason") or "").startswith("watch: "))
+
+
 def apply_finding(root: Root, config, runner, finding: dict, confidential: bool,
                   boot_started_at: str | None, log) -> bool:
     """Take the GPUs out of the spec for ``finding`` (``reason`` one line starting ``watch:``),
     under the boot's lock; update ``finding`` in place (``applied``, ``ready_state``).
 
     Returns True when it was applied, or is moot (a boot ran again meanwhile and its status is
-    no longer the ready one watched); False when the lock could not be had.
+    no longer the one watched); False when the lock could not be had or the spec could not be
+    replaced (status.json then says so, ``failed`` all the same: the caller tries again).
     """
     from podvm_gpu.boot.run import tell_console
     from podvm_gpu.status import acquire_lock
@@ -35,7 +45,7 @@ def apply_finding(root: Root, config, runner, finding: dict, confidential: bool,
         return False
     try:
         doc = read_status(root)
-        if not doc or doc.get("state") != State.READY or doc.get("started_at") != boot_started_at:
+        if not watched(doc, boot_started_at):
             finding["applied"] = True
             log(log.WARNING, f"{reason}; the watched boot's ready status is gone (a boot ran "
                              "again): the spec is that boot's")
@@ -53,7 +63,7 @@ def apply_finding(root: Root, config, runner, finding: dict, confidential: bool,
         except OSError as err:
             # the spec still says ready: said everywhere, and the watcher fails (restarted)
             problems.append(f"the spec could not be replaced: {err.strerror or err}")
-        if confidential:
+        if confidential and finding.get("ready_state") is None:  # once: never retried
             finding["ready_state"] = _ready_state_off(runner)
             if finding["ready_state"] != "set to not ready":
                 problems.append(f"conf-compute -srs 0: {finding['ready_state']}")
@@ -69,7 +79,9 @@ def apply_finding(root: Root, config, runner, finding: dict, confidential: bool,
         os.close(fd)
     line = doc["reason"]
     log(log.ERR, line)
-    tell_console(root, State.FAILED, line)
+    if finding["applied"] or not finding.get("told"):  # a retry's line only once it worked
+        tell_console(root, State.FAILED, line)
+        finding["told"] = True
     return finding["applied"]
 
 

@@ -14,9 +14,10 @@ from podvm_gpu.host.fs import Root
 from podvm_gpu.model import State, now_iso, shown
 from podvm_gpu.status import read_status
 from podvm_gpu.watch import verdicts
-from podvm_gpu.watch.act import LOCK_WAIT_S, apply_finding, write_status
+from podvm_gpu.watch.act import LOCK_WAIT_S, apply_finding, watched, write_status
 from podvm_gpu.watch.kernel_log import BOOT_READY, KernelLog
 
+RETRY_S = 5.0  # a finding not applied yet (the lock held by a boot, a spec write refused)
 _DAEMON_TRIES = 3  # restarts of nvidia-persistenced on a VM whose GPUs are not confidential
 _DAEMON_BACK_S = 10.0  # how long a restarted daemon has to name itself in its pid file
 
@@ -60,7 +61,7 @@ def run_watch(root_dir: str, config: str | None = None, json_out: bool = False,
     doc = read_status(root)
     pending = watch_state.load(root)
     if pending and pending.get("finding") and not pending["finding"].get("applied") \
-            and doc and doc.get("state") == State.READY:
+            and watched(doc, pending.get("boot_started_at")):
         return _apply_pending(root, config, doc, pending, log, json_out)
     why = nothing_to_watch(root, doc)
     if why:
@@ -411,12 +412,32 @@ class Watcher:
     # --- the finding ------------------------------------------------------------------------
 
     def _apply(self) -> int:
-        """Apply :attr:`finding`: 0 once applied, 1 when the boot's lock cannot be had (exit 1:
-        systemd starts the watcher again, which applies the finding kept in watch.json)."""
-        applied = apply_finding(self.root, self.config, self.runner, self.finding,
-                                self.confidential, self.doc.get("started_at"), self.log)
-        self._save()
-        return 0 if applied else 1
+        """Apply :attr:`finding` (0 once applied): while the boot's lock cannot be had or the
+        spec cannot be replaced, the watcher keeps running, says so once, and tries again every
+        :data:`RETRY_S` seconds (a signal stops it; the finding kept in watch.json is applied
+        by the next start)."""
+        said = False
+        while True:
+            applied = apply_finding(self.root, self.config, self.runner, self.finding,
+                                    self.confidential, self.doc.get("started_at"),
+                                    self.log if not said else _quiet(self.log))
+            self._save()
+            if applied:
+                return 0
+            if not said:
+                self.log(self.log.ERR, f"watch: the finding is not applied yet; trying again "
+                                       f"every {RETRY_S:g} s")
+                said = True
+            _wait_fd(self._wake_r, RETRY_S)
+            self._drain_wake()
+
+
+def _quiet(log):
+    """``log`` without its lines (a retry says nothing the first try did not)."""
+    def quiet(priority: int, text: str) -> None:
+        pass
+    quiet.ERR, quiet.WARNING, quiet.INFO = log.ERR, log.WARNING, log.INFO
+    return quiet
 
 
 def _wait_fd(fd: int, timeout_s: float) -> None:
