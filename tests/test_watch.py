@@ -304,3 +304,111 @@ def test_nothing_to_watch_on_a_cpu_vm_exits_0_at_once(name):
         assert done.stdout.startswith("nothing to watch: the boot ended no-gpu")
         assert time.monotonic() - started < 5
         assert not os.path.exists(world.path(WATCH_PATH))
+
+
+def test_records_after_the_boots_ready_line_and_before_the_watcher_started_are_judged():
+    """The boot's final console line (facility daemon) marks the position it reached: an Xid
+    between it and the watcher's start is a finding; one before it is not."""
+    with World(case("P02", HOUR, extra_log=[XID_79])) as world:
+        ready_world(world)
+        append_kmsg(world, "podvm-gpu[4242]: ready: 1 GPU(s), CDI spec /var/run/cdi/nvidia.yaml",
+                    level=(3 << 3) | 5)
+        seq = append_kmsg(world, XID_79)
+        proc = start_watch(world)
+        try:
+            assert proc.wait(REACT_S + 20) == 0, stderr_of(world)
+        finally:
+            stop(proc)
+        doc = status(world)
+        assert doc["state"] == "failed" and f"kernel log record {seq}" in doc["reason"]
+
+
+def test_a_restarted_watcher_reads_the_log_from_the_position_it_kept():
+    with World(case("P02", HOUR)) as world:
+        ready_world(world)
+        proc = start_watch(world)
+        try:
+            kept = watching(world, proc)
+            assert kept, stderr_of(world)
+            append_kmsg(world, XID_13)
+            assert wait_until(lambda: any("Xid 13" in w for w in status(world)["warnings"]),
+                              REACT_S, proc)
+        finally:
+            stop(proc)
+        assert proc.returncode == 0  # SIGTERM: stopped, the position kept
+        position = json.loads(Path(world.path(WATCH_PATH)).read_text())["kmsg_seq"]
+        assert position == kept["kmsg_seq"] + 1
+        seq = append_kmsg(world, XID_79)  # while no watcher ran
+        again = start_watch(world)
+        try:
+            assert again.wait(REACT_S + 20) == 0, stderr_of(world)
+        finally:
+            stop(again)
+        doc = status(world)
+        assert doc["state"] == "failed" and f"kernel log record {seq}" in doc["reason"]
+        # the warning of the first run was not raised again: the record was read already
+        assert sum("Xid 13" in w for w in doc["warnings"]) == 1
+
+
+def test_a_finding_for_a_gpu_the_spec_does_not_hold_is_a_warning():
+    with World(case("P02", HOUR)) as world:
+        ready_world(world)
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            append_kmsg(world, XID_79.replace("0000:00:04", "0000:00:09"))
+            assert wait_until(lambda: any("not one the spec holds" in w
+                                          for w in status(world)["warnings"]), REACT_S, proc)
+            assert proc.poll() is None and status(world)["state"] == "ready"
+        finally:
+            stop(proc)
+
+
+def kill_persistenced(world: World) -> int:
+    """End the world's nvidia-persistenced stand-in as a crash would: its process and its
+    entry under the root's /proc go; the pid file stays."""
+    import shutil
+    import signal
+
+    pid = int(Path(world.path("/var/run/nvidia-persistenced/nvidia-persistenced.pid"))
+              .read_text())
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    shutil.rmtree(world.path(f"/proc/{pid}"), ignore_errors=True)
+    return pid
+
+
+def test_persistenced_gone_on_a_regular_vm_is_started_again_and_warned():
+    with World(case("P02", "watch:\n  interval_s: 0.3\n")) as world:
+        ready_world(world)
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            pid = kill_persistenced(world)
+            back = wait_until(lambda: any(f"nvidia-persistenced (pid {pid}) is gone; started "
+                                          "again" in w for w in status(world)["warnings"]),
+                              REACT_S + 10, proc)
+            assert back, stderr_of(world)
+            assert proc.poll() is None and status(world)["state"] == "ready"
+        finally:
+            stop(proc)
+        starts = [c for c in world.calls() if c.argv[0] == "nvidia-persistenced"]
+        assert len(starts) == 2  # the boot's and the watcher's
+
+
+def test_persistenced_gone_in_a_confidential_guest_is_a_finding():
+    srs_0 = rule(["nvidia-smi", "conf-compute", "-srs", "0"], "")
+    with World(case("S77", "watch:\n  interval_s: 0.3\n", rules=[srs_0])) as world:
+        ready_world(world)
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            pid = kill_persistenced(world)
+            assert proc.wait(REACT_S + 10) == 0, stderr_of(world)
+        finally:
+            stop(proc)
+        reason = status(world)["reason"]
+        assert f"nvidia-persistenced (pid {pid}) is gone in a confidential guest" in reason
+        assert len([c for c in world.calls() if c.argv[0] == "nvidia-persistenced"]) == 1
