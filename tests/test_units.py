@@ -360,6 +360,7 @@ def test_metrics_unit_sandbox_leaves_the_kernel_log_nvml_and_the_textfile(metric
 def test_watch_unit_runs_after_a_final_boot_restarts_and_has_no_network():
     unit = parse_unit(SYSTEMD / "podvm-gpu-watch.service")
     assert unit["Unit"]["After"] == ["podvm-gpu.service"]
+    assert unit["Unit"]["PartOf"] == ["podvm-gpu.service"]  # a boot run again restarts it
     service = unit["Service"]
     assert service["ExecCondition"] == ["/opt/podvm-gpu/bin/podvm-gpu status"]
     assert service["ExecStart"] == ["/opt/podvm-gpu/bin/podvm-gpu watch"]

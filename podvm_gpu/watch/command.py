@@ -200,6 +200,10 @@ class Watcher:
                 signal.signal(s, handler)
             if self.klog is not None:
                 self.klog.close()
+            poller.join(timeout=1)  # a poll in flight ends with its query's timeout
+            if not poller.is_alive():  # else it may still write: the process ends soon anyway
+                for fd in (self._wake_r, self._wake_w):
+                    os.close(fd)
 
     def _stop(self, signum, frame):
         raise Stop()
@@ -213,26 +217,44 @@ class Watcher:
             self.state.setdefault("warnings", [])
             self.state.setdefault("warnings_dropped", 0)
         self.state["started_at"] = now_iso()
-        try:
-            self.klog = KernelLog(self.root)
-            first = self.klog.read(most=1 << 30)
-        except OSError as err:
-            self.klog, first = None, []
-            self._warn(f"the kernel log cannot be read ({err.strerror or err}): Xid records "
-                       "are not watched; the polls go on")
+        after, last = self._first_read(position)
         if position is None:
             # the boot's own final "ready" line is the position it reached; without it (a file
             # log, a line that could not be written) everything already there counts as before
-            marks = [r.seq for r in first if not r.kernel and BOOT_READY.search(r.message)]
-            position = marks[-1] if marks else (first[-1].seq if first else -1)
+            position = after[0] if after[0] is not None else last
         self.state["kmsg_seq"] = position
-        self._records([r for r in first if r.seq > position])
+        self._records([r for r in after[1] if r.seq > position])
         self._pids = self._daemons_now()
         self._save()
         how = "" if self.klog is None or self.klog.event_driven else \
             " (no inotify: the file is looked at once a second)"
         self.log(self.log.INFO, f"watch: watching {len(self.gpus)} GPU(s): kernel log after "
                                 f"record {position}{how}, polls every {self.interval:g} s")
+
+    def _first_read(self, position: int | None) -> tuple[tuple[int | None, list], int]:
+        """Read the log up to now, 10,000 records at a time, keeping only those that may be
+        judged: after ``position`` (a restart), else after the boot's last ``ready`` line (at
+        most 10,000 of them: memory stays bounded whatever the log holds). Returns ``((the
+        ready line's seq or None, the records kept), the last seq read or -1)``."""
+        try:
+            self.klog = KernelLog(self.root)
+        except OSError as err:
+            self.klog = None
+            self._warn(f"the kernel log cannot be read ({err.strerror or err}): Xid records "
+                       "are not watched; the polls go on")
+            return (None, []), -1
+        mark, kept, last = None, [], -1
+        while True:
+            batch = self.klog.read(most=10000)
+            if not batch:
+                return (mark, kept[-10000:]), last
+            for record in batch:
+                last = record.seq
+                if position is None and not record.kernel and BOOT_READY.search(record.message):
+                    mark, kept = record.seq, []
+                elif (position is not None and record.seq > position) or mark is not None:
+                    kept.append(record)
+            del kept[:-10000]
 
     def _drain_wake(self) -> None:
         try:
