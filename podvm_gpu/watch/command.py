@@ -17,6 +17,7 @@ from podvm_gpu.watch import verdicts
 from podvm_gpu.watch.act import LOCK_WAIT_S, apply_finding, watched, write_status
 from podvm_gpu.watch.kernel_log import BOOT_READY, KernelLog
 
+SAVE_EVERY_S = 10.0  # the position in watch.json: at most this old while records arrive
 RETRY_S = 5.0  # a finding not applied yet (the lock held by a boot, a spec write refused)
 _DAEMON_TRIES = 3  # restarts of nvidia-persistenced on a VM whose GPUs are not confidential
 _DAEMON_BACK_S = 10.0  # how long a restarted daemon has to name itself in its pid file
@@ -167,6 +168,7 @@ class Watcher:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.state = watch_state.new_state(doc.get("started_at"))
         self.klog: KernelLog | None = None
+        self._saved_seq, self._saved_at = None, 0.0
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -178,10 +180,14 @@ class Watcher:
             poller.start()
             while self.finding is None:
                 if self.klog is not None:
-                    self.klog.wait(self.interval, self._wake_r)
+                    unsaved = self.state["kmsg_seq"] != self._saved_seq
+                    self.klog.wait(SAVE_EVERY_S if unsaved else 3600.0, self._wake_r)
                     self._records(self.klog.read())
+                    if self.state["kmsg_seq"] != self._saved_seq and \
+                            time.monotonic() - self._saved_at >= SAVE_EVERY_S:
+                        self._save()  # a restart after a crash reads little again
                 else:
-                    _wait_fd(self._wake_r, self.interval)
+                    _wait_fd(self._wake_r, 3600.0)  # the polls wake it
                 self._drain_wake()
                 while self.finding is None:
                     try:
@@ -264,6 +270,7 @@ class Watcher:
             pass
 
     def _save(self) -> None:
+        self._saved_seq, self._saved_at = self.state["kmsg_seq"], time.monotonic()
         self.state["updated_at"] = now_iso()
         try:
             watch_state.save(self.root, self.state)
