@@ -169,6 +169,7 @@ class Watcher:
         self.state = watch_state.new_state(doc.get("started_at"))
         self.klog: KernelLog | None = None
         self._saved_seq, self._saved_at = None, 0.0
+        self._signalled = 0
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -179,6 +180,7 @@ class Watcher:
             self._start()
             poller.start()
             while self.finding is None:
+                self._check_signal()
                 if self.klog is not None:
                     unsaved = self.state["kmsg_seq"] != self._saved_seq
                     self.klog.wait(SAVE_EVERY_S if unsaved else 3600.0, self._wake_r)
@@ -199,9 +201,15 @@ class Watcher:
             self.log(self.log.INFO, "watch: stopped by a signal; position kept")
             self._save()
             return 0
+        except Exception as err:  # a bug: said in one line; systemd starts it again
+            self.log(self.log.ERR, f"watch: internal error: {type(err).__name__}: {err}")
+            return 1
         finally:
             self.stopping.set()
-            os.write(self._wake_w, b"x")
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
             for s, handler in old.items():
                 signal.signal(s, handler)
             if self.klog is not None:
@@ -212,7 +220,17 @@ class Watcher:
                     os.close(fd)
 
     def _stop(self, signum, frame):
-        raise Stop()
+        # noted, not raised here: a write in progress (watch.json, the spec, status.json)
+        # finishes; the loop's waits wake on the pipe and raise Stop between writes
+        self._signalled = signum
+        try:
+            os.write(self._wake_w, b"s")
+        except OSError:
+            pass
+
+    def _check_signal(self) -> None:
+        if self._signalled:
+            raise Stop()
 
     def _start(self) -> None:
         saved = watch_state.load(self.root)
@@ -459,6 +477,7 @@ class Watcher:
                 said = True
             _wait_fd(self._wake_r, RETRY_S)
             self._drain_wake()
+            self._check_signal()
 
 
 def _quiet(log):
