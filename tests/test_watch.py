@@ -412,3 +412,17 @@ def test_persistenced_gone_in_a_confidential_guest_is_a_finding():
         reason = status(world)["reason"]
         assert f"nvidia-persistenced (pid {pid}) is gone in a confidential guest" in reason
         assert len([c for c in world.calls() if c.argv[0] == "nvidia-persistenced"]) == 1
+
+
+def test_a_run_folder_others_can_write_is_refused_as_boot_refuses_it():
+    with World(case("P02", HOUR)) as world:
+        ready_world(world)
+        run_dir = world.path("/run/podvm-gpu")
+        os.chmod(run_dir, 0o777)
+        done = subprocess.run([*product_command(), "watch", "--root", world.layout.root],
+                              capture_output=True, text=True, timeout=60)
+        os.chmod(run_dir, 0o755)
+        assert done.returncode == 1, done.stderr
+        assert "refusing to write under this root" in done.stderr and run_dir.removeprefix(
+            world.layout.root) in done.stderr.replace(world.layout.root, "")
+        assert not os.path.exists(world.path(WATCH_PATH))

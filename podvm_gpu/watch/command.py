@@ -68,6 +68,12 @@ def run_watch(root_dir: str, config: str | None = None, json_out: bool = False,
     if why:
         _say(json_out, {"watching": False, "why": why}, f"nothing to watch: {why}")
         return 0
+    from podvm_gpu.boot.run import untrusted_root
+
+    refused = untrusted_root(root)
+    if refused:  # as boot refuses it: another user could redirect the writes of root
+        log(log.ERR, f"watch: refusing to write under this root: {refused}")
+        return 1
     cfg = _config(root, config, log)
     watcher = Watcher(root, cfg, doc, log)
     code = watcher.run()
