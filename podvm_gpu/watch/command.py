@@ -406,11 +406,13 @@ class Watcher:
 
     def _daemons_now(self) -> dict[str, int]:
         from podvm_gpu import readers
+        from podvm_gpu.steps.fabric.nvl5 import NVLSM_COMM, NVLSM_PID
 
         pids = {}
         for name, pid_file, comm in (
                 ("nvidia-persistenced", readers.PERSISTENCED_PID, readers.PERSISTENCED_COMM),
-                ("nv-fabricmanager", readers.FABRICMANAGER_PID, readers.FABRICMANAGER_COMM)):
+                ("nv-fabricmanager", readers.FABRICMANAGER_PID, readers.FABRICMANAGER_COMM),
+                ("nvlsm", NVLSM_PID, NVLSM_COMM)):
             pid = readers.daemon_pid(self.root, pid_file, comm)
             if pid is not None:
                 pids[name] = pid
@@ -419,7 +421,8 @@ class Watcher:
     def _daemons_gone(self) -> list:
         """A daemon that ran at the watcher's start and is gone: fatal in a confidential guest;
         elsewhere nvidia-persistenced is started again (bounded tries, warned) and is fatal only
-        when it does not come back; the fabric manager is fatal (the fabric cannot be kept)."""
+        when it does not come back; the fabric manager and NVLSM are fatal (the fabric cannot
+        be kept)."""
         now = self._daemons_now()
         out = []
         for name, pid in self._pids.items():
