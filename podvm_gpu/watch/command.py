@@ -13,14 +13,12 @@ from podvm_gpu import watchfile as watch_state
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import State, now_iso, shown
 from podvm_gpu.status import read_status
-from podvm_gpu.watch import verdicts
+from podvm_gpu.watch import daemons, verdicts
 from podvm_gpu.watch.act import LOCK_WAIT_S, apply_finding, watched, write_status
 from podvm_gpu.watch.kernel_log import BOOT_READY, KernelLog
 
 SAVE_EVERY_S = 10.0  # the position in watch.json: at most this old while records arrive
 RETRY_S = 5.0  # a finding not applied yet (the lock held by a boot, a spec write refused)
-_DAEMON_TRIES = 3  # restarts of nvidia-persistenced on a VM whose GPUs are not confidential
-_DAEMON_BACK_S = 10.0  # how long a restarted daemon has to name itself in its pid file
 
 
 class Stop(Exception):
@@ -405,65 +403,11 @@ class Watcher:
                     pass
 
     def _daemons_now(self) -> dict[str, int]:
-        from podvm_gpu import readers
-        from podvm_gpu.steps.fabric.nvl5 import NVLSM_COMM, NVLSM_PID
-
-        pids = {}
-        for name, pid_file, comm in (
-                ("nvidia-persistenced", readers.PERSISTENCED_PID, readers.PERSISTENCED_COMM),
-                ("nv-fabricmanager", readers.FABRICMANAGER_PID, readers.FABRICMANAGER_COMM),
-                ("nvlsm", NVLSM_PID, NVLSM_COMM)):
-            pid = readers.daemon_pid(self.root, pid_file, comm)
-            if pid is not None:
-                pids[name] = pid
-        return pids
+        return daemons.running(self.root)
 
     def _daemons_gone(self) -> list:
-        """A daemon that ran at the watcher's start and is gone: fatal in a confidential guest;
-        elsewhere nvidia-persistenced is started again (bounded tries, warned) and is fatal only
-        when it does not come back; the fabric manager and NVLSM are fatal (the fabric cannot
-        be kept)."""
-        now = self._daemons_now()
-        out = []
-        for name, pid in self._pids.items():
-            if name in now:
-                continue
-            gone = f"{name} (pid {pid}) is gone"
-            if name == "nvidia-persistenced" and not self.confidential:
-                back = self._restart_persistenced()
-                if back is not None:
-                    self._pids[name] = back
-                    out.append(verdicts.Verdict(verdicts.WARN, None,
-                                                f"{gone}; started again (pid {back})"))
-                    continue
-                gone += f"; not back after {_DAEMON_TRIES} starts"
-            elif self.confidential:
-                gone += " in a confidential guest"
-            out.append(verdicts.Verdict(verdicts.FATAL, None, gone))
-        return out
-
-    def _restart_persistenced(self) -> int | None:
-        from podvm_gpu import readers
-        from podvm_gpu.errors import CommandError
-        from podvm_gpu.host.daemons import start_daemon
-
-        log_path = self.root.resolve("/run/podvm-gpu/nvidia-persistenced.log", follow_last=False)
-        for _ in range(_DAEMON_TRIES):
-            try:
-                if os.path.lexists(log_path):
-                    os.unlink(log_path)
-                start_daemon(self.runner, ["nvidia-persistenced",
-                                           *self.config.persistenced.args], log_path)
-            except (CommandError, OSError, KeyError):
-                continue
-            end = time.monotonic() + _DAEMON_BACK_S
-            while time.monotonic() < end and not self.stopping.is_set():
-                pid = readers.daemon_pid(self.root, readers.PERSISTENCED_PID,
-                                         readers.PERSISTENCED_COMM)
-                if pid is not None:
-                    return pid
-                time.sleep(0.2)
-        return None
+        return daemons.gone(self.root, self._pids, self.confidential, self.runner, self.config,
+                            self.stopping)
 
     # --- the finding ------------------------------------------------------------------------
 
