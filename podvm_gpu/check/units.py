@@ -38,6 +38,9 @@ def watch_unit_check(root: Root, vm: bool) -> Check:
         return Check(name, FAIL, f"finding: {finding['reason']}", "the GPU failed after boot: "
                      f"replace the VM; once the cause is gone, {watchfile.CLEAR_COMMAND} then "
                      "systemctl restart podvm-gpu podvm-gpu-watch")
+    status = (read_status(root) or {}) if vm else {}
+    if vm and (status.get("state") != State.READY or not status.get("gpus")):
+        return Check(name, SKIP, "nothing to watch: the boot did not end ready with GPUs")
     if units.unit_file(root, unit) is None:
         return Check(name, WARN, f"{unit} is not installed: a GPU that fails after boot stays "
                      "in the spec for every container created after", install)
@@ -46,9 +49,6 @@ def watch_unit_check(root: Root, vm: bool) -> Check:
                      "boot stays in the spec", f"systemctl enable {unit}")
     if not vm:
         return Check(name, PASS, f"{unit} installed and enabled")
-    status = read_status(root) or {}
-    if status.get("state") != State.READY or not status.get("gpus"):
-        return Check(name, SKIP, "nothing to watch: the boot did not end ready with GPUs")
     if doc is None:
         return Check(name, WARN, f"no {watchfile.WATCH_PATH}: the watcher has not started "
                      "after this ready boot", f"systemctl status {unit}")
