@@ -61,16 +61,13 @@ def run_watch(root_dir: str, config: str | None = None, json_out: bool = False,
     pending = watch_state.load(root)
     if pending and pending.get("finding") and not pending["finding"].get("applied") \
             and watched(doc, pending.get("boot_started_at")):
-        return _apply_pending(root, config, doc, pending, log, json_out)
+        return 1 if _refused(root, log) else _apply_pending(root, config, doc, pending, log,
+                                                            json_out)
     why = nothing_to_watch(root, doc)
     if why:
         _say(json_out, {"watching": False, "why": why}, f"nothing to watch: {why}")
         return 0
-    from podvm_gpu.boot.run import untrusted_root
-
-    refused = untrusted_root(root)
-    if refused:  # as boot refuses it: another user could redirect the writes of root
-        log(log.ERR, f"watch: refusing to write under this root: {refused}")
+    if _refused(root, log):
         return 1
     cfg = _config(root, config, log)
     watcher = Watcher(root, cfg, doc, log)
@@ -79,6 +76,17 @@ def run_watch(root_dir: str, config: str | None = None, json_out: bool = False,
         _say(json_out, {"watching": False, "finding": watcher.finding},
              f"failed: {watcher.finding['reason']}")
     return code
+
+
+def _refused(root: Root, log) -> bool:
+    """True (said) when a folder on the way to the run or spec folder is one another user could
+    change: boot refuses such a root, and the watcher writes there as root too."""
+    from podvm_gpu.boot.run import untrusted_root
+
+    refused = untrusted_root(root)
+    if refused:
+        log(log.ERR, f"watch: refusing to write under this root: {refused}")
+    return bool(refused)
 
 
 def _apply_pending(root: Root, config: str | None, doc: dict, pending: dict, log,
