@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from podvm_gpu.host.fs import Root
-from podvm_gpu.model import State
+from podvm_gpu.model import REASON_MAX, State
 from podvm_gpu.status import read_status
 
 LOCK_WAIT_S = 30.0  # a boot run again holds the lock for its whole run: wait, then try again
@@ -68,7 +68,9 @@ def apply_finding(root: Root, config, runner, finding: dict, confidential: bool,
             if finding["ready_state"] != "set to not ready":
                 problems.append(f"conf-compute -srs 0: {finding['ready_state']}")
         doc["state"], doc["cdi"] = State.FAILED, None
-        doc["reason"] = reason + (f"; {'; '.join(problems)}" if problems else "")
+        # the problems first kept whole: a reason is at most REASON_MAX characters (model.py)
+        said = f"; {'; '.join(problems)}" if problems else ""
+        doc["reason"] = reason[:max(REASON_MAX - len(said), 200)] + said[:REASON_MAX - 200]
         doc["finished_at"] = finding["at"]
         try:
             write_status(root, doc)
