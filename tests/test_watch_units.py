@@ -109,3 +109,24 @@ def test_a_fifo_is_read_as_records_arrive(tmp_path):
         assert klog.wait(0.2) is False  # no writer left: no end-of-file busy loop
     finally:
         klog.close()
+
+
+def test_records_left_by_a_bounded_read_are_read_without_waiting_for_another_event(tmp_path):
+    """A read takes at most ``most`` records (memory bounded); what is left must not wait for
+    an inotify event that will never come (bench/watch.py found 10,000 records half read)."""
+    log = tmp_path / "dev/kmsg"
+    log.parent.mkdir()
+    log.write_text("")
+    klog = KernelLog(Root(str(tmp_path)))
+    try:
+        log.write_text("".join(f"6,{n},{n},-;record {n}\n" for n in range(5000)))
+        seen = []
+        while klog.wait(2):
+            batch = klog.read()
+            if not batch:
+                break
+            assert len(batch) < 3000
+            seen += [r.seq for r in batch]
+        assert seen == list(range(5000))
+    finally:
+        klog.close()

@@ -281,7 +281,7 @@ class Watcher:
             return (None, []), -1
         mark, kept, last = None, [], -1
         while True:
-            batch = self.klog.read(most=10000)
+            batch = self.klog.read()
             if not batch:
                 return (mark, kept[-10000:]), last
             for record in batch:

@@ -30,7 +30,7 @@ from podvm_gpu.host.fs import Root
 
 KMSG_PATH = "/dev/kmsg"
 _MAX_MESSAGE = 4096  # a kernel record is at most about 1 KiB (PRINTK_MESSAGE_MAX)
-_MAX_CHUNK = 1 << 20  # one read of a growing file; the rest is read on the next call
+_MAX_CHUNK = 64 * 1024  # one read of a growing file (about 1,500 records): bounds the batch
 _RECORD = re.compile(r"(\d{1,4}),(\d{1,20}),(\d{1,20}),[^;]{0,16}")
 BOOT_READY = re.compile(r"podvm-gpu\[\d{1,10}\]: ready\b")
 # inotify(7): IN_MODIFY | IN_ATTRIB | IN_MOVE_SELF | IN_DELETE_SELF
@@ -81,6 +81,7 @@ class KernelLog:
         flags |= os.O_RDWR if self.kind == "fifo" else os.O_RDONLY
         self.fd = os.open(self.path, flags)
         self.lost = 0  # times the kernel said records were overwritten before they were read
+        self.more = False  # the last read stopped at its ``most``: records wait, no event will say so
         self._tail = b""
         self._notify = None
         if self.kind == "file":
@@ -112,11 +113,14 @@ class KernelLog:
             except OSError:
                 pass
 
-    def read(self, most: int = 10000) -> list[Record]:
+    def read(self, most: int = 1000) -> list[Record]:
         """The records that arrived since the last call, oldest first, at most about ``most``
         (the rest on the next call), continuation lines dropped."""
-        if self.kind != "device":
-            return self._read_lines(most)
+        out = self._read_lines(most) if self.kind != "device" else self._read_records(most)
+        self.more = len(out) >= most
+        return out
+
+    def _read_records(self, most: int) -> list[Record]:
         out: list[Record] = []
         while len(out) < most:
             try:
@@ -156,7 +160,10 @@ class KernelLog:
 
     def wait(self, timeout_s: float, extra_fd: int | None = None) -> bool:
         """Block until a record may have arrived, ``extra_fd`` is readable, or ``timeout_s``
-        passes (no busy loop). True when something is there to read."""
+        passes (no busy loop). True when something is there to read (at once when the last read
+        left records for the next)."""
+        if self.more:
+            return True
         poller = select.poll()
         fd = self.wait_fd()
         if fd is not None:
