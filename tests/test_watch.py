@@ -426,3 +426,26 @@ def test_a_run_folder_others_can_write_is_refused_as_boot_refuses_it():
         assert "refusing to write under this root" in done.stderr and run_dir.removeprefix(
             world.layout.root) in done.stderr.replace(world.layout.root, "")
         assert not os.path.exists(world.path(WATCH_PATH))
+
+
+@pytest.mark.parametrize("warns", [False, True])
+def test_xid_154_asking_for_a_gpu_reset_honours_reset_pending_warns(warns):
+    xid_154 = ("NVRM: Xid (PCI:0000:00:04): 154, GPU recovery action changed from 0x0 (None) to "
+               "0x1 (PF FLR)")
+    config = HOUR + ("health:\n  reset_pending_warns: true\n" if warns else "")
+    with World(case("P02", config)) as world:
+        ready_world(world)
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            append_kmsg(world, xid_154)
+            if warns:
+                assert wait_until(lambda: any("GPU Reset" in w and "reset_pending_warns" in w
+                                              for w in status(world)["warnings"]), REACT_S, proc)
+                assert proc.poll() is None and status(world)["state"] == "ready"
+            else:
+                assert proc.wait(REACT_S + 20) == 0, stderr_of(world)
+                assert "Xid 154" in status(world)["reason"] and "GPU Reset" in \
+                    status(world)["reason"]
+        finally:
+            stop(proc)
