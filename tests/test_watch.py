@@ -449,3 +449,25 @@ def test_xid_154_asking_for_a_gpu_reset_honours_reset_pending_warns(warns):
                     status(world)["reason"]
         finally:
             stop(proc)
+
+
+def test_a_fabric_that_leaves_completed_is_a_finding_within_an_interval():
+    """P03 (8 x H200, 4 NVSwitches): the fabric was Completed/Success at boot; the poll sees it
+    fall back to In Progress (the fabric manager lost it)."""
+    from scenarios import effects
+
+    with World(case("P03", "watch:\n  interval_s: 0.5\n")) as world:
+        ready_world(world)
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            time.sleep(1.2)  # polls that find it healthy
+            assert status(world)["state"] == "ready", stderr_of(world)
+            with effects.locked_state(world.layout) as state:
+                state["fabric"] = "in-progress"
+            assert wait_until(lambda: status(world)["state"] == "failed", REACT_S, proc), \
+                stderr_of(world)
+        finally:
+            stop(proc)
+        reason = status(world)["reason"]
+        assert "fabric State In Progress" in reason and reason.startswith("watch: GPU 0000:"), reason
