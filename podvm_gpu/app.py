@@ -52,7 +52,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         sub[name].add_argument("--root", metavar="DIR", default=None,
                                help="take every host path under DIR (env PODVM_GPU_ROOT; default /)")
         sub[name].add_argument("--config", metavar="FILE", default=None,
-                               help="config file (env PODVM_GPU_CONFIG; default "
+                               help="config file, a path on this machine, never taken under "
+                                    "--root (env PODVM_GPU_CONFIG; default "
                                     "<root>/etc/podvm-gpu/config.yaml)")
         if name != "metrics":  # metrics prints its own machine format
             sub[name].add_argument("--json", dest="json_out", action="store_true",
@@ -82,8 +83,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     sub["metrics"].add_argument("--openmetrics", action="store_true",
                                 help="print the OpenMetrics format")
     sub["metrics"].add_argument("--web-config", metavar="FILE",
-                                help="TLS and basic auth from this exporter-toolkit web config "
-                                     "(needs --serve or --listen)")
+                                help="TLS and basic auth from this exporter-toolkit web config, "
+                                     "a path on this machine (needs --serve or --listen)")
     sub["metrics"].add_argument("--pod-labels", action="store_true",
                                 help="write the pod's name and namespace from /run/peerpod/apf.json "
                                      "to /run/podvm-gpu/pod-labels.json once, and exit")

@@ -116,6 +116,24 @@ def listen_problem(options: dict) -> str | None:
     return None
 
 
+def conflict_problem(command: str, options: dict, args: list[str]) -> str | None:
+    """Options of ``command`` that contradict each other, named as given, or None: ``check
+    --image`` with ``--attest`` (an image is checked as files; nvattest attests this VM's GPUs),
+    ``metrics --pod-labels`` with an option of the exporter (it writes the labels file once and
+    exits, so ``--serve``, ``--listen``, ``--web-config``, ``--textfile`` and ``--openmetrics``
+    would be ignored). Each was ignored silently before issue 35 item 13."""
+    if command == "check" and options.get("image") and options.get("attest"):
+        return "--image and --attest cannot be used together: --image checks an image's files, " \
+            "--attest runs nvattest on this VM's GPUs"
+    if command == "metrics" and options.get("pod_labels"):
+        given = [opt for opt in ("--serve", "--listen", "--web-config", "--textfile", "--openmetrics")
+                 if any(a == opt or a.startswith(opt + "=") for a in args)]
+        if given:
+            return f"--pod-labels and {given[0]} cannot be used together: --pod-labels writes " \
+                "the pod labels file once and exits"
+    return None
+
+
 def parse_timeout(text: str) -> float | None:
     """``--timeout`` of status: a finite number of seconds, at least 0, in ASCII digits
     (``float`` would also take ``٣`` and ``1_0``); None when it is not (an empty one too)."""
@@ -285,6 +303,7 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
             problem = "--timeout is empty"
         elif options["timeout"] is None:
             problem = f"--timeout {text!r} is not a number of seconds (0 or more)"
+    problem = problem or conflict_problem(command, options, args)
     if command == "metrics" and not problem:
         problem = listen_problem(options) or web_config_problem(options)
     if problem:

@@ -135,7 +135,7 @@ def _read_text(real: str, path: str, read_bounded) -> str:
         raise InitdataError(f"{path}: not UTF-8 text") from None
 
 
-def apply(run, settings, gpus: list) -> str | None:
+def apply(run, settings, gpus: list, wait_for=None) -> str | None:
     """Read the initdata the config names and hold the GPUs found against it; the failure
     reason (without the ``initdata: `` prefix), or None. Records ``status.initdata``.
 
@@ -143,6 +143,9 @@ def apply(run, settings, gpus: list) -> str | None:
         run: the boot run (its status, root and start).
         settings: the validated config (``initdata.path`` set).
         gpus: the GPUs detect found.
+        wait_for: called with the initdata's ``expected_gpus`` when fewer GPUs are on PCI
+            (the boot's late-GPU wait, issue 37: a pod that says how many GPUs it gets waits
+            for them as ``detect.expected_gpus`` does); returns the GPUs found afterwards.
     """
     cfg = settings.initdata
     deadline = run.started + settings.budget_s
@@ -161,9 +164,16 @@ def apply(run, settings, gpus: list) -> str | None:
     except InitdataError as err:
         return str(err)
     count, model = record["expected_gpus"], record["gpu_model"]
+    if count is not None and len(gpus) < count and wait_for is not None:
+        gpus = wait_for(count)
     if count is not None and len(gpus) != count:
         return (f'the pod\'s initdata ({cfg.path}, data."{SECTION}") expects {count} GPU(s), '
                 f"{len(gpus)} on PCI")
+    if model is not None and not gpus:
+        # a pod that names the GPU model it needs, on a VM with none, fails as one that counts
+        # its GPUs does (issue 35 item 19); attestation_required alone has nothing to attest
+        return (f'the pod\'s initdata ({cfg.path}, data."{SECTION}") expects GPU model '
+                f"{model!r}; no NVIDIA GPU on PCI")
     if model is not None:
         wrong = [g for g in gpus if model.lower() not in (g.name or "").lower()]
         if wrong:

@@ -35,10 +35,11 @@ FAILS_AT_ONCE_FROM = (3, 32, 0)  # kata-agent's first release that fails at once
 
 class CdiWait(Record):
     """kata-agent's ``cdi_timeout``: ``seconds`` (None where it cannot be known, e.g. the kernel
-    command line of an image), ``source`` (where it was read, for a detail line) and ``error``
-    (why kata-agent would refuse to start with these settings; empty when it starts)."""
+    command line of an image), ``source`` (where it was read, for a detail line), ``error``
+    (why kata-agent would refuse to start with these settings; empty when it starts) and
+    ``written`` (the TOML value of a ``cdi_timeout`` kata-agent refuses, for the hint; else None)."""
 
-    FIELDS = (("seconds", REQUIRED), ("source", REQUIRED), ("error", ""))
+    FIELDS = (("seconds", REQUIRED), ("source", REQUIRED), ("error", ""), ("written", None))
 
 
 def config_file_argument(argv: list[str]) -> str | None:
@@ -105,7 +106,7 @@ def _from_file(root: Root, path: str, source: str) -> CdiWait:
         value = doc["cdi_timeout"]
         shown = f"{value!r}" if not isinstance(value, int) else str(value)
         return CdiWait(None, source, f"cdi_timeout = {shown} in {path} is not a Duration: "
-                       "kata-agent reads it as { secs = N, nanos = 0 } and refuses the file")
+                       "kata-agent reads it as { secs = N, nanos = 0 } and refuses the file", value)
     return CdiWait(seconds, source)
 
 

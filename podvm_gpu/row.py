@@ -9,6 +9,23 @@ from podvm_gpu.record import REQUIRED, Record
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 NO_GPU = "no NVIDIA GPU found on PCI"
+DOC_DIR = "share/doc/podvm-gpu"  # under the install prefix: pyproject.toml's data-files
+
+
+def doc_ref(name: str, section: str) -> str:
+    """Where a hint's reader finds ``section`` of the project's document ``name``
+    (``operating.md``): the copy installed with the program (``<sys.prefix>/share/doc/podvm-gpu/``,
+    pyproject.toml's ``data-files``: ``/opt/podvm-gpu/share/doc/podvm-gpu/`` in an image), else a
+    source checkout's ``docs/`` (an editable install), else the name alone. A hint once cited
+    ``docs/operating.md``, which an installed program does not have (issue 35 item 10)."""
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for path in (os.path.join(sys.prefix, DOC_DIR, name), os.path.join(here, "docs", name)):
+        if os.path.isfile(path):
+            return f"{path}, \"{section}\""
+    return f"podvm-gpu's {name}, \"{section}\""
 
 
 class Check(Record):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import _thread
 import errno
 import os
+import sys
 import time
 
 from podvm_gpu.host.fs import TMP_SUFFIX, Root, atomic_write, ensure_dir, read_bounded
@@ -186,7 +187,7 @@ def load_status(root: Root) -> dict | None:
     if not isinstance(doc, dict) or not isinstance(doc.get("state"), str) \
             or doc["state"] not in State.ALL:
         raise StatusUnreadable(f"{STATUS_PATH} has no valid state (one of "
-                               f"{sorted(State.ALL)})")
+                               f"{', '.join(State.ALL)})")
     warnings = doc.get("warnings", [])
     if not isinstance(doc.get("reason"), (str, type(None))) or not isinstance(warnings, list) \
             or not all(isinstance(w, str) for w in warnings):
@@ -312,6 +313,7 @@ def run_status(root_dir: str, json_out: bool = False, wait: bool = False,
     import json
 
     root = Root(root_dir)
+    started = time.monotonic()
     try:
         doc = wait_for_final(root, timeout) if wait else load_status(root)
     except StatusUnreadable as err:
@@ -335,4 +337,10 @@ def run_status(root_dir: str, json_out: bool = False, wait: bool = False,
             print(f"confidential computing: mode {shown(str(cc.get('mode') or 'unknown'))}, {kind}")
         for warning in doc.get("warnings") or []:
             print(f"warning: {shown(warning)}")
+    if wait and not (doc and (doc.get("state") in State.FINAL or orphaned(root, doc))):
+        # a bare "running" read as if --wait had returned on its own (issue 35 item 18); with
+        # --json stdout stays one document, so the line goes to stderr
+        said = f"status --wait: timed out after {time.monotonic() - started:.1f} s " \
+            f"(--timeout {timeout:g}) before a final state"
+        print(said, file=sys.stderr if json_out else sys.stdout)
     return exit_code_for(doc)

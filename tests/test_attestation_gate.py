@@ -295,6 +295,30 @@ def test_check_attest_runs_a_fresh_one_and_writes_nothing(world):
     assert row.result == "fail" and "not the nonce this boot passed" in row.detail
 
 
+def test_check_attest_skips_a_gpu_that_is_simply_not_confidential_unless_required(world):
+    """Issue 35 item 21: the real nvattest 1.2.2 on an H200 with CC off answers NVAT 509 "GPU is
+    neither in CC nor in PPCIe mode", exit 253 (../shared/nvattest.md, last section): nothing
+    failed on a VM that needs no attestation; where the config or the pod's initdata requires
+    it, the row fails naming who requires it."""
+    from podvm_gpu.status import StatusFile
+    from podvm_gpu.steps.cc.attest.check import fresh_row
+
+    row = fresh_row(_Facts(world({"gpu": {"code": 509}})))
+    assert row.result == "skip", row
+    assert row.detail == ("--attest: not attested: the GPU is not in CC or Protected PCIe mode "
+                          "(nvattest: NVAT 509, GPU is neither in CC nor in PPCIe mode)")
+    row = fresh_row(_Facts(world({"gpu": {"code": 509}}, attestation="required")))
+    assert row.result == "fail", row
+    assert "attestation required (confidential_computing.attestation: required)" in row.detail
+    ctx = world({"gpu": {"code": 509}})
+    ctx.status.initdata = {"path": "/run/peerpod/initdata", "attestation_required": True}
+    StatusFile(ctx.root).write(ctx.status)
+    row = fresh_row(_Facts(ctx))
+    assert row.result == "fail" and "the pod's initdata (/run/peerpod/initdata" in row.detail, row
+    # any other failure stays a failure
+    assert fresh_row(_Facts(world({"gpu": {"code": 500}}))).result == "fail"
+
+
 def test_check_row_from_the_record_fails_when_the_kept_output_changed(world):
     from podvm_gpu.status import StatusFile
     from podvm_gpu.steps.cc.attest.check import record_row

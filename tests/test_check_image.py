@@ -60,8 +60,9 @@ def test_an_image_with_driver_units_and_tools_passes(tmp_path):
         "unit": "pass", "kata-agent-ordering": "pass", "kata-agent-cdi": "skip",
         "tools": "pass", "modules": "pass",
         "versions": "pass", "firmware": "pass", "module-compression": "pass",
-        "cdi-refresh-units": "pass", "watch": "pass", "trust": "pass", "fabric": "warn",
-        "attestation-agent-ordering": "skip", "config-compiled": "skip", "attestation": "warn"}
+        "cdi-refresh-units": "pass", "watch": "pass", "trust": "pass", "fabric": "skip",
+        "attestation-agent-ordering": "skip", "config-compiled": "skip", "attestation": "warn",
+        "toolkit": "skip"}  # stand-in binaries no dpkg package lists: versions unknown
     assert VERSION in checks["versions"]["detail"]
     assert f"nvidia/{VERSION}/gsp_ga10x.bin" in checks["firmware"]["detail"]
 
@@ -377,10 +378,11 @@ def test_an_image_for_nvlink5_vms_passes_the_fabric_row(tmp_path):
     assert f"nv-fabricmanager {VERSION}" in checks["fabric"]["detail"]
 
 
-def test_an_image_without_nvlink5_parts_warns_naming_them_unless_it_says_it_serves_them(tmp_path):
+def test_an_image_without_nvlink5_parts_skips_naming_them_unless_it_says_it_serves_them(tmp_path):
+    # issue 35 item 9: a warn whose advice was "nothing to do" on every default image
     code, checks = check_image(make_image(tmp_path / "plain"))
     row = checks["fabric"]
-    assert (code, row["result"]) == (0, "warn"), row
+    assert (code, row["result"]) == (0, "skip"), row
     for lacking in ("mlx5_core, mlx5_ib, ib_umad for kernel", "nvlsm", "nv-fabricmanager",
                     "image_serves is false"):
         assert lacking in row["detail"], row
@@ -414,7 +416,7 @@ def test_the_fabric_row_s_hint_never_asks_for_the_default_it_already_has(tmp_pat
     code, checks = check_image(make_image(tmp_path / "plain"))
     hint = checks["fabric"]["hint"]
     assert "image_serves: false" not in hint, hint
-    assert hint.startswith("nothing to do for an image that never serves NVLink 5 VMs")
+    assert hint.startswith("for an image that serves NVLink 5 VMs (HGX B200/B300), install")
     assert "set nvlink5.image_serves: true so that this row fails until it has them" in hint
     code, checks = check_image(serving_nvlink5(make_image(tmp_path / "serving")))
     assert checks["fabric"]["hint"].startswith("install the IB modules for every kernel")
@@ -439,7 +441,10 @@ def test_attestation_row_warns_without_nvattest_and_fails_when_the_image_serves_
     code, checks = check_image(root)
     assert checks["attestation"]["result"] == "warn"
     assert "nvattest" in checks["attestation"]["detail"]
-    assert "libnvidia-nscq.so.2" in checks["attestation"]["detail"]
+    # issue 35 item 9: the hint asked for image_serves: false, which the image already had
+    hint = checks["attestation"]["hint"]
+    assert "image_serves: false" not in hint, hint
+    assert "set confidential_computing.image_serves: true so that this row fails" in hint
     config = root / "etc/podvm-gpu/config.yaml"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text("confidential_computing: {image_serves: true}\n")
@@ -453,6 +458,28 @@ def test_attestation_row_warns_without_nvattest_and_fails_when_the_image_serves_
     (root / "usr/lib/x86_64-linux-gnu/libnvidia-nscq.so.2").write_text("")
     code, checks = check_image(root)
     assert checks["attestation"]["result"] == "pass", checks["attestation"]
+
+
+def test_libnvidia_nscq_is_required_only_by_an_image_that_serves_protected_pcie(tmp_path):
+    """Issue 37 item 7: libnvidia-nscq is the NVSwitches' evidence, needed in Protected PCIe
+    only; the image's config says so (confidential_computing.image_serves_protected_pcie)."""
+    root = make_image(tmp_path)
+    tool = root / "usr/bin/nvattest"
+    tool.parent.mkdir(parents=True, exist_ok=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    config = root / "etc/podvm-gpu/config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("confidential_computing: {image_serves: true}\n")
+    code, checks = check_image(root)
+    assert checks["attestation"]["result"] == "pass", checks["attestation"]
+    assert "image_serves_protected_pcie is false" in checks["attestation"]["detail"]
+    config.write_text("confidential_computing: {image_serves: true, "
+                      "image_serves_protected_pcie: true}\n")
+    code, checks = check_image(root)
+    assert code == 1 and checks["attestation"]["result"] == "fail"
+    assert "libnvidia-nscq.so.2 (Protected PCIe: confidential_computing." \
+           "image_serves_protected_pcie is true)" in checks["attestation"]["detail"]
 
 
 def test_an_image_kernel_without_a_firmware_loader_fails_the_firmware_row(tmp_path):

@@ -149,6 +149,63 @@ def test_an_empty_or_non_ascii_timeout_is_a_usage_error(args, said, capsys, tmp_
     assert f"podvm-gpu: error: {said}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, said", [
+    (["check", "--image", "--attest"], "--image and --attest cannot be used together"),
+    (["check", "--attest", "--json", "--image"], "--image and --attest cannot be used together"),
+    (["metrics", "--pod-labels", "--listen", "127.0.0.1:0"], "--pod-labels and --listen cannot be used"),
+    (["metrics", "--pod-labels", "--listen="], "--pod-labels and --listen cannot be used"),
+    (["metrics", "--textfile", "--pod-labels"], "--pod-labels and --textfile cannot be used"),
+    (["metrics", "--pod-labels", "--openmetrics"], "--pod-labels and --openmetrics cannot be used"),
+    (["metrics", "--pod-labels", "--serve"], "--pod-labels and --serve cannot be used"),
+])
+def test_contradictory_options_are_a_usage_error_naming_both(args, said, capsys, tmp_path):
+    """Issue 35 item 13: each of these ran one of the two and ignored the other silently."""
+    assert main([*args, "--root", str(tmp_path)]) == 2
+    assert f"podvm-gpu: error: {said}" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args, config, off", [
+    (["--listen="], None, '--listen ""'),
+    (["--listen", ""], None, '--listen ""'),
+    (["--serve"], 'metrics: {listen: ""}\n', 'metrics.listen is ""'),
+])
+def test_nothing_to_serve_says_the_server_is_off_and_where(args, config, off, tmp_path):
+    """Issue 35 item 12: "no listen address" did not say that "" had turned the server off."""
+    if config:
+        (tmp_path / "etc/podvm-gpu").mkdir(parents=True)
+        (tmp_path / "etc/podvm-gpu/config.yaml").write_text(config)
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu", "metrics", *args, "--root", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == f"podvm-gpu metrics: nothing to serve: the HTTP server is off ({off}) and the " \
+        "textfile is off (metrics.textfile is false; --textfile turns it on)\n"
+
+
+@pytest.mark.parametrize("command", [["config", "--json"], ["check", "--json"]])
+def test_a_named_config_is_this_machines_file_never_taken_under_the_root(command, tmp_path):
+    """Issue 35 item 20: one rule, said in interface.md 1.2: a file named on the command line
+    (--config, --web-config) is a path on this machine as given; the default is under --root."""
+    root = tmp_path / "root"
+    named = tmp_path / "other.yaml"
+    # check shows a config row only for a bad file: this machine's is bad there, the root's good
+    named.write_text("budget_s: 77\n" if command[0] == "config" else "budget_s: soon\n")
+    (root / named.parent.relative_to("/")).mkdir(parents=True)
+    (root / named.relative_to("/")).write_text("budget_s: 55\n")  # the same path under the root
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu", *command, "--root", str(root),
+                           "--config", str(named)], capture_output=True, text=True, timeout=60)
+    doc = json.loads(done.stdout)
+    if command[0] == "config":
+        assert doc["config"] == str(named) and doc["settings"]["budget_s"] == 77, doc
+    else:
+        row = next(c for c in doc["checks"] if c["name"] == "config")
+        assert row["result"] == "fail" and row["detail"].startswith(f"{named}: budget_s"), row
+    # and the help says so, where a new user looks first
+    helped = subprocess.run([sys.executable, "-m", "podvm_gpu", command[0], "--help"],
+                            capture_output=True, text=True, timeout=60).stdout
+    assert "a path on this machine, never taken under --root" in " ".join(helped.split()), helped
+
+
 def test_help_lists_every_command(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
@@ -244,7 +301,7 @@ def test_status_exit_code_of_the_real_process(tmp_path):
     assert done.stdout.strip() == "failed: modules: boom"
 
 
-def test_status_wait_times_out_with_3_while_running(tmp_path):
+def test_status_wait_times_out_with_3_while_running_saying_it_timed_out(tmp_path, capsys):
     write_status(tmp_path, "running")
     started = time.monotonic()
 
@@ -254,6 +311,22 @@ def test_status_wait_times_out_with_3_while_running(tmp_path):
     elapsed = time.monotonic() - started
     assert code == 3
     assert 0.5 <= elapsed < 3
+    # issue 35 item 18: it printed only "running", as if the boot had stopped there
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("running")
+    said = re.fullmatch(r"status --wait: timed out after (\d+\.\d) s \(--timeout 0\.5\) before a "
+                        r"final state", lines[-1])
+    assert said and 0.5 <= float(said.group(1)) < 3, lines
+
+
+def test_status_wait_json_keeps_one_document_and_says_the_timeout_on_stderr(tmp_path, capsys):
+    write_status(tmp_path, "running")
+    with boot_in_progress(tmp_path):
+        code = main(["status", "--root", str(tmp_path), "--wait", "--timeout", "0.2", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 3
+    assert json.loads(out)["state"] == "running"
+    assert "status --wait: timed out after " in err and "(--timeout 0.2)" in err, err
 
 
 def test_status_wait_returns_0_as_soon_as_ready_is_written(tmp_path):
@@ -350,7 +423,7 @@ def test_cpu_boot_json_prints_the_status_document(tmp_path, podvm, empty_path):
 
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert doc["version"] == 2 and doc["state"] == "no-gpu"
+    assert doc["version"] == 3 and doc["state"] == "no-gpu"
     assert doc["reason"] == "detect: no NVIDIA GPU on PCI (3 devices scanned)"
     assert doc["gpus"] == [] and doc["nvswitches"] == []
     assert [(s["name"], s["result"]) for s in doc["steps"]] == [("detect", "ok")]

@@ -557,3 +557,22 @@ def test_a_bad_module_parameter_value_names_its_key_once(config_file):
 
     assert message.count("NVreg_X") == 1, message
     assert "modules.parameters.nvidia.NVreg_X: must be one word" in message, message
+
+
+@pytest.mark.parametrize("text, said", [
+    # one form of a list item's path: the validator's persistenced.args.1, never args.[1]
+    ("persistenced:\n  args: [1, {a: 1, a: 2}]\n", "persistenced.args.1.a: duplicate key"),
+    ("persistenced:\n  args: [x, *b]\n", "not valid YAML: found undefined alias at line 2, column"),
+])
+def test_config_errors_name_list_items_one_way_and_never_pyyaml_s_unicode_string(tmp_path, text, said):
+    """Issue 35 item 14: persistenced.args.[1] beside persistenced.args.1, and PyYAML's
+    'in "<unicode string>"' in the message."""
+    from podvm_gpu.config.load import load_config
+    from podvm_gpu.errors import ConfigError
+
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path), required=True)
+    assert said in str(err.value), err.value
+    assert "[1]" not in str(err.value) and "<unicode string>" not in str(err.value)

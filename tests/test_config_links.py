@@ -22,7 +22,8 @@ def linked(request, tmp_path):
     folder.mkdir(parents=True)
     if request.param == "dangling":
         (folder / "config.yaml").symlink_to("nowhere.yaml")
-        why = "nowhere.yaml: no such file"
+        # issue 35 item 14: the config is named first, not only the target it leads to
+        why = f"{folder}/config.yaml: a link to nothing ({folder}/nowhere.yaml: no such file)"
     else:
         (folder / "a").symlink_to("b")
         (folder / "b").symlink_to("a")
@@ -36,6 +37,7 @@ def test_boot_ends_failed_on_it(linked, podvm, empty_path):
     done = podvm(["boot", "--root", str(root), "--json"], env={"PATH": empty_path})
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["reason"].startswith("config: "), done.stdout
+    assert why in json.loads(done.stdout)["reason"], done.stdout
 
 
 @pytest.mark.parametrize("args", [["config"], ["config", "--compile"], ["config", "--json"]])

@@ -114,3 +114,19 @@ def test_the_digest_goes_into_the_status_of_a_cpu_vm_whose_pod_expects_no_gpu(tm
     assert status["initdata"] == {"path": PATH, "digest": "9b1e" * 24, "section": True,
                                   "expected_gpus": None, "gpu_model": None,
                                   "attestation_required": True}
+
+
+def test_a_cpu_vm_whose_pod_names_a_gpu_model_fails_as_one_that_counts_gpus(tmp_path):
+    """Issue 35 item 19: gpu_model = "H100" on a VM with no GPU ended no-gpu (exit 0), while
+    expected_gpus failed; attestation_required alone stays no-gpu (the test above)."""
+    root = tmp_path / "root"
+    (root / "run/peerpod").mkdir(parents=True)
+    (root / "etc/podvm-gpu").mkdir(parents=True)
+    (root / "etc/podvm-gpu/config.yaml").write_text("initdata: {path: /run/peerpod/initdata}\n")
+    (root / "run/peerpod/initdata").write_text(doc('gpu_model = "H100"\n'))
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu", "boot", "--root", str(root)],
+                          capture_output=True, text=True, timeout=60)
+    status = json.loads((root / "run/podvm-gpu/status.json").read_text())
+    assert (done.returncode, status["state"]) == (1, "failed"), done.stderr
+    assert status["reason"] == ('initdata: the pod\'s initdata (/run/peerpod/initdata, '
+                                'data."podvm-gpu.toml") expects GPU model \'H100\'; no NVIDIA GPU on PCI')

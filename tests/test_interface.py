@@ -536,6 +536,10 @@ RUNS = CPU + [
      "(another user than root could change it: the same verdict as boot's)", _config("metrics: 1\n"),
      ["metrics"]),
     ("metrics --json", "usage error", None, ["metrics", "--json"]),
+    ("check --image --attest", "usage error: the two cannot be used together", None,
+     ["check", "--image", "--attest"]),
+    ("metrics --pod-labels", "with `--serve`, `--listen`, `--web-config`, `--textfile` or "
+     "`--openmetrics`: usage error naming both", None, ["metrics", "--pod-labels", "--textfile"]),
 ]
 
 

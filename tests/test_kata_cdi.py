@@ -267,6 +267,22 @@ def test_config_equals_form_in_the_unit_warns_that_kata_agent_does_not_read_it(t
     assert "does not read --config=/etc/agent-config.toml" in check.detail, check.detail
     assert "cdi_timeout 100 s" in check.detail  # the file's 5 s is not what kata-agent waits
     assert check.hint.startswith("write --config /etc/agent-config.toml (a space, not =)")
+    # issue 35 item 15: where the settings come from was said twice
+    assert check.detail.count("the kernel command line sets none") == 1, check.detail
+
+
+@pytest.mark.parametrize("written, hint", [
+    ("30", "write it as cdi_timeout = { secs = 30, nanos = 0 }"),
+    ("0", "write it as cdi_timeout = { secs = 0, nanos = 0 }"),
+    ('"30s"', "write it as cdi_timeout = { secs = N, nanos = 0 } (N whole seconds; the default is 100)"),
+    ("-5", "write it as cdi_timeout = { secs = N, nanos = 0 } (N whole seconds; the default is 100)"),
+])
+def test_the_duration_hint_keeps_the_users_own_seconds(tree, written, hint):
+    """Issue 35 item 15: ``cdi_timeout = 30`` was told to write ``{ secs = 100, nanos = 0 }``."""
+    tree.kata(config=f"cdi_timeout = {written}\n")
+    check = row(tree)
+    assert check.result == FAIL and "not a Duration" in check.detail
+    assert check.hint == hint
 
 
 @pytest.mark.parametrize("kind", ["fifo", "folder"])

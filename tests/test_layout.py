@@ -30,7 +30,8 @@ MAX_LINES = 500
 # VMBus from sysfs, the status file, the unavailable spec and the spec directories.
 FAST_PATH = {"podvm_gpu", "podvm_gpu.cli", "podvm_gpu.boot", "podvm_gpu.boot.run",
              "podvm_gpu.cdi", "podvm_gpu.cdi.unavailable", "podvm_gpu.host", "podvm_gpu.host.fs",
-             "podvm_gpu.host.sysfs", "podvm_gpu.jsontext", "podvm_gpu.model", "podvm_gpu.status"}
+             "podvm_gpu.host.rtmr", "podvm_gpu.host.sysfs", "podvm_gpu.jsontext", "podvm_gpu.model",
+             "podvm_gpu.status"}
 
 
 def module_name(path: Path) -> str:

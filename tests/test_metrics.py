@@ -598,7 +598,9 @@ def test_the_metrics_doc_lists_every_metric_with_its_type_and_profile(tmp_path, 
               FULL),
              (make_root(tmp_path / "cc", lib, attestation={
                  "result": "passed", "reason": None, "duration_s": 3.2, "devices": [
-                     {"type": "gpu", "index": 0}]}),
+                     {"type": "gpu", "index": 0}]}, binding={
+                 "state": "bound", "result": "pass", "appended": True, "digest": "ab" * 48,
+                 "reason": None, "eventlog": "/run/attestation-agent/eventlog"}),
               describe(tmp_path / "d2", [gpu(0)], cc="on"), CC_SAFE),
              (make_root(tmp_path / "failed", lib, state="failed", reason="watch: GPU x: Xid 79"),
               None, CC_SAFE)]
@@ -646,3 +648,15 @@ def test_the_metrics_doc_names_every_reason_the_nvml_error_info_can_give():
 
     assert {"no-status", "timeout", "library-not-found"} <= reasons
     assert [r for r in sorted(reasons) if f"`{r}`" not in doc] == []
+
+
+def test_the_reason_label_escapes_control_characters_as_status_and_check_do():
+    """Issue 35 item 17: ESC and BEL of a status reason reached podvm_gpu_boot_reason_info raw."""
+    from podvm_gpu.metrics.exporter import render
+    from podvm_gpu.metrics.families import boot_families
+
+    reason = "modules: \x1b[2J\x07boom"
+    info = next(f for f in boot_families({"state": "failed", "reason": reason}, None)
+                if f.name == "podvm_gpu_boot_reason")
+    assert info.samples[0].labels["reason"] == "modules: \\x1b[2J\\x07boom"
+    assert "\x1b" not in render(boot_families({"state": "failed", "reason": reason}, None)).decode()

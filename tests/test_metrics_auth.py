@@ -285,3 +285,87 @@ def test_users_of_different_costs_each_check_against_their_own_hash(tmp_path):
     assert config.check_password("a", b"pa") and config.check_password("b", b"pb")
     assert not config.check_password("b", b"pa") and not config.check_password("c", b"pa")
     assert config.dummy_hash.startswith(b"$2b$05$")
+
+
+# --- issue 35 item 16: a web config that secures nothing, a cut hash, swapped PEM files ---------
+
+
+@pytest.mark.parametrize("text, why", [
+    ("", "the file is empty"),
+    ("null\n", "the document is null or only comments"),
+    ("# TLS comes later\n", "the document is null or only comments"),
+    ("basic_auth_users: {}\n", "basic_auth_users: {}"),
+    ("tls_server_config: null\n", "tls_server_config: null"),
+    ("tls_server_config:\nbasic_auth_users: {}\n", "tls_server_config: null; basic_auth_users: {}"),
+    ("http_server_config: {headers: {X-Frame-Options: deny}}\n",
+     "it sets neither tls_server_config nor basic_auth_users"),
+])
+def test_a_web_config_that_secures_nothing_is_served_with_a_warning(tmp_path, text, why):
+    """It served plain HTTP without authentication and without a word, as if it were secured."""
+    web = tmp_path / "web.yml"
+    web.write_text(text)
+    assert load_web_config(str(web)).plain == why
+    import os
+    import select
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "podvm_gpu.metrics", "--root", str(tmp_path),
+                             "--listen", "127.0.0.1:0", "--web-config", str(web)],
+                            stderr=subprocess.PIPE, env=metrics_env(None))
+    got = b""
+    try:  # raw reads of its stderr until two lines came (or 20 s)
+        deadline = time.monotonic() + 20
+        while got.count(b"\n") < 2 and time.monotonic() < deadline:
+            if select.select([proc.stderr], [], [], 0.5)[0]:
+                chunk = os.read(proc.stderr.fileno(), 4096)
+                if not chunk:
+                    break
+                got += chunk
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    err = got.decode()
+    assert err.splitlines()[1:2] == [f"podvm-gpu metrics: warning: the web config {web} sets no "
+                                     f"TLS and no basic auth ({why}): serving plain HTTP without "
+                                     "authentication"], err
+
+
+def test_a_web_config_with_auth_or_tls_has_no_plain_warning(tmp_path):
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n  prometheus: '$2b$04$" + "a" * 53 + "'\n")
+    assert load_web_config(str(web)).plain == ""
+
+
+@pytest.mark.parametrize("value, what", [
+    ("$2b$04$short", "this one is cut or damaged (12 characters)"),
+    ("$2y$10$" + "a" * 52, "this one is cut or damaged (59 characters)"),
+    ("hunter2", "not a password"),
+])
+def test_a_cut_bcrypt_hash_is_called_cut_not_a_password(tmp_path, value, what):
+    from podvm_gpu.metrics.webconfig import WebConfigError
+
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  prometheus: '{value}'\n")
+    with pytest.raises(WebConfigError) as err:
+        load_web_config(str(web))
+    assert str(err.value).endswith(what), err.value
+    assert value not in str(err.value)
+
+
+def test_swapped_cert_and_key_are_said_in_words(tmp_path):
+    """It was OpenSSL's `[SSL] PEM lib (_ssl.c:3905)`."""
+    from podvm_gpu.metrics.webconfig import WebConfigError
+
+    cert, key = make_cert(tmp_path)
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {key}\n  key_file: {cert}\n")
+    with pytest.raises(WebConfigError) as err:
+        load_web_config(str(web))
+    assert str(err.value).endswith("cert_file and key_file are swapped (cert_file holds a private "
+                                   "key, key_file a certificate)"), err.value
+    (tmp_path / "empty.key").write_text("")
+    web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {tmp_path / 'empty.key'}\n")
+    with pytest.raises(WebConfigError) as err:
+        load_web_config(str(web))
+    assert "key_file holds no PEM private key" in str(err.value) and "PEM lib" not in str(err.value)

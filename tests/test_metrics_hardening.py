@@ -210,6 +210,23 @@ def test_config_and_boot_refuse_a_textfile_path_over_the_cdi_spec(tmp_path):
     assert "# HELP" not in spec and "podvm_gpu_boot_state" not in spec, "the unavailable spec stays"
 
 
+def test_a_textfile_whose_folder_links_into_the_agents_config_folder_is_refused(tmp_path):
+    """Issue 35 item 17: the path was checked as text only; through a link it wrote under
+    /etc/podvm-gpu."""
+    root = tmp_path / "root"
+    (root / "etc/podvm-gpu").mkdir(parents=True)
+    (root / "etc/podvm-gpu/config.yaml").write_text(
+        "metrics: {textfile: true, textfile_path: /var/lib/node_exporter/gpu.prom}\n")
+    (root / "var/lib").mkdir(parents=True)
+    os.symlink("/etc/podvm-gpu", root / "var/lib/node_exporter")
+    done = metrics(root, "--textfile")
+    assert done.returncode == 1
+    assert done.stderr == ("podvm-gpu metrics: cannot write /var/lib/node_exporter/gpu.prom: refused: "
+                           "a link in its path leads to /etc/podvm-gpu/gpu.prom, under /etc/podvm-gpu "
+                           "(the agent's config folder)\n"), done.stderr
+    assert sorted(os.listdir(root / "etc/podvm-gpu")) == ["config.yaml"]
+
+
 # --- 3. a FIFO where a file should be ---------------------------------------------------------------
 
 

@@ -89,8 +89,11 @@ def test_a_fifo_or_link_planted_as_apf_json_cannot_hang_or_redirect_the_reader(t
     (root / "run/peerpod/apf.json").unlink()
     (root / "secret.json").write_text(json.dumps(APF))
     (root / "run/peerpod/apf.json").symlink_to(root / "secret.json")
-    with pytest.raises(pod.Unusable):
+    with pytest.raises(pod.Unusable) as err:
         pod.read_apf(Root(root))
+    # issue 35 item 14: it said "Too many levels of symbolic links" for one link
+    assert str(err.value) == "/run/peerpod/apf.json is a symbolic link, which is not followed (a " \
+        "regular file only)"
 
 
 def test_the_network_facing_exporter_never_opens_apf_json(tmp_path, fake_nvml_libs, monkeypatch):
@@ -119,3 +122,19 @@ def test_the_network_facing_exporter_never_opens_apf_json(tmp_path, fake_nvml_li
     assert families["DCGM_FI_DEV_GPU_TEMP"].samples[0].labels["pod"] == "train-7f9c4-abcde"
     assert [p for p in opened if p.endswith("pod-labels.json")]
     assert not [p for p in opened if "peerpod" in p]
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"pod-name": "a", "pod-namespace": "ns", "pod-name": "b"}', "a key pod-name is given twice"),
+    ('{"pod-name": "a", "pod-namespace": "ns", "x": {"k": "PRIVATE1", "k": "PRIVATE2"}}',
+     "a key is given twice"),
+])
+def test_an_apf_json_with_a_key_given_twice_is_refused_without_quoting_it(tmp_path, text, why):
+    """Issue 35 item 17: json.loads kept the last of two pod-name keys; the config and the web
+    config refuse a key given twice."""
+    root = tmp_path / "root"
+    write_apf(root, text)
+    with pytest.raises(pod.Unusable) as err:
+        pod.read_apf(Root(str(root)))
+    assert str(err.value) == f"/run/peerpod/apf.json: {why} in one object"
+    assert "PRIVATE" not in str(err.value)

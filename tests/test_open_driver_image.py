@@ -56,8 +56,8 @@ def open_module(root: Path) -> str:
 @BOTH
 def test_the_open_module_image_passes(root, run_check):
     code, checks = run_check(root)
-    # an image that does not say it serves NVLink 5 VMs is warned about what NVL5 needs (issue 16)
-    assert checks["fabric"]["result"] == "warn", checks["fabric"]
+    # an image that does not say it serves NVLink 5 VMs skips naming what NVL5 needs (issues 16, 35)
+    assert checks["fabric"]["result"] == "skip", checks["fabric"]
     # nor NVIDIA's nvattest and libnvidia-nscq, which an image that does not say it serves
     # confidential GPU VMs (confidential_computing.image_serves) is only warned about (issue 26)
     assert checks["attestation"]["result"] == "warn", checks["attestation"]
@@ -65,8 +65,11 @@ def test_the_open_module_image_passes(root, run_check):
         checks["attestation"]
     others = {n: c for n, c in checks.items()
               if n not in ("kata-agent-cdi", "config-compiled", "fabric", "attestation-agent-ordering",
-                           "attestation")
+                           "attestation", "toolkit")
               and c["result"] != "pass"}
+    # the toolkit's stand-ins (not in Debian) are in no dpkg package and answer no --version:
+    # their versions are unknown (issue 36)
+    assert checks["toolkit"]["result"] == "skip", checks["toolkit"]
     # no attestation-agent in the image yet (cloud-api-adaptor adds it): skip, naming the ordering
     # the agent's unit ships (issue 25)
     assert checks["attestation-agent-ordering"]["result"] == "skip", checks["attestation-agent-ordering"]

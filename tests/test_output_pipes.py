@@ -96,7 +96,7 @@ def test_the_readme_tour_pipes_exit_as_the_state_says(booted):
                               capture_output=True, text=True, timeout=60, env=ENV)
         assert done.returncode == 0, done.stderr
         assert done.stderr == ""
-        assert done.stdout.startswith('{\n  "version": 2,\n  "state": "no-gpu",\n')
+        assert done.stdout.startswith('{\n  "version": 3,\n  "state": "no-gpu",\n')
 
 
 @pytest.mark.parametrize("args, code", [(["status", "--json"], 3), (["status"], 3),

@@ -31,8 +31,8 @@ from podvm_gpu.status import (
 )
 
 CONTRACT_KEYS = {"version", "state", "reason", "warnings", "started_at", "finished_at", "gpus",
-                 "nvswitches", "driver_version", "cdi", "fabric", "confidential_computing",
-                 "steps", "attestation", "initdata"}
+                 "nvswitches", "driver_version", "nvidia_ctk_version", "cdi", "fabric",
+                 "confidential_computing", "steps", "attestation", "initdata", "binding"}
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_a_new_status_has_every_contract_key_and_state_running():
     doc = Status().to_dict()
 
     assert set(doc) == CONTRACT_KEYS
-    assert doc["version"] == 2 and doc["state"] == "running"
+    assert doc["version"] == 3 and doc["state"] == "running"
     assert doc["reason"] is None and doc["finished_at"] is None and doc["warnings"] == []
 
 
@@ -383,3 +383,11 @@ def test_status_command_shows_the_cc_classification_once_read(vm_root, capsys):
     write_raw_status(vm_root, json.dumps(doc))
     main(["status", "--root", vm_root.path])
     assert "confidential computing: mode off\\x1b[2J, not confidential" in capsys.readouterr().out
+
+
+def test_a_status_without_a_valid_state_lists_the_states_as_words_not_a_python_list(vm_root):
+    """Issue 35 item 14: it said (one of ['failed', 'no-gpu', 'ready', 'running'])."""
+    write_raw_status(vm_root, '{"state": "bogus"}')
+    with pytest.raises(StatusUnreadable) as err:
+        load_status(vm_root)
+    assert str(err.value).endswith("has no valid state (one of running, ready, no-gpu, failed)")

@@ -253,6 +253,12 @@ def test_hardening_leaves_what_gpu_setup_needs(agent):
     assert "/run" in service["ReadWritePaths"], "/run/podvm-gpu and /var/run/cdi (/var/run -> /run)"
     # Optional paths only: a missing ReadWritePaths= entry fails the unit with 226/NAMESPACE.
     assert all(p == "/run" or p.startswith("-") for p in service["ReadWritePaths"])
+    # The one write below the read-only /sys (ProtectKernelTunables=): RTMR3 in a TDX guest
+    # (docs/interface.md 3.14), the path podvm_gpu/host/rtmr.py writes, optional
+    from podvm_gpu.host.rtmr import RTMR3_PATH
+
+    assert f"-{RTMR3_PATH}" in service["ReadWritePaths"]
+    assert service["ProtectKernelTunables"] == ["yes"] and service["ProtectSystem"] == ["strict"]
     # Device nodes: no device allow-list, nothing that implies one (ProtectClock=, PrivateDevices=).
     assert "DeviceAllow" not in service
     assert service.get("DevicePolicy", ["auto"]) == ["auto"]

@@ -135,14 +135,11 @@ def compiled_config_row(image: Image) -> Check:
     root = image.root
     try:
         path, present = config_location(root, None)
-    except ConfigError as err:
-        return Check("config-compiled", FAIL, str(err), "fix the links in the image")
+    except ConfigError as err:  # a link loop, or a link to nothing (config_location)
+        return Check("config-compiled", FAIL, f"{err}: boot ends failed on it",
+                     "fix the link, or remove it for the defaults")
     if not present:
         return Check("config-compiled", SKIP, f"no {CONFIG_PATH} in the image")
-    if not os.path.exists(path):
-        return Check("config-compiled", FAIL, f"{CONFIG_PATH} is a link to nothing "
-                     f"({path if root.is_host else path.replace(root.path, '', 1)}): boot ends "
-                     "failed on it", "fix the link, or remove it for the defaults")
     # the compiled file is beside the config's real path (config --compile writes it there and
     # boot reads it there), which is not beside /etc/podvm-gpu/config.yaml when that is a link
     def inside(host_path: str) -> str:

@@ -126,14 +126,21 @@ def kata_cdi_check(root: Root, argv: list[str] | None, cmdline: str | None,
     ignored = kata.ignored_config_arguments(argv or [])
     wait = kata.cdi_wait(root, argv, cmdline)
     if wait.error:
-        hint = ("write it as cdi_timeout = { secs = 100, nanos = 0 }" if "Duration" in wait.error
-                else f"fix {wait.source}")
+        # the user's own number of seconds where they wrote one (cdi_timeout = 30), not the
+        # default in its place (issue 35 item 15)
+        secs = wait.written if isinstance(wait.written, int) and not isinstance(wait.written, bool) \
+            and 0 <= wait.written <= kata.TOML_INT_MAX else None
+        hint = (f"write it as cdi_timeout = {{ secs = {secs if secs is not None else 'N'}, "
+                "nanos = 0 }" + ("" if secs is not None else " (N whole seconds; the default is "
+                                 f"{kata.DEFAULT_CDI_TIMEOUT_S:g})")
+                if "Duration" in wait.error else f"fix {wait.source}")
         return Check(name, FAIL, f"kata-agent will not start: {wait.error}", hint)
     timeout = (f"cdi_timeout {wait.seconds:g} s ({wait.source})" if wait.seconds is not None
                else f"cdi_timeout from {wait.source}")
     if ignored or unread:
-        notes = [f"kata-agent does not read {arg} (it reads only --config FILE or -c FILE): its "
-                 f"settings come from {wait.source}" for arg in ignored[:1]]
+        # where its settings come from is said once, in the cdi_timeout part (issue 35 item 15)
+        notes = [f"kata-agent does not read {arg} (it reads only --config FILE or -c FILE)"
+                 for arg in ignored[:1]]
         notes += [f"not read here: {_shown(root, unread)}; kata-agent's ExecStart= may be "
                   "set there"] if unread else []
         hints = [f"write --config {ignored[0].split('=', 1)[1]} (a space, not =)"] if ignored else []

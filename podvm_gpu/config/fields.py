@@ -161,6 +161,27 @@ def imex_channels(value: object, loc: list) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+# The hook names nvidia-ctk's ``cdi generate --disable-hook`` takes (1.18.0 and later;
+# internal/discover/hooks.go of NVIDIA/nvidia-container-toolkit: ``all`` and one name per hook
+# it can write; chmod is off by default there). ``cdi.disable_hooks`` is checked against them.
+CDI_HOOK_NAMES = ("all", "chmod", "create-symlinks", "disable-device-node-modification",
+                  "enable-cuda-compat", "update-application-profile", "update-ldcache")
+
+
+def cdi_hooks(value: object, loc: list) -> tuple[str, ...]:
+    """A validator of ``cdi.disable_hooks``: a list of distinct names of
+    :data:`CDI_HOOK_NAMES`; returned as a tuple in the order given (the config is frozen)."""
+    if not isinstance(value, list):
+        raise Invalid(loc, f"must be a list of hook names, not {_kind(value)}")
+    names = tuple(_string(item, [*loc, i]) for i, item in enumerate(value))
+    for i, name in enumerate(names):
+        if name not in CDI_HOOK_NAMES:
+            raise Invalid([*loc, i], f"must be one of {', '.join(CDI_HOOK_NAMES)}, not {name!r}")
+        if name in names[:i]:
+            raise Invalid(loc, f"hook {name} is listed twice")
+    return names
+
+
 def one_of(names: tuple[str, ...]):
     """A validator of one of ``names``."""
     def check(value: object, loc: list) -> str:

@@ -49,7 +49,10 @@ def parse_yaml(text: str, path: str) -> object:
             # where a hash should be): libyaml's marks have no text, PyYAML's own quote it
             if isinstance(mark, yaml.error.Mark):
                 mark.buffer = None
-        what = " ".join(str(err).split())
+        import re
+
+        # PyYAML names the text it was given, not the file: 'in "<unicode string>", line 2'
+        what = re.sub(r'\bin "<unicode string>", line', "at line", " ".join(str(err).split()))
         if isinstance(err, RecursionError) or "nesting depth" in what:
             what = "nested too deeply"
         raise ConfigError(f"{path}: not valid YAML: {what[:300]}") from None
@@ -91,7 +94,8 @@ def _refuse_duplicate_keys(root, path: str) -> None:
                     lines[key] = line
                 children += [(key_node, (*where, str(name))), (value_node, (*where, str(name)))]
         elif isinstance(node, yaml.SequenceNode):
-            children = [(item, (*where, f"[{i}]")) for i, item in enumerate(node.value)]
+            # an item's index as the validator names it (persistenced.args.1), one form only
+            children = [(item, (*where, str(i))) for i, item in enumerate(node.value)]
         todo.extend(reversed(children))
 
 
@@ -294,10 +298,30 @@ def config_location(root, config: str | None) -> tuple[str, bool]:
         entry = root.resolve(DEFAULT_PATH, follow_last=False)
         if not os.path.lexists(entry):
             return entry, False
+        why = link_to_nothing(root)
+        if why:
+            raise ConfigError(why)
         return root.resolve(DEFAULT_PATH), True
     except OSError as err:
         raise ConfigError(f"{root.path.rstrip('/')}{DEFAULT_PATH}: cannot resolve: "
                           f"{err.strerror or err}") from err
+
+
+def link_to_nothing(root) -> str | None:
+    """The error for a default config path that is a link to nothing, naming the config and
+    then its target (the target alone, ``.../gone.yaml: no such file``, named a file the user
+    never wrote; issue 35 item 14); None when it is not one.
+
+    Raises:
+        OSError: the path cannot be resolved under the root (a link loop).
+    """
+    entry = root.resolve(DEFAULT_PATH, follow_last=False)
+    if not os.path.islink(entry):
+        return None
+    real = root.resolve(DEFAULT_PATH)
+    if os.path.lexists(real):
+        return None
+    return f"{entry}: a link to nothing ({real}: no such file)"
 
 
 def load_config(path: str, *, required: bool = False, trusted: bool = False,

@@ -178,11 +178,22 @@ def _check_textfile_path(path: str) -> None:
         raise MetricsConfigError("metrics.textfile_path", f"{path!r}: must be a file named "
                                  "NAME.prom: node-exporter's textfile collector reads only those "
                                  "(and any other name may be one of the agent's own files)")
+    forbidden = forbidden_folder(path)
+    if forbidden:
+        raise MetricsConfigError("metrics.textfile_path", f"{path!r}: not under {forbidden[0]}: "
+                                                          f"{forbidden[1]}")
+
+
+def forbidden_folder(path: str) -> tuple[str, str] | None:
+    """The folder of :data:`TEXTFILE_FORBIDDEN` an absolute VM path lies under, and why no
+    textfile goes there; None when it lies under none. The config's text is checked with it
+    when loaded, and the path its folders' links lead to when the textfile is written
+    (metrics/command.py: a link in the path must not lead under these, issue 35 item 17)."""
+    import posixpath
+
     normal = posixpath.normpath(path)
-    for folder, what in TEXTFILE_FORBIDDEN:
-        if normal.startswith(folder + "/"):
-            raise MetricsConfigError("metrics.textfile_path", f"{path!r}: not under {folder}: "
-                                                              f"{what}")
+    return next(((folder, what) for folder, what in TEXTFILE_FORBIDDEN
+                 if normal.startswith(folder + "/")), None)
 
 
 def _no_nul(key: str, path: str) -> None:

@@ -11,6 +11,7 @@ from podvm_gpu.config.fields import (
     absolute_path,
     attestation_mode,
     boolean,
+    cdi_hooks,
     count,
     imex_channels,
     mapping,
@@ -61,7 +62,7 @@ class NvLink5Config(Section):
     nodes to appear after the load (the driver registers them asynchronously); NVLSM's config
     file (``-F``, the nvlsm package's path NVRC uses) and its readiness wait; ``image_serves``:
     this image serves NVL5 VMs: ``check --image``'s ``fabric`` row (steps/fabric/step.py) fails
-    instead of warning on what NVL5 needs; boot does not read it."""
+    instead of skipping on what NVL5 needs; boot does not read it."""
 
     FIELDS = {"ib_modules": (module_names, ("mlx5_core", "mlx5_ib", "ib_umad")),
               "ib_wait_s": (seconds(0, True), 15.0),
@@ -91,8 +92,12 @@ class ConfidentialComputingConfig(Section):
     (nvattest.md 7.1, 8 in the shared notes). ``relying_party_policy``, ``rim_dir`` (with it
     ``--rim-store dir``), ``rim_url``, ``ocsp_url``: passed to nvattest (an OCSP/RIM proxy:
     docs/operating.md). ``image_serves``: this image serves confidential GPU VMs: ``check
-    --image`` fails instead of warning when nvattest (and libnvidia-nscq for Protected PCIe)
-    is missing; boot does not read it."""
+    --image`` fails instead of warning when nvattest is missing; with
+    ``image_serves_protected_pcie`` (the image serves 8-GPU HGX VMs in Protected PCIe mode)
+    libnvidia-nscq is required too, and only then; boot reads neither. ``bind``: the GPUs'
+    verdict bound into TDX RTMR3 with an event in the attestation-agent's log
+    (podvm_gpu/steps/cc/bind.py, docs/interface.md 3.14): ``auto`` (where ``rtmr3:sha384``
+    exists), ``required`` (a boot that cannot bind fails) or ``off``."""
 
     FIELDS = {"set_ready_state": (boolean, True), "allow_devtools": (boolean, False),
               "allow_cc_off": (boolean, False),
@@ -103,7 +108,9 @@ class ConfidentialComputingConfig(Section):
               "rim_dir": (absolute_path, None),
               "rim_url": (url, None),
               "ocsp_url": (url, None),
-              "image_serves": (boolean, False)}
+              "image_serves": (boolean, False),
+              "image_serves_protected_pcie": (boolean, False),
+              "bind": (attestation_mode, "auto")}
     __slots__ = tuple(FIELDS)
 
 
@@ -164,6 +171,18 @@ class ImexConfig(Section):
     __slots__ = tuple(FIELDS)
 
 
+class CdiConfig(Section):
+    """The GPUs' spec (podvm_gpu/steps/cdi/step.py). ``disable_hooks``: hooks nvidia-ctk must
+    leave out of the spec, each passed as ``--disable-hook=<name>`` (``all``: every hook;
+    nvidia-ctk 1.18.0 or later, checked before it runs; podvm_gpu/steps/cdi/toolkit.py). The
+    alternative to the host's ``NVreg_ModifyDeviceFiles=0`` for the
+    ``disable-device-node-modification`` hook, which the fabric manager cannot run with (issue 36).
+    ``[]`` (the default): nvidia-ctk's own choice."""
+
+    FIELDS = {"disable_hooks": (cdi_hooks, ())}
+    __slots__ = tuple(FIELDS)
+
+
 class DetectConfig(Section):
     """GPUs that appear after boot started (Hyper-V's vPCI, hot-plug).
 
@@ -218,6 +237,7 @@ class Config(Section):
               "detect": (DetectConfig, DetectConfig()),
               "health": (HealthConfig, HealthConfig()),
               "imex": (ImexConfig, ImexConfig()),
+              "cdi": (CdiConfig, CdiConfig()),
               "watch": (WatchConfig, WatchConfig()),
               "unavailable_spec": (boolean, True),
               "metrics": (_metrics, _default_metrics)}

@@ -101,7 +101,20 @@ def write_boot_textfile(root: Root, settings: MetricsSettings) -> str | None:
 
 
 def _write(root: Root, settings: MetricsSettings, text: bytes) -> str:
+    """Write the textfile where its path leads, links in its folders followed under the root;
+    refused (PermissionError) when they lead under a folder no textfile goes in: the config's
+    text was checked when loaded, but a link such as ``/var/lib/node_exporter ->
+    /etc/podvm-gpu`` wrote into the agent's config folder (issue 35 item 17)."""
+    import errno
+
+    from podvm_gpu.config.metrics import forbidden_folder
+
     path = root.resolve(settings.textfile_path, follow_last=False)
+    inside = path if root.is_host else "/" + os.path.relpath(path, root.path)
+    forbidden = forbidden_folder(inside)
+    if forbidden:
+        raise PermissionError(errno.EPERM, f"refused: a link in its path leads to {inside}, "
+                                           f"under {forbidden[0]} ({forbidden[1]})")
     ensure_dir(os.path.dirname(path))
     atomic_write(path, text)
     return path
@@ -192,9 +205,13 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
     from podvm_gpu.metrics.journal import Journal, say
     from podvm_gpu.metrics.webconfig import WebConfigError
 
+    off = 'metrics.listen is ""' if listen is None else '--listen ""'
     listen = settings.listen if listen is None else listen
     if not listen and not settings.textfile:
-        print("podvm-gpu metrics: nothing to serve: no listen address and the textfile is off",
+        # say what is off and where it was turned off: '--listen ""' reads as "serve at the
+        # default" to a new user (issue 35 item 12)
+        print(f"podvm-gpu metrics: nothing to serve: the HTTP server is off ({off}) and the "
+              "textfile is off (metrics.textfile is false; --textfile turns it on)",
               file=sys.stderr)
         return 1
     try:
@@ -217,6 +234,11 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
         scheme = "https" if web is not None and web.ssl_context is not None else "http"
         auth = ", basic auth" if web is not None and web.users else ""
         say(f"serving {scheme}://{where}/metrics{auth}")
+        if web is not None and web.plain:
+            # a web config was named, and it leaves the server as open as none would (issue 35
+            # item 16): said, as exporter-toolkit serves such a file without a word
+            say(f"warning: the web config {web.path} sets no TLS and no basic auth ({web.plain}): "
+                "serving plain HTTP without authentication")
         threading.Thread(target=server.serve_forever, name="podvm-gpu-http", daemon=True).start()
     try:
         while not stop.is_set():

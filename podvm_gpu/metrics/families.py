@@ -24,7 +24,7 @@ import datetime
 
 from podvm_gpu.metrics.prom import GaugeMetricFamily, InfoMetricFamily, Metric
 from podvm_gpu.metrics.reading import CC_MODES
-from podvm_gpu.model import State
+from podvm_gpu.model import State, shown
 
 FULL = "full"
 CC_SAFE = "cc-safe"
@@ -131,7 +131,9 @@ def boot_families(status: dict | None, status_error: str | None) -> list[Metric]
     if reason:
         info = InfoMetricFamily("podvm_gpu_boot_reason", "Why the boot ended as it did "
                                 "(status.json's reason), or why the status is unreadable.")
-        info.add_metric([], {"reason": reason})
+        # ESC, BEL and the like escaped as status and check show them: a scrape printed on a
+        # terminal must not move its cursor (issue 35 item 17)
+        info.add_metric([], {"reason": shown(str(reason))})
         out.append(info)
     if not status:
         return out
@@ -225,16 +227,27 @@ def fabric_kind_families(status: dict | None) -> list[Metric]:
 
 
 ATTESTATION_RESULTS = ("passed", "failed", "not-run", "off")
+BINDING_STATES = ("bound", "unbound", "broken", "off")  # podvm_gpu/steps/cc/bind.py
 
 
 def attestation_families(status: dict | None) -> list[Metric]:
     """From status.json's ``attestation`` record (docs/interface.md 3.11): its result
     (``podvm_gpu_attestation_result{result}``, 1 for the recorded one), its duration and the
     devices attested by type; no family when the status has no record (no GPU, CC off, a boot
-    that did not reach it, a document from before issue 26)."""
+    that did not reach it, a document from before issue 26). And the binding's state
+    (``podvm_gpu_binding_state{state}``, issue 37) when the status records one."""
+    binding = status.get("binding") if isinstance(status, dict) else None
+    bound: list[Metric] = []
+    if isinstance(binding, dict) and binding.get("state") in BINDING_STATES:
+        state = _gauge("podvm_gpu_binding_state", "1 for the state of the GPUs' verdict bound "
+                       "into TDX RTMR3 in the last boot (status.json binding.state).",
+                       labels=("state",))
+        for name in BINDING_STATES:
+            state.add_metric([name], 1 if binding["state"] == name else 0)
+        bound.append(state)
     record = status.get("attestation") if isinstance(status, dict) else None
     if not isinstance(record, dict) or record.get("result") not in ATTESTATION_RESULTS:
-        return []
+        return bound
     result = _gauge("podvm_gpu_attestation_result", "1 for the result of the GPUs' attestation "
                     "in the last boot (status.json attestation.result).", labels=("result",))
     for name in ATTESTATION_RESULTS:
@@ -251,7 +264,7 @@ def attestation_families(status: dict | None) -> list[Metric]:
     for kind in ("gpu", "nvswitch"):
         devices.add_metric([kind], found.count(kind))
     out.append(devices)
-    return out
+    return out + bound
 
 
 def gpu_fabric_families(reading) -> list[Metric]:

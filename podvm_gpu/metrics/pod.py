@@ -19,6 +19,7 @@ directory's owner) and writable by nobody else.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -45,6 +46,11 @@ def _read(root: Root, path: str, limit: int, owner_checked: bool) -> bytes:
     try:
         fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:
+        if err.errno == errno.ELOOP and os.path.islink(where):
+            # O_NOFOLLOW's ELOOP reads "Too many levels of symbolic links" for one link: say
+            # what it is (issue 35 item 14)
+            raise Unusable(f"{path} is a symbolic link, which is not followed (a regular file "
+                           "only)") from err
         raise Unusable(f"{path}: {err.strerror or err}") from err
     try:
         info = os.fstat(fd)
@@ -85,10 +91,30 @@ def read_apf(root: Root) -> dict[str, str]:
     """
     data = _read(root, APF_PATH, APF_LIMIT, owner_checked=True)
     try:
-        doc = json.loads(data.decode("utf-8"))
+        doc = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except _Duplicate as err:
+        raise Unusable(f"{APF_PATH}: {err}") from None
     except (UnicodeDecodeError, ValueError) as err:
         raise Unusable(f"{APF_PATH} is not JSON") from err
     return _names(doc, "pod-name", "pod-namespace", APF_PATH)
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list) -> dict:
+    """A JSON object whose keys are each given once: json.loads keeps the last of two, so a
+    second ``pod-name`` would silently win (the config and the web config refuse a key given
+    twice too; issue 35 item 17). The key is named only when it is one the reader uses: the
+    file holds TLS material, which is never quoted."""
+    doc: dict = {}
+    for key, value in pairs:
+        if key in doc:
+            named = f" {key}" if key in ("pod-name", "pod-namespace") else ""
+            raise _Duplicate(f"a key{named} is given twice in one object")
+        doc[key] = value
+    return doc
 
 
 def write_labels(root: Root) -> tuple[dict[str, str] | None, str | None]:

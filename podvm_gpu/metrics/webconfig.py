@@ -48,6 +48,7 @@ _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _FIELD_VALUE = re.compile(r"[\x20-\x7e\t]*")
 # bcrypt's modular crypt form: $2a$, $2b$ or $2y$, a cost of 04-31, 53 characters of its base 64
 _BCRYPT = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
+_BCRYPT_START = re.compile(r"\$2[aby]?\$\d\d\$")
 _GOOD_PAIRS_MAX = 64  # right passwords only: a guess can never take a place here
 _BAD_PAIRS_MAX = 4096  # wrong pairs, answered without bcrypt when sent again
 
@@ -71,11 +72,15 @@ class WebConfig:
         dummy_hash: the hash an unknown user's password is checked against: bcrypt of the
             highest cost among :attr:`users`' hashes, so a name nobody has costs what a
             configured name costs (an unknown user answered sooner tells the name is unknown).
+        plain: why this file leaves the server plain HTTP without authentication (an empty
+            file, ``null``, ``basic_auth_users: {}``, ``tls_server_config: null``, ...), for the
+            warning the server prints; empty when it sets TLS or basic auth.
     """
 
     def __init__(self, path: str, ssl_context=None, users: dict | None = None,
-                 headers: dict | None = None):
+                 headers: dict | None = None, plain: str = ""):
         self.path = path
+        self.plain = plain
         self.ssl_context = ssl_context
         self.users = users or {}
         self.headers = headers or {}
@@ -178,6 +183,8 @@ def load_web_config(path: str) -> WebConfig:
             from None
     except ConfigError as err:
         raise WebConfigError(str(err)) from None
+    empty = "the file is empty" if not data.strip() else "the document is null or only " \
+        "comments" if doc is None else ""
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
@@ -211,9 +218,13 @@ def load_web_config(path: str) -> WebConfig:
         if not isinstance(user, str) or not user or ":" in user:
             raise bad("basic_auth_users", f"{user!r} is not a user name (no colon, not empty)")
         if not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
+            # a value that starts as a hash does is a damaged or cut hash, not a password
+            # (issue 35 item 16); the value itself is never echoed: it may be a password
+            what = f"this one is cut or damaged ({len(hashed)} characters)" \
+                if isinstance(hashed, str) and _BCRYPT_START.match(hashed) else "not a password"
             raise bad(f"basic_auth_users.{user}", "must be a bcrypt hash ($2y$10$..., 60 "
-                                                   "characters, a cost of 04 to 31), not a "
-                                                   "password")
+                                                   "characters: $2a$, $2b$ or $2y$, a cost of 04 "
+                                                   f"to 31, $ and 53 of ./A-Za-z0-9), {what}")
         users[user] = hashed.encode()
     if users:
         try:
@@ -221,7 +232,13 @@ def load_web_config(path: str) -> WebConfig:
         except ImportError as err:
             raise bad("basic_auth_users", "needs the Python package bcrypt, which is not "
                                           f"installed ({err})") from err
-    return WebConfig(path, context, users, headers)
+    plain = ""
+    if context is None and not users:
+        given = [f"{key}: {'{}' if doc[key] == {} else 'null'}" for key in
+                 ("tls_server_config", "basic_auth_users") if key in doc]
+        plain = empty or ("; ".join(given) if given else
+                          "it sets neither tls_server_config nor basic_auth_users")
+    return WebConfig(path, context, users, headers, plain)
 
 
 def _section(doc: dict, key: str, bad):
@@ -286,9 +303,10 @@ def _ssl_context(tls: dict, base: str, bad):
                                                 "give the key unencrypted, readable by the "
                                                 "exporter only") from None
     except (OSError, ssl.SSLError) as err:
+        said = err.strerror if isinstance(err, OSError) and err.strerror else err
+        why = _pem_problem(cert, key) if isinstance(err, ssl.SSLError) else None
         raise bad("tls_server_config", f"cannot load the certificate {cert} with the key {key}: "
-                                       f"{err.strerror if isinstance(err, OSError) and err.strerror else err}"
-                  ) from err
+                                       f"{why or said}") from err
     auth = tls.get("client_auth_type", "NoClientCert")
     if auth not in _CLIENT_AUTH:
         raise bad("tls_server_config.client_auth_type", f"must be one of "
@@ -305,6 +323,35 @@ def _ssl_context(tls: dict, base: str, bad):
         raise bad("tls_server_config.client_ca_file", "is used only with a client_auth_type "
                                                       "that verifies client certificates")
     return context
+
+
+def _pem_problem(cert: str, key: str) -> str | None:
+    """What OpenSSL's ``[SSL] PEM lib`` means for these two files, in words: a file without the
+    PEM block it should hold, and whether it holds the other's (cert_file and key_file swapped,
+    issue 35 item 16); None when both have their block (the error is then OpenSSL's own). Only
+    the PEM headers are looked at; nothing of the files is said."""
+    def blocks(path: str) -> tuple[bool, bool]:
+        try:
+            with open(path, "rb") as f:
+                text = f.read(MAX_FILE_BYTES)
+        except OSError:
+            return False, False
+        return b"-----BEGIN CERTIFICATE-----" in text, \
+            re.search(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----", text) is not None
+
+    cert_has_cert, cert_has_key = blocks(cert)
+    key_has_cert, key_has_key = blocks(key)
+    if not cert_has_cert and cert_has_key and key_has_cert and not key_has_key:
+        return "cert_file and key_file are swapped (cert_file holds a private key, key_file a " \
+            "certificate)"
+    problems = []
+    if not cert_has_cert:
+        problems.append("cert_file holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+                        + (", only a private key" if cert_has_key else ""))
+    if not key_has_key:
+        problems.append("key_file holds no PEM private key (-----BEGIN ... PRIVATE KEY-----)"
+                        + (", only a certificate" if key_has_cert else ""))
+    return "; ".join(problems) or None
 
 
 class _Encrypted(Exception):

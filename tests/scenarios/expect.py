@@ -72,6 +72,8 @@ def judge_boot(world: World, run: Run, expect: dict) -> list[str]:
             problems.append(f"called {entry!r} was not called")
     if "attestation" in expect:
         problems += _attestation_problems(world, status, expect["attestation"])
+    if "binding" in expect:
+        problems += _binding_problems(world, status, expect["binding"])
     if "cdi" in expect:
         problems += judge_cdi(world, expect["cdi"], expect.get("state") or status.get("state"), status)
     if expect.get("cdi_devices"):
@@ -81,6 +83,43 @@ def judge_boot(world: World, run: Run, expect: dict) -> list[str]:
             problems.append(f"spec lacks cdi_devices {missing} (has {sorted(names)})")
     for tool in expect.get("not_killed") or []:
         problems += _killed(run, tool)
+    return problems
+
+
+def _binding_problems(world: World, status: dict, expect: dict) -> list[str]:
+    """``binding`` (the harness's own, issue 37): status.json's ``binding`` has each scalar
+    given (``state``, ``result``, ``appended``); ``events`` is the list of results of the
+    podvm-gpu events in the world's /run/attestation-agent/eventlog, in order; ``extended``
+    true: the world's RTMR3 (served by tests/fake_rtmr) is the replay of that log from zero,
+    and not zero; false: it is still zero."""
+    import hashlib
+
+    from podvm_gpu.host import rtmr
+
+    record = status.get("binding")
+    if not isinstance(record, dict):
+        return [f"status.json binding {record!r}, expected {expect!r}"]
+    problems = []
+    log = Path(world.path(rtmr.EVENTLOG_PATH))
+    records = rtmr.parse_records(log.read_bytes() if log.exists() else b"", False, "eventlog")
+    for key, want in expect.items():
+        if key == "events":
+            said = [json.loads(r.text().split(" ", 2)[2])["result"] for r in records
+                    if (r.text() or "").startswith("podvm-gpu GpuAttestation ")]
+            if said != want:
+                problems.append(f"eventlog's podvm-gpu results {said}, expected {want}")
+        elif key == "extended":
+            value = Path(world.path(rtmr.RTMR3_PATH)).read_bytes()
+            replayed = bytes(48)
+            for r in records:
+                replayed = hashlib.sha384(replayed + r.digest).digest()
+            if want and (value != replayed or value == bytes(48)):
+                problems.append(f"RTMR3 {value.hex()[:16]}... is not the log's replay "
+                                f"{replayed.hex()[:16]}...")
+            if not want and value != bytes(48):
+                problems.append(f"RTMR3 was extended ({value.hex()[:16]}...)")
+        elif record.get(key) != want:
+            problems.append(f"binding {key} {record.get(key)!r}, expected {want!r}")
     return problems
 
 
@@ -146,6 +185,10 @@ def _status_problems(status: dict, expect: dict) -> list[str]:
                if str(word).lower() not in warnings.lower()]
     if missing:
         problems.append(f"warnings {warnings!r} lack {missing}")
+    if "nvidia_ctk_version" in expect and status.get("nvidia_ctk_version") != \
+            expect["nvidia_ctk_version"]:  # issue 36: the version the cdi step read
+        problems.append(f"status.json nvidia_ctk_version {status.get('nvidia_ctk_version')!r}, "
+                        f"expected {expect['nvidia_ctk_version']!r}")
     for key in ("gpus", "nvswitches"):
         if key in expect and len(status.get(key) or []) != expect[key]:
             problems.append(f"status.json lists {len(status.get(key) or [])} {key}, "

@@ -89,8 +89,15 @@ def attestation_image_row(image) -> Check:
     return image_row(image)
 
 
+def binding_row(facts) -> Check:
+    """The GPUs' verdict bound into TDX RTMR3 (podvm_gpu/steps/cc/bind.py)."""
+    from podvm_gpu.steps.cc.bind import binding_row as row
+
+    return row(facts)
+
+
 VM_ROWS = {"guest-tee": guest_tee_row, CC_ROW: confidential_computing_row,
-           "attestation": attestation_row,
+           "attestation": attestation_row, "binding": binding_row,
            ORDER_ROW: lambda facts: attestation_agent_ordering(facts.root)}
 IMAGE_ROWS = {"attestation": attestation_image_row,
               ORDER_ROW: lambda image: attestation_agent_ordering(image.root)}

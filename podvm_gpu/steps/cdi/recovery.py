@@ -149,7 +149,7 @@ def check_row(facts, ask):
     Args:
         facts: check's facts (podvm_gpu/check/vm.py); ask: health.ask.
     """
-    from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check
+    from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check, doc_ref
     from podvm_gpu.steps.context import HARMLESS_CALL_S
 
     name = "recovery-action"
@@ -173,5 +173,5 @@ def check_row(facts, ask):
             "reset the GPU (nvidia-smi -r with no process using it, or restart the VM on its "
             "host)")
     if found.warn or found.unread:
-        return Check(name, WARN, said, "see docs/operating.md, \"Recovery action\"")
+        return Check(name, WARN, said, f"see {doc_ref('operating.md', 'Recovery action')}")
     return Check(name, PASS, said)

@@ -29,7 +29,7 @@ from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
 from podvm_gpu.errors import CdiSpecError, CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.host.fs import atomic_write, ensure_dir, read_bounded, unread
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
-from podvm_gpu.steps.cdi import imex
+from podvm_gpu.steps.cdi import imex, toolkit, toolkit_image
 from podvm_gpu.steps.context import BootContext
 
 # nvidia-ctk's warnings that can explain a failed generate: the driver libraries and device
@@ -45,8 +45,10 @@ def generate_argv(ctx: BootContext) -> list[str]:
     ``--mode=nvml`` explicitly: without it the toolkit takes its mode from
     ``/etc/nvidia-container-runtime/config.toml``, and 1.18.0 with ``mode = "cdi"`` there fails
     with ``invalid discovery mode: cdi`` (NVIDIA/nvidia-container-toolkit#1376, fixed in #1377).
-    A pod VM's GPUs are NVML devices whatever the runtime's config says."""
-    argv = ["nvidia-ctk", "cdi", "generate", "--mode=nvml", "--format=json", "--output="]
+    A pod VM's GPUs are NVML devices whatever the runtime's config says. ``cdi.disable_hooks``
+    adds ``--disable-hook=<name>`` each (steps/cdi/toolkit.py)."""
+    argv = ["nvidia-ctk", "cdi", "generate", "--mode=nvml", "--format=json", "--output=",
+            *toolkit.disable_hook_args(ctx.config)]
     if not ctx.root.is_host:
         argv += [f"--driver-root={ctx.root.path}", f"--dev-root={ctx.root.path}"]
     return argv
@@ -138,8 +140,11 @@ def run(ctx: BootContext) -> Generated:
 
 
 def generate(ctx: BootContext) -> Generated:
-    """Generate and validate the spec (see :func:`run`)."""
+    """Read nvidia-ctk's version and refuse what it lacks, generate and validate the spec, ask
+    the hook binary for each hook the spec names (steps/cdi/toolkit.py; see :func:`run`)."""
     driver = ctx.driver_version or "unknown"
+    ctk = toolkit.read_version(ctx)
+    toolkit.check_features(ctx, ctk)
     try:
         done = ctx.runner.run(generate_argv(ctx))
     except CommandError as err:
@@ -176,6 +181,7 @@ def generate(ctx: BootContext) -> Generated:
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise StepFailed("the generated spec is not usable: " + "; ".join(problems[:3]) + more)
+    toolkit.check_hooks(ctx, spec, ctk)
     generated = Generated(text, spec)
     generated.imex = imex.generate(ctx)
     return generated
@@ -209,7 +215,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: the spec's generation, then the health gate's queries."""
     from podvm_gpu.steps.cdi import health
 
-    return [generate_argv(ctx), *imex.plan(ctx), health.remap_argv(), health.ecc_argv(),
+    return [toolkit.VERSION_ARGV, generate_argv(ctx), *imex.plan(ctx), health.remap_argv(), health.ecc_argv(),
             health.recovery.reset_argv(), health.recovery.action_argv()]
 
 
@@ -326,3 +332,6 @@ def recovery_action_row(facts) -> Check:
 VM_ROWS = {"row-remapper": row_remapper_row, "recovery-action": recovery_action_row,
            "cdi-spec": cdi_spec_row,
            "cdi-duplicates": cdi_duplicates_row, **imex.VM_ROWS}
+
+# check --image: the toolkit's binaries and their versions (issue 36)
+IMAGE_ROWS = {"toolkit": toolkit_image.image_row}

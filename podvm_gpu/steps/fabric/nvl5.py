@@ -34,7 +34,7 @@ from podvm_gpu.errors import CommandError, StepFailed, ended_text
 from podvm_gpu.host import infiniband, kmod
 from podvm_gpu.host.daemons import socket_answers
 from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, find_nvml, module_loaded, version_in
-from podvm_gpu.row import FAIL, PASS, WARN, Check
+from podvm_gpu.row import FAIL, PASS, SKIP, Check
 from podvm_gpu.steps.fabric.fabric_kind import Fabric
 
 NVLSM_PID = "/run/podvm-gpu/nvlsm.pid"
@@ -308,19 +308,19 @@ def image_lacks(image) -> tuple[list[str], list[str]]:
 
 
 def fabric_image_row(image) -> Check:
-    """What the image lacks for NVLink 5 VMs (HGX B200/B300; :func:`image_lacks`): ``warn``
-    unless the config's ``nvlink5.image_serves`` says the image serves them, then ``fail``."""
+    """What the image lacks for NVLink 5 VMs (HGX B200/B300; :func:`image_lacks`): ``fail``
+    when the config's ``nvlink5.image_serves`` says the image serves them; otherwise ``skip``
+    naming what it lacks: a ``warn`` whose only advice is "nothing to do" made every default
+    image end with a warning (issue 35 item 9)."""
     have, lacks = image_lacks(image)
     if not lacks:
         return Check("fabric", PASS, f"NVLink 5: {'; '.join(have)}")
-    serves = image.config.nvlink5.image_serves
-    why = "nvlink5.image_serves is true" if serves else \
-        "a warning: nvlink5.image_serves is false, and only NVLink 5 VMs need them"
     install = "install the IB modules for every kernel, nvlsm and the fabric manager of the " \
         "driver's release"
-    hint = install if serves else (
-        "nothing to do for an image that never serves NVLink 5 VMs (HGX B200/B300); for one that "
-        f"does, {install}, and set nvlink5.image_serves: true so that this row fails until it "
-        "has them")
-    return Check("fabric", FAIL if serves else WARN, f"for NVLink 5 VMs the image lacks: "
-                 f"{'; '.join(lacks)} ({why})", hint)
+    if image.config.nvlink5.image_serves:
+        return Check("fabric", FAIL, f"for NVLink 5 VMs the image lacks: {'; '.join(lacks)} "
+                     "(nvlink5.image_serves is true)", install)
+    return Check("fabric", SKIP, f"for NVLink 5 VMs the image lacks: {'; '.join(lacks)} (not "
+                 "required: nvlink5.image_serves is false, and only NVLink 5 VMs need them)",
+                 f"for an image that serves NVLink 5 VMs (HGX B200/B300), {install}, and set "
+                 "nvlink5.image_serves: true so that this row fails until it has them")

@@ -10,6 +10,9 @@
   same wait applies.
 - ``mixed``: fails (NVRC ``src/mode.rs`` refuses it as an unexpected topology).
 
+Before the fabric manager of ``nvswitch`` or ``nvlink5`` starts, a module loaded with
+``NVreg_ModifyDeviceFiles=0`` fails the step (podvm_gpu/steps/fabric/params.py, issue 36).
+
 The state comes from ``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status
 --format=csv,noheader`` (parse.fabric_argv; NVIDIA's real 535 to 555 builds refuse ``-q -d
 FABRIC``: ``Failed to parse --display/-d flags``, exit 2, nvidia-smi-real.md), whose rows are
@@ -37,7 +40,7 @@ from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid,
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.context import BootContext
-from podvm_gpu.steps.fabric import fabric_kind, nvl5
+from podvm_gpu.steps.fabric import fabric_kind, nvl5, params
 from podvm_gpu.steps.fabric.fm_watch import FmWatch
 from podvm_gpu.steps.fabric.parse import FabricSeen, FabricState, bus_id, fabric_argv, parse_fabric_rows, summarize  # noqa: F401
 
@@ -288,6 +291,8 @@ def run(ctx: BootContext) -> str:
         said = probe_outside(ctx).replace("no NVSwitch in the VM; fabric managed outside it",
                                           "rack-scale NVLink (the rack manages the fabric)")
         return f"{said}; {fabric_kind.rack_cliques(ctx, fabric)}"
+    params.refuse_without_device_files(root, f"{len(ctx.nvswitches)} NVSwitch(es)" if
+                                       fabric.kind == fabric_kind.NVSWITCH else "NVLink 5")
     nvlsm_daemon, parts = None, []
     if fabric.kind == fabric_kind.NVLINK5:
         port, took = _part(ctx, "management-port", lambda: nvl5.find_port(ctx, fabric))

@@ -140,6 +140,8 @@ def explain_failure(ctx: BootContext, module: str, err: CommandError) -> str:
     if err.held_open:
         return str(err)
     if err.returncode is None:
+        if ctx.runner.which("modprobe") is None:
+            return missing_modprobe(ctx, module)
         return f"cannot load {module}: {err}"
     said = modprobe_said(err)
     text = f"{err.stderr}\n{err.stdout}"
@@ -173,6 +175,25 @@ def explain_failure(ctx: BootContext, module: str, err: CommandError) -> str:
             if f.kind == kind:
                 return f"{module}: {f.describe()}; {said}"
     return f"{module} failed to load: {said}"
+
+
+def _optional(module: str, cause: str) -> str:
+    """The warning for an optional module that did not load: named as optional, its cause, and
+    the other fix, leaving it out ("modules: optional cannot load ...", issue 35 item 11)."""
+    return (f"modules: optional module {module} not loaded ({cause}); if it is not needed, take "
+            f"{module} out of modules.optional")
+
+
+def missing_modprobe(ctx: BootContext, module: str) -> str:
+    """Why ``modprobe <module>`` never ran: the tool is not where boot looks, with where that
+    is and the fix. Boot looks only on its PATH (host/proc.py ``Runner.which``; under its unit
+    systemd's default PATH, the folders ``check --image`` looks in: docs/interface.md 5.2),
+    or at the config's ``tools.modprobe``."""
+    why = ctx.runner.why_missing("modprobe")
+    where = "" if ctx.runner.tool_paths.get("modprobe") else \
+        f" (PATH={ctx.runner.env.get('PATH', os.defpath)})"
+    return (f"cannot run modprobe {module}: {why}{where}: install kmod, or name modprobe in "
+            "tools.modprobe")
 
 
 # xz_dec's status codes (include/linux/xz.h): 6 is XZ_OPTIONS_ERROR, which the kernel's xz (built
@@ -225,7 +246,7 @@ def run(ctx: BootContext) -> str:
         except CommandError as err:
             cause = explain_failure(ctx, module, err)
             if harmless and not err.budget_spent:
-                ctx.warn(f"modules: optional {cause}")
+                ctx.warn(_optional(module, cause))
                 continue
             rest = order[index + 1:]
             skipped = f" ({', '.join(rest)} skipped)" if rest else ""
@@ -236,7 +257,7 @@ def run(ctx: BootContext) -> str:
             why = f"; modprobe.d overrides it: {'; '.join(overrides)}" if overrides else ""
             cause = f"{module} not loaded although modprobe {module} exited 0{why}"
             if harmless:
-                ctx.warn(f"modules: optional {cause}")
+                ctx.warn(_optional(module, cause))
                 continue
             _record_ib(ctx, module, "failed", cause, ib_started)
             raise StepFailed(_ib_context(ctx, module) + cause)
