@@ -471,3 +471,31 @@ def test_a_fabric_that_leaves_completed_is_a_finding_within_an_interval():
             stop(proc)
         reason = status(world)["reason"]
         assert "fabric State In Progress" in reason and reason.startswith("watch: GPU 0000:"), reason
+
+
+def test_a_finding_revokes_the_pass_the_boot_bound_into_rtmr3():
+    """Issue 37's binding: a TDX guest whose boot bound ``pass`` (S170); the watcher's finding
+    appends a ``fail`` event and extends RTMR3 with it, so a relying party's policy refuses
+    the VM whose GPU failed after attestation."""
+    srs_0 = rule(["nvidia-smi", "conf-compute", "-srs", "0"], "")
+    with World(case("S170", HOUR, rules=[srs_0])) as world:
+        ready_world(world)
+        bound = status(world)["binding"]
+        assert (bound["state"], bound["result"]) == ("bound", "pass"), bound
+        register = Path(world.path("/sys/class/misc/tdx_guest/measurements/rtmr3:sha384"))
+        before = register.read_bytes()
+        gpu = status(world)["gpus"][0]["pci_address"]
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            append_kmsg(world, XID_79.replace("0000:00:04", gpu.rsplit(".", 1)[0]))
+            assert proc.wait(REACT_S + 20) == 0, stderr_of(world)
+        finally:
+            stop(proc)
+        doc = status(world)
+        assert doc["state"] == "failed" and "binding broken" not in doc["reason"], doc["reason"]
+        assert (doc["binding"]["state"], doc["binding"]["result"]) == ("bound", "fail")
+        assert doc["binding"]["appended"] is True
+        assert register.read_bytes() != before
+        log = Path(world.path("/run/attestation-agent/eventlog")).read_bytes()
+        assert log.rindex(b'"result":"fail"') > log.rindex(b'"result":"pass"')

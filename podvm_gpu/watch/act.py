@@ -67,6 +67,9 @@ def apply_finding(root: Root, config, runner, finding: dict, confidential: bool,
             finding["ready_state"] = _ready_state_off(runner)
             if finding["ready_state"] != "set to not ready":
                 problems.append(f"conf-compute -srs 0: {finding['ready_state']}")
+        revoked = revoke_binding(root, doc)
+        if revoked:
+            problems.append(revoked)
         doc["state"], doc["cdi"] = State.FAILED, None
         # the problems first kept whole: a reason is at most REASON_MAX characters (model.py)
         said = f"; {'; '.join(problems)}" if problems else ""
@@ -85,6 +88,40 @@ def apply_finding(root: Root, config, runner, finding: dict, confidential: bool,
         tell_console(root, State.FAILED, line)
         finding["told"] = True
     return finding["applied"]
+
+
+def revoke_binding(root: Root, doc: dict) -> str | None:
+    """A ``pass`` this boot bound into RTMR3 (steps/cc/bind.py, issue 37) revoked with a
+    ``fail`` event, as a boot that ends failed after binding ``pass`` revokes it: a relying
+    party's policy (docs/trustee/podvm-gpu.rego) then refuses the VM whose GPU failed after
+    attestation. Updates ``doc["binding"]``; returns what went wrong (a broken binding), or
+    None (revoked, or nothing bound to revoke)."""
+    import hashlib
+
+    from podvm_gpu.steps.cc import bind as binding
+
+    done = doc.get("binding")
+    if not (isinstance(done, dict) and done.get("state") == binding.BOUND
+            and done.get("result") == binding.PASS):
+        return None
+    attestation = doc.get("attestation") if isinstance(doc.get("attestation"), dict) else {}
+    cc = doc.get("confidential_computing") if isinstance(
+        doc.get("confidential_computing"), dict) else {}
+    attested = binding.attested_record(attestation)  # the record the pass named, unchanged
+    digest = hashlib.sha256(binding.canonical(attested).encode("utf-8")).hexdigest() \
+        if attested else None
+    body = binding.content(binding.FAIL, len(doc.get("gpus") or []),
+                           len(doc.get("nvswitches") or []), cc.get("mode"),
+                           attestation.get("nonce"), digest)
+    try:
+        doc["binding"] = binding.bind(root, binding.FAIL, body)
+    except binding.BindError as err:
+        doc["binding"] = binding.record(binding.BROKEN, binding.FAIL, str(err))
+        return f"confidential-computing: binding broken: {err}"
+    except Exception as err:  # a bug must not keep the finding from its end
+        doc["binding"] = binding.record(binding.BROKEN, binding.FAIL, str(err))
+        return f"confidential-computing: binding broken: internal error: {err}"
+    return None
 
 
 def _ready_state_off(runner) -> str:
