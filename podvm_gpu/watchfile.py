@@ -43,6 +43,15 @@ def load(root: Root) -> dict | None:
     if finding is not None and not (isinstance(finding, dict)
                                     and isinstance(finding.get("reason"), str)):
         return None
+    warnings = doc.get("warnings")
+    if not isinstance(warnings, list) or not all(
+            isinstance(w, dict) and isinstance(w.get("text"), str)
+            and isinstance(w.get("count"), int) for w in warnings):
+        doc["warnings"] = []  # counts of ours only: anything else starts again from none
+    if not isinstance(doc.get("warnings_dropped"), int):
+        doc["warnings_dropped"] = 0
+    if not isinstance(doc.get("kmsg_seq"), int) or isinstance(doc.get("kmsg_seq"), bool):
+        doc["kmsg_seq"] = None
     return doc
 
 

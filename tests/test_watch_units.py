@@ -130,3 +130,22 @@ def test_records_left_by_a_bounded_read_are_read_without_waiting_for_another_eve
         assert seen == list(range(5000))
     finally:
         klog.close()
+
+
+def test_a_watch_json_of_the_wrong_shapes_is_read_as_ours_or_not_at_all(tmp_path):
+    import json
+
+    from podvm_gpu import watchfile
+
+    path = tmp_path / watchfile.WATCH_PATH.lstrip("/")
+    path.parent.mkdir(parents=True)
+    root = Root(str(tmp_path))
+    path.write_text(json.dumps({"version": 1, "warnings": ["x", 3], "kmsg_seq": True,
+                                "warnings_dropped": "many", "finding": None}))
+    doc = watchfile.load(root)
+    assert (doc["warnings"], doc["kmsg_seq"], doc["warnings_dropped"]) == ([], None, 0)
+    assert watchfile.add_warning(doc, "new") is True
+    path.write_text(json.dumps({"version": 1, "finding": {"reason": 7}}))
+    assert watchfile.load(root) is None and watchfile.standing_finding(root) is None
+    path.write_text("[not json")
+    assert watchfile.load(root) is None
