@@ -149,3 +149,16 @@ def test_a_watch_json_of_the_wrong_shapes_is_read_as_ours_or_not_at_all(tmp_path
     assert watchfile.load(root) is None and watchfile.standing_finding(root) is None
     path.write_text("[not json")
     assert watchfile.load(root) is None
+
+
+@pytest.mark.parametrize("message", [
+    "usb 1-1: reset required, device not accepting address",
+    "mlx5_core 0000:3b:00.0: firmware: failed to load mellanox/mlx5.bin",
+    "pcieport 0000:00:1c.0: BAR 14: no space for [mem size 0x00200000]"])
+def test_another_devices_reset_or_firmware_words_are_no_finding_after_boot(message):
+    assert verdicts.judge_record(message) == []
+
+
+def test_the_drivers_own_reset_record_is_a_finding():
+    [v] = verdicts.judge_record("NVRM: GPU 0000:01:00.0: GPU requires reset")
+    assert v.level == verdicts.FATAL and v.gpu == "0000:01:00.0"

@@ -32,6 +32,9 @@ WARN_XIDS = {13: "graphics engine exception", 31: "GPU memory page fault",
              64: "ECC page retirement or row remapper recording failure",
              92: "high single-bit ECC error rate"}
 RECOVERY_XID = 154
+# The NVIDIA modules' own records (host/kmsg.py's list of them): "NVRM: ...", "nvidia: ...",
+# "nvidia-uvm: ...", "nvidia 0000:01:00.0: ..." (dev_err), "nvidia-modeset: ...", "nvidia-nvlink: ..."
+NVIDIA_PREFIXES = ("NVRM:", "nvidia")
 _ACTION_CODE = re.compile(r"\bto (0x[0-9A-Fa-f]{1,8})\b")
 
 
@@ -69,6 +72,11 @@ def judge_record(message: str) -> list[Verdict]:
             if finding.code in WARN_XIDS and not finding.fatal:
                 found.append(Verdict(WARN, gpu, f"{finding.summary} ({WARN_XIDS[finding.code]})"))
                 continue
+        elif not message.startswith(NVIDIA_PREFIXES):
+            # the boot's patterns explain a failed load from the whole log; after boot only the
+            # driver's own records count ("reset required", "firmware ... failed" of a NIC or
+            # a USB device are no finding about a GPU)
+            continue
         else:
             m = re.search(r"GPU (?:at PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
                           r"(?:\.[0-7])?)", finding.message)
