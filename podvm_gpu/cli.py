@@ -327,6 +327,11 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
 
         return run_check(options["root_dir"], options["config"], options["json_out"],
                          options["image"], options.get("attest", False))
+    if command == "watch":
+        from podvm_gpu.watch.command import run_watch
+
+        return run_watch(options["root_dir"], options["config"], options["json_out"],
+                         options.get("clear", False))
     if command == "config":
         from podvm_gpu.config.command import run_config
 

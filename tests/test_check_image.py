@@ -33,11 +33,13 @@ def make_image(root: Path, version: str = VERSION) -> Path:
     units = root / "usr/lib/systemd/system"
     (units / "kata-agent.service.d").mkdir(parents=True)
     shutil.copy(REPO / "systemd/podvm-gpu.service", units)
+    shutil.copy(REPO / "systemd/podvm-gpu-watch.service", units)
     shutil.copy(REPO / "systemd/kata-agent.service.d/10-podvm-gpu.conf",
                 units / "kata-agent.service.d")
     wants = root / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True)
     (wants / "podvm-gpu.service").symlink_to("/usr/lib/systemd/system/podvm-gpu.service")
+    (wants / "podvm-gpu-watch.service").symlink_to("/usr/lib/systemd/system/podvm-gpu-watch.service")
     return root
 
 
@@ -58,11 +60,22 @@ def test_an_image_with_driver_units_and_tools_passes(tmp_path):
         "unit": "pass", "kata-agent-ordering": "pass", "kata-agent-cdi": "skip",
         "tools": "pass", "modules": "pass",
         "versions": "pass", "firmware": "pass", "module-compression": "pass",
-        "cdi-refresh-units": "pass", "trust": "pass", "fabric": "skip",
+        "cdi-refresh-units": "pass", "watch": "pass", "trust": "pass", "fabric": "skip",
         "attestation-agent-ordering": "skip", "config-compiled": "skip", "attestation": "warn",
         "toolkit": "skip"}  # stand-in binaries no dpkg package lists: versions unknown
     assert VERSION in checks["versions"]["detail"]
     assert f"nvidia/{VERSION}/gsp_ga10x.bin" in checks["firmware"]["detail"]
+
+
+def test_an_image_without_the_watch_unit_warns_that_a_gpu_failing_after_boot_stays(tmp_path):
+    root = make_image(tmp_path)
+    (root / "etc/systemd/system/multi-user.target.wants/podvm-gpu-watch.service").unlink()
+    code, checks = check_image(root)
+    assert code == 0
+    assert checks["watch"]["result"] == "warn"
+    assert "not enabled" in checks["watch"]["detail"]
+    (root / "usr/lib/systemd/system/podvm-gpu-watch.service").unlink()
+    assert "not installed" in check_image(root)[1]["watch"]["detail"]
 
 
 def test_missing_gsp_firmware_fails_naming_the_file_the_module_asks_for(tmp_path):

@@ -169,12 +169,14 @@ LAYERS = {
     "errors": 0, "record": 0, "jsontext": 0, "model": 0, "pci_ids": 0,
     "host": 1,
     "config": 2, "cdi": 2, "status": 2, "readers": 2, "gpufacts": 2, "units": 2, "kata": 2, "row": 2,
+    "watchfile": 2,
     "steps": 3, "initdata": 3,
     "check": 4, "metrics": 4,
     "boot": 5,
-    "app": 6,
-    "cli": 7,
-    "entry": 8,
+    "watch": 6,
+    "app": 7,
+    "cli": 8,
+    "entry": 9,
 }
 ENTRY_POINTS = {"podvm_gpu.__main__", "podvm_gpu.metrics.__main__"}
 

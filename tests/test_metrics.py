@@ -602,7 +602,13 @@ def test_the_metrics_doc_lists_every_metric_with_its_type_and_profile(tmp_path, 
                  "state": "bound", "result": "pass", "appended": True, "digest": "ab" * 48,
                  "reason": None, "eventlog": "/run/attestation-agent/eventlog"}),
               describe(tmp_path / "d2", [gpu(0)], cc="on"), CC_SAFE),
-             (make_root(tmp_path / "failed", lib, state="failed", reason="modules: x"), None, CC_SAFE)]
+             (make_root(tmp_path / "failed", lib, state="failed", reason="watch: GPU x: Xid 79"),
+              None, CC_SAFE)]
+    # issue 34: the watcher's finding (watch.json) beside the failed status
+    from podvm_gpu.watchfile import WATCH_PATH, new_state
+
+    watch = {**new_state(None), "finding": {"gpu": "0000:18:00.0", "reason": "watch: GPU x"}}
+    Path(cases[2][0], WATCH_PATH.lstrip("/")).write_text(json.dumps(watch))
     for root, desc, profile in cases:
         for name, family in scrape(root, desc).items():
             seen[name] = family.type

@@ -121,6 +121,9 @@ def run_pipeline(run: Run, config: Config | None) -> int:
                                                         gpus=gpus)
     if run.dry_run:
         return _dry_run(run, ctx)
+    standing = _standing_finding(run)
+    if standing:
+        return run.fail(standing)
     steps = Steps(ctx, run)
     # the budget's timer (SIGALRM, boot/run.py Signals): BudgetExpired in the main thread; the
     # first signal or the timer starts the ending, which cancels the timer and only notes
@@ -328,6 +331,22 @@ def _dry_run(run: Run, ctx: BootContext) -> int:
         for note in said:  # shell comments: the output stays a list of commands
             print(f"# {note}")
     return 0
+
+
+def _standing_finding(run: Run) -> str | None:
+    """The reason of a boot run again while the watcher's finding stands (podvm_gpu/watch/,
+    issue 34): ``watch: ...`` naming it. A ready boot would turn the kernel log's findings into
+    warnings and bring the failed GPU back into the spec; only ``podvm-gpu watch --clear``
+    (an operator's explicit word) lets a boot past it."""
+    from podvm_gpu.watchfile import standing_finding
+
+    finding = standing_finding(run.root)
+    if not finding:
+        return None
+    said = finding["reason"].removeprefix("watch: ")
+    return (f"watch: a finding of the watcher stands: {said}; the boot does not bring the GPU "
+            "back: replace the VM, or clear it with podvm-gpu watch --clear and run the boot "
+            "again")[:REASON_MAX]
 
 
 def _fail(run: Run, reason: str) -> int:

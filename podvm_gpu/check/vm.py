@@ -8,7 +8,13 @@ import os
 from podvm_gpu import readers, steps, units
 from podvm_gpu.cdi import SPEC_PATH
 from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check, isolated, safely
-from podvm_gpu.check.units import kata_agent_version, kata_cdi_check, kata_ordering_check, refresh_units_check
+from podvm_gpu.check.units import (
+    kata_agent_version,
+    kata_cdi_check,
+    kata_ordering_check,
+    refresh_units_check,
+    watch_unit_check,
+)
 from podvm_gpu.config.model import Config
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root, untrusted_dirs
@@ -103,6 +109,10 @@ def status_row(facts: "Facts") -> Check:
         return Check("status", FAIL, "no /run/podvm-gpu/status.json: boot has not run",
                      "systemctl status podvm-gpu.service")
     state, reason = doc.get("state"), doc.get("reason")
+    if state == State.FAILED and (reason or "").startswith("watch: "):
+        # the watcher's finding (issue 34): a boot run again fails on it; it is no boot's fault
+        return Check("status", FAIL, f"a GPU failed after boot: {reason}", "replace the VM "
+                     "(the watcher took the GPUs out of the spec; see the watch row)")
     if state == State.FAILED:
         return Check("status", FAIL, f"boot failed: {reason}", "fix the cause, then rerun "
                      "podvm-gpu boot (or reboot)")
@@ -132,6 +142,7 @@ OTHER_ROWS = {
     "cdi-refresh-units": lambda facts: refresh_units_check(facts.root),
     "kata-agent-ordering": lambda facts: kata_ordering_check(facts.root),
     "kata-agent-cdi": kata_cdi_row,
+    "watch": lambda facts: watch_unit_check(facts.root, vm=True),
 }
 
 

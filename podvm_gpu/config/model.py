@@ -146,6 +146,19 @@ class HealthConfig(Section):
     __slots__ = tuple(FIELDS)
 
 
+class WatchConfig(Section):
+    """``podvm-gpu watch`` (podvm_gpu/watch/): ``interval_s`` is the time between two polls of
+    the recovery action, the memory health, the fabric state and the daemons (one poll at a
+    time; the kernel log is read as it arrives, whatever the interval). The default, 60 s, keeps
+    the polls' cost near zero: a poll is four or five nvidia-smi queries, 20-25 ms each on a
+    real H200 with driver 580 (tests/data/real/h200-580/README.md), so about 0.1 s a minute,
+    some 7.5 s an hour (0.2 % of a core); the watcher itself idles at about nothing
+    (bench/watch.py). A recovery action that turns to Node Reboot is seen within one interval."""
+
+    FIELDS = {"interval_s": (seconds(0, False), 60.0)}
+    __slots__ = tuple(FIELDS)
+
+
 class ImexConfig(Section):
     """IMEX channels for multi-node NVLink (GB200/GB300 NVL72 compute trays; issue 28), off by
     default: ``channels`` lists the channel ids whose nodes
@@ -225,6 +238,7 @@ class Config(Section):
               "health": (HealthConfig, HealthConfig()),
               "imex": (ImexConfig, ImexConfig()),
               "cdi": (CdiConfig, CdiConfig()),
+              "watch": (WatchConfig, WatchConfig()),
               "unavailable_spec": (boolean, True),
               "metrics": (_metrics, _default_metrics)}
     __slots__ = tuple(FIELDS)

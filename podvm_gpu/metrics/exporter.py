@@ -148,6 +148,9 @@ class Exporter:
                                            FABRICMANAGER_COMM) is not None})))
         out += fam.fabric_kind_families(status)
         out += fam.attestation_families(status)
+        from podvm_gpu.watchfile import load as load_watch
+
+        out += fam.watch_families(load_watch(self.root))
         records = kmsg.read_timed_records(self.root)
         messages = [message for _level, message, _usec in records]
         found = kmsg.findings(messages)

@@ -145,6 +145,24 @@ def boot_families(status: dict | None, status_error: str | None) -> list[Metric]
     return out
 
 
+def watch_families(watch: dict | None) -> list[Metric]:
+    """The watcher's families from ``/run/podvm-gpu/watch.json`` (podvm_gpu/watchfile.py; None:
+    no watcher ran since the boot, and no series). ``podvm_gpu_watch_finding`` 1 when its
+    finding stands (status.json is then ``failed`` with a ``watch:`` reason): the alert rules
+    tell a GPU that failed after a ready boot from a boot that failed."""
+    if not watch:
+        return []
+    finding = watch.get("finding") if isinstance(watch.get("finding"), dict) else None
+    found = _gauge("podvm_gpu_watch_finding", "1 when the watcher took the GPUs out of the CDI "
+                   "spec after a ready boot (watch.json's finding), else 0.", labels=("gpu",))
+    found.add_metric([str(finding.get("gpu") or "") if finding else ""], 1 if finding else 0)
+    warned = sum(_number(w.get("count")) or 0 for w in _entries(watch.get("warnings"))
+                 if isinstance(w, dict))
+    return [found, _gauge("podvm_gpu_watch_warnings", "Warnings the watcher raised since it "
+                          "started (repeats counted; Xid 13 and the like, facts it could not "
+                          "read).", warned + (_number(watch.get("warnings_dropped")) or 0))]
+
+
 def _count(value) -> int:
     """How many entries a status list has; 0 for anything else (a hand-edited or damaged file
     must not stop a scrape)."""
