@@ -345,7 +345,11 @@ def _watch_root(tmp_path: Path, state: str | None, gpus: int = 1, watch: dict | 
                                                         "podvm-gpu-watch.service")
     run = tmp_path / "run/podvm-gpu"
     run.mkdir(parents=True)
-    if state:
+    if state == "ready":  # a whole ready document: a minimal one is unreadable (issue 35 item 8)
+        import fake_nvml
+
+        fake_nvml.make_root(tmp_path, None, state="ready", gpus=gpus, persistenced=False)
+    elif state:
         (run / "status.json").write_text(json.dumps({
             "state": state, "reason": None, "warnings": [], "started_at": "t",
             "gpus": [{"pci_address": "0000:00:04.0"}] * gpus}))
