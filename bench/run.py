@@ -136,9 +136,26 @@ def new_root(config: bool = False, status: str | None = None, compiled: str | No
                            capture_output=True)
     if status:
         os.makedirs(f"{root}/run/podvm-gpu")
-        Path(f"{root}/run/podvm-gpu/status.json").write_text(json.dumps(
-            {"version": 1, "state": status, "reason": None, "warnings": [], "steps": []}))
+        Path(f"{root}/run/podvm-gpu/status.json").write_text(json.dumps(status_doc(status)))
     return root
+
+
+def status_doc(state: str) -> dict:
+    """A status document in ``state``; a ``ready`` one keeps the rules of ready (interface.md
+    4.2: GPUs, the spec, every step), which readers hold it to (4.4)."""
+    doc = {"version": 2, "state": state, "reason": None, "warnings": [], "steps": []}
+    if state == "ready":
+        when = "2026-12-01T12:07:43.120042+00:00"
+        doc.update(finished_at=when, driver_version="550.54.15", gpus=[{
+            "pci_address": "0000:00:04.0", "vendor_id": "10de", "device_id": "2331",
+            "class_code": "030200", "driver": "nvidia", "name": "H100 PCIe"}],
+            cdi={"path": "/var/run/cdi/nvidia.yaml", "kind": "nvidia.com/gpu",
+                 "devices": ["0", "all"]},
+            steps=[{"name": name, "result": "ok", "started_at": when, "duration_s": 0.1,
+                    "message": "ok"} for name in (
+                        "detect", "drivers", "modules", "versions", "device-nodes",
+                        "persistenced", "fabricmanager", "confidential-computing", "cdi")])
+    return doc
 
 
 def wall(argv: list[str]) -> float:
@@ -194,8 +211,7 @@ def status_wait_row(script: str, runs: int) -> dict:
         time.sleep(1.0)
         cpu.append((_cpu_ticks(proc.pid) - before) / tick)
         path = f"{root}/run/podvm-gpu/status.json"
-        Path(path + ".new").write_text(json.dumps({"version": 1, "state": "ready", "reason": None,
-                                                   "warnings": [], "steps": []}))
+        Path(path + ".new").write_text(json.dumps(status_doc("ready")))
         t0 = time.perf_counter()
         os.replace(path + ".new", path)
         proc.wait(timeout=30)
@@ -330,26 +346,26 @@ _HEALTH = ("--query-remapped-rows", "--query-gpu=pci.bus_id,ecc.",
 def node_of(argv: list[str], set_seen: bool) -> str | None:
     """The node of :data:`GRAPH` a tool call belongs to (None: not on the GPU path, e.g. a
     daemon's own helper); ``set_seen``: ``conf-compute -srs`` has been called before it."""
-    tool, args = argv[0], argv[1:]
+    tool, args = os.path.basename(argv[0]), argv[1:]
     if tool in ("modprobe", "nvidia-modprobe"):
         return "modules"
     if args[:2] == ["system", "create-device-nodes"]:
         return "device-nodes"
-    if tool == "nvidia-ctk":  # the spec's step: its version, hooks and generation (and IMEX's)
-        return "generate"
+    if tool in ("nvidia-ctk", "nvidia-cdi-hook"):  # the spec's step: nvidia-ctk's version, the
+        return "generate"  # generation (and IMEX's), the hooks asked of their binary (issue 36)
     if "--version" in args:
         return "versions"
     if tool == "nvidia-persistenced":
         return "persistenced"
     if tool in ("nv-fabricmanager", "nvlsm") or tool == "nvidia-smi" and (
-            "fabric.state" in " ".join(args) or args == ["-q"]):
+            "fabric.state" in " ".join(args) or "fabric.health" in " ".join(args) or args == ["-q"]):
         return "fabric"
     if tool == "nvidia-smi" and args[:1] == ["conf-compute"]:
         if args[1:] and args[1] in _CC_QUERIES:
             return "cc-queries"
         return "cc-set" if set_seen or args[1:2] == ["-srs"] else "cc-state"
-    if tool == "nvattest":
-        return "attestation"
+    if tool == "nvattest" or tool == "nvidia-smi" and args[:1] == ["--query-gpu=vbios_version"]:
+        return "attestation"  # the VBIOS an NVAT 104 names is read in the attestation (issue 37)
     if tool == "nvidia-smi" and args and args[0].startswith(_HEALTH):
         return "health"
     return None

@@ -24,6 +24,9 @@ COMMANDS = {
              "when no check failed, 1 when one did.",
     "metrics": "Boot and GPU metrics in the Prometheus text format, once, over HTTP (--serve, "
                "--listen) or as a node-exporter textfile (--textfile).",
+    "watch": "After a boot that ended ready with GPUs: watch them (kernel log, recovery action, "
+             "memory health, fabric, daemons) and take a GPU that fails out of the CDI spec "
+             "(podvm-gpu-watch.service). Exit 0: nothing to watch, a finding applied, stopped.",
     "config": "Validate the config file and print the settings in force; with --compile also "
               "write its compiled form (image builds: boot then skips PyYAML). Exit 0 valid, 1 not.",
 }
@@ -70,6 +73,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     sub["config"].add_argument("--compile", dest="compile_", action="store_true",
                                help="write <config>.compiled.json, which boot reads instead of "
                                     "parsing the YAML while the YAML is unchanged")
+    sub["watch"].add_argument("--clear", action="store_true",
+                              help="remove a standing finding (/run/podvm-gpu/watch.json); "
+                                   "then run the boot again")
     sub["metrics"].add_argument("--serve", action="store_true",
                                 help="serve over HTTP at the config's metrics.listen")
     sub["metrics"].add_argument("--listen", metavar="ADDR:PORT",

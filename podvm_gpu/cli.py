@@ -159,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     pipe after what it wanted (``status --json | head -4``) is not an error: the exit status is
     the command's. Output that cannot be written otherwise (``>/dev/full``, an I/O error) ends
     the command with a one-line error on stderr, never a traceback, and exit 3 for ``status``
-    (no state reported: never 1, which means ``failed``), 1 otherwise. Ctrl-C (SIGINT) outside
+    (no state reported: never 1, which means ``failed``), the final state's for ``boot`` (its
+    files are written, status.json holds the state, and under systemd an exit 1 marks the unit
+    failed: issue 35 item 22), 1 otherwise. Ctrl-C (SIGINT) outside
     a boot (``status --wait``, ``metrics --serve``) is one line and exit 130, as a shell reports
     it; boot turns SIGINT into a failed boot itself. Boot has written its files by then; its
     own stdout report is best effort (boot/run.py).
@@ -192,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         said = "podvm-gpu metrics: cannot write the metrics" if args[:1] == ["metrics"] else \
             "podvm-gpu: error: cannot write the output"
         _say(f"{said}: {err.strerror or err}")
+        if args[:1] == ["boot"] and "--dry-run" not in args:
+            return code  # the boot's exit follows its final state, which status.json holds
         return 3 if args[:1] == ["status"] else 1
     return code
 
@@ -323,6 +327,11 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
 
         return run_check(options["root_dir"], options["config"], options["json_out"],
                          options["image"], options.get("attest", False))
+    if command == "watch":
+        from podvm_gpu.watch.command import run_watch
+
+        return run_watch(options["root_dir"], options["config"], options["json_out"],
+                         options.get("clear", False))
     if command == "config":
         from podvm_gpu.config.command import run_config
 

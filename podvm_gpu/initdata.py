@@ -135,32 +135,56 @@ def _read_text(real: str, path: str, read_bounded) -> str:
         raise InitdataError(f"{path}: not UTF-8 text") from None
 
 
-def apply(run, settings, gpus: list) -> str | None:
+def apply(run, settings, gpus: list, step=None, wait_for=None) -> str | None:
     """Read the initdata the config names and hold the GPUs found against it; the failure
     reason (without the ``initdata: `` prefix), or None. Records ``status.initdata``.
 
     Args:
-        run: the boot run (its status, root and start).
+        run: the boot run (its status, status file, root and start).
         settings: the validated config (``initdata.path`` set).
         gpus: the GPUs detect found.
+        step: the running ``initdata`` step, or None: its message says what the boot waits
+            for while it waits (written to the status first), then what was read.
+        wait_for: called with the initdata's ``expected_gpus`` when fewer GPUs are on PCI
+            (the boot's late-GPU wait, issue 37: a pod that says how many GPUs it gets waits
+            for them as ``detect.expected_gpus`` does); returns the GPUs found afterwards.
     """
+    from podvm_gpu.model import StepResult
+
     cfg = settings.initdata
     deadline = run.started + settings.budget_s
     record = {"path": cfg.path, "digest": None, "section": False, "expected_gpus": None,
               "gpu_model": None, "attestation_required": False}
     run.status.initdata = record
+    limit = max(min(cfg.wait_s, deadline - time.monotonic()), 0.0)
+    cut = f" (initdata.wait_s {cfg.wait_s:g} s, cut to what the boot budget has left)" \
+        if limit < cfg.wait_s else ""
+    started = time.monotonic()
+    if step is not None:
+        step.message = f"waiting up to {limit:.2f} s for the pod's initdata {cfg.path}{cut}"
+        try:
+            run.status_file.write(run.status)
+        except OSError:
+            pass  # the status was written a moment ago; the final write reports a failure
     try:
         text, digest = read(run.root, cfg.path, cfg.wait_s, deadline)
         record["digest"] = digest
+        waited = time.monotonic() - started
         if text is None:
-            run.status.warnings.append(f"initdata: {cfg.path} not there after "
-                                       f"{cfg.wait_s:g} s: the pod carried none, no requirement "
+            said = f"{cfg.path} not there after {waited:.2f} s{cut}"
+            run.status.warnings.append(f"initdata: {said}: the pod carried none, no requirement "
                                        "added")
+            if step is not None:
+                step.result, step.message = StepResult.SKIPPED, f"{said}: no requirement added"
             return None
         record.update(parse(text, cfg.path))
+        if step is not None:
+            step.message = f"read {cfg.path} after {waited:.2f} s"
     except InitdataError as err:
         return str(err)
     count, model = record["expected_gpus"], record["gpu_model"]
+    if count is not None and len(gpus) < count and wait_for is not None:
+        gpus = wait_for(count)
     if count is not None and len(gpus) != count:
         return (f'the pod\'s initdata ({cfg.path}, data."{SECTION}") expects {count} GPU(s), '
                 f"{len(gpus)} on PCI")

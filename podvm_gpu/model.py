@@ -134,7 +134,7 @@ class Step:
 
 
 class Status:
-    """The status document, version 2 (contract section 4): version 1 and ``fabric``."""
+    """The status document, version 3 (contract section 4): version 2 and ``binding``."""
 
     def __init__(self) -> None:
         self.state = State.RUNNING
@@ -145,6 +145,7 @@ class Status:
         self.gpus: list[PciDevice] = []
         self.nvswitches: list[PciDevice] = []
         self.driver_version: str | None = None
+        self.nvidia_ctk_version: str | None = None  # steps/cdi/toolkit.py, once the cdi step read it
         self.cdi: dict | None = None
         self.fabric = None  # podvm_gpu.steps.fabric.fabric_kind.Fabric (anything with to_dict()), GPU path
         # podvm_gpu.steps.cc.classify.CcFinding (anything with to_dict()), once the CC step read it
@@ -152,10 +153,11 @@ class Status:
         self.steps: list[Step] = []
         self.attestation: dict | None = None  # podvm_gpu/steps/cc/attest/gate.py's record
         self.initdata: dict | None = None  # podvm_gpu/initdata.py's record, when configured
+        self.binding: dict | None = None  # podvm_gpu/steps/cc/bind.py's record, at the end
 
     def to_dict(self) -> dict:
         return {
-            "version": 2,
+            "version": 3,
             "state": self.state,
             "reason": self.reason,
             "warnings": list(self.warnings),
@@ -164,6 +166,7 @@ class Status:
             "gpus": [g.to_dict() for g in self.gpus],
             "nvswitches": [s.to_dict() for s in self.nvswitches],
             "driver_version": self.driver_version,
+            "nvidia_ctk_version": self.nvidia_ctk_version,
             "cdi": self.cdi,
             "fabric": self.fabric.to_dict() if self.fabric is not None else None,
             "confidential_computing": (self.confidential_computing.to_dict()
@@ -171,4 +174,5 @@ class Status:
             "steps": [s.to_dict() for s in self.steps],
             "attestation": self.attestation,
             "initdata": self.initdata,
+            "binding": self.binding,
         }

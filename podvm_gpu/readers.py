@@ -3,8 +3,8 @@
 Every function reads files under the root (contract section 1) or parses a tool's text output;
 none changes anything. Formats follow the kernel and the NVIDIA driver: ``/proc/modules``,
 ``/proc/devices``, ``/proc/driver/nvidia/gpus/<pci>/information`` (``Device Minor:``),
-``/sys/module/<name>/version``, nvidia-smi's ``-q`` texts (parsed by their labels, never by
-column positions; its ``conf-compute`` texts: podvm_gpu/steps/cc/classify.py).
+``/sys/module/<name>/version``. What nvidia-smi and NVML say of the GPUs is read in
+podvm_gpu/gpufacts/ (issue 33).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ FABRICMANAGER_PID = "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"
 # /proc/<pid>/comm holds at most 15 characters (TASK_COMM_LEN - 1).
 PERSISTENCED_COMM = "nvidia-persiste"
 FABRICMANAGER_COMM = "nv-fabricmanage"
+NVLSM_PID = "/run/podvm-gpu/nvlsm.pid"  # NVLSM's pid file, the one boot gives it (steps/fabric/nvl5.py)
+NVLSM_COMM = "nvlsm"
 _VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?)\b")
 
 
@@ -215,80 +217,6 @@ def daemon_pid(root: Root, pid_file: str, comm: str) -> int | None:
     pid = int(text)
     name = (root.read_text(f"/proc/{pid}/comm") or "").strip()
     return pid if name and name[:15] == comm[:15] else None
-
-
-# --- nvidia-smi texts ----------------------------------------------------------------------
-
-# nvidia-smi's exit status when it cannot reach the kernel driver (no module, no /dev/nvidiactl,
-# no permission): every subcommand, 535.261.03 as the field's newer drivers, prints on stdout
-# "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that
-# the latest NVIDIA driver is installed and running." (tests/data/nvidia-535.261.03/plain).
-NVSMI_NO_DRIVER_RC = 9
-
-
-def nvsmi_no_driver(returncode: int | None, output: str) -> str | None:
-    """A one-line cause when nvidia-smi exited 9 (it cannot talk to the driver), quoting what it
-    printed; None for any other exit. After the modules step this is a failure, never an
-    "unknown" state: the driver that boot loaded does not answer."""
-    if returncode != NVSMI_NO_DRIVER_RC:
-        return None
-    said = " ".join(output.split()) or "no output"
-    return f"nvidia-smi cannot communicate with the NVIDIA driver (exit 9: {said})"
-
-
-# nvidia-smi's exit status is NVML's return code (../shared/nvidia-smi-real.md, the real 535, 550
-# and 555 builds: 2, 3, 4, 6, 9, 12, 13, 15, 17, 18 as they are; 255 for 1, 22, 28, 999 and the
-# export-table mismatch; usage errors exit 2). Everything, errors included, is on stdout.
-NVSMI_EXIT = {
-    2: "invalid argument (also an option or --query-gpu field this nvidia-smi does not know)",
-    3: "not supported", 4: "insufficient permissions", 6: "not found (no GPU listed)",
-    9: "driver not loaded", 12: "NVML library not found",
-    13: "NVML function not found (a library older than nvidia-smi)", 15: "GPU is lost",
-    17: "GPU access blocked by the operating system", 18: "driver/library version mismatch",
-    255: "unknown error (NVML 1, 22, 28, 999, or a foreign library)",
-}
-# The codes after which no answer can come (the driver, the library or a GPU is unusable): a
-# failure wherever they appear after the modules step, never an "unread" state.
-NVSMI_BROKEN = (9, 12, 15, 17, 18)
-GPU_LOST = "[GPU is lost]"  # a --query-gpu/--query-remapped-rows value for a GPU lost after its handle
-
-
-def nvsmi_exit_text(returncode: int | None) -> str:
-    """``exit 15 (GPU is lost)``: the status with its NVML meaning (:data:`NVSMI_EXIT`)."""
-    if returncode is None:
-        return "did not run"
-    meaning = NVSMI_EXIT.get(returncode)
-    return f"exit {returncode}" + (f" ({meaning})" if meaning else "")
-
-
-def nvsmi_broken(returncode: int | None, output: str) -> str | None:
-    """A one-line cause when nvidia-smi's exit status is one of :data:`NVSMI_BROKEN`, quoting
-    what it printed (``Unable to determine the device handle for GPU0000:18:00.0: GPU is lost.``
-    names the GPU); None for any other status."""
-    if returncode == NVSMI_NO_DRIVER_RC:
-        return nvsmi_no_driver(returncode, output)
-    if returncode not in NVSMI_BROKEN:
-        return None
-    said = " ".join(output.split())[:300] or "no output"
-    return f"nvidia-smi {nvsmi_exit_text(returncode)}: {said}"
-
-
-def csv_rows(text: str, width: int) -> list[list[str]] | None:
-    """The rows of a ``--format=csv,noheader`` answer, ``width`` values each; None when a line
-    has another shape (not an answer: an error message)."""
-    rows = [[v.strip() for v in line.split(",")] for line in text.splitlines() if line.strip()]
-    return rows if rows and all(len(row) == width for row in rows) else None
-
-
-def csv_value(value: str, label: str = "") -> str:
-    """One ``--query-gpu`` value as text: ``[N/A]`` -> ``N/A``; the label the real program puts
-    before fabric values (``state  Completed``, ``status Success``; nvidia-smi-real.md) removed."""
-    value = value.strip()
-    if value.startswith("[") and value.endswith("]"):
-        return value[1:-1].strip()
-    if label and re.match(rf"{label}\s", value):
-        return value[len(label):].strip()
-    return value
 
 
 # --- nvidia-persistenced --help ----------------------------------------------------------

@@ -197,7 +197,107 @@ def load_status(root: Root) -> dict | None:
             text.encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800"): no writer of ours makes one
             raise StatusUnreadable(f"{STATUS_PATH}: reason or warnings are not text") from None
+    if doc["state"] == State.READY:
+        why = not_ready_why(doc)
+        if why:
+            raise StatusUnreadable(f"{STATUS_PATH} says ready, but {why}")
     return doc
+
+
+# The steps of a ready boot, in order, and the results each may have (contract section 4.2;
+# docs/status.schema.json's rule for ready). Spelled out here: this module is standard library
+# only, and jsonschema is a test-only dependency.
+READY_STEPS = (("detect", ("ok",)), ("drivers", ("ok",)), ("modules", ("ok",)),
+               ("versions", ("ok",)), ("device-nodes", ("ok",)), ("persistenced", ("ok",)),
+               ("fabricmanager", ("ok", "skipped")),
+               ("confidential-computing", ("ok", "skipped")), ("cdi", ("ok",)))
+_PCI_TEXT = ("pci_address", "vendor_id", "device_id", "class_code", "name")
+
+
+def not_ready_why(doc: dict) -> str | None:
+    """Why a document whose ``state`` is ``ready`` breaks the rules that make ready true, or
+    None when it keeps them (issue 35 item 8: a hand-edited ``{"state": "ready", "gpus":
+    "lots"}`` was ready to every reader).
+
+    The rules (contract sections 4.1 and 4.2): ``reason`` null; ``finished_at`` a string;
+    ``gpus`` a non-empty list of PCI objects (``pci_address``, ``vendor_id``, ``device_id``,
+    ``class_code``, ``name`` strings, ``driver`` a string or null); ``driver_version`` a
+    non-empty string; ``cdi`` an object whose ``path`` and ``kind`` are strings and whose
+    ``devices`` are strings that include ``0`` and ``all``; ``steps`` exactly
+    :data:`READY_STEPS`, in order, each an object with a string ``message`` and ``started_at``,
+    a number ``duration_s`` and a result that step may have when ready. A minimal or version-1
+    document is held to the same rules (section 4.4).
+
+    Args:
+        doc: a status document whose ``state`` is ``ready``.
+
+    Returns:
+        One clause naming the first rule broken (``gpus is "lots", not a non-empty list of
+        PCI objects``), or None.
+    """
+    def typed(key, kinds, what):
+        value = doc.get(key)
+        return None if isinstance(value, kinds) else f"{key} is {_brief(value)}, not {what}"
+
+    return (_gpus_why(doc.get("gpus")) or _cdi_why(doc.get("cdi"))
+            or _steps_why(doc.get("steps"))
+            or typed("driver_version", str, "a version")
+            or ("driver_version is empty" if not doc["driver_version"] else None)
+            or typed("finished_at", str, "a time")
+            or (f"reason is {_brief(doc['reason'])}, not null" if doc.get("reason") is not None
+                else None))
+
+
+def _brief(value) -> str:
+    """A value for a reason: missing, or its JSON text cut to 40 characters."""
+    import json
+
+    if value is None:
+        return "missing or null"
+    try:
+        text = json.dumps(value, ensure_ascii=True)
+    except (ValueError, RecursionError):  # nested as deeply as the reader takes
+        return f"a {type(value).__name__} nested too deeply"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _gpus_why(gpus) -> str | None:
+    if not isinstance(gpus, list) or not gpus:
+        return f"gpus is {_brief(gpus)}, not a non-empty list of PCI objects"
+    for i, gpu in enumerate(gpus):
+        if not isinstance(gpu, dict) or not all(isinstance(gpu.get(k), str) for k in _PCI_TEXT) \
+                or not isinstance(gpu.get("driver", 0), (str, type(None))):
+            return f"gpus[{i}] is {_brief(gpu)}, not a PCI object"
+    return None
+
+
+def _cdi_why(cdi) -> str | None:
+    if not isinstance(cdi, dict):
+        return f"cdi is {_brief(cdi)}, not the installed spec's object"
+    devices = cdi.get("devices")
+    if not isinstance(cdi.get("path"), str) or not isinstance(cdi.get("kind"), str) \
+            or not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+        return f"cdi is {_brief(cdi)}, not {{path, kind, devices: [names]}}"
+    if "0" not in devices or "all" not in devices:
+        return f"cdi.devices {_brief(devices)} lack 0 or all"
+    return None
+
+
+def _steps_why(steps) -> str | None:
+    if not isinstance(steps, list):
+        return f"steps is {_brief(steps)}, not a list of steps"
+    names = [step.get("name") if isinstance(step, dict) else None for step in steps]
+    if names != [name for name, _ in READY_STEPS]:
+        return (f"its steps are {_brief(names)}, not every GPU step once in order "
+                f"({', '.join(name for name, _ in READY_STEPS)})")
+    for step, (name, results) in zip(steps, READY_STEPS):
+        if step.get("result") not in results:
+            return f"step {name} is {_brief(step.get('result'))}, not {' or '.join(results)}"
+        if not isinstance(step.get("message"), str) or not isinstance(step.get("started_at"), str) \
+                or isinstance(step.get("duration_s"), bool) \
+                or not isinstance(step.get("duration_s"), (int, float)):
+            return f"step {name} is {_brief(step)}, not a step object"
+    return None
 
 
 def read_status(root: Root) -> dict | None:

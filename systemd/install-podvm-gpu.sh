@@ -8,6 +8,7 @@
 #   /opt/podvm-gpu                  venv with the agent (installed with pip --no-index)
 #   /usr/local/bin/podvm-gpu        link for engineers
 #   /usr/lib/systemd/system/podvm-gpu.service, enabled (multi-user.target.wants)
+#   /usr/lib/systemd/system/podvm-gpu-watch.service, enabled (runs after a ready boot)
 #   /usr/lib/systemd/system/podvm-gpu-metrics.service, disabled (the image enables it if wanted)
 #   /usr/lib/systemd/system/podvm-gpu-pod-labels.service, enabled into the metrics unit's wants
 #   /usr/lib/systemd/system/kata-agent.service.d/10-podvm-gpu.conf
@@ -35,6 +36,7 @@ mkdir -p /usr/local/bin
 ln -sfn "$prefix/bin/podvm-gpu" /usr/local/bin/podvm-gpu
 
 install -D -m 0644 "$bundle/podvm-gpu.service" "$unitdir/podvm-gpu.service"
+install -D -m 0644 "$bundle/podvm-gpu-watch.service" "$unitdir/podvm-gpu-watch.service"
 install -D -m 0644 "$bundle/podvm-gpu-metrics.service" "$unitdir/podvm-gpu-metrics.service"
 install -D -m 0644 "$bundle/podvm-gpu-pod-labels.service" "$unitdir/podvm-gpu-pod-labels.service"
 install -D -m 0644 "$bundle/10-podvm-gpu.conf" "$unitdir/kata-agent.service.d/10-podvm-gpu.conf"
@@ -50,6 +52,7 @@ if [ -e /etc/podvm-gpu/config.yaml ]; then
 fi
 
 systemctl enable podvm-gpu.service
+systemctl enable podvm-gpu-watch.service  # its ExecCondition= skips it after a failed boot
 systemctl enable podvm-gpu-pod-labels.service  # runs only with the metrics unit (WantedBy=)
 systemctl mask nvidia-cdi-refresh.path nvidia-cdi-refresh.service
 for unit in nvidia-persistenced.service nvidia-fabricmanager.service; do

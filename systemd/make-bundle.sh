@@ -34,7 +34,7 @@ fi
 # The installer runs pip from this wheel, so the image needs neither pip nor ensurepip.
 $pip download --quiet --only-binary=:all: --no-deps --dest "$out/wheels" pip
 
-cp "$here/install-podvm-gpu.sh" "$here/podvm-gpu.service" "$here/podvm-gpu-metrics.service" "$here/podvm-gpu-pod-labels.service" \
+cp "$here/install-podvm-gpu.sh" "$here/podvm-gpu.service" "$here/podvm-gpu-watch.service" "$here/podvm-gpu-metrics.service" "$here/podvm-gpu-pod-labels.service" \
     "$here/podvm-gpu.preset" "$out/"
 cp "$here/kata-agent.service.d/10-podvm-gpu.conf" "$out/"
 cp "$here/attestation-agent.service.d/10-podvm-gpu.conf" "$out/attestation-agent-10-podvm-gpu.conf"

@@ -70,7 +70,9 @@ ERROR_LINES = {
     500: ["Failed to initialize NVML", "Failed to collect GPU evidence"],
     501: ["No GPUs available", "Failed to collect GPU evidence"],
     509: ["GPU must be running in CC or PPCIe mode to collect evidence through NVML",
-          "Failed to collect GPU evidence"],
+          "Failed to collect GPU evidence",
+          # the real 1.2.2 on an H200 with CC off (nvattest.md, "Confirmed with the real binary")
+          "Error while performing device attestation"],
     600: ["Failed to initialize NSCQ", "Failed to collect switch evidence"],
     104: ["Failed to download RIM from https://rim.attestation.nvidia.com/v1/rim/"
           "NV_GPU_DRIVER_GH100_580.159.03"],

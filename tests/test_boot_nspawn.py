@@ -31,6 +31,7 @@ def test_installer_enables_the_agent_masks_cdi_refresh_and_disables_the_distro_d
     etc = installed / "etc/systemd/system"
     wants = etc / "multi-user.target.wants"
     assert (wants / "podvm-gpu.service").is_symlink()
+    assert (wants / "podvm-gpu-watch.service").is_symlink()  # issue 34
     for unit in ("nvidia-cdi-refresh.path", "nvidia-cdi-refresh.service"):
         assert os.readlink(etc / unit) == "/dev/null", unit
         assert not (wants / unit).exists(), unit
@@ -234,3 +235,57 @@ def test_attestation_agent_starts_after_the_agent_with_persistenced_running(root
     assert record["spec_present"] and record["persistenced_alive"], record
     print(f"nspawn attestation-agent order: boot {boot.wall_s:.2f} s; the stand-in started "
           f"{(standin_started - agent_exited) / 1e3:.1f} ms after the agent's unit finished")
+
+
+def install_watch_probe(root, gpu: bool) -> None:
+    """The watch probe (tests/boot/watch-probe.py) and the kata-agent stand-in's ordering after
+    it; on the GPU path also the watcher's and the probe's drop-ins for the fake root."""
+    units = image.HERE / "units/watch"
+    etc = "/etc/systemd/system"
+    image.install_file(image.HERE / "watch-probe.py", root, "/usr/local/libexec/watch-probe", 0o755)
+    image.install_file(units / "watch-probe.service", root, f"{etc}/watch-probe.service")
+    image.install_file(units / "kata-agent-70-watch-probe.conf", root,
+                       f"{etc}/kata-agent.service.d/70-watch-probe.conf")
+    if gpu:
+        image.install_file(units / "podvm-gpu-watch-50-fake-gpu.conf", root,
+                           f"{etc}/podvm-gpu-watch.service.d/50-fake-gpu.conf")
+        image.install_file(units / "watch-probe-50-fake-gpu.conf", root,
+                           f"{etc}/watch-probe.service.d/50-fake-gpu.conf")
+
+
+def test_the_watcher_starts_after_a_ready_boot_and_an_xid_79_flips_the_spec(rootfs, tmp_path):  # noqa: F811
+    """Issue 34 under a real systemd: podvm-gpu-watch.service (enabled by the installer) starts
+    after the ready boot, in its sandbox; an Xid 79 in the kernel log it follows (the fake
+    root's file) makes the spec unavailable and the status failed, and the unit ends 0."""
+    import json
+
+    home = world.populate(rootfs, SPEC_TEMPLATE)
+    install_watch_probe(rootfs, gpu=True)
+    boot = image.boot(rootfs, tmp_path / "artifacts")
+
+    probe = json.loads((home / "watch-probe.json").read_text())
+    assert probe["status_before"] == "ready", boot.console[-3000:]
+    assert probe["watching"] and probe["watching"]["finding"] is None, boot.journal[-5000:]
+    assert probe["unit_watching"]["ActiveState"] == "active", probe
+    assert probe["flip_s"] is not None and probe["flip_s"] < 10, (probe, boot.journal[-5000:])
+    assert probe["status_after"]["reason"].startswith("watch: GPU 0000:00:04.0: Xid 79")
+    assert (probe["unit_after"]["Result"], probe["unit_after"]["ExecMainStatus"]) == ("success", "0")
+    record = boot.record or {}
+    assert "PODVM_GPU_STATE=failed" in (record.get("spec") or ""), record.get("spec")
+    assert "podvm-gpu-watch" in boot.journal and "Xid 79" in boot.journal
+    print(f"nspawn watch: the flip {probe['flip_s']:.3f} s after the record")
+
+
+def test_on_a_cpu_vm_the_watcher_finds_nothing_to_watch(rootfs, tmp_path):  # noqa: F811
+    import json
+
+    if host_has_nvidia_pci_device():
+        pytest.fail("this host has an NVIDIA PCI device: the CPU path test needs a GPU-less host")
+    install_watch_probe(rootfs, gpu=False)
+    boot = image.boot(rootfs, tmp_path / "artifacts")
+
+    probe = json.loads((rootfs / "var/lib/watch-probe.json").read_text())
+    assert probe["status_before"] == "no-gpu", probe
+    assert (probe["unit_after"]["Result"], probe["unit_after"]["ExecMainStatus"]) == ("success", "0")
+    assert probe["watch_after"] is None, "nothing watched, nothing written"
+    assert "nothing to watch: the boot ended no-gpu" in boot.journal, boot.journal[-3000:]

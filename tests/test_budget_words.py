@@ -31,3 +31,27 @@ def test_a_tool_timeout_cut_by_the_budget_says_the_budget_is_spent(prefix, step)
         problems = judge_boot(world, run, expect)
         if problems:
             pytest.fail(report(world, run, problems), pytrace=False)
+
+
+def test_a_fabric_wait_the_budget_ends_names_the_fabric_state_and_for_how_long():
+    """Issue 33: a VM whose fabric stays In Progress ended ``failed`` with "the boot budget of
+    12 s is spent (nvidia-smi --query-gpu=... timed out after 0)": the query the budget cut,
+    not the fabric state that never completed. Each fabric query here takes 1.5 s, so the
+    budget ends the wait during a query or between two; either way the state is named."""
+    case = p03_case()
+    fabric_query = {"argv": ["nvidia-smi", "--query-gpu=pci.bus_id,fabric.state,fabric.status"],
+                    "rc": 0, "stdout": "", "stderr": "", "delay_s": 1.5, "effects": []}
+    tools = [dict(rule, effects=[{"fabric": "in-progress"}])
+             if rule["argv"] == ["nv-fabricmanager"] else rule for rule in case.tools]
+    config = (f"budget_s: {BUDGET_S}\ntimeouts: {{nvidia-smi: 60}}\n"
+              "fabricmanager: {ready_timeout_s: 600, poll_s: 0.1}\n")
+    case = dataclasses.replace(case, id="P03-fabric-budget", tools=[fabric_query, *tools],
+                               files={**case.files, "etc/podvm-gpu/config.yaml": config})
+    expect = {"state": "failed", "exit": 1, "max_wall_s": BUDGET_S + 4, "cdi": "unavailable",
+              "reason_contains": ["fabricmanager: ", "boot budget", "State In Progress, Status N/A "
+                                  "on 8 GPU(s)"]}
+    with World(case) as world:
+        run = world.run("boot")
+        problems = judge_boot(world, run, expect)
+        if problems:
+            pytest.fail(report(world, run, problems), pytrace=False)

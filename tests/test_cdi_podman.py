@@ -47,6 +47,7 @@ def podman(tmp_path: Path, image_tar: Path, run_cdi: dict[str, str], etc_cdi: di
            *requests: str, nodes: list | None = None) -> dict[str, dict]:
     """Run the requests; request -> podman's answer (``rc``, ``stderr``, ``config``)."""
     folders = {}
+    tmp_path.mkdir(parents=True, exist_ok=True)
     for name, files in (("run", run_cdi), ("etc", etc_cdi)):
         folders[name] = tmp_path / f"cdi-{name}"
         folders[name].mkdir()
@@ -128,3 +129,38 @@ def test_a_renamed_duplicate_and_a_spec_in_etc_beside_var_run_give_no_conflict(t
         assert "config" in answer, (request, answer)
     assert answers["nvidia.com/gpu=0"]["config"]["linux"]["devices"]
     assert "PODVM_GPU_STATE=no-gpu" in answers["nvidia.com/gpu=unavailable"]["config"]["process"]["env"]
+
+
+def test_a_watch_finding_turns_a_gpu_request_podman_accepted_into_one_it_refuses(tmp_path, image_tar):
+    """Issue 34: after a ready boot podman (the real CDI library) accepts nvidia.com/gpu=0; once
+    the watcher's finding replaced the spec it refuses it at once, and the reason is in
+    status.json, the journal line and the spec's env."""
+    from scenarios.world import World
+    from test_watch import XID_79, append_kmsg, case, spec_env, start_watch, stderr_of, stop, watching
+
+    with World(case("P02", "watch:\n  interval_s: 3600\n")) as world:
+        world.run("boot")
+        spec_path = Path(world.path("/var/run/cdi/nvidia.yaml"))
+        ready = spec_path.read_text()
+        nodes = nodes_of(yaml.safe_load(ready.split("\n---\n", 1)[-1]))
+        before = podman(tmp_path / "before", image_tar, {"nvidia.yaml": ready}, {},
+                        "nvidia.com/gpu=0", nodes=nodes)["nvidia.com/gpu=0"]
+        assert before["rc"] == 0 and before["config"]["linux"]["devices"], before
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            append_kmsg(world, XID_79)
+            assert proc.wait(30) == 0, stderr_of(world)
+        finally:
+            stop(proc)
+        reason = json.loads(Path(world.path("/run/podvm-gpu/status.json")).read_text())["reason"]
+        answers = podman(tmp_path / "after", image_tar, {"nvidia.yaml": spec_path.read_text()}, {},
+                         "nvidia.com/gpu=0", "nvidia.com/gpu=unavailable", nodes=nodes)
+        refused = answers["nvidia.com/gpu=0"]
+        said = refused["stderr"] if refused["rc"] else refused.get("init_stderr", "")
+        assert "unresolvable CDI devices nvidia.com/gpu=0" in said, refused
+        assert "config" not in refused
+        env = answers["nvidia.com/gpu=unavailable"]["config"]["process"]["env"]
+        assert f"PODVM_GPU_REASON={reason}" in env and "PODVM_GPU_STATE=failed" in env
+        assert f"PODVM_GPU_REASON={reason}" in spec_env(world)
+        assert reason.startswith("watch: GPU 0000:00:04.0: Xid 79") and reason in stderr_of(world)

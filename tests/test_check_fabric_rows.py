@@ -71,3 +71,103 @@ def test_a_mixed_topology_fails_the_fabric_row_and_starts_no_fabric_manager():
     assert checks["fabric"]["result"] == "fail", checks["fabric"]
     assert checks["fabric"]["detail"].startswith("mixed: "), checks["fabric"]
     assert checks["fabricmanager"]["result"] == "skip", checks["fabricmanager"]
+
+
+# --- issue 33: the fabric health summary (nvidia-smi 580), a query of its own ------------------
+
+class _HealthCtx:
+    """A boot context as much as ``health_summary`` reads it: one answer for the query."""
+
+    def __init__(self, rc, out):
+        from podvm_gpu.host.proc import Completed
+
+        self.warnings, self.asked = [], []
+        self.runner = self
+        self._done = Completed(argv=[], returncode=rc, stdout=out, stderr="", duration_s=0.01)
+
+    def run(self, argv, check=False, timeout=None):
+        self.asked.append(argv)
+        return self._done
+
+    def harmless_timeout(self, tool):
+        return 5.0
+
+    def warn(self, text):
+        self.warnings.append(text)
+
+
+@pytest.mark.parametrize("out, said", [
+    ("00000000:18:00.0, Healthy\n00000000:2A:00.0, Healthy\n", "health summary Healthy on 2 GPU(s)"),
+    ("00000000:18:00.0, [N/A]\n", "health summary N/A on 1 GPU(s)"),
+])
+def test_a_healthy_or_na_fabric_health_summary_passes_without_a_warning(out, said):
+    from podvm_gpu.steps.fabric.parse import health_summary
+
+    ctx = _HealthCtx(0, out)
+
+    assert health_summary(ctx) == said
+    assert ctx.warnings == []
+    assert ctx.asked == [["nvidia-smi", "--query-gpu=pci.bus_id,fabric.health.summary",
+                          "--format=csv,noheader"]]
+
+
+def test_an_unhealthy_fabric_fails_naming_the_gpu_and_limited_capacity_warns():
+    from podvm_gpu.errors import StepFailed
+    from podvm_gpu.steps.fabric.parse import health_summary
+
+    with pytest.raises(StepFailed, match=r"fabric unhealthy: 00000000:2A:00.0: health summary "
+                                         r"Unhealthy \(fabric.health.summary\)"):
+        health_summary(_HealthCtx(0, "00000000:18:00.0, Healthy\n00000000:2A:00.0, Unhealthy\n"))
+    ctx = _HealthCtx(0, "00000000:18:00.0, Limited Capacity\n00000000:2A:00.0, Sparkly\n")
+    assert health_summary(ctx) == "health summary Limited Capacity on 1 GPU(s), Sparkly on 1 GPU(s)"
+    assert len(ctx.warnings) == 2
+    assert "Limited Capacity" in ctx.warnings[0] and "'Sparkly' not understood" in ctx.warnings[1]
+
+
+def test_a_build_without_the_field_is_not_offered_and_another_failure_warns():
+    from podvm_gpu.steps.fabric.parse import health_summary
+
+    ctx = _HealthCtx(2, 'Field "fabric.health.summary" is not a valid field to query.\n\n')
+    assert health_summary(ctx) == "health summary not offered by this nvidia-smi"
+    assert ctx.warnings == []
+    ctx = _HealthCtx(3, "Not Supported\n")
+    assert health_summary(ctx) == "health summary not read"
+    assert ctx.warnings and "exit 3 (not supported)" in ctx.warnings[0]
+
+
+class _OutsideFacts:
+    """check's facts for a VM without NVSwitches whose GPUs report a fabric managed outside."""
+
+    def __init__(self, root, summary_answer):
+        from podvm_gpu.gpufacts import smi
+        from podvm_gpu.host.fs import Root
+
+        self.root = Root(str(root))
+        self.answers = {
+            tuple(smi.fabric_argv()): (0, "00000000:18:00.0, state  Completed, status Success\n"),
+            tuple(smi.fabric_health_argv()): summary_answer}
+        self.runner = self
+        self.timeouts = {}
+
+    def run(self, argv, check=False, timeout=None):
+        from podvm_gpu.host.proc import Completed
+
+        rc, out = self.answers[tuple(argv)]
+        return Completed(argv=argv, returncode=rc, stdout=out, stderr="", duration_s=0.01)
+
+
+@pytest.mark.parametrize("answer, result, words", [
+    ((0, "00000000:18:00.0, Healthy\n"), "pass", "health summary Healthy on 1 GPU(s)"),
+    ((2, 'Field "fabric.health.summary" is not a valid field to query.\n\n'), "pass",
+     "health summary not offered by this nvidia-smi"),
+    ((0, "00000000:18:00.0, Unhealthy\n"), "fail", "00000000:18:00.0: health summary Unhealthy"),
+    ((0, "00000000:18:00.0, Limited Capacity\n"), "warn", "less bandwidth"),
+])
+def test_checks_fabric_row_judges_the_health_summary_as_boot_does(tmp_path, answer, result, words):
+    """Issue 33: the fabric was judged three times; check's row now reads 580's health summary
+    after Completed/Success, as boot's step does (parse.read_summary)."""
+    from podvm_gpu.steps.fabric import step
+
+    row = step._outside_row(_OutsideFacts(tmp_path, answer))
+
+    assert (row.result, words in row.detail) == (result, True), row

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from boot.nvidia_image import VERSION, add_nvidia_driver
+from boot.nvidia_image import VERSION, add_nvidia_driver, depmod, kernel_module
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,11 +33,13 @@ def make_image(root: Path, version: str = VERSION) -> Path:
     units = root / "usr/lib/systemd/system"
     (units / "kata-agent.service.d").mkdir(parents=True)
     shutil.copy(REPO / "systemd/podvm-gpu.service", units)
+    shutil.copy(REPO / "systemd/podvm-gpu-watch.service", units)
     shutil.copy(REPO / "systemd/kata-agent.service.d/10-podvm-gpu.conf",
                 units / "kata-agent.service.d")
     wants = root / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True)
     (wants / "podvm-gpu.service").symlink_to("/usr/lib/systemd/system/podvm-gpu.service")
+    (wants / "podvm-gpu-watch.service").symlink_to("/usr/lib/systemd/system/podvm-gpu-watch.service")
     return root
 
 
@@ -58,10 +60,22 @@ def test_an_image_with_driver_units_and_tools_passes(tmp_path):
         "unit": "pass", "kata-agent-ordering": "pass", "kata-agent-cdi": "skip",
         "tools": "pass", "modules": "pass",
         "versions": "pass", "firmware": "pass", "module-compression": "pass",
-        "cdi-refresh-units": "pass", "trust": "pass", "fabric": "skip",
-        "attestation-agent-ordering": "skip", "config-compiled": "skip", "attestation": "warn"}
+        "cdi-refresh-units": "pass", "watch": "pass", "trust": "pass", "fabric": "skip",
+        "attestation-agent-ordering": "skip", "config-compiled": "skip", "attestation": "warn",
+        "toolkit": "skip"}  # stand-in binaries no dpkg package lists: versions unknown
     assert VERSION in checks["versions"]["detail"]
     assert f"nvidia/{VERSION}/gsp_ga10x.bin" in checks["firmware"]["detail"]
+
+
+def test_an_image_without_the_watch_unit_warns_that_a_gpu_failing_after_boot_stays(tmp_path):
+    root = make_image(tmp_path)
+    (root / "etc/systemd/system/multi-user.target.wants/podvm-gpu-watch.service").unlink()
+    code, checks = check_image(root)
+    assert code == 0
+    assert checks["watch"]["result"] == "warn"
+    assert "not enabled" in checks["watch"]["detail"]
+    (root / "usr/lib/systemd/system/podvm-gpu-watch.service").unlink()
+    assert "not installed" in check_image(root)[1]["watch"]["detail"]
 
 
 def test_missing_gsp_firmware_fails_naming_the_file_the_module_asks_for(tmp_path):
@@ -177,6 +191,7 @@ def test_an_xz_compressed_module_is_read_without_modinfo(tmp_path):
     module = next(root.glob("lib/modules/*/updates/dkms/nvidia.ko"))
     module.with_name("nvidia.ko.xz").write_bytes(lzma.compress(module.read_bytes()))
     module.unlink()
+    depmod(root, module.parents[2].name)  # as DKMS does after installing modules
     code, checks = check_image(root)
     assert checks["modules"]["result"] == "pass", checks["modules"]
     assert checks["versions"]["result"] == "pass", checks["versions"]
@@ -215,6 +230,8 @@ def xz_modules(root: Path, check: str, kernel: str | None = None) -> list[Path]:
     listed = subprocess.run(["xz", "--robot", "--list", str(made[0])], capture_output=True,
                             text=True, check=True).stdout
     assert f"\t{XZ_CHECKS[check]}\t" in listed, listed  # the real xz wrote that check type
+    for release in sorted({m.parents[2].name for m in made}):
+        depmod(root, release)  # as the build does after installing modules
     return made
 
 
@@ -333,7 +350,8 @@ def add_nvlink5(root: Path, fm_version: str = VERSION, nvlsm: bool = True) -> Pa
         for name, folder in IB_MODULES.items():
             path = root / f"lib/modules/{kernel}/kernel/{folder}/{name}.ko"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(b"")
+            path.write_bytes(kernel_module(name, kernel))
+        depmod(root, kernel)  # as the kernel package does
     tools = ["nv-fabricmanager"] + (["nvlsm"] if nvlsm else [])
     for tool in tools:
         path = root / "usr/bin" / tool
@@ -392,6 +410,7 @@ def test_an_ib_module_one_kernel_lacks_is_named_with_that_kernel(tmp_path):
     (root / "boot/vmlinuz-6.12.0-other").write_bytes(b"")
     add_nvlink5(root)
     shutil.rmtree(root / "lib/modules/6.12.0-other/kernel/drivers/infiniband")
+    depmod(root, "6.12.0-other")  # the index says what is there (kmod reads nothing else)
     code, checks = check_image(serving_nvlink5(root))
     assert checks["fabric"]["result"] == "fail"
     assert "IB module(s) mlx5_ib, ib_umad for kernel 6.12.0-other" in checks["fabric"]["detail"]
@@ -427,7 +446,6 @@ def test_attestation_row_warns_without_nvattest_and_fails_when_the_image_serves_
     code, checks = check_image(root)
     assert checks["attestation"]["result"] == "warn"
     assert "nvattest" in checks["attestation"]["detail"]
-    assert "libnvidia-nscq.so.2" in checks["attestation"]["detail"]
     # issue 35 item 9: the hint asked for image_serves: false, which the image already had
     hint = checks["attestation"]["hint"]
     assert "image_serves: false" not in hint, hint
@@ -445,6 +463,28 @@ def test_attestation_row_warns_without_nvattest_and_fails_when_the_image_serves_
     (root / "usr/lib/x86_64-linux-gnu/libnvidia-nscq.so.2").write_text("")
     code, checks = check_image(root)
     assert checks["attestation"]["result"] == "pass", checks["attestation"]
+
+
+def test_libnvidia_nscq_is_required_only_by_an_image_that_serves_protected_pcie(tmp_path):
+    """Issue 37 item 7: libnvidia-nscq is the NVSwitches' evidence, needed in Protected PCIe
+    only; the image's config says so (confidential_computing.image_serves_protected_pcie)."""
+    root = make_image(tmp_path)
+    tool = root / "usr/bin/nvattest"
+    tool.parent.mkdir(parents=True, exist_ok=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    config = root / "etc/podvm-gpu/config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("confidential_computing: {image_serves: true}\n")
+    code, checks = check_image(root)
+    assert checks["attestation"]["result"] == "pass", checks["attestation"]
+    assert "image_serves_protected_pcie is false" in checks["attestation"]["detail"]
+    config.write_text("confidential_computing: {image_serves: true, "
+                      "image_serves_protected_pcie: true}\n")
+    code, checks = check_image(root)
+    assert code == 1 and checks["attestation"]["result"] == "fail"
+    assert "libnvidia-nscq.so.2 (Protected PCIe: confidential_computing." \
+           "image_serves_protected_pcie is true)" in checks["attestation"]["detail"]
 
 
 def test_an_image_kernel_without_a_firmware_loader_fails_the_firmware_row(tmp_path):

@@ -89,3 +89,65 @@ def test_a_tool_the_config_places_where_nothing_is_fails_though_path_has_one(tmp
     assert tools["result"] == "fail", tools
     assert "nvidia-persistenced: /opt/nv/bin/nvidia-persistenced (set in the config) is not an " \
            "executable" in tools["detail"], tools
+
+
+def _kmod_finds(root, release: str, module: str = "nvidia") -> bool:
+    """What the real kmod says: ``modprobe -d <image> -S <release> --show-depends <module>``."""
+    import subprocess
+
+    from boot.nvidia_image import kmod_program
+
+    done = subprocess.run([kmod_program("modprobe"), "-d", str(root), "-S", release,
+                           "--show-depends", module], capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        assert f"Module {module} not found in directory" in done.stderr, done.stderr
+        return False
+    assert done.stdout.split()[:2] == ["insmod", f"{root}/lib/modules/{release}/updates/dkms/"
+                                       f"{module}.ko"], done.stdout
+    return True
+
+
+def test_the_modules_row_agrees_with_real_kmod_on_a_kernel_depmod_has_not_indexed(tmp_path):
+    """Issue 35 item 2: an image whose kernel had no modules.dep passed ``modules`` (the row
+    scanned the tree and named modules.dep as its source) while kmod 30 said ``FATAL: Module
+    nvidia not found in directory``. The row is held to the real kmod in each state: indexed by
+    the builder's ``depmod -b``; no index (kmod reads modules.dep.bin alone: the text
+    modules.dep without it finds nothing either); after the hint's own command."""
+    import subprocess
+
+    from boot.nvidia_image import kmod_program
+
+    root = make_image(tmp_path)
+    release = _kernel(root)
+    folder = root / f"lib/modules/{release}"
+    assert _kmod_finds(root, release) and check_image(root)[1]["modules"]["result"] == "pass"
+
+    (folder / "modules.dep.bin").unlink()
+    assert (folder / "modules.dep").is_file()
+    code, checks = check_image(root)
+    assert not _kmod_finds(root, release)
+    assert code == 1 and checks["modules"]["result"] == "fail", checks["modules"]
+
+    for index in folder.glob("modules.*"):
+        index.unlink()
+    code, checks = check_image(root)
+    assert not _kmod_finds(root, release)
+    modules = checks["modules"]
+    assert code == 1 and modules["result"] == "fail", modules
+    assert modules["detail"].startswith(f"kernel {release}: no /lib/modules/{release}/"
+                                        "modules.dep.bin: "), modules
+    assert modules["hint"] == f"run depmod -b {root} {release}", modules
+
+    hint = modules["hint"].removeprefix("run ").split()
+    done = subprocess.run([kmod_program("depmod"), *hint[1:]], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert _kmod_finds(root, release) and check_image(root)[1]["modules"]["result"] == "pass"
+
+
+def test_the_stand_in_image_is_indexed_as_dkms_leaves_it(tmp_path):
+    """tests/boot/nvidia_image.py runs the real depmod -b after adding the modules."""
+    root = make_image(tmp_path)
+    folder = root / f"lib/modules/{_kernel(root)}"
+    assert (folder / "modules.dep.bin").is_file()
+    assert "updates/dkms/nvidia.ko:" in (folder / "modules.dep").read_text()

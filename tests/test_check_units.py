@@ -325,3 +325,74 @@ def test_attestation_agent_ordering_passes_with_the_agents_before(tree):
     tree.install("podvm-gpu.service", (REPO / "systemd/podvm-gpu.service").read_text())
     check = attestation_agent_ordering(tree.root)
     assert check.result == PASS and "Before=attestation-agent.service" in check.detail, check
+
+
+def _watch_root(tmp_path: Path, state: str | None, gpus: int = 1, watch: dict | None = None,
+                enabled: bool = True) -> Root:
+    """A root with podvm-gpu-watch.service installed (and enabled), a status of ``state`` and
+    an optional watch.json (issue 34)."""
+    import json
+
+    from podvm_gpu.watchfile import WATCH_PATH, new_state
+
+    units_dir = tmp_path / "usr/lib/systemd/system"
+    units_dir.mkdir(parents=True)
+    shutil.copy(Path(__file__).resolve().parents[1] / "systemd/podvm-gpu-watch.service", units_dir)
+    if enabled:
+        wants = tmp_path / "etc/systemd/system/multi-user.target.wants"
+        wants.mkdir(parents=True)
+        (wants / "podvm-gpu-watch.service").symlink_to(f"/{units_dir.relative_to(tmp_path)}/"
+                                                        "podvm-gpu-watch.service")
+    run = tmp_path / "run/podvm-gpu"
+    run.mkdir(parents=True)
+    if state == "ready":  # a whole ready document: a minimal one is unreadable (issue 35 item 8)
+        import fake_nvml
+
+        fake_nvml.make_root(tmp_path, None, state="ready", gpus=gpus, persistenced=False)
+    elif state:
+        (run / "status.json").write_text(json.dumps({
+            "state": state, "reason": None, "warnings": [], "started_at": "t",
+            "gpus": [{"pci_address": "0000:00:04.0"}] * gpus}))
+    if watch is not None:
+        (tmp_path / WATCH_PATH.lstrip("/")).write_text(json.dumps({**new_state("t"), **watch}))
+    return Root(str(tmp_path))
+
+
+def test_watch_row_passes_while_the_watcher_watches_a_ready_boot(tmp_path):
+    from podvm_gpu.check.units import watch_unit_check
+
+    row = watch_unit_check(_watch_root(tmp_path, "ready", watch={"kmsg_seq": 41,
+                                                                  "started_at": "s"}), vm=True)
+    assert row.result == PASS and "kernel log record 41" in row.detail
+
+
+def test_watch_row_fails_on_a_finding_and_hints_at_replacing_the_vm(tmp_path):
+    from podvm_gpu.check.units import watch_unit_check
+
+    finding = {"reason": "watch: GPU 0000:00:04.0: Xid 79", "gpu": "0000:00:04.0"}
+    row = watch_unit_check(_watch_root(tmp_path, "failed", watch={"finding": finding}), vm=True)
+    assert row.result == FAIL and "Xid 79" in row.detail
+    assert "replace the VM" in row.hint and "podvm-gpu watch --clear" in row.hint
+
+
+def test_watch_row_warns_when_a_ready_boot_has_no_watcher(tmp_path):
+    from podvm_gpu.check import WARN
+    from podvm_gpu.check.units import watch_unit_check
+
+    row = watch_unit_check(_watch_root(tmp_path, "ready"), vm=True)
+    assert row.result == WARN and "has not started" in row.detail
+
+
+@pytest.mark.parametrize("state, gpus", [("no-gpu", 0), ("failed", 1), (None, 0)])
+def test_watch_row_skips_when_there_is_nothing_to_watch(tmp_path, state, gpus):
+    from podvm_gpu.check.units import watch_unit_check
+
+    assert watch_unit_check(_watch_root(tmp_path, state, gpus), vm=True).result == SKIP
+
+
+def test_watch_row_of_an_image_warns_when_the_unit_is_not_enabled(tmp_path):
+    from podvm_gpu.check import WARN
+    from podvm_gpu.check.units import watch_unit_check
+
+    row = watch_unit_check(_watch_root(tmp_path, None, enabled=False), vm=False)
+    assert row.result == WARN and "not enabled" in row.detail

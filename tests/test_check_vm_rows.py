@@ -7,7 +7,8 @@ the case's fake tools), then ``podvm-gpu check --json`` runs on what that boot l
 - ``guest-tee``: the guest's TEE from the kernel's interfaces (S20, S30);
 - ``modules``: the cause the boot's modules step gives, the driver's own words (S20, S23);
 - ``confidential-computing``: dev-tools (``conf-compute -d``: ``DevTools Mode: ON``) judged as
-  the boot judges it (S30, S31).
+  the boot judges it (S30, S31);
+- ``attestation``: not reached after a boot that failed before the CC step (C05, issue 35).
 """
 
 from __future__ import annotations
@@ -158,3 +159,12 @@ def test_devtools_is_judged_as_the_boot_judges_it():
     assert row["result"] == "warn", row
     assert row["detail"].startswith("CC devtools (allowed by confidential_computing."
                                     "allow_devtools"), row
+
+
+def test_the_attestation_row_after_a_boot_that_failed_at_modules_is_not_reached():
+    """Issue 35 item 1: the row read ``.message`` of the not-reached Check (it has ``.detail``)
+    and crashed in every world whose boot failed before the CC step (C05 here)."""
+    rows = booted_check(case("C05"))
+    assert rows["attestation"]["result"] == "skip", rows["attestation"]
+    assert rows["attestation"]["detail"] == \
+        "not reached: the last boot failed at modules (see status)"

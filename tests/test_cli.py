@@ -229,10 +229,15 @@ def test_usage_error_exit_code_reaches_the_shell():
 # --- status ---------------------------------------------------------------------------------------
 
 def write_status(root: Path, state: str, reason: str | None = None, warnings=()) -> None:
+    """A status document in ``state``; a ready one is the real H200's (a ready document must
+    keep the rules of ready, interface.md 4.4)."""
     path = root / "run" / "podvm-gpu" / "status.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(str(path), json.dumps({"version": 1, "state": state, "reason": reason,
-                                        "warnings": list(warnings), "steps": []}))
+    doc = {"version": 1, "state": state, "reason": reason, "steps": []}
+    if state == "ready":
+        doc = {**json.loads((Path(__file__).parent / "data/real/h200-580/podvm-gpu-status.json")
+                            .read_text()), "confidential_computing": None}
+    atomic_write(str(path), json.dumps({**doc, "warnings": list(warnings)}))
 
 
 @contextlib.contextmanager
@@ -423,7 +428,7 @@ def test_cpu_boot_json_prints_the_status_document(tmp_path, podvm, empty_path):
 
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert doc["version"] == 2 and doc["state"] == "no-gpu"
+    assert doc["version"] == 3 and doc["state"] == "no-gpu"
     assert doc["reason"] == "detect: no NVIDIA GPU on PCI (3 devices scanned)"
     assert doc["gpus"] == [] and doc["nvswitches"] == []
     assert [(s["name"], s["result"]) for s in doc["steps"]] == [("detect", "ok")]
@@ -658,6 +663,34 @@ def test_a_dry_run_on_a_root_boot_refuses_says_so_and_exits_as_boot_would(tmp_pa
     out = json.loads(dry.stdout)["reason"] if json_out else dry.stdout
     assert f"refusing to write under {root}" in out and "would write the unavailable" not in out
     assert os.listdir(root) == []
+
+
+def test_check_names_the_refusal_of_a_root_boot_refused(tmp_path):
+    """Issue 35 item 7: after ``chmod 777`` on the root boot exits 1 ("refusing to write under
+    ...") and writes nothing; check said only "boot has not run", hint ``systemctl status``.
+    Its status row now names the refusal as boot does."""
+    root = _untrusted_root(tmp_path)
+    real = subprocess.run([sys.executable, "-m", "podvm_gpu", "boot", "--root", str(root)],
+                          capture_output=True, text=True, timeout=60)
+    assert real.returncode == 1 and f"refusing to write under {root}: " in real.stderr
+    why = real.stderr.split(f"refusing to write under {root}: ", 1)[1].split(";")[0]
+
+    check = subprocess.run([sys.executable, "-m", "podvm_gpu", "check", "--root", str(root),
+                            "--json"], capture_output=True, text=True, timeout=60)
+
+    row = next(c for c in json.loads(check.stdout)["checks"] if c["name"] == "status")
+    assert row["result"] == "fail" and check.returncode == 1
+    assert row["detail"] == ("no /run/podvm-gpu/status.json: boot refuses to write under "
+                             f"{root}: {why}"), row
+    assert "go-w" in row["hint"]
+    assert os.listdir(root) == []
+
+
+def test_check_on_a_root_boot_has_not_run_on_still_says_so(tmp_path):
+    check = subprocess.run([sys.executable, "-m", "podvm_gpu", "check", "--root", str(tmp_path),
+                            "--json"], capture_output=True, text=True, timeout=60)
+    row = next(c for c in json.loads(check.stdout)["checks"] if c["name"] == "status")
+    assert row["detail"] == "no /run/podvm-gpu/status.json: boot has not run", row
 
 
 @pytest.mark.parametrize("how", ["mode 0664", "another owner"])

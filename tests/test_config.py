@@ -576,3 +576,56 @@ def test_config_errors_name_list_items_one_way_and_never_pyyaml_s_unicode_string
         load_config(str(path), required=True)
     assert said in str(err.value), err.value
     assert "[1]" not in str(err.value) and "<unicode string>" not in str(err.value)
+
+
+# --- config --json's settings fed back (issue 35 item 5) -------------------------------------
+
+
+def _settings(tmp_path, capsys, text: str | None) -> dict:
+    from podvm_gpu.cli import main
+
+    path = tmp_path / "etc/podvm-gpu/config.yaml"
+    if text is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    code = main(["config", "--root", str(tmp_path), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["valid"], doc
+    return doc["settings"]
+
+
+def _leaves(settings: dict, path=()):
+    """Every key path of the settings down to a value that is not a section."""
+    for key, value in settings.items():
+        if isinstance(value, dict) and value and key not in ("timeouts", "tools", "parameters"):
+            yield from _leaves(value, (*path, key))
+        else:
+            yield (*path, key), value
+
+
+def test_config_json_settings_are_a_config_that_gives_the_same_settings(tmp_path, capsys):
+    """``config --json``'s settings, fed back whole as the config file (JSON is YAML), are
+    valid and give the same settings; so is each key alone. An explicit ``null`` was refused
+    for the five keys whose documented default is null: ``relying_party_policy: must be a
+    non-empty string, not empty (and 4 more)``."""
+    defaults = _settings(tmp_path, capsys, None)
+    assert _settings(tmp_path, capsys, json.dumps(defaults)) == defaults
+    nulls = []
+    for path, value in _leaves(defaults):
+        doc = value
+        for key in reversed(path):
+            doc = {key: doc}
+        assert _settings(tmp_path, capsys, json.dumps(doc)) == defaults, path
+        nulls += [".".join(path)] if value is None else []
+    assert nulls == ["confidential_computing.relying_party_policy",
+                     "confidential_computing.rim_dir", "confidential_computing.rim_url",
+                     "confidential_computing.ocsp_url", "initdata.path"]
+
+
+def test_null_is_taken_where_the_default_is_null(config_file):
+    assert load_config(config_file("initdata:\n  path: null\n")).initdata.path is None
+
+
+def test_null_is_refused_where_the_default_is_not_null(config_file):
+    assert "budget_s: must be a number of seconds, not empty" in \
+        load_error("budget_s: null\n", config_file)

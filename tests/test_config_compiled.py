@@ -21,7 +21,14 @@ def podvm_gpu(*args: str, root: Path) -> subprocess.CompletedProcess:
 
 
 def row(check_output: str, name: str) -> str:
-    return next(line for line in check_output.splitlines() if line.split()[1:2] == [name])
+    """The row ``name`` of check's table, its detail's wrapped lines joined (issue 35 item 3:
+    the table fits its width, continuation lines are indented)."""
+    lines = check_output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[1:2] == [name])
+    end = start + 1
+    while end < len(lines) and lines[end][:1] == " ":
+        end += 1
+    return " ".join(" ".join(lines[start:end]).split())
 
 
 def compiled_root(tmp_path: Path) -> tuple[Path, Path]:

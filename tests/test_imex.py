@@ -245,6 +245,7 @@ def test_dry_run_plans_the_imex_generation_after_the_gpus_only_when_on(tmp_path)
     from podvm_gpu.steps.cdi import step
 
     on = step.plan(world(tmp_path, "[0]"))
-    assert on[1] == imex.generate_argv(world(tmp_path, "[0]"))
-    assert on[0][:4] == ["nvidia-ctk", "cdi", "generate", "--mode=nvml"]
+    assert on[0] == ["nvidia-ctk", "--version"]  # issue 36: read before any generation
+    assert on[2] == imex.generate_argv(world(tmp_path, "[0]"))
+    assert on[1][:4] == ["nvidia-ctk", "cdi", "generate", "--mode=nvml"]
     assert not any("--mode=imex" in argv for argv in step.plan(world(tmp_path, "[]")))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -130,3 +131,90 @@ def test_a_cpu_vm_whose_pod_names_a_gpu_model_fails_as_one_that_counts_gpus(tmp_
     assert (done.returncode, status["state"]) == (1, "failed"), done.stderr
     assert status["reason"] == ('initdata: the pod\'s initdata (/run/peerpod/initdata, '
                                 'data."podvm-gpu.toml") expects GPU model \'H100\'; no NVIDIA GPU on PCI')
+
+
+# --- the wait, named for what it is (issue 35 item 6) ------------------------------------------
+
+
+def initdata_root(tmp_path, config: str):
+    root = tmp_path / "root"
+    (root / "run/peerpod").mkdir(parents=True)
+    (root / "etc/podvm-gpu").mkdir(parents=True)
+    (root / "etc/podvm-gpu/config.yaml").write_text(config)
+    return root
+
+
+def test_the_status_names_the_initdata_wait_and_a_signal_during_it_names_initdata(tmp_path):
+    """During the wait status.json showed ``detect`` running with an empty message (stderr had
+    said ``detect ok``), and Ctrl-C gave ``detect: interrupted by SIGINT``."""
+    import signal
+
+    root = initdata_root(tmp_path, "budget_s: 60\ninitdata: {path: /run/peerpod/initdata, "
+                                   "wait_s: 30}\n")
+    boot = subprocess.Popen([sys.executable, "-m", "podvm_gpu", "boot", "--root", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        status_file, seen, deadline = root / "run/podvm-gpu/status.json", None, time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                seen = json.loads(status_file.read_text())
+            except (OSError, ValueError):
+                seen = None
+            if seen and [s["name"] for s in seen["steps"]] == ["detect", "initdata"]:
+                break
+            time.sleep(0.05)
+        assert seen and seen["state"] == "running", seen
+        detect, wait = seen["steps"]
+        assert detect["result"] == "ok" and detect["message"].startswith("no NVIDIA GPU"), detect
+        assert wait["result"] == "running", wait
+        assert re.fullmatch(r"waiting up to (29|30)\.\d\d s for the pod's initdata "
+                            r"/run/peerpod/initdata", wait["message"]), wait
+        boot.send_signal(signal.SIGINT)
+        out, err = boot.communicate(timeout=30)
+    finally:
+        if boot.poll() is None:
+            boot.kill()
+            boot.wait()
+    status = json.loads(status_file.read_text())
+    assert boot.returncode == 1 and status["state"] == "failed", err
+    assert status["reason"].startswith("initdata: interrupted by SIGINT"), status["reason"]
+    assert [(s["name"], s["result"]) for s in status["steps"]] == [("detect", "ok"),
+                                                                  ("initdata", "failed")]
+
+
+def test_a_wait_cut_by_the_budget_says_the_time_it_waited(tmp_path):
+    """``budget_s: 3`` and ``wait_s: 10`` warned "not there after 10 s" after 3 s."""
+    from schemas import problems
+
+    root = initdata_root(tmp_path, "budget_s: 3\ninitdata: {path: /run/peerpod/initdata, "
+                                   "wait_s: 10}\n")
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu", "boot", "--root", str(root)],
+                          capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    status = json.loads((root / "run/podvm-gpu/status.json").read_text())
+    assert done.returncode == 0 and status["state"] == "no-gpu", done.stderr
+    assert problems(status) == [] and [s["name"] for s in status["steps"]] == ["detect"]
+    [warning] = status["warnings"]
+    found = re.fullmatch(r"initdata: /run/peerpod/initdata not there after (\d+\.\d\d) s "
+                         r"\(initdata\.wait_s 10 s, cut to what the boot budget has left\): the "
+                         r"pod carried none, no requirement added", warning)
+    assert found, warning
+    assert 2.0 <= float(found[1]) <= 3.0 and took < 6, (warning, took)
+    assert "initdata skipped in " in done.stderr, done.stderr
+
+
+def test_an_initdata_that_comes_during_the_wait_is_read_and_says_when(tmp_path):
+    root = initdata_root(tmp_path, "initdata: {path: /run/peerpod/initdata, wait_s: 20}\n")
+    boot = subprocess.Popen([sys.executable, "-m", "podvm_gpu", "boot", "--root", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    (root / "run/peerpod/initdata").write_text(doc("attestation_required = true\n"))
+    out, err = boot.communicate(timeout=30)
+    status = json.loads((root / "run/podvm-gpu/status.json").read_text())
+    assert boot.returncode == 0 and status["state"] == "no-gpu" and status["warnings"] == [], err
+    assert [s["name"] for s in status["steps"]] == ["detect"]
+    assert status["initdata"]["attestation_required"] is True
+    found = re.search(r"initdata ok in \d+\.\d+ s: read /run/peerpod/initdata after (\d+\.\d\d) s",
+                      err)
+    assert found and 0.5 <= float(found[1]) < 20, err

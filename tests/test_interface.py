@@ -38,6 +38,7 @@ from podvm_gpu.config.metrics import MetricsSettings
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.model import Step, StepResult
+from podvm_gpu.status import READY_STEPS
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "interface.md"
@@ -311,6 +312,11 @@ def test_the_step_names_of_schema_doc_and_code_are_the_same():
     ready = ready["properties"]["steps"]["prefixItems"]
     assert [item["properties"]["name"]["const"] for item in ready] == \
         ["detect", *pipeline.STEP_NAMES]
+    # the readers' own copy of the rule (status.py: standard library only; issue 35 item 8)
+    results = [item["properties"]["result"] for item in ready]
+    assert [(name, list(allowed)) for name, allowed in READY_STEPS] == \
+        [(item["properties"]["name"]["const"], r["enum"] if "enum" in r else [r["const"]])
+         for item, r in zip(ready, results)]
     assert [ticked(row[0]) for row in table_rows(section("3.2"))] == names
     assert f"`{'`, `'.join(names)}`" in section("4.1")
 
@@ -486,6 +492,12 @@ def _garbled(root: Path) -> None:
     (root / STATUS).write_text("{not json")
 
 
+def _garbled_ready(root: Path) -> None:
+    """Issue 35 item 8's hand-edited document: it was ready, exit 0."""
+    (root / "run/podvm-gpu").mkdir(parents=True)
+    (root / STATUS).write_text('{"state": "ready", "gpus": "lots", "cdi": 5}')
+
+
 def _config(text: str):
     def make(root: Path) -> None:
         (root / "etc/podvm-gpu").mkdir(parents=True, exist_ok=True)
@@ -507,8 +519,10 @@ RUNS = CPU + [
     ("status", "state `failed`", _failed, ["status"]),
     ("status", "state `running` (also one no boot will finish: section 4.4)", _running, ["status"]),
     ("status", "no status file yet", None, ["status"]),
-    ("status", "the status file is unreadable (not JSON, no valid `state`, not a regular file)",
-     _garbled, ["status", "--json"]),
+    ("status", "the status file is unreadable (not JSON, no valid `state`, not a regular file, "
+     "a `ready` that breaks the rules of ready: section 4.4)", _garbled, ["status", "--json"]),
+    ("status", "the status file is unreadable (not JSON, no valid `state`, not a regular file, "
+     "a `ready` that breaks the rules of ready: section 4.4)", _garbled_ready, ["status"]),
     ("status --wait", "the timeout passed before a final state", _running,
      ["status", "--wait", "--timeout", "0.1"]),
     ("status", "a bad `--timeout` (empty, not a number in ASCII digits, negative, infinite)",

@@ -30,7 +30,8 @@ MAX_LINES = 500
 # VMBus from sysfs, the status file, the unavailable spec and the spec directories.
 FAST_PATH = {"podvm_gpu", "podvm_gpu.cli", "podvm_gpu.boot", "podvm_gpu.boot.run",
              "podvm_gpu.cdi", "podvm_gpu.cdi.unavailable", "podvm_gpu.host", "podvm_gpu.host.fs",
-             "podvm_gpu.host.sysfs", "podvm_gpu.jsontext", "podvm_gpu.model", "podvm_gpu.status"}
+             "podvm_gpu.host.rtmr", "podvm_gpu.host.sysfs", "podvm_gpu.jsontext", "podvm_gpu.model",
+             "podvm_gpu.status"}
 
 
 def module_name(path: Path) -> str:
@@ -167,13 +168,15 @@ def test_a_step_room_has_its_step_and_no_code_in_its_init(room):
 LAYERS = {
     "errors": 0, "record": 0, "jsontext": 0, "model": 0, "pci_ids": 0,
     "host": 1,
-    "config": 2, "cdi": 2, "status": 2, "readers": 2, "units": 2, "kata": 2, "row": 2,
+    "config": 2, "cdi": 2, "status": 2, "readers": 2, "gpufacts": 2, "units": 2, "kata": 2, "row": 2,
+    "watchfile": 2,
     "steps": 3, "initdata": 3,
     "check": 4, "metrics": 4,
     "boot": 5,
-    "app": 6,
-    "cli": 7,
-    "entry": 8,
+    "watch": 6,
+    "app": 7,
+    "cli": 8,
+    "entry": 9,
 }
 ENTRY_POINTS = {"podvm_gpu.__main__", "podvm_gpu.metrics.__main__"}
 
@@ -320,3 +323,15 @@ def test_ci_runs_the_linter_before_the_tests_and_the_tree_is_clean():
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "podvm_gpu", "tests", "bench"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_metrics_imports_no_step():
+    """Issue 33: the exporter takes the GPUs' facts and verdicts from podvm_gpu/gpufacts/, never
+    a step's module (it imported steps/cdi/recovery.py, steps/fabric/nvl5.py and
+    steps/cc/classify.py to share words)."""
+    known = modules()
+    climbing = sorted(f"{name} imports {target}" for name, path in known.items()
+                      if unit(name) == "metrics"
+                      for target in imports_of(name, path, known) if unit(target) == "steps")
+
+    assert climbing == []

@@ -9,8 +9,8 @@ import pytest
 from fake_nvml import describe, gpu, make_root
 from test_metrics import one, scrape, values
 
+from podvm_gpu.gpufacts.reading import GpuReading
 from podvm_gpu.metrics.health_families import FAIL, PASS, WARN, health_results, xid_counts
-from podvm_gpu.metrics.reading import GpuReading
 
 HEALTHY = {"DCGM_FI_DEV_ROW_REMAP_FAILURE": 0, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 0,
            "DCGM_FI_DEV_ROW_REMAP_PENDING": 0}

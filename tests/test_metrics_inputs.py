@@ -215,14 +215,15 @@ def write_status(root: Path, doc: dict) -> None:
                                     {"fabric": 5, "steps": {"a": 1}}])
 def test_a_garbled_status_keeps_the_boot_state_once_and_when_served(tmp_path, fields):
     """The issue: ``"steps": 5`` (with a valid state) made ``metrics`` print a traceback and
-    every scrape return 500, losing even podvm_gpu_boot_state."""
-    write_status(tmp_path, status_doc(**fields))
+    every scrape return 500, losing even podvm_gpu_boot_state. A failed document keeps its
+    state (a ready one that breaks the ready rules is unreadable: issue 35 item 8, below)."""
+    write_status(tmp_path, status_doc(state="failed", reason="modules: boom", **fields))
     done = metrics(tmp_path)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     families = {f.name: f for f in text_string_to_metric_families(done.stdout)}
-    ready = [s.value for s in families["podvm_gpu_boot_state"].samples
-             if s.labels["state"] == "ready"]
-    assert ready == [1]
+    failed = [s.value for s in families["podvm_gpu_boot_state"].samples
+              if s.labels["state"] == "failed"]
+    assert failed == [1]
     served = start(tmp_path, metrics_env(None))
     try:
         with socket.create_connection(("127.0.0.1", served.port), timeout=10) as s:
@@ -232,7 +233,7 @@ def test_a_garbled_status_keeps_the_boot_state_once_and_when_served(tmp_path, fi
                 answer += chunk
     finally:
         err = served.stop()
-    assert answer.startswith(b"HTTP/1.1 200 ") and b'podvm_gpu_boot_state{state="ready"} 1.0' in answer
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'podvm_gpu_boot_state{state="failed"} 1.0' in answer
     assert "Traceback" not in err and "error answering" not in err
 
 
@@ -254,17 +255,25 @@ FIELDS = st.fixed_dictionaries({}, optional={
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(state=st.sampled_from(["ready", "failed", "running", "no-gpu"]), fields=FIELDS)
 def test_any_status_with_a_valid_state_gives_every_boot_family(state, fields):
-    """A property of item 14: whatever the other fields hold, a scrape renders, with the state."""
+    """A property of item 14: whatever the other fields hold, a scrape renders, with the state;
+    but a ready document that breaks the rules of ready (interface.md 4.2) is unreadable, every
+    state 0 and the reason saying why (issue 35 item 8: ``"gpus": "lots"`` was ready=1)."""
     from podvm_gpu.metrics.exporter import Exporter, render
+    from podvm_gpu.status import not_ready_why
 
+    doc = {**status_doc(**fields), "state": state}
     with tempfile.TemporaryDirectory() as folder:
-        write_status(Path(folder), {**status_doc(**fields), "state": state})
+        write_status(Path(folder), doc)
         exporter = Exporter(Root(folder), MetricsSettings())
         try:
             text = render(exporter.families()).decode()
         finally:
             exporter.close()
-    assert f'podvm_gpu_boot_state{{state="{state}"}} 1.0' in text
+    if state == "ready" and not_ready_why(doc):
+        assert 'podvm_gpu_boot_state{state="ready"} 0.0' in text
+        assert "says ready, but" in text
+    else:
+        assert f'podvm_gpu_boot_state{{state="{state}"}} 1.0' in text
 
 
 # --- item 15: textfile errors in a loop, and the interval's floor ---------------------------------

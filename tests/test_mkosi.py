@@ -54,6 +54,7 @@ def test_mkosi_build_installs_the_agent_through_the_dropped_in_config(built):
     wants = etc / "multi-user.target.wants"
     # Through "systemctl preset-all": the agent and kata-agent enabled, the distro daemon not.
     assert (wants / "podvm-gpu.service").is_symlink()
+    assert (wants / "podvm-gpu-watch.service").is_symlink(), "the watcher is enabled (issue 34)"
     assert (wants / "kata-agent.service").is_symlink()
     assert not (wants / "nvidia-persistenced.service").is_symlink()
     assert (root / "usr/lib/systemd/system/podvm-gpu-metrics.service").is_file()
@@ -73,8 +74,8 @@ def test_image_check_passes_the_install_rows(built):
     report = json.loads(done.stdout)
     results = {row["name"]: row["result"] for row in report["checks"]}
     assert done.returncode == 1, "an image without the NVIDIA driver must fail the image check"
-    assert {name: results.get(name) for name in ("unit", "kata-agent-ordering", "cdi-refresh-units")} == dict.fromkeys(
-        ("unit", "kata-agent-ordering", "cdi-refresh-units"), "pass"), results
+    installed = ("unit", "kata-agent-ordering", "cdi-refresh-units", "watch")
+    assert {name: results.get(name) for name in installed} == dict.fromkeys(installed, "pass"), results
     assert {name: results.get(name) for name in ("tools", "modules", "versions")} == dict.fromkeys(
         ("tools", "modules", "versions"), "fail"), results
 

@@ -96,7 +96,7 @@ def test_the_readme_tour_pipes_exit_as_the_state_says(booted):
                               capture_output=True, text=True, timeout=60, env=ENV)
         assert done.returncode == 0, done.stderr
         assert done.stderr == ""
-        assert done.stdout.startswith('{\n  "version": 2,\n  "state": "no-gpu",\n')
+        assert done.stdout.startswith('{\n  "version": 3,\n  "state": "no-gpu",\n')
 
 
 @pytest.mark.parametrize("args, code", [(["status", "--json"], 3), (["status"], 3),
@@ -113,3 +113,26 @@ def test_a_full_disk_is_one_line_and_no_traceback(booted, args, code):
     assert errors == ["podvm-gpu: error: cannot write the output: No space left on device"], \
         done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_boot_with_a_full_stdout_exits_as_its_final_state(tmp_path, json_out):
+    """Issue 35 item 22: ``boot >/dev/full`` exited 1 though the boot ended ``no-gpu``. For boot
+    the exit follows the final state, which status.json holds (under systemd an exit 1 marks
+    the unit failed); the failed write is still one line on stderr."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "podvm_gpu", "boot", "--root", str(tmp_path),
+                               *(["--json"] if json_out else [])],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=60,
+                              env=ENV, cwd=REPO)
+    status = run(["status", "--root", str(tmp_path)])
+    assert status.stdout.startswith("no-gpu: "), status.stdout
+    from test_interface import exit_table
+
+    assert done.returncode == exit_table()[("boot", "the boot ended `ready` or `no-gpu`, but "
+                                            "stdout cannot be written (a full disk, an I/O "
+                                            "error): `podvm-gpu: error: cannot write the "
+                                            "output: <error>` on stderr")] == 0, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error" in line]
+    assert errors == ["podvm-gpu: error: cannot write the output: No space left on device"], \
+        done.stderr

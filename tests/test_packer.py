@@ -80,6 +80,7 @@ def test_null_build_installs_the_agent_and_passes_the_image_check(image_dir, tmp
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert (image_dir / "opt/podvm-gpu/bin/podvm-gpu").exists()
     assert (image_dir / "etc/systemd/system/multi-user.target.wants/podvm-gpu.service").is_symlink()
+    assert (image_dir / "etc/systemd/system/multi-user.target.wants/podvm-gpu-watch.service").is_symlink()
     assert os.readlink(image_dir / "etc/systemd/system/nvidia-cdi-refresh.path") == "/dev/null"
     assert not (image_dir / "etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service").exists()
 

@@ -19,6 +19,7 @@ from boot.real import captured
 
 from podvm_gpu import readers
 from podvm_gpu.errors import CommandError
+from podvm_gpu.gpufacts import words
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.steps.modules import step as modules
@@ -143,7 +144,7 @@ def test_real_nvidia_smi_exit_9_is_a_failure_quoting_its_text():
                  "nvidia-smi-query-gpu-mig"):
         done = captured.run("plain", name)
         assert (done.rc, done.stderr) == (9, "")
-        cause = readers.nvsmi_no_driver(done.rc, done.stdout + done.stderr)
+        cause = words.no_driver(done.rc, done.stdout + done.stderr)
         assert cause and "couldn't communicate with the NVIDIA driver" in cause
 
 

@@ -28,6 +28,8 @@ from realsmi import fetch, smi
 from podvm_gpu.config.load import validate
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.gpufacts import smi as smi_back_end
+from podvm_gpu.gpufacts import words
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import PciDevice, Status
 from podvm_gpu.steps import Skipped
@@ -57,24 +59,25 @@ CC_QUERIES = [["nvidia-smi", "conf-compute", q] for q in ("-f", "-d", "-e", "-mg
 RESET = recovery.reset_argv()  # issue 28: the health gate's own queries
 ACTION = recovery.action_argv()
 FULL_Q = ["nvidia-smi", "-q"]  # issue 28: the rack-scale kind's cliques
+FABRIC_HEALTH = smi_back_end.fabric_health_argv()  # issue 33: 580's health summary, a query of its own
+VBIOS = smi_back_end.vbios_argv()  # issue 37: the VBIOS an NVAT 104 (RIM not found) names
 # Each argv list written in the agent's code (ast.unparse of the list) -> the command line(s) run.
+# Issue 33: they are all in the nvidia-smi back end (podvm_gpu/gpufacts/smi.py).
 SITES = {
-    "['nvidia-smi', f\"--query-remapped-rows={','.join(REMAP_FIELDS)}\", '--format=csv,noheader']": REMAP,
-    "['nvidia-smi', f\"--query-gpu={','.join(ECC_FIELDS)}\", '--format=csv,noheader']": ECC,
-    "['nvidia-smi', f\"--query-gpu={','.join(FABRIC_FIELDS)}\", '--format=csv,noheader']": FABRIC,
-    "['nvidia-smi', '--query-gpu=index,mig.mode.current', '--format=csv,noheader']": MIG_MODE,
+    "['nvidia-smi', f\"--query-remapped-rows={','.join(REMAP_FIELDS)}\", CSV]": REMAP,
+    "['nvidia-smi', f\"--query-gpu={','.join(fields)}\", CSV]": None,  # QUERY_GPU below
     "['nvidia-smi', 'mig', '-lgi']": MIG_LGI,
     "['nvidia-smi', 'conf-compute', *args]": None,  # the conf_compute calls below
-    "['nvidia-smi', 'conf-compute', query]": None,  # each of CC_QUERIES
-    "['nvidia-smi', 'conf-compute', '-grs']": CC_GRS,
-    "['nvidia-smi', 'conf-compute', '-srs', '0']": CC_SRS0,
-    "['nvidia-smi', 'conf-compute', '-srs', '1']": CC_SRS,  # boot --dry-run's plan of the step
-    "['nvidia-smi', f\"--query-gpu={','.join(RESET_FIELDS)}\", '--format=csv,noheader']": RESET,
-    "['nvidia-smi', f\"--query-gpu={','.join(ACTION_FIELDS)}\", '--format=csv,noheader']": ACTION,
     "['nvidia-smi', '-q']": FULL_Q,
 }
+# the --query-gpu builder's argvs, each from its function
+QUERY_GPU = {smi_back_end.fabric_argv: FABRIC, smi_back_end.fabric_health_argv: FABRIC_HEALTH,
+             smi_back_end.ecc_argv: ECC,
+             smi_back_end.reset_argv: RESET, smi_back_end.action_argv: ACTION,
+             smi_back_end.mig_mode_argv: MIG_MODE, smi_back_end.vbios_argv: VBIOS}
 CC_CALLS = {("-grs",): CC_GRS, ("-srs", "1"): CC_SRS}
-RUN = [FABRIC, REMAP, ECC, MIG_MODE, MIG_LGI, *CC_QUERIES, CC_GRS, CC_SRS, CC_SRS0, RESET, ACTION, FULL_Q]
+RUN = [FABRIC, REMAP, ECC, MIG_MODE, MIG_LGI, *CC_QUERIES, CC_GRS, CC_SRS, CC_SRS0, RESET, ACTION, FULL_Q,
+       FABRIC_HEALTH, VBIOS]
 
 GPU0, GPU1 = "0000:18:00.0", "0000:28:00.0"  # fake_nvml.gpu(0) and gpu(1)
 ALL_CALLS = ("nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetPciInfo",
@@ -226,6 +229,9 @@ def test_the_suite_runs_every_nvidia_smi_call_of_the_agent():
     assert cc_calls == set(CC_CALLS)
     wanted = [argv for argv in SITES.values() if argv] + list(CC_CALLS.values()) + CC_QUERIES
     assert all(argv in RUN for argv in wanted)
+    assert all(build() == argv and argv in RUN for build, argv in QUERY_GPU.items())
+    assert [smi_back_end.conf_compute_argv(*args) for args in [("-grs",), ("-srs", "1"), ("-srs", "0")]] \
+        == [CC_GRS, CC_SRS, CC_SRS0]
     # the functions that build the argvs give what the suite runs
     assert health.remap_argv() == REMAP and health.ecc_argv() == ECC
 
@@ -306,7 +312,7 @@ def test_fabric_wait_ends_when_the_real_program_says_completed_success(builds, w
         runner, ctx = fabric_ctx(world, build, "healthy")
         states = fabric.wait_for_fabric(ctx, None)
         assert [tuple(s) for s in states] == [("00000000:18:00.0", "Completed", "Success")]
-        assert ctx.nvml_seen == {"0:18:00.0"}
+        assert ctx.nvml_seen == {"00000000:18:00.0"}
         assert runner.asked == [FABRIC]
 
 
@@ -528,6 +534,19 @@ def test_every_real_build_answers_reset_status_and_refuses_the_recovery_action(b
         assert not (found.fatal or found.reset or found.warn or found.unread), build.ident
 
 
+def test_every_real_build_refuses_the_fabric_health_summary_as_not_offered(builds, world):
+    """Issue 33: 580 lists fabric.health.summary; the Debian builds (535-555) refuse it, exit 2,
+    and the query of its own is then "not offered", never a warning, never the fabric's
+    failure."""
+    for build in builds:
+        runner, ctx = fabric_ctx(world, build, "healthy")
+        done = runner.run(FABRIC_HEALTH, check=False)
+        assert (done.stdout, done.returncode) == (
+            'Field "fabric.health.summary" is not a valid field to query.\n\n', 2), build.ident
+        assert fabric.health_summary(ctx) == "health summary not offered by this nvidia-smi"
+        assert ctx.status.warnings == []
+
+
 
 def test_full_q_is_run_by_no_test_here_but_the_rack_kinds_reader_is_held_to_real_text():
     """The fake NVML does not serve all a full ``-q`` asks for (every build ends it with
@@ -544,3 +563,81 @@ def test_full_q_is_run_by_no_test_here_but_the_rack_kinds_reader_is_held_to_real
     ctx = SimpleNamespace(runner=Failing, harmless_timeout=lambda tool: 5)
     said = fabric_kind.rack_cliques(ctx, fabric_kind.Fabric(fabric_kind.RACK, [], [], []))
     assert said.startswith("clique and cluster UUID not read (nvidia-smi -q: exit 255")
+
+
+@pytest.mark.parametrize("code", [f.nvml for f in words.FAILURES])
+def test_the_failure_tables_observed_exit_status_is_what_every_build_exits_with(builds, world, code):
+    """Issue 33: the failure table keeps nvidia-smi's exit status as observed apart from NVML's
+    return code (gpufacts/words.py FAILURES). Every build whose NVML initialisation returns
+    ``code``, asked the remapper, exits with the table's observed status (NVML 1, 22, 28 and
+    999 as 255; 25 to 29, learnt here)."""
+    observed = {}
+    for build in builds:
+        runner = RealRunner(build, describe(world, build, f"rc-{code}", [fake_nvml.gpu(0)],
+                                            init_error=code), world.lib)
+        done = runner.run(REMAP, check=False)
+        observed[build.ident] = done.returncode
+        assert done.stdout.startswith("Failed to initialize NVML: ") or code in (9, 12), done.stdout
+
+    assert observed == dict.fromkeys(observed, words.NVML_RETURN[code].smi_exit)
+
+
+# --- issue 33: the two back ends give the same facts ------------------------------------------
+
+_NVML_CHILD = """
+import json, sys
+from podvm_gpu.gpufacts.facts import nvml_facts
+from podvm_gpu.gpufacts.nvml import NvmlReader
+from podvm_gpu.host.fs import Root
+from podvm_gpu.readers import find_nvml, find_nvml_elsewhere
+r = NvmlReader(Root(sys.argv[1]), 20, find=(find_nvml, find_nvml_elsewhere)).read("full")
+print(json.dumps({"up": r.up, "message": r.message,
+                  "gpus": [nvml_facts(g)._asdict() for g in r.gpus]}))
+"""
+# the facts both back ends read (the recovery action: no Debian build offers it; the fabric
+# health summary: not read through NVML)
+COMPARED = ("lost", "remap_pending", "remap_failure", "ecc_volatile", "retired_pending",
+            "fabric_state", "fabric_success")
+
+
+def smi_facts(runner) -> dict:
+    """Per GPU, the values the nvidia-smi back end reads (gpufacts/smi.py smi_facts)."""
+    return {bus: {name: getattr(facts, name).value for name in COMPARED}
+            for bus, facts in smi_back_end.smi_facts(runner, 10).items()}
+
+
+def nvml_facts(root) -> dict:
+    """The same through the NVML back end (gpufacts/facts.py nvml_facts; pynvml in a child:
+    NVML is process-wide)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _NVML_CHILD, str(root)], capture_output=True,
+                          text=True, timeout=60, env=fake_nvml.metrics_env(root / "fake.desc"))
+    assert done.returncode == 0, done.stderr
+    reading = json.loads(done.stdout)
+    assert reading["up"], reading["message"]
+    return {gpu["bus"]: {name: gpu[name][0] for name in COMPARED} for gpu in reading["gpus"]}
+
+
+@pytest.mark.parametrize("state", ["healthy", "remap-pending", "remap-failure", "ecc-volatile",
+                                   "retire-pending", "fabric-in-progress",
+                                   "fabric-completed-error"])
+def test_the_nvidia_smi_and_nvml_back_ends_read_the_same_facts(builds, world, state, tmp_path):
+    """Issue 33: one tests/fake_nvml state, read through every real nvidia-smi build (the boot's
+    and check's back end) and through pynvml (the exporter's), gives equal facts (the value
+    types of gpufacts/facts.py): bus ids, lost, remap pending and failure, the volatile
+    uncorrectable count, the pending retirement, the fabric state and whether it succeeded."""
+    gpus, kw = STATES[state]
+    library = next(world.lib.glob("libnvidia-ml.so*"))
+    root = fake_nvml.make_root(tmp_path / "root", library, gpus=len(gpus))
+    seen_by_nvml = None
+    for build in builds:
+        description = describe(world, build, f"equal-{state}", gpus, **kw)
+        runner = RealRunner(build, description, world.lib)
+        if seen_by_nvml is None:
+            (root / "fake.desc").write_text(description.read_text())
+            seen_by_nvml = nvml_facts(root)
+        assert smi_facts(runner) == seen_by_nvml, build.ident
+    assert seen_by_nvml, "the GPUs were read"

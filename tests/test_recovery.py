@@ -99,3 +99,88 @@ def test_an_unanswered_reset_query_is_unread_not_a_failure():
     found = read(reset=(2, 'Field "reset_status.reset_required" is not a valid field to query.\n\n'))
     assert found.unread and found.unread[0].startswith("reset status not read")
     assert not (found.fatal or found.reset)
+
+
+# --- issue 33: what nvidia-smi 580 answers (tests/data/real/h200-580) ---------------------------
+
+REFUSAL_580 = 'Field "reset_status.reset_required" is not a valid field to query.\n\n'
+
+
+def test_580s_refused_reset_status_is_no_warning_when_the_recovery_action_answers():
+    """A real H200 on 580 refused the reset status (deprecated since 570) and answered the
+    recovery action: every boot and check warned "reset status not read" before issue 33."""
+    found = read(reset=(2, REFUSAL_580), action=(0, "00000000:00:06.0, None\n"))
+
+    assert found.unread == [] and not (found.fatal or found.reset or found.warn)
+    assert found.read == ["reset status not offered by this nvidia-smi (deprecated since 570: "
+                          "the recovery action says it)", "00000000:00:06.0 recovery action None"]
+
+
+def test_a_refused_reset_status_still_warns_when_the_recovery_action_does_not_answer():
+    found = read(reset=(2, REFUSAL_580), action=(0, "garbage\n"))
+
+    assert [line.split(" (")[0] for line in found.unread] == ["reset status not read",
+                                                              "recovery action not read"]
+
+
+@pytest.mark.parametrize("value, where", [
+    ("Recover IMEX Domain", "warn"), ("5", "warn"), ("recover imex domain", "warn"),
+    ("Bus Reset", "reset"), ("6", "reset"),
+    ("System Reboot", "fatal"), ("7", "fatal"), ("SYSTEM REBOOT", "fatal"),
+    ("GPU RESET", "reset"), ("node reboot", "fatal"), ("Reboot", "fatal"),
+    ("1, Reset", "reset"),  # NVIDIA/DCGM#263: a real nvidia-smi printed the number and the word
+])
+def test_the_recovery_actions_5_to_7_and_every_label_in_any_case_have_their_verdict(value, where):
+    """Actions 5-7 were known to the exporter but not to the boot (issue 33)."""
+    found = read(action=(0, f"00000000:18:00.0, {value}\n"))
+    lists = {"fatal": found.fatal, "reset": found.reset, "warn": found.warn}
+
+    assert found.unread == []
+    for name, got in lists.items():
+        assert bool(got) == (name == where), (name, got)
+
+
+def test_a_word_no_table_knows_is_a_warning_that_says_it_verbatim():
+    found = read(action=(0, "00000000:18:00.0, Recalibrate Lasers\n"))
+
+    assert found.unread == ["GPU 00000000:18:00.0: recovery action 'Recalibrate Lasers' not "
+                            "understood"]
+
+
+class Facts:
+    """check's facts, as much of them as the recovery-action row reads."""
+
+    class config:
+        class health:
+            reset_pending_warns = False
+
+    def __init__(self, runner):
+        self.runner = runner
+        runner.timeouts = {}
+
+    def not_reached(self, step):
+        return None
+
+    def needs_driver(self, name):
+        return None
+
+
+def test_the_check_row_shows_what_it_read_beside_what_was_refused():
+    """Issue 35 item 4: on the real H200 (580) the row showed only that the reset status was
+    refused, not that the recovery action was read as None; its hint was only a file name."""
+    runner = Runner(answers(reset=(2, REFUSAL_580), action=(0, "00000000:00:06.0, None\n")))
+    row = recovery.check_row(Facts(runner), health.ask)
+
+    assert row.result == "pass", row
+    assert "00000000:00:06.0 recovery action None" in row.detail
+    assert "reset status not offered" in row.detail
+
+
+def test_a_warning_row_names_what_it_read_and_the_command_to_run():
+    runner = Runner(answers(reset=(1, "Unknown Error\n"), action=(0, "00000000:00:06.0, None\n")))
+    row = recovery.check_row(Facts(runner), health.ask)
+
+    assert row.result == "warn"
+    assert row.detail.startswith("reset status not read (")
+    assert row.detail.endswith("; read: 00000000:00:06.0 recovery action None")
+    assert "nvidia-smi --query-gpu=pci.bus_id,gpu_recovery_action --format=csv" in row.hint

@@ -4,12 +4,14 @@ podvm_gpu.model; contract sections 2 and 4)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import json
 import os
 import stat
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -31,8 +33,8 @@ from podvm_gpu.status import (
 )
 
 CONTRACT_KEYS = {"version", "state", "reason", "warnings", "started_at", "finished_at", "gpus",
-                 "nvswitches", "driver_version", "cdi", "fabric", "confidential_computing",
-                 "steps", "attestation", "initdata"}
+                 "nvswitches", "driver_version", "nvidia_ctk_version", "cdi", "fabric",
+                 "confidential_computing", "steps", "attestation", "initdata", "binding"}
 
 
 @pytest.fixture
@@ -54,7 +56,7 @@ def test_a_new_status_has_every_contract_key_and_state_running():
     doc = Status().to_dict()
 
     assert set(doc) == CONTRACT_KEYS
-    assert doc["version"] == 2 and doc["state"] == "running"
+    assert doc["version"] == 3 and doc["state"] == "running"
     assert doc["reason"] is None and doc["finished_at"] is None and doc["warnings"] == []
 
 
@@ -296,7 +298,7 @@ def test_load_status_is_none_without_a_file(vm_root):
 
 
 @pytest.mark.parametrize("text", [
-    '{"state": "ready"}',  # reason and warnings may be left out
+    '{"state": "no-gpu"}',  # reason and warnings may be left out
     '{"state": "failed", "reason": "modules: boom", "warnings": ["w"], "extra": 1}',
 ])
 def test_load_status_accepts_a_minimal_or_extended_document(vm_root, text):
@@ -391,3 +393,107 @@ def test_a_status_without_a_valid_state_lists_the_states_as_words_not_a_python_l
     with pytest.raises(StatusUnreadable) as err:
         load_status(vm_root)
     assert str(err.value).endswith("has no valid state (one of running, ready, no-gpu, failed)")
+
+
+# --- a ready document must keep the rules that make ready true (issue 35 item 8) ----------------
+
+# The real H200's ready document (driver 580, status version 2) as this agent writes it now: version
+# 3 adds nvidia-ctk's version (1.20.0 ran there) and the binding (unbound: no TEE on that VM)
+REAL_READY = {**json.loads((Path(__file__).parent / "data/real/h200-580/podvm-gpu-status.json")
+                           .read_text()),
+              "version": 3, "nvidia_ctk_version": "1.20.0",
+              "binding": {"state": "unbound", "result": None, "appended": False, "digest": None,
+                          "reason": "no /sys/class/misc/tdx_guest/measurements/rtmr3:sha384",
+                          "eventlog": None}}
+
+
+def ready_with(**changes) -> dict:
+    """The real H200's ready document (driver 580) with ``changes`` (a value of ``...``
+    removes the key); ``steps_`` replaces one step's fields: ``{index: {field: value}}``."""
+    doc = copy.deepcopy(REAL_READY)
+    for index, fields in changes.pop("steps_", {}).items():
+        doc["steps"][index].update(fields)
+    for key, value in changes.items():
+        if value is ...:
+            del doc[key]
+        else:
+            doc[key] = value
+    return doc
+
+
+BROKEN_READY = {
+    "the-issue": ({"state": "ready", "gpus": "lots", "cdi": 5}, 'gpus is "lots"'),
+    "minimal": ({"state": "ready"}, "gpus is missing"),
+    "version-1-minimal": ({"version": 1, "state": "ready", "reason": None, "warnings": [],
+                           "steps": []}, "gpus is missing"),
+    "gpus-empty": (ready_with(gpus=[]), "gpus is []"),
+    "gpu-not-an-object": (ready_with(gpus=[5]), "gpus[0] is 5"),
+    "gpu-address-not-text": (ready_with(gpus=[{**REAL_READY["gpus"][0], "pci_address": 4}]),
+                             "gpus[0]"),
+    "cdi-a-number": (ready_with(cdi=5), "cdi is 5"),
+    "cdi-null": (ready_with(cdi=None), "cdi is missing or null"),
+    "cdi-devices-a-number": (ready_with(cdi={**REAL_READY["cdi"], "devices": 5}), "cdi is"),
+    "cdi-without-all": (ready_with(cdi={**REAL_READY["cdi"], "devices": ["0"]}),
+                        'cdi.devices ["0"] lack 0 or all'),
+    "steps-missing": (ready_with(steps=...), "steps is missing"),
+    "a-step-left-out": (ready_with(steps=REAL_READY["steps"][:-1]), "its steps are"),
+    "a-step-failed": (ready_with(steps_={2: {"result": "failed"}}), 'step modules is "failed"'),
+    "cdi-step-skipped": (ready_with(steps_={8: {"result": "skipped"}}), 'step cdi is "skipped"'),
+    "step-duration-text": (ready_with(steps_={3: {"duration_s": "fast"}}),
+                           "step versions is"),
+    "driver-version-null": (ready_with(driver_version=None), "driver_version is missing"),
+    "driver-version-empty": (ready_with(driver_version=""), "driver_version is empty"),
+    "not-finished": (ready_with(finished_at=None), "finished_at is missing"),
+    "a-reason": (ready_with(reason="cdi: boom"), 'reason is "cdi: boom", not null'),
+}
+
+
+def test_the_real_ready_document_and_a_version_1_one_are_ready(vm_root):
+    from schemas import problems
+
+    assert REAL_READY["state"] == "ready" and problems(REAL_READY) == []
+    write_raw_status(vm_root, json.dumps(REAL_READY))
+    assert load_status(vm_root) == REAL_READY
+    version_1 = ready_with(version=1, fabric=..., attestation=..., initdata=...,
+                           confidential_computing=..., nvidia_ctk_version=..., binding=...)
+    write_raw_status(vm_root, json.dumps(version_1))
+    assert load_status(vm_root) == version_1
+
+
+@pytest.mark.parametrize("case", BROKEN_READY)
+def test_a_ready_document_that_breaks_the_ready_rules_is_unreadable_saying_why(vm_root, case):
+    """Issue 35 item 8: readers took any document with a valid state, reason and warnings, so a
+    hand-edited ``{"state": "ready", "gpus": "lots", "cdi": 5}`` was ready (status exit 0,
+    check's row pass, metrics ready=1). Each broken document also fails the schema: the rules
+    coded in status.py are the schema's (jsonschema is a test-only dependency)."""
+    from schemas import problems
+
+    doc, why = BROKEN_READY[case]
+    assert problems(doc), "the schema accepts it: not a broken ready document"
+    write_raw_status(vm_root, json.dumps(doc))
+    with pytest.raises(StatusUnreadable) as err:
+        load_status(vm_root)
+    assert f"{STATUS_PATH} says ready, but {why}" in str(err.value), str(err.value)
+    assert read_status(vm_root) is None
+
+
+def test_the_issues_ready_document_is_unreadable_to_status_and_check(vm_root, capsys):
+    write_raw_status(vm_root, json.dumps(BROKEN_READY["the-issue"][0]))
+
+    assert main(["status", "--root", vm_root.path]) == 3
+    out = capsys.readouterr().out
+    assert out.startswith("unreadable status file: /run/podvm-gpu/status.json says ready, but "
+                          'gpus is "lots"'), out
+    assert main(["status", "--json", "--root", vm_root.path]) == 3
+    from schemas import STATUS_OUTPUT_SCHEMA, problems
+
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["state"] is None and problems(printed, STATUS_OUTPUT_SCHEMA) == [], printed
+
+    from podvm_gpu.check.vm import status_row
+
+    class Facts:
+        root = vm_root
+
+    row = status_row(Facts())
+    assert (row.result, row.detail.split(": ", 1)[0]) == ("fail", "unreadable"), row

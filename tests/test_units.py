@@ -30,6 +30,7 @@ BUDGET_S = 240  # the agent's default budget (contract section 3)
 INSTALLED = {
     SYSTEMD / "podvm-gpu.service": f"{UNIT_DIR}/podvm-gpu.service",
     SYSTEMD / "podvm-gpu-metrics.service": f"{UNIT_DIR}/podvm-gpu-metrics.service",
+    SYSTEMD / "podvm-gpu-watch.service": f"{UNIT_DIR}/podvm-gpu-watch.service",
     SYSTEMD / "podvm-gpu-pod-labels.service": f"{UNIT_DIR}/podvm-gpu-pod-labels.service",
     SYSTEMD / "kata-agent.service.d/10-podvm-gpu.conf": f"{UNIT_DIR}/kata-agent.service.d/10-podvm-gpu.conf",
     SYSTEMD / "attestation-agent.service.d/10-podvm-gpu.conf":
@@ -170,7 +171,7 @@ def seconds(timespan: str) -> float:
 
 
 @pytest.mark.parametrize("unit", ["podvm-gpu.service", "podvm-gpu-metrics.service",
-                                  "podvm-gpu-pod-labels.service", "kata-agent.service",
+                                  "podvm-gpu-pod-labels.service", "podvm-gpu-watch.service", "kata-agent.service",
                                   "nvidia-persistenced.service",
                                   "nvidia-cdi-refresh.service", "nvidia-cdi-refresh.path",
                                   PERSISTENCED.unit, FABRICMANAGER.unit, NVATTEST_UNIT])
@@ -252,6 +253,12 @@ def test_hardening_leaves_what_gpu_setup_needs(agent):
     assert "/run" in service["ReadWritePaths"], "/run/podvm-gpu and /var/run/cdi (/var/run -> /run)"
     # Optional paths only: a missing ReadWritePaths= entry fails the unit with 226/NAMESPACE.
     assert all(p == "/run" or p.startswith("-") for p in service["ReadWritePaths"])
+    # The one write below the read-only /sys (ProtectKernelTunables=): RTMR3 in a TDX guest
+    # (docs/interface.md 3.14), the path podvm_gpu/host/rtmr.py writes, optional
+    from podvm_gpu.host.rtmr import RTMR3_PATH
+
+    assert f"-{RTMR3_PATH}" in service["ReadWritePaths"]
+    assert service["ProtectKernelTunables"] == ["yes"] and service["ProtectSystem"] == ["strict"]
     # Device nodes: no device allow-list, nothing that implies one (ProtectClock=, PrivateDevices=).
     assert "DeviceAllow" not in service
     assert service.get("DevicePolicy", ["auto"]) == ["auto"]
@@ -263,6 +270,7 @@ def test_hardening_leaves_what_gpu_setup_needs(agent):
     ("podvm-gpu.service", f"{UNIT_DIR}/podvm-gpu.service", 4.0),
     ("podvm-gpu-metrics.service", f"{UNIT_DIR}/podvm-gpu-metrics.service", 2.5),
     ("podvm-gpu-pod-labels.service", f"{UNIT_DIR}/podvm-gpu-pod-labels.service", 2.0),
+    ("podvm-gpu-watch.service", f"{UNIT_DIR}/podvm-gpu-watch.service", 3.0),
     (PERSISTENCED.unit, f"{DAEMON_DIR}/{PERSISTENCED.unit}", 3.5),
     (FABRICMANAGER.unit, f"{DAEMON_DIR}/{FABRICMANAGER.unit}", 3.5),
     (NVLSM.unit, f"{DAEMON_DIR}/{NVLSM.unit}", 3.5),
@@ -307,7 +315,8 @@ def test_every_install_path_ships_the_attestation_agent_drop_in():
 def test_preset_enables_the_agent_and_disables_the_metrics_and_the_units_it_replaces():
     lines = [line for line in (SYSTEMD / "podvm-gpu.preset").read_text().splitlines()
              if line and not line.startswith("#")]
-    assert lines == ["enable podvm-gpu.service", "disable podvm-gpu-metrics.service",
+    assert lines == ["enable podvm-gpu.service", "enable podvm-gpu-watch.service",
+                     "disable podvm-gpu-metrics.service",
                      # issue 28: the pod labels' reader, started only with the metrics unit
                      "enable podvm-gpu-pod-labels.service",
                      "disable nvidia-persistenced.service",
@@ -352,6 +361,32 @@ def test_metrics_unit_sandbox_leaves_the_kernel_log_nvml_and_the_textfile(metric
     for key in ("ProtectKernelLogs", "ProtectProc", "ProcSubset", "PrivateNetwork", "PrivateDevices",
                 "User", "DynamicUser"):
         assert key not in service, key
+
+
+def test_watch_unit_runs_after_a_final_boot_restarts_and_has_no_network():
+    unit = parse_unit(SYSTEMD / "podvm-gpu-watch.service")
+    assert unit["Unit"]["After"] == ["podvm-gpu.service"]
+    assert unit["Unit"]["PartOf"] == ["podvm-gpu.service"]  # a boot run again restarts it
+    service = unit["Service"]
+    assert service["ExecCondition"] == ["/opt/podvm-gpu/bin/podvm-gpu status"]
+    assert service["ExecStart"] == ["/opt/podvm-gpu/bin/podvm-gpu watch"]
+    assert service["Restart"] == ["on-failure"] and service["Type"] == ["simple"]
+    assert service["PrivateNetwork"] == ["yes"] and service["RestrictAddressFamilies"] == ["AF_UNIX"]
+    # what the work needs: the kernel log, the spec and run folders, the NVIDIA nodes
+    assert service.get("ProtectKernelLogs", ["no"]) == ["no"]
+    assert service["ReadWritePaths"] == ["-/run/podvm-gpu", "-/run/cdi"]
+    assert "char-nvidia* rw" in service["DeviceAllow"] and "/dev/kmsg rw" in service["DeviceAllow"]
+    assert set(service["CapabilityBoundingSet"]) == {"CAP_SYSLOG", "CAP_SYS_ADMIN",
+                                                     "CAP_DAC_READ_SEARCH"}
+    assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+def test_every_install_path_ships_the_watch_unit_enabled():
+    bundle = (SYSTEMD / "make-bundle.sh").read_text()
+    installer = (SYSTEMD / "install-podvm-gpu.sh").read_text()
+    assert '"$here/podvm-gpu-watch.service"' in bundle
+    assert '"$unitdir/podvm-gpu-watch.service"' in installer
+    assert "systemctl enable podvm-gpu-watch.service" in installer
 
 
 def test_pod_labels_unit_runs_once_after_process_user_data_and_before_the_exporter():

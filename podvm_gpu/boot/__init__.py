@@ -156,6 +156,7 @@ def _boot(run: Run, config: str | None) -> int:
         config_error = f"{config_path}: cannot resolve: {oserror(present)}"
     if settings is not None:
         run.write_spec, run.metrics = settings.unavailable_spec, settings.metrics
+        run.bind_mode = settings.confidential_computing.bind
     budget = settings.budget_s if settings is not None else DEFAULT_BUDGET_S
     run.budget_s = budget
     untrusted = untrusted_root(root)
@@ -231,12 +232,23 @@ def _boot(run: Run, config: str | None) -> int:
     if settings is not None and settings.initdata.path and not run.dry_run:
         from podvm_gpu import initdata  # only when the config names the file
 
-        failure = initdata.apply(run, settings, gpus)
+        # the step is in the status while it reads (and waits for) the file, so the wait is
+        # named for what it is (status, a signal's reason, the budget's); it stays in the
+        # final document only when it fails (3.13)
+        step = Step("initdata")
+        run.status.steps.append(step)
+        failure = initdata.apply(run, settings, gpus, step,
+                                 lambda count: _initdata_wait(run, settings, detect, count))
+        gpus = run.status.gpus
+        step.duration_s = time.monotonic() - step.started
         if failure is not None:  # expected GPUs and none on PCI: failed, never no-gpu
-            step = Step("initdata", StepResult.FAILED, message=failure)
-            run.status.steps.append(step)
+            step.result, step.message = StepResult.FAILED, failure
             log.step(step)
             return run.fail(f"initdata: {failure}")
+        if step.result == StepResult.RUNNING:
+            step.result = StepResult.OK  # read (skipped: not there)
+        log.step(step)
+        run.status.steps.remove(step)
     if not gpus:
         return run.end(State.NO_GPU, f"detect: {detect.message}")
     from podvm_gpu.boot.pipeline import run_pipeline  # a GPU is there: the full path
@@ -260,6 +272,29 @@ def _late_wait(run: Run, settings, coming: list, nvidia: list[str]):
     gpus_now = len(nvidia_gpus(nvidia)) if detect.expected_gpus else 0
     return plan_wait(coming, detect.expected_gpus, gpus_now, detect.late_gpu_wait_s,
                      run.started + budget - time.monotonic())
+
+
+def _initdata_wait(run: Run, settings, detect: Step, count: int) -> list:
+    """The late-GPU wait for the ``expected_gpus`` of the pod's initdata (issue 37 item 7):
+    as for ``detect.expected_gpus``, at most ``detect.late_gpu_wait_s`` cut to the budget; the
+    GPUs on PCI afterwards (status and detect's message updated)."""
+    from podvm_gpu.boot.late import plan_wait
+    from podvm_gpu.host.sysfs import discover, nvidia_gpus
+
+    _, nvidia = scan_nvidia()
+    late = plan_wait([], count, len(nvidia_gpus(nvidia)), settings.detect.late_gpu_wait_s,
+                     run.started + settings.budget_s - time.monotonic())
+    if late is None:
+        return run.status.gpus
+    late.who = ("the pod's initdata expects", f'initdata {settings.initdata.path}, '
+                'data."podvm-gpu.toml" expected_gpus')
+    message = detect.message
+    _wait(run, detect, late)
+    nvidia = scan_nvidia()[1]
+    if nvidia:
+        run.status.gpus, run.status.nvswitches = discover(nvidia)
+    detect.message = f"{message}; {late.outcome()}"
+    return run.status.gpus
 
 
 def _wait(run: Run, detect: Step, late) -> None:

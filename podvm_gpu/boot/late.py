@@ -38,6 +38,8 @@ class LateWait:
         self.how = ""
         self.arrived: dict[str, list[str]] = {}  # channel instance -> its PCI addresses
         self.gpus_seen = 0
+        # who expects the GPUs, for messages: the image's config, or the pod's initdata
+        self.who = ("the image expects", "detect.expected_gpus")
 
     def _look(self) -> bool:
         """Read sysfs once (stdlib only): the channels' functions and the GPU count; True when
@@ -54,8 +56,8 @@ class LateWait:
         parts = [f"{c.describe()} announced a PCI device that did not appear"
                  for c in self.channels if c.instance not in self.arrived]
         if self.gpus_seen < self.expected_gpus:
-            parts.append(f"only {self.gpus_seen} of the {self.expected_gpus} GPU(s) the image "
-                         "expects (detect.expected_gpus) appeared on PCI")
+            parts.append(f"only {self.gpus_seen} of the {self.expected_gpus} GPU(s) "
+                         f"{self.who[0]} ({self.who[1]}) appeared on PCI")
         return parts
 
     def awaited(self) -> str:
@@ -64,7 +66,7 @@ class LateWait:
         (detect.expected_gpus)``."""
         parts = [f"the PCI device of {c.describe()}" for c in self.channels]
         if self.expected_gpus:
-            parts.append(f"{self.expected_gpus} GPU(s) on PCI (detect.expected_gpus)")
+            parts.append(f"{self.expected_gpus} GPU(s) on PCI ({self.who[1]})")
         return " and ".join(parts)
 
     def limit(self) -> str:

@@ -117,6 +117,14 @@ STEP_NAMES = step_list.GPU_STEPS
 _ALARM_GRACE_S = 2.0  # after the budget, let the step in flight report its own timeout first
 
 
+def last_seen(ctx, step_name: str) -> str:
+    """``; last seen: <what the step's wait saw> for N s`` when the step recorded it
+    (``ctx.last_seen``, the fabric wait's state), else ``""``: a budget that ends a wait names
+    the state that never came, not only the call it cut (issue 33)."""
+    seen = ctx.last_seen.get(step_name)
+    return f"; last seen: {seen}" if seen else ""
+
+
 def budget_cut(err: BaseException) -> CommandError | None:
     """The tool call behind ``err`` (itself, or the error a step's :class:`StepFailed` was
     raised from or during) when that call timed out because the boot budget cut its timeout
@@ -159,6 +167,9 @@ def run_pipeline(run: Run, config: Config | None) -> int:
                                                         gpus=gpus)
     if run.dry_run:
         return _dry_run(run, ctx)
+    standing = _standing_finding(run)
+    if standing:
+        return run.fail(standing)
     import_parallel_steps()
     steps = Steps(ctx, run)
     # the budget's timer (SIGALRM, boot/run.py Signals): BudgetExpired in the main thread; the
@@ -173,7 +184,8 @@ def run_pipeline(run: Run, config: Config | None) -> int:
         step = steps.in_flight()
         steps.stop("the boot budget is spent", wait_s=0.5)
         step.result = StepResult.FAILED
-        step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent"
+        step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent" \
+            + last_seen(ctx, step.name)
         reason = f"{step.name}: {step.message}"
     except BaseException as err:
         # SIGTERM, SIGINT, a bug: the step in flight is the one the end names; end the other
@@ -326,11 +338,13 @@ class Steps:
             step.result = StepResult.FAILED
             step.message = (f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent "
                             f"({describe_command_error(cut)}, its timeout cut to the budget)"
+                            + last_seen(ctx, step.name)
                             if cut else str(err) if isinstance(err, StepFailed)
                             else describe_command_error(err))
         except BudgetExpired:
             step.result = StepResult.FAILED
-            step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent"
+            step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent" \
+                + last_seen(ctx, step.name)
         except Exception as err:  # a bug must still end in 'failed' with the unavailable spec
             import traceback
 
@@ -364,6 +378,22 @@ def _dry_run(run: Run, ctx: BootContext) -> int:
         for note in said:  # shell comments: the output stays a list of commands
             print(f"# {note}")
     return 0
+
+
+def _standing_finding(run: Run) -> str | None:
+    """The reason of a boot run again while the watcher's finding stands (podvm_gpu/watch/,
+    issue 34): ``watch: ...`` naming it. A ready boot would turn the kernel log's findings into
+    warnings and bring the failed GPU back into the spec; only ``podvm-gpu watch --clear``
+    (an operator's explicit word) lets a boot past it."""
+    from podvm_gpu.watchfile import standing_finding
+
+    finding = standing_finding(run.root)
+    if not finding:
+        return None
+    said = finding["reason"].removeprefix("watch: ")
+    return (f"watch: a finding of the watcher stands: {said}; the boot does not bring the GPU "
+            "back: replace the VM, or clear it with podvm-gpu watch --clear and run the boot "
+            "again")[:REASON_MAX]
 
 
 def _fail(run: Run, reason: str) -> int:

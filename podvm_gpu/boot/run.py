@@ -20,7 +20,8 @@ import sys
 import time
 
 from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
-from podvm_gpu.host.fs import TMP_SUFFIX, Root, folder_trust_problems
+from podvm_gpu.host import rtmr
+from podvm_gpu.host.fs import TMP_SUFFIX, Root, untrusted_dirs
 from podvm_gpu.model import REASON_MAX, State, Status, Step, StepResult, shown
 from podvm_gpu.status import STATUS_PATH, StatusFile
 
@@ -167,6 +168,7 @@ class Run:
         self.metrics = None  # the config's metrics settings, when there is a config
         self.budget_s = 240.0  # the config's budget_s once read (boot/__init__.py)
         self.locked = False  # boot.lock is held (boot/__init__.py)
+        self.bind_mode, self._bind_tried = "auto", False  # confidential_computing.bind; ran
         # the ending under way (:meth:`end`, :meth:`end_ready`): its state and reason, for
         # :meth:`last_resort` should the ending itself raise; None before it begins
         self.ending: tuple[str, str | None] | None = None
@@ -189,6 +191,7 @@ class Run:
         ready), other ``nvidia.com/gpu`` specs renamed aside, the final status, the console
         line, the report. A spec that cannot be written makes the end ``failed`` with the write
         error named, and the status is still written. Returns 0 for no-gpu, else 1."""
+        state, reason = self.bind_end(state, reason)
         # one line, and no control character (ESC, NUL) for the console, the journal, the
         # spec's environment or a terminal: escaped as \xNN
         reason = shown(" ".join(reason.split()))
@@ -214,12 +217,26 @@ class Run:
         line, report. A status that cannot be written ends the boot ``failed`` instead, with
         the unavailable spec: a boot nobody can read the outcome of is not ready."""
         self.finishing()
+        state, reason = self.bind_end(State.READY, None)
+        if reason:  # the binding broke: failed, named (3.14)
+            return self.end(state, reason)
         self.ending = (State.READY, None)
         gpus = self.status.gpus
         names = ", ".join(sorted({g.name for g in gpus}))
         self.log(Log.INFO, f"ready in {time.monotonic() - self.started:.3f} s: "
                            f"{len(gpus)} GPU(s) ({names})")
         return self._final(State.READY, None)
+
+    def bind_end(self, state: str, reason: str | None) -> tuple[str, str | None]:
+        """The end's binding once (bind.py's ``at_end``; no register: one ``stat``)."""
+        if self.dry_run or self._bind_tried or not self.locked:  # the log is the lock's too
+            return state, reason
+        self._bind_tried = True
+        if self.status.binding is None and self.bind_mode == "auto" and not rtmr.present(self.root):
+            self.status.binding = rtmr.binding_record("unbound", reason=rtmr.UNBOUND_REASON)
+            return state, reason
+        from podvm_gpu.steps.cc.bind import at_end
+        return at_end(self, state, reason)
 
     def _publish_unavailable(self, state: str, reason: str) -> None:
         from podvm_gpu import cdi
@@ -340,6 +357,7 @@ class Run:
             else:
                 reason = f"{self.running_step().name}: {what}" if self.status.steps \
                     else f"detect: {what}"
+            reason = self.bind_end(State.FAILED, reason)[1] or reason  # a fail event (3.14)
             reason = shown(" ".join(reason.split()))
             if len(reason) > REASON_MAX:
                 reason = reason[:REASON_MAX - 4].rstrip() + " ..."
@@ -426,42 +444,9 @@ def tell_console(root: Root, state: str, reason: str) -> None:
 
 
 def untrusted_root(root: Root) -> str | None:
-    """Why boot must not write under ``root``: a folder on the way to the status file or the
-    spec (the deepest one that exists, and every one above it, the root and its parents
-    included) that another user than root owns or can write. Such a user could swap what
-    follows for a link between boot's checks and its writes and make root write anywhere.
-    None when only root can change them (a sticky folder such as /tmp is fine)."""
-    for host_dir in (os.path.dirname(STATUS_PATH), os.path.dirname(CDI_SPEC_PATH)):
-        links: list[str] = []
-        try:
-            folder = root.resolve(host_dir, links=links)
-        except OSError:
-            continue  # a link loop: the write fails and the boot says so
-        while not os.path.isdir(folder) and folder != root.path:
-            folder = os.path.dirname(folder)
-        problems = folder_trust_problems(folder)
-        if problems:
-            return problems[0][1]
-        why = _foreign_link(links)
-        if why:
-            return why
-    return None
-
-
-def _foreign_link(links: list[str]) -> str | None:
-    """A link on the way that another user may replace: one they own in a folder that others
-    can write (a sticky folder lets an entry's owner replace it). Under ``--root`` the agent
-    follows links itself, so the kernel's ``protected_symlinks`` does not stand guard."""
-    owners = (0, os.geteuid())
-    for link in links:
-        try:
-            st, parent = os.lstat(link), os.stat(os.path.dirname(link))
-        except OSError:
-            continue
-        if st.st_uid not in owners and parent.st_mode & 0o002:
-            return (f"{link} is a link owned by uid {st.st_uid} in {os.path.dirname(link)}, "
-                    "which others can write: its owner can point it anywhere")
-    return None
+    """Why boot must not write under ``root``: :func:`podvm_gpu.host.fs.untrusted_dirs` for
+    the folders of the status file and the spec (``check``'s status row asks the same)."""
+    return untrusted_dirs(root, (os.path.dirname(STATUS_PATH), os.path.dirname(CDI_SPEC_PATH)))
 
 
 def report(status: Status, json_out: bool) -> None:

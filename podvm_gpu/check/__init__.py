@@ -54,19 +54,61 @@ def broken(name: str, err: BaseException) -> Check:
                  "report this with the output of podvm-gpu check --json")
 
 
-def print_table(checks: list[Check], summary: dict[str, int]) -> None:
-    """An aligned table (result, check, detail, hint) and a summary line, as plain text: no
-    markup language, so a detail quoting a tool or the kernel (``[/...]``) prints as it is."""
+DEFAULT_WIDTH = 100  # the table's width when stdout is not a terminal and COLUMNS is unset
+MIN_DETAIL = 30  # the narrowest detail column: below it the table is wider than asked
+
+
+def table_width() -> int:
+    """The width the ``check`` table fits: ``COLUMNS`` when it is a positive number (as
+    :func:`shutil.get_terminal_size` reads it), else the terminal's when stdout is one, else
+    :data:`DEFAULT_WIDTH` (issue 35 item 3). ``sys.__stdout__`` is asked: a command's
+    ``sys.stdout`` is the buffer :mod:`podvm_gpu.cli` sends at the end."""
+    import os
+
+    text = os.environ.get("COLUMNS", "").strip()
+    if text.isascii() and text.isdigit() and 0 < int(text) < 100000:
+        return int(text)
+    try:
+        fd = sys.__stdout__.fileno()
+        if os.isatty(fd) and os.get_terminal_size(fd).columns > 0:
+            return os.get_terminal_size(fd).columns
+    except (AttributeError, ValueError, OSError):
+        pass
+    return DEFAULT_WIDTH
+
+
+def print_table(checks: list[Check], summary: dict[str, int], width: int | None = None) -> None:
+    """The rows as a table fitted to ``width`` columns (None: :func:`table_width`), then a
+    summary line, as plain text: no markup language, so a detail quoting a tool or the kernel
+    (``[/...]``) prints as it is.
+
+    Each row is ``result  check  detail``; the detail wraps within its column, and a hint
+    follows on lines of its own below it, ``hint: ...``, wrapped alike, so what to do next is
+    never off-screen (before issue 35 the detail column was padded to its longest entry, 195 to
+    591 columns). A word longer than the column is broken. No line is wider than ``width``
+    unless the detail column would be narrower than :data:`MIN_DETAIL` characters.
+    """
+    import textwrap
+
     from podvm_gpu.status import shown
 
-    rows = [("result", "check", "detail", "hint")]
-    rows += [(c.result, c.name, shown(" ".join(c.detail.split())), shown(" ".join(c.hint.split())))
-             for c in checks]
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    out = []
-    for row in rows:
-        cells = [row[i].ljust(widths[i]) for i in range(3)] + [row[3]]
-        out.append("  ".join(cells).rstrip())
+    rows = [(c.result, c.name, shown(" ".join(c.detail.split())), shown(" ".join(c.hint.split())))
+            for c in checks]
+    widths = [max(len(r[i]) for r in [("result", "check"), *rows]) for i in range(2)]
+    indent = widths[0] + 2 + widths[1] + 2
+    room = max((width or table_width()) - indent, MIN_DETAIL)
+    pad = " " * indent
+
+    def wrapped(text: str, first: str) -> list[str]:
+        return textwrap.wrap(text, indent + room, initial_indent=first, subsequent_indent=pad,
+                             break_on_hyphens=False) or [first.rstrip()]
+
+    out = [f"{'result'.ljust(widths[0])}  {'check'.ljust(widths[1])}  detail"]
+    for result, name, detail, hint in rows:
+        lead = f"{result.ljust(widths[0])}  {name.ljust(widths[1])}  "
+        out += wrapped(detail, lead)
+        if hint:
+            out += wrapped(f"hint: {hint}", pad)
     verdict = "FAILED" if summary[FAIL] else "OK"
     out.append(f"{verdict}: {summary[PASS]} pass, {summary[WARN]} warn, {summary[FAIL]} fail, "
                f"{summary[SKIP]} skip")

@@ -9,7 +9,14 @@ import os
 
 from podvm_gpu import steps, units
 from podvm_gpu.check import FAIL, PASS, SKIP, WARN, Check, isolated
-from podvm_gpu.check.units import UNREAD_HINT, kata_cdi_check, kata_ordering_check, refresh_units_check, unread_units
+from podvm_gpu.check.units import (
+    UNREAD_HINT,
+    kata_cdi_check,
+    kata_ordering_check,
+    refresh_units_check,
+    unread_units,
+    watch_unit_check,
+)
 from podvm_gpu.config.fields import REQUIRED_MODULES
 from podvm_gpu.config.load import DEFAULT_PATH as CONFIG_PATH
 from podvm_gpu.config.load import config_location
@@ -191,6 +198,7 @@ HEAD_ROWS = {
 }
 TAIL_ROWS = {
     "cdi-refresh-units": lambda image: refresh_units_check(image.root),
+    "watch": lambda image: watch_unit_check(image.root, vm=False),
     "trust": trust_row,
     "config-compiled": compiled_config_row,
 }

@@ -4,7 +4,7 @@ on a CPU or failed VM (its ``cdi_timeout`` and version, :mod:`podvm_gpu.kata`)."
 
 from __future__ import annotations
 
-from podvm_gpu import kata, units
+from podvm_gpu import kata, units, watchfile
 from podvm_gpu.check import FAIL, PASS, SKIP, WARN, Check
 from podvm_gpu.errors import CommandError
 from podvm_gpu.host.fs import Root
@@ -22,6 +22,42 @@ def refresh_units_check(root: Root) -> Check:
     masked = [u for u in units.REFRESH_UNITS if units.masked(root, u)]
     return Check("cdi-refresh-units", PASS,
                  f"masked: {', '.join(masked)}" if masked else "not enabled")
+
+
+def watch_unit_check(root: Root, vm: bool) -> Check:
+    """podvm-gpu-watch.service (issue 34) installed and enabled; on a VM also what the watcher
+    says (watch.json): watching, a finding, or not started after a ready boot with GPUs."""
+    from podvm_gpu.model import State
+    from podvm_gpu.status import read_status
+
+    name, unit = "watch", watchfile.WATCH_UNIT
+    install = f"install and enable {unit} (systemd/install-podvm-gpu.sh does)"
+    doc = watchfile.load(root) if vm else None
+    finding = doc.get("finding") if doc else None
+    if finding:  # whatever ran the watcher (the unit, or an engineer by hand)
+        return Check(name, FAIL, f"finding: {finding['reason']}", "the GPU failed after boot: "
+                     f"replace the VM; once the cause is gone, {watchfile.CLEAR_COMMAND} then "
+                     "systemctl restart podvm-gpu podvm-gpu-watch")
+    status = (read_status(root) or {}) if vm else {}
+    if vm and (status.get("state") != State.READY or not status.get("gpus")):
+        return Check(name, SKIP, "nothing to watch: the boot did not end ready with GPUs")
+    if units.unit_file(root, unit) is None:
+        return Check(name, WARN, f"{unit} is not installed: a GPU that fails after boot stays "
+                     "in the spec for every container created after", install)
+    if not units.enabled_by(root, unit):
+        return Check(name, WARN, f"{unit} installed but not enabled: a GPU that fails after "
+                     "boot stays in the spec", f"systemctl enable {unit}")
+    if not vm:
+        return Check(name, PASS, f"{unit} installed and enabled")
+    if doc is None:
+        return Check(name, WARN, f"no {watchfile.WATCH_PATH}: the watcher has not started "
+                     "after this ready boot", f"systemctl status {unit}")
+    warned = doc.get("warnings") or []
+    said = f"watching since {doc.get('started_at')}, kernel log record {doc.get('kmsg_seq')}"
+    if warned:
+        return Check(name, WARN, f"{said}; {len(warned)} warning(s): {warned[0]['text']}",
+                     f"{watchfile.WATCH_PATH} lists them")
+    return Check(name, PASS, said)
 
 
 UNREAD_HINT = ("make each a regular file (or remove it): what it sets cannot be judged, and "

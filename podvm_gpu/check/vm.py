@@ -6,15 +6,22 @@ from __future__ import annotations
 import os
 
 from podvm_gpu import readers, steps, units
+from podvm_gpu.cdi import SPEC_PATH
 from podvm_gpu.check import FAIL, NO_GPU, PASS, SKIP, WARN, Check, broken, isolated, safely
-from podvm_gpu.check.units import kata_agent_version, kata_cdi_check, kata_ordering_check, refresh_units_check
+from podvm_gpu.check.units import (
+    kata_agent_version,
+    kata_cdi_check,
+    kata_ordering_check,
+    refresh_units_check,
+    watch_unit_check,
+)
 from podvm_gpu.config.model import Config
 from podvm_gpu.host import kmsg
-from podvm_gpu.host.fs import Root
+from podvm_gpu.host.fs import Root, untrusted_dirs
 from podvm_gpu.host.proc import Runner, side_by_side
 from podvm_gpu.host.sysfs import channels_without_pci, scan_nvidia
 from podvm_gpu.model import State
-from podvm_gpu.status import ORPHANED, StatusUnreadable, load_status, orphaned, read_status
+from podvm_gpu.status import ORPHANED, STATUS_PATH, StatusUnreadable, load_status, orphaned, read_status
 from podvm_gpu.steps.fabric import fabric_kind
 
 
@@ -91,9 +98,21 @@ def status_row(facts: "Facts") -> Check:
     except StatusUnreadable as err:
         return Check("status", FAIL, f"unreadable: {err}", "run podvm-gpu boot again")
     if doc is None:
+        refused = safely(lambda: untrusted_dirs(facts.root, (os.path.dirname(STATUS_PATH),
+                                                             os.path.dirname(SPEC_PATH))),
+                         "its folders cannot be checked")
+        if refused:  # boot wrote nothing, not even a failed status: its journal alone says why
+            return Check("status", FAIL, f"no /run/podvm-gpu/status.json: boot refuses to "
+                         f"write under {facts.root.path}: {refused}",
+                         "make the root and the folders on the way root's, mode go-w "
+                         "(chmod go-w), then run podvm-gpu boot; journalctl -u podvm-gpu -b")
         return Check("status", FAIL, "no /run/podvm-gpu/status.json: boot has not run",
                      "systemctl status podvm-gpu.service")
     state, reason = doc.get("state"), doc.get("reason")
+    if state == State.FAILED and (reason or "").startswith("watch: "):
+        # the watcher's finding (issue 34): a boot run again fails on it; it is no boot's fault
+        return Check("status", FAIL, f"a GPU failed after boot: {reason}", "replace the VM "
+                     "(the watcher took the GPUs out of the spec; see the watch row)")
     if state == State.FAILED:
         return Check("status", FAIL, f"boot failed: {reason}", "fix the cause, then rerun "
                      "podvm-gpu boot (or reboot)")
@@ -123,6 +142,7 @@ OTHER_ROWS = {
     "cdi-refresh-units": lambda facts: refresh_units_check(facts.root),
     "kata-agent-ordering": lambda facts: kata_ordering_check(facts.root),
     "kata-agent-cdi": kata_cdi_row,
+    "watch": lambda facts: watch_unit_check(facts.root, vm=True),
 }
 
 

@@ -161,6 +161,27 @@ def imex_channels(value: object, loc: list) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+# The hook names nvidia-ctk's ``cdi generate --disable-hook`` takes (1.18.0 and later;
+# internal/discover/hooks.go of NVIDIA/nvidia-container-toolkit: ``all`` and one name per hook
+# it can write; chmod is off by default there). ``cdi.disable_hooks`` is checked against them.
+CDI_HOOK_NAMES = ("all", "chmod", "create-symlinks", "disable-device-node-modification",
+                  "enable-cuda-compat", "update-application-profile", "update-ldcache")
+
+
+def cdi_hooks(value: object, loc: list) -> tuple[str, ...]:
+    """A validator of ``cdi.disable_hooks``: a list of distinct names of
+    :data:`CDI_HOOK_NAMES`; returned as a tuple in the order given (the config is frozen)."""
+    if not isinstance(value, list):
+        raise Invalid(loc, f"must be a list of hook names, not {_kind(value)}")
+    names = tuple(_string(item, [*loc, i]) for i, item in enumerate(value))
+    for i, name in enumerate(names):
+        if name not in CDI_HOOK_NAMES:
+            raise Invalid([*loc, i], f"must be one of {', '.join(CDI_HOOK_NAMES)}, not {name!r}")
+        if name in names[:i]:
+            raise Invalid(loc, f"hook {name} is listed twice")
+    return names
+
+
 def one_of(names: tuple[str, ...]):
     """A validator of one of ``names``."""
     def check(value: object, loc: list) -> str:
@@ -305,7 +326,8 @@ class Section:
     @classmethod
     def validate(cls, raw: object, loc: list, errors: list[Invalid]):
         """A section from the mapping ``raw``; every bad key or value is appended to ``errors``
-        (the section then holds the default for it)."""
+        (the section then holds the default for it). ``null`` is taken for a key whose default
+        is null (unset), and for no other."""
         if not isinstance(raw, dict):
             errors.append(Invalid(loc, f"must be a mapping of settings, not {_kind(raw)}"))
             return cls()
@@ -315,7 +337,12 @@ class Section:
             if key not in cls.FIELDS:
                 errors.append(Invalid(where, "unknown key"))
                 continue
-            check = cls.FIELDS[key][0]
+            check, default = cls.FIELDS[key]
+            if value is None and default is None:
+                # null where the documented default is "null (unset)": what config --json
+                # prints for it, so its settings can be fed back (issue 35 item 5)
+                values[key] = None
+                continue
             try:
                 if isinstance(check, type) and issubclass(check, Section):
                     values[key] = check.validate(value, where, errors)

@@ -94,7 +94,7 @@ class MetricsSettings:
     """
 
     __slots__ = ("profile", "listen", "textfile", "textfile_path", "textfile_interval_s",
-                 "nvml_timeout_s", "web_config")
+                 "nvml_timeout_s", "web_config", "reset_pending_warns")
 
     def __init__(self, profile: str = "auto", listen: str = DEFAULT_LISTEN, textfile: bool = False,
                  textfile_path: str = DEFAULT_TEXTFILE_PATH, textfile_interval_s: float = 30.0,
@@ -131,6 +131,9 @@ class MetricsSettings:
         self.textfile_interval_s = _seconds("metrics.textfile_interval_s", textfile_interval_s,
                                             MIN_TEXTFILE_INTERVAL_S)
         self.nvml_timeout_s = _seconds("metrics.nvml_timeout_s", nvml_timeout_s)
+        # not a key of metrics: the config's health.reset_pending_warns, set by the metrics
+        # command, so that the exporter's podvm_gpu_health verdicts are boot's (issue 33)
+        self.reset_pending_warns = False
 
     @classmethod
     def from_mapping(cls, section: object) -> MetricsSettings:
@@ -149,7 +152,7 @@ class MetricsSettings:
         return cls(**section)
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}
+        return {k: getattr(self, k) for k in self.__slots__ if k != "reset_pending_warns"}
 
     def __eq__(self, other: object) -> bool:  # as config.Section: settings are values
         return isinstance(other, MetricsSettings) and self.to_dict() == other.to_dict()

@@ -11,6 +11,7 @@ from podvm_gpu.config.fields import (
     absolute_path,
     attestation_mode,
     boolean,
+    cdi_hooks,
     count,
     imex_channels,
     mapping,
@@ -91,8 +92,12 @@ class ConfidentialComputingConfig(Section):
     (nvattest.md 7.1, 8 in the shared notes). ``relying_party_policy``, ``rim_dir`` (with it
     ``--rim-store dir``), ``rim_url``, ``ocsp_url``: passed to nvattest (an OCSP/RIM proxy:
     docs/operating.md). ``image_serves``: this image serves confidential GPU VMs: ``check
-    --image`` fails instead of warning when nvattest (and libnvidia-nscq for Protected PCIe)
-    is missing; boot does not read it."""
+    --image`` fails instead of warning when nvattest is missing; with
+    ``image_serves_protected_pcie`` (the image serves 8-GPU HGX VMs in Protected PCIe mode)
+    libnvidia-nscq is required too, and only then; boot reads neither. ``bind``: the GPUs'
+    verdict bound into TDX RTMR3 with an event in the attestation-agent's log
+    (podvm_gpu/steps/cc/bind.py, docs/interface.md 3.14): ``auto`` (where ``rtmr3:sha384``
+    exists), ``required`` (a boot that cannot bind fails) or ``off``."""
 
     FIELDS = {"set_ready_state": (boolean, True), "allow_devtools": (boolean, False),
               "allow_cc_off": (boolean, False),
@@ -103,7 +108,9 @@ class ConfidentialComputingConfig(Section):
               "rim_dir": (absolute_path, None),
               "rim_url": (url, None),
               "ocsp_url": (url, None),
-              "image_serves": (boolean, False)}
+              "image_serves": (boolean, False),
+              "image_serves_protected_pcie": (boolean, False),
+              "bind": (attestation_mode, "auto")}
     __slots__ = tuple(FIELDS)
 
 
@@ -139,6 +146,19 @@ class HealthConfig(Section):
     __slots__ = tuple(FIELDS)
 
 
+class WatchConfig(Section):
+    """``podvm-gpu watch`` (podvm_gpu/watch/): ``interval_s`` is the time between two polls of
+    the recovery action, the memory health, the fabric state and the daemons (one poll at a
+    time; the kernel log is read as it arrives, whatever the interval). The default, 60 s, keeps
+    the polls' cost near zero: a poll is four or five nvidia-smi queries, 20-25 ms each on a
+    real H200 with driver 580 (tests/data/real/h200-580/README.md), so about 0.1 s a minute,
+    some 7.5 s an hour (0.2 % of a core); the watcher itself idles at about nothing
+    (bench/watch.py). A recovery action that turns to Node Reboot is seen within one interval."""
+
+    FIELDS = {"interval_s": (seconds(0, False), 60.0)}
+    __slots__ = tuple(FIELDS)
+
+
 class ImexConfig(Section):
     """IMEX channels for multi-node NVLink (GB200/GB300 NVL72 compute trays; issue 28), off by
     default: ``channels`` lists the channel ids whose nodes
@@ -148,6 +168,18 @@ class ImexConfig(Section):
     removed."""
 
     FIELDS = {"channels": (imex_channels, ())}
+    __slots__ = tuple(FIELDS)
+
+
+class CdiConfig(Section):
+    """The GPUs' spec (podvm_gpu/steps/cdi/step.py). ``disable_hooks``: hooks nvidia-ctk must
+    leave out of the spec, each passed as ``--disable-hook=<name>`` (``all``: every hook;
+    nvidia-ctk 1.18.0 or later, checked before it runs; podvm_gpu/steps/cdi/toolkit.py). The
+    alternative to the host's ``NVreg_ModifyDeviceFiles=0`` for the
+    ``disable-device-node-modification`` hook, which the fabric manager cannot run with (issue 36).
+    ``[]`` (the default): nvidia-ctk's own choice."""
+
+    FIELDS = {"disable_hooks": (cdi_hooks, ())}
     __slots__ = tuple(FIELDS)
 
 
@@ -205,6 +237,8 @@ class Config(Section):
               "detect": (DetectConfig, DetectConfig()),
               "health": (HealthConfig, HealthConfig()),
               "imex": (ImexConfig, ImexConfig()),
+              "cdi": (CdiConfig, CdiConfig()),
+              "watch": (WatchConfig, WatchConfig()),
               "unavailable_spec": (boolean, True),
               "metrics": (_metrics, _default_metrics)}
     __slots__ = tuple(FIELDS)

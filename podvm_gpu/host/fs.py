@@ -329,6 +329,54 @@ def folder_trust_problems(folder: str, owners: frozenset[int] | None = None,
         folder = os.path.dirname(folder)
 
 
+def untrusted_dirs(root: Root, host_dirs) -> str | None:
+    """Why root must not write under ``root`` into ``host_dirs`` (host paths: boot's are the
+    folders of the status file and the spec): a folder on the way (the deepest one that exists,
+    and every one above it, the root and its parents included) that another user than root
+    owns or can write, or a link on the way that another user may replace. Such a user could
+    swap what follows for a link between the checks and the writes and make root write
+    anywhere. None when only root can change them (a sticky folder such as /tmp is fine).
+
+    Args:
+        root: the :class:`Root` written under.
+        host_dirs: host paths of folders, e.g. ``("/run/podvm-gpu", "/var/run/cdi")``.
+
+    Returns:
+        One line: the first problem found, or None.
+    """
+    for host_dir in host_dirs:
+        links: list[str] = []
+        try:
+            folder = root.resolve(host_dir, links=links)
+        except OSError:
+            continue  # a link loop: the write fails and says so
+        while not os.path.isdir(folder) and folder != root.path:
+            folder = os.path.dirname(folder)
+        problems = folder_trust_problems(folder)
+        if problems:
+            return problems[0][1]
+        why = _foreign_link(links)
+        if why:
+            return why
+    return None
+
+
+def _foreign_link(links: list[str]) -> str | None:
+    """A link on the way that another user may replace: one they own in a folder that others
+    can write (a sticky folder lets an entry's owner replace it). Under ``--root`` the agent
+    follows links itself, so the kernel's ``protected_symlinks`` does not stand guard."""
+    owners = (0, os.geteuid())
+    for link in links:
+        try:
+            st, parent = os.lstat(link), os.stat(os.path.dirname(link))
+        except OSError:
+            continue
+        if st.st_uid not in owners and parent.st_mode & 0o002:
+            return (f"{link} is a link owned by uid {st.st_uid} in {os.path.dirname(link)}, "
+                    "which others can write: its owner can point it anywhere")
+    return None
+
+
 def is_char_device(path: str, follow: bool = True) -> tuple[int, int] | None:
     """``(major, minor)`` when ``path`` is a character device, else None; with ``follow``
     False a symlink at ``path`` is not one (``lstat``)."""

@@ -140,6 +140,35 @@ def _modules_dep(root: Root, release: str) -> dict[str, str] | None:
     return found
 
 
+def depmod_ran(root: Root, release: str) -> bool:
+    """Whether ``/lib/modules/<release>/modules.dep.bin`` is there: depmod's index of
+    ``modules.dep``, the only file kmod's modprobe looks a module up in (kmod 30 finds nothing
+    with the text ``modules.dep`` alone, and nothing without both: ``FATAL: Module nvidia not
+    found in directory``; checked in tests/test_check_image_gaps.py). A link counts if it leads
+    to a file inside the root."""
+    try:
+        return os.path.isfile(root.resolve(f"/lib/modules/{release}/modules.dep.bin"))
+    except OSError:
+        return False
+
+
+def unindexed(root: Root, kernels: list[str]) -> tuple[str, str] | None:
+    """``check --image``'s verdict on kernels depmod never indexed (:func:`depmod_ran`): the
+    detail and the hint (``run depmod -b <root> <release>``), or None when every kernel is.
+    An image is finished, so the image check does not read the module files instead, as
+    :func:`read_resolve` does for a live VM's diagnosis (issue 35 item 2)."""
+    missing = [k for k in kernels if not depmod_ran(root, k)]
+    if not missing:
+        return None
+    release = missing[0]
+    more = f" (and kernel(s) {', '.join(missing[1:])})" if missing[1:] else ""
+    return (f"kernel {release}: no /lib/modules/{release}/modules.dep.bin: kmod's modprobe looks "
+            f"modules up only in depmod's index, so modprobe nvidia finds no module ('Module "
+            f"nvidia not found in directory /lib/modules/{release}'){more}",
+            "; ".join(f"{'run ' if i == 0 else ''}depmod -b {root.path} {k}"
+                      for i, k in enumerate(missing)))
+
+
 def _walk_modules(root: Root, release: str) -> dict[str, str]:
     """modname -> host path of every module file under ``/lib/modules/<release>`` (no
     ``modules.dep``: a tree depmod never ran on, as in an image being built)."""

@@ -40,7 +40,11 @@ def nvml_client(argv: list[str]) -> bool:
 # LD_PRELOAD (read by ld.so for every program, no flag of nvidia-ctk's; where libnvidia-ml.so.1
 # is found, and how the test harness's umockdev works). LANG and LC_* are not kept: Go programs
 # do not read the locale, and LC_ALL=C is set for every tool anyway.
-TOOL_ENV_ALLOWED = {"nvidia-ctk": ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD")}
+# nvidia-cdi-hook is a urfave/cli program of the same toolkit (the cdi step's hook check runs
+# it, and nvidia-ctk as `nvidia-ctk hook`, by the absolute path the spec names: the basename
+# decides).
+TOOL_ENV_ALLOWED = {"nvidia-ctk": ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD"),
+                    "nvidia-cdi-hook": ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD")}
 
 
 def tool_env(tool: str, env: dict[str, str]) -> dict[str, str]:
@@ -49,10 +53,11 @@ def tool_env(tool: str, env: dict[str, str]) -> dict[str, str]:
     ``LC_ALL=C``.
 
     Args:
-        tool: the tool's name (``argv[0]``, e.g. ``nvidia-ctk``).
+        tool: the tool's name (``argv[0]``, e.g. ``nvidia-ctk``, or an absolute path, whose
+            basename counts).
         env: the runner's environment.
     """
-    allowed = TOOL_ENV_ALLOWED.get(tool)
+    allowed = TOOL_ENV_ALLOWED.get(os.path.basename(tool))
     if allowed is None:
         return env
     return {**{k: env[k] for k in allowed if k in env}, "LC_ALL": "C"}

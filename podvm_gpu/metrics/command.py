@@ -313,7 +313,9 @@ def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
         if required:
             from podvm_gpu.config.load import load_config
 
-            settings = load_config(path, required=True, trusted=True).metrics
+            loaded = load_config(path, required=True, trusted=True)
+            settings = loaded.metrics
+            settings.reset_pending_warns = loaded.health.reset_pending_warns
         else:
             settings = MetricsSettings()
     except (ConfigError, OSError) as err:
@@ -323,7 +325,9 @@ def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
     try:
         if serving:
             if textfile:
+                warns = settings.reset_pending_warns
                 settings = MetricsSettings(**{**settings.to_dict(), "textfile": True})
+                settings.reset_pending_warns = warns
             return _serve(root, settings, listen, web_config=web_config)
         if textfile:
             try:

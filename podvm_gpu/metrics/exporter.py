@@ -7,16 +7,23 @@ from __future__ import annotations
 import os
 
 from podvm_gpu.config.metrics import MetricsSettings
+from podvm_gpu.gpufacts.reading import NvmlReading, cc_safe
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.metrics import families as fam
 from podvm_gpu.metrics import health_families as hfam
 from podvm_gpu.metrics.pod import read_labels as read_pod_labels
 from podvm_gpu.metrics.prom import generate_latest, generate_openmetrics
-from podvm_gpu.metrics.reading import NvmlReading, cc_safe
-from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, PERSISTENCED_COMM, PERSISTENCED_PID, daemon_pid
+from podvm_gpu.readers import (
+    FABRICMANAGER_COMM,
+    FABRICMANAGER_PID,
+    NVLSM_COMM,
+    NVLSM_PID,
+    PERSISTENCED_COMM,
+    PERSISTENCED_PID,
+    daemon_pid,
+)
 from podvm_gpu.status import StatusUnreadable, load_status
-from podvm_gpu.steps.fabric.nvl5 import NVLSM_COMM, NVLSM_PID
 
 
 def nvml_gate(status: dict | None, persistenced_up: bool) -> tuple[str, str] | None:
@@ -141,6 +148,9 @@ class Exporter:
                                            FABRICMANAGER_COMM) is not None})))
         out += fam.fabric_kind_families(status)
         out += fam.attestation_families(status)
+        from podvm_gpu.watchfile import load as load_watch
+
+        out += fam.watch_families(load_watch(self.root))
         records = kmsg.read_timed_records(self.root)
         messages = [message for _level, message, _usec in records]
         found = kmsg.findings(messages)
@@ -154,9 +164,11 @@ class Exporter:
             reading = NvmlReading(False, *gate)
         else:
             if self.reader is None:
-                from podvm_gpu.metrics.nvml import NvmlReader
+                from podvm_gpu.gpufacts.nvml import NvmlReader
+                from podvm_gpu.readers import find_nvml, find_nvml_elsewhere
 
-                self.reader = NvmlReader(self.root, self.settings.nvml_timeout_s, self.keep_open)
+                self.reader = NvmlReader(self.root, self.settings.nvml_timeout_s, self.keep_open,
+                                         find=(find_nvml, find_nvml_elsewhere))
             reading = self.reader.read(self.settings.profile)
         profile = fam.CC_SAFE if cc_safe(self.settings.profile, reading.cc_mode) else fam.FULL
         out += fam.nvml_families(reading, profile, self.settings.profile)
@@ -171,7 +183,7 @@ class Exporter:
         counts = hfam.xid_counts(kmsg.timed_xids(records), kernel_clock_usec(self.root))
         out += hfam.health_families(
             reading, lambda gpu: fam.dcgm_labels(gpu, self.hostname, reading, pod), fatal, counts,
-            gpu_labels=fam._gpu_labels)
+            gpu_labels=fam._gpu_labels, reset_pending_warns=self.settings.reset_pending_warns)
         return out
 
     def close(self) -> None:

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import datetime
 
+from podvm_gpu.gpufacts.reading import CC_MODES
+from podvm_gpu.gpufacts.words import bus_id
 from podvm_gpu.metrics.prom import GaugeMetricFamily, InfoMetricFamily, Metric
-from podvm_gpu.metrics.reading import CC_MODES
 from podvm_gpu.model import State, shown
 
 FULL = "full"
@@ -79,23 +80,8 @@ DAEMONS = ("nvidia-persistenced", "nvlsm", "nv-fabricmanager")
 FABRIC_STATES = ("not-supported", "not-started", "in-progress", "completed")
 
 
-def pci_bus_id(address: str) -> str:
-    """NVML's form of a PCI address, as DCGM's ``pci_bus_id`` label has it: 8-digit domain,
-    upper-case hex, function ``.0`` when not given.
-
-    Args:
-        address: ``0000:01:00`` (the kernel log's Xid), ``0000:01:00.0`` (sysfs) or NVML's own.
-    """
-    head, _, function = address.partition(".")
-    parts = head.split(":")
-    if len(parts) != 3:
-        return address
-    try:
-        domain, bus, device = (int(p, 16) for p in parts)
-        fn = int(function or "0", 16)
-    except ValueError:
-        return address
-    return f"{domain:08X}:{bus:02X}:{device:02X}.{fn:X}"
+# NVML's form of a PCI address, as DCGM's pci_bus_id label has it (the one normaliser)
+pci_bus_id = bus_id
 
 
 def _gauge(name: str, doc: str, value: float | None = None, labels: tuple[str, ...] = ()):
@@ -159,6 +145,24 @@ def boot_families(status: dict | None, status_error: str | None) -> list[Metric]
     return out
 
 
+def watch_families(watch: dict | None) -> list[Metric]:
+    """The watcher's families from ``/run/podvm-gpu/watch.json`` (podvm_gpu/watchfile.py; None:
+    no watcher ran since the boot, and no series). ``podvm_gpu_watch_finding`` 1 when its
+    finding stands (status.json is then ``failed`` with a ``watch:`` reason): the alert rules
+    tell a GPU that failed after a ready boot from a boot that failed."""
+    if not watch:
+        return []
+    finding = watch.get("finding") if isinstance(watch.get("finding"), dict) else None
+    found = _gauge("podvm_gpu_watch_finding", "1 when the watcher took the GPUs out of the CDI "
+                   "spec after a ready boot (watch.json's finding), else 0.", labels=("gpu",))
+    found.add_metric([str(finding.get("gpu") or "") if finding else ""], 1 if finding else 0)
+    warned = sum(_number(w.get("count")) or 0 for w in _entries(watch.get("warnings"))
+                 if isinstance(w, dict))
+    return [found, _gauge("podvm_gpu_watch_warnings", "Warnings the watcher raised since it "
+                          "started (repeats counted; Xid 13 and the like, facts it could not "
+                          "read).", warned + (_number(watch.get("warnings_dropped")) or 0))]
+
+
 def _count(value) -> int:
     """How many entries a status list has; 0 for anything else (a hand-edited or damaged file
     must not stop a scrape)."""
@@ -209,16 +213,27 @@ def fabric_kind_families(status: dict | None) -> list[Metric]:
 
 
 ATTESTATION_RESULTS = ("passed", "failed", "not-run", "off")
+BINDING_STATES = ("bound", "unbound", "broken", "off")  # podvm_gpu/steps/cc/bind.py
 
 
 def attestation_families(status: dict | None) -> list[Metric]:
     """From status.json's ``attestation`` record (docs/interface.md 3.11): its result
     (``podvm_gpu_attestation_result{result}``, 1 for the recorded one), its duration and the
     devices attested by type; no family when the status has no record (no GPU, CC off, a boot
-    that did not reach it, a document from before issue 26)."""
+    that did not reach it, a document from before issue 26). And the binding's state
+    (``podvm_gpu_binding_state{state}``, issue 37) when the status records one."""
+    binding = status.get("binding") if isinstance(status, dict) else None
+    bound: list[Metric] = []
+    if isinstance(binding, dict) and binding.get("state") in BINDING_STATES:
+        state = _gauge("podvm_gpu_binding_state", "1 for the state of the GPUs' verdict bound "
+                       "into TDX RTMR3 in the last boot (status.json binding.state).",
+                       labels=("state",))
+        for name in BINDING_STATES:
+            state.add_metric([name], 1 if binding["state"] == name else 0)
+        bound.append(state)
     record = status.get("attestation") if isinstance(status, dict) else None
     if not isinstance(record, dict) or record.get("result") not in ATTESTATION_RESULTS:
-        return []
+        return bound
     result = _gauge("podvm_gpu_attestation_result", "1 for the result of the GPUs' attestation "
                     "in the last boot (status.json attestation.result).", labels=("result",))
     for name in ATTESTATION_RESULTS:
@@ -235,7 +250,7 @@ def attestation_families(status: dict | None) -> list[Metric]:
     for kind in ("gpu", "nvswitch"):
         devices.add_metric([kind], found.count(kind))
     out.append(devices)
-    return out
+    return out + bound
 
 
 def gpu_fabric_families(reading) -> list[Metric]:

@@ -24,10 +24,12 @@ copied; docs/metrics.md cites each file):
 
 from __future__ import annotations
 
+from podvm_gpu.gpufacts import judge
+from podvm_gpu.gpufacts.facts import nvml_facts
+from podvm_gpu.gpufacts.words import SCORE
 from podvm_gpu.metrics.prom import GaugeMetricFamily, Metric
-from podvm_gpu.steps.cdi.recovery import ACTIONS, DRAIN_AND_RESET, DRAIN_P2P, GPU_RESET, NODE_REBOOT
 
-PASS, WARN, FAIL = 0, 10, 20  # DCGM_HEALTH_RESULT_*
+PASS, WARN, FAIL = SCORE["ok"], SCORE["warn"], SCORE["fail"]  # DCGM_HEALTH_RESULT_*
 COUNTERS = frozenset({"DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_XID_ERRORS_COUNT"})
 # every DCGM-named family of this module (all kept by the cc-safe profile: states and counts,
 # none a rate or a use that could time the GPU's work)
@@ -35,10 +37,8 @@ FAMILIES = (*sorted(COUNTERS), "DCGM_FI_DEV_CC_MODE", "DCGM_FI_DEV_GPU_RECOVERY_
 XID_WINDOW_MS = 300000  # dcgm-exporter's --xid-count-window-size default
 # Xids after which the GPU is unusable until it is reset (host/kmsg.py FATAL_XIDS) fail ALL;
 # Xid 95 is DCGM's uncontained error, the others have no DCGM_FR_ code of their own
-_FATAL_RECOVERY = {NODE_REBOOT: FAIL, GPU_RESET: FAIL, DRAIN_AND_RESET: FAIL, DRAIN_P2P: WARN}
-# recovery action names, extended with the values newer nvml.h files add (nvidia-ml-py 13.x)
-ACTION_NAMES = {**ACTIONS, 5: "Recover IMEX Domain", 6: "Bus Reset", 7: "System Reboot"}
-_WORSE_ACTIONS = {"Bus Reset": FAIL, "System Reboot": FAIL, "Recover IMEX Domain": WARN}
+# recovery action names: the one table (gpufacts/judge.py ACTIONS, 0-7)
+ACTION_NAMES = {a.number: a.name for a in judge.ACTIONS}
 
 
 def health_results(gpu, fatal_xids: list[int]) -> dict[str, tuple[int, str]]:
@@ -84,8 +84,10 @@ def health_results(gpu, fatal_xids: list[int]) -> dict[str, tuple[int, str]]:
             out["NVLINK"] = (FAIL, "DCGM_FR_NVLINK_DOWN")
         else:
             out["NVLINK"] = (PASS, "DCGM_FR_OK")
-    action = ACTION_NAMES.get(gpu.recovery_action) if gpu.recovery_action is not None else None
-    result = max(_FATAL_RECOVERY.get(action, 0), _WORSE_ACTIONS.get(action, 0))
+    action = judge.ACTION_BY_NUMBER.get(gpu.recovery_action) \
+        if gpu.recovery_action is not None else None
+    # DCGM's meaning: no health.reset_pending_warns here (the podvm_gpu_health family has it)
+    result = SCORE[judge.verdict_of(action.kind, False)] if action is not None else PASS
     if fatal_xids:
         out["ALL"] = (FAIL, "DCGM_FR_UNCONTAINED_ERROR" if 95 in fatal_xids else "DCGM_FR_UNKNOWN")
     elif result:
@@ -118,9 +120,27 @@ def xid_counts(timed: list[tuple[int | None, str, int]], now_usec: int | None,
     return out
 
 
+def agent_health_family(reading, gpu_labels, reset_pending_warns: bool) -> Metric | None:
+    """``podvm_gpu_health{gpu labels, check}``: the agent's own verdict per GPU and check
+    (``memory``, ``recovery-action``, ``fabric``, ``gpu-lost``) on DCGM's scale, 0 pass, 10
+    warn, 20 fail: the decision boot's health gate and check's rows make on the same facts
+    (gpufacts/facts.py ``nvml_facts``, gpufacts/judge.py ``facts_verdicts``),
+    ``health.reset_pending_warns`` included. Where DCGM's meaning differs (a pending row
+    remap: DCGM warns, the agent fails the boot), ``DCGM_EXP_GPU_HEALTH_STATUS`` keeps DCGM's
+    and this family says the agent's (docs/metrics.md). None when NVML gave no GPU."""
+    family = GaugeMetricFamily("podvm_gpu_health", "The agent's verdict on the GPU per check, "
+                               "as boot and check make it: 0 pass, 10 warn, 20 fail.",
+                               labels=["gpu", "UUID", "pci_bus_id", "device", "check"])
+    for gpu in reading.gpus:
+        verdicts = judge.facts_verdicts(nvml_facts(gpu), reset_pending_warns)
+        for check, verdict in verdicts.items():
+            family.add_metric([*gpu_labels(gpu), check], SCORE[verdict])
+    return family if family.samples else None
+
+
 def health_families(reading, dcgm_labels, fatal_by_gpu: dict[str, list[int]],
                     xids: dict[str, dict[int, int]], window_ms: int = XID_WINDOW_MS,
-                    gpu_labels=None) -> list[Metric]:
+                    gpu_labels=None, reset_pending_warns: bool = False) -> list[Metric]:
     """The families of this module for the GPUs that answered NVML.
 
     Args:
@@ -129,6 +149,7 @@ def health_families(reading, dcgm_labels, fatal_by_gpu: dict[str, list[int]],
         fatal_by_gpu: NVML-form PCI bus id -> fatal Xid codes since boot.
         xids: :func:`xid_counts`.
         gpu_labels: ``gpu -> list`` of the agent's GPU label values (families._gpu_labels).
+        reset_pending_warns: the config's ``health.reset_pending_warns`` (podvm_gpu_health).
     """
     health = Metric("DCGM_EXP_GPU_HEALTH_STATUS", "Health of the GPU per health watch, computed "
                     "by podvm-gpu from what it reads: 0 pass, 10 warn, 20 fail.", "unknown")
@@ -165,4 +186,5 @@ def health_families(reading, dcgm_labels, fatal_by_gpu: dict[str, list[int]],
             name = ACTION_NAMES.get(gpu.recovery_action, f"unknown({gpu.recovery_action})")
             for known in dict.fromkeys([*ACTION_NAMES.values(), name]):
                 named.add_metric([*gpu_labels(gpu), known], 1 if known == name else 0)
-    return [f for f in (health, xid, cc, action, named) if f.samples]
+    agent = agent_health_family(reading, gpu_labels, reset_pending_warns) if gpu_labels else None
+    return [f for f in (health, xid, cc, action, named, agent) if f is not None and f.samples]

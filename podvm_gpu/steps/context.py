@@ -34,6 +34,9 @@ class BootContext:
         minors: PCI address -> device minor of ``/dev/nvidia<minor>``, from the driver.
         stopping: a ``threading.Event`` set when the steps in flight must stop (pipeline.py),
             or None; ``stopped_because`` says why.
+        last_seen: step name -> what its wait saw last and for how long (``State In Progress,
+            Status N/A on 8 GPU(s) for 12 s``): the pipeline names it when the boot budget
+            ends the step (issue 33).
     """
 
     def __init__(self, root: Root, config: Config, runner: Runner, status: Status,
@@ -49,6 +52,7 @@ class BootContext:
         self.nvml_seen: set[str] | None = None  # bus ids the last answered fabric query listed
         self.stopping = None
         self.stopped_because = ""
+        self.last_seen: dict[str, str] = {}
 
     def check_stop(self) -> None:
         """Raise :class:`Cancelled` when the steps in flight must stop (another failed, the

@@ -5,14 +5,18 @@ nvidia modules under ``/lib/modules/<release>`` for each kernel in ``/boot``, th
 ``.modinfo`` section, as DKMS builds have; ``nvidia.ko`` names the two firmware files the real
 535 module names, tests/data/nvidia-535.261.03/plain/modinfo-F-firmware-nvidia-current), those
 firmware files, the user-space driver (``libnvidia-ml.so.<version>`` and its ``.so.1`` link),
-and the toolkit and daemon commands as stubs. Nothing here runs; the image check only looks.
-This is the plain ``nvidia.ko`` layout of NVIDIA's own packages; Debian's is in the real-driver
-image (tests/boot/real_driver.py).
+and the toolkit and daemon commands as stubs. Nothing of it runs; the image check only looks.
+As DKMS does after it installs modules, the real ``depmod -b <image> <release>`` indexes them
+(``modules.dep`` and ``modules.dep.bin``, the index kmod's modprobe reads: without it kmod finds
+no module, and ``check --image`` fails, issue 35 item 2). This is the plain ``nvidia.ko``
+layout of NVIDIA's own packages; Debian's is in the real-driver image (tests/boot/real_driver.py).
 """
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
 from pathlib import Path
 
 KERNEL = "6.1.0-podvm-amd64"
@@ -63,6 +67,7 @@ def add_nvidia_driver(rootfs: Path, version: str = VERSION) -> None:
         dkms.mkdir(parents=True, exist_ok=True)
         for name in MODULES:
             (dkms / f"{name}.ko").write_bytes(kernel_module(name, version))
+        depmod(rootfs, kernel)
     for name in firmware_files(version):
         path = rootfs / "lib/firmware" / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -75,3 +80,39 @@ def add_nvidia_driver(rootfs: Path, version: str = VERSION) -> None:
         path = rootfs / "usr/bin" / command
         path.write_text(f"#!/bin/sh\necho 'stand-in {command} {version}: not for running' >&2\nexit 1\n")
         path.chmod(0o755)
+
+
+def depmod(rootfs: Path, kernel: str) -> None:
+    """``depmod -b <rootfs> <kernel>`` with the real kmod (:func:`kmod_program`): the index DKMS
+    leaves after it installs modules. Its warnings about files a stand-in kernel lacks
+    (``modules.order``, ``modules.builtin``) are expected."""
+    done = subprocess.run([kmod_program("depmod"), "-b", str(rootfs), kernel],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def kmod_program(name: str) -> str:
+    """A real kmod program (``depmod``, ``modprobe``): the host's (PATH, /usr/sbin, /sbin), else
+    Debian 12's kmod unpacked from its ``.deb`` (tests/debian_packages.py, nothing installed)
+    into the test cache and called by a link of that name (kmod is one program that acts by the
+    name it is called by). Fails in CI, skips elsewhere, when neither can be had."""
+    for folder in (*os.environ.get("PATH", "").split(os.pathsep), "/usr/sbin", "/sbin"):
+        path = os.path.join(folder, name)
+        if folder and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    import debian_packages
+    from boot.image import CACHE
+
+    deb = debian_packages.fetch("kmod")
+    home = CACHE / f"kmod-{debian_packages.version_of(deb)}"
+    link = home / "bin" / name
+    if not link.exists():
+        scratch = CACHE / f".kmod-{os.getpid()}"
+        debian_packages.unpack(deb, scratch, "./bin/kmod")
+        for program in ("depmod", "modprobe", "modinfo"):
+            (scratch / "bin" / program).symlink_to("kmod")
+        try:
+            os.rename(scratch, home)
+        except OSError:  # another worker unpacked it first
+            subprocess.run(["rm", "-rf", str(scratch)], check=False, timeout=60)
+    return str(link)

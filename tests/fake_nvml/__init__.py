@@ -31,7 +31,12 @@ FUNCTIONS = [
     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetEncoderUtilization",
     "nvmlDeviceGetDecoderUtilization", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2",
     "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetFieldValues",
+    # what NVIDIA's real nvidia-ctk's cdi generate also calls (issue 36, nvidia-ctk-real.md)
+    "nvmlDeviceGetMinorNumber", "nvmlDeviceGetHandleByUUID", "nvmlDeviceIsMigDeviceHandle",
 ]
+# The description beside the library, read when FAKE_NVML_DESCRIPTION is not set (nvidia-ctk
+# gets only PATH, LD_LIBRARY_PATH and LD_PRELOAD from the agent).
+BESIDE = "fake-nvml.description"
 # What NVIDIA's real nvidia-smi also needs for the agent's command lines (tests/test_real_nvidia_smi.py).
 SMI_FUNCTIONS = [
     "nvmlInternalGetExportTable", "nvmlSystemGetNVMLVersion", "nvmlDeviceGetArchitecture",
@@ -124,7 +129,8 @@ def describe(path: Path, gpus: list[dict], *, cc: str = "off", cc_ready: int = 1
 def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int = 8,
               nvswitches: int = 0, persistenced: bool = True, kernel_log: list[str] = (),
               reason: str | None = None, fabric: str | None = None,
-              running: tuple[str, ...] = (), attestation: dict | None = None) -> Path:
+              running: tuple[str, ...] = (), attestation: dict | None = None,
+              binding: dict | None = None) -> Path:
     """A pod VM root after a boot that ended in ``state`` with ``gpus`` GPUs found on PCI.
 
     Args:
@@ -137,11 +143,12 @@ def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int =
         running: fabric daemons whose pid files name a live process (``nvlsm``,
             ``nv-fabricmanager``).
         attestation: status.json's ``attestation`` record (docs/interface.md 3.11), or None.
+        binding: status.json's ``binding`` record (docs/interface.md 3.14), or None.
     """
     from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
     from podvm_gpu.host.fs import Root
     from podvm_gpu.model import PciDevice, Status, Step, StepResult
-    from podvm_gpu.status import StatusFile
+    from podvm_gpu.status import READY_STEPS, StatusFile
     from podvm_gpu.steps.fabric.fabric_kind import Fabric
 
     status = Status()
@@ -152,12 +159,18 @@ def make_root(root: Path, lib: Path | None, *, state: str = "ready", gpus: int =
     status.fabric = Fabric(fabric or ("nvswitch" if nvswitches else "none"),
                            [s.pci_address for s in status.nvswitches], [], [])
     status.attestation = attestation
+    status.binding = binding
     if status.fabric.kind == "nvlink5":
         status.fabric.port, status.fabric.guid = "mlx5_2", "0xa088c20300543a1e"
-    for name, seconds in (("pci", 0.004), ("modules", 1.9), ("persistenced", 11.2), ("cdi", 0.8)):
+    # every GPU step, as a ready boot has them (a ready document without them is unreadable:
+    # interface.md 4.4); the failed boot fails at cdi
+    seconds = {"detect": 0.004, "modules": 1.9, "persistenced": 11.2, "cdi": 0.8}
+    for name, _results in READY_STEPS:
         step = Step(name, StepResult.OK if state != "failed" or name != "cdi" else StepResult.FAILED)
-        step.duration_s = seconds
+        step.duration_s = seconds.get(name, 0.01)
         status.steps.append(step)
+    if state != "no-gpu":
+        status.driver_version = "550.54.15"
     if state == "ready":
         status.cdi = {"path": CDI_SPEC_PATH, "kind": "nvidia.com/gpu",
                       "devices": [str(i) for i in range(gpus)] + ["all"]}

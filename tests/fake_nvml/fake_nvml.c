@@ -33,6 +33,9 @@
  * raises FunctionNotFound for them. Error strings and the before-init answers are those of that
  * real library (tests/test_metrics_nvml_real.py compares them).
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,8 +80,26 @@ static char *keys[MAX_ENTRIES], *values[MAX_ENTRIES];
 static int entries, initialised;
 static device_t devices[MAX_GPUS];
 
-static void load(void) {
+/* Without FAKE_NVML_DESCRIPTION, the description beside the library itself
+ * (<dir of libnvidia-ml.so.1>/fake-nvml.description): nvidia-ctk passes its children, and gets
+ * from the agent, only PATH, LD_LIBRARY_PATH and LD_PRELOAD (issue 36), so a world puts the
+ * library and its description in its root. */
+static const char *description_path(char *buffer, size_t size) {
     const char *path = getenv("FAKE_NVML_DESCRIPTION");
+    Dl_info info;
+    char *slash;
+    if (path) return path;
+    if (!dladdr((void *)description_path, &info) || !info.dli_fname) return NULL;
+    snprintf(buffer, size, "%s", info.dli_fname);
+    slash = strrchr(buffer, '/');
+    if (!slash) return NULL;
+    snprintf(slash + 1, size - (size_t)(slash + 1 - buffer), "fake-nvml.description");
+    return buffer;
+}
+
+static void load(void) {
+    char beside[PATH_MAX];
+    const char *path = description_path(beside, sizeof beside);
     char line[1024];
     FILE *f = path ? fopen(path, "r") : NULL;
     for (int i = 0; i < entries; i++) { free(keys[i]); free(values[i]); }
@@ -275,6 +296,36 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned int index, device_t **device) {
     if (index >= count || index >= MAX_GPUS) return ERR_INVALID_ARGUMENT;
     if (gpu_get((int)index, "lost")) return ERR_GPU_IS_LOST;
     *device = &devices[index];
+    return SUCCESS;
+}
+
+/* What nvidia-ctk's cdi generate calls besides (../shared/nvidia-ctk-real.md, issue 36): a
+ * missing one kills it (symbol lookup error, exit 127). The minor is gpu.N.minor, else N. */
+int nvmlDeviceGetMinorNumber(device_t *device, unsigned int *minor) {
+    DEVICE_CALL("nvmlDeviceGetMinorNumber", device)
+    if (number_u(gpu, "minor", minor) != SUCCESS) *minor = (unsigned int)gpu;
+    return SUCCESS;
+}
+
+int nvmlDeviceGetHandleByUUID(const char *uuid, device_t **device) {
+    const char *count = get("gpus");
+    int n = count ? atoi(count) : 0, rc;
+    if (!initialised) return ERR_UNINITIALIZED;
+    if (!uuid || !device) return ERR_INVALID_ARGUMENT;
+    if ((rc = enter("nvmlDeviceGetHandleByUUID", -1))) return rc;
+    for (int i = 0; i < n && i < MAX_GPUS; i++) {
+        const char *value = gpu_get(i, "uuid");
+        if (value && strcmp(value, uuid) == 0) {
+            *device = &devices[i];
+            return SUCCESS;
+        }
+    }
+    return 6; /* NVML_ERROR_NOT_FOUND */
+}
+
+int nvmlDeviceIsMigDeviceHandle(device_t *device, unsigned int *isMigDevice) {
+    DEVICE_CALL("nvmlDeviceIsMigDeviceHandle", device)
+    *isMigDevice = 0; /* every handle here is a whole GPU's */
     return SUCCESS;
 }
 

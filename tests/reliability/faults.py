@@ -234,6 +234,10 @@ SCENARIOS = (
         Command(("nv-fabricmanager", "-c"), "fabricmanager", output_not_read(), daemon=True),
         Command(("nvidia-smi", "--query-gpu=pci.bus_id,fabric.state,fabric.status"),
                 "fabricmanager"),
+        # issue 33: 580's fabric health summary, after Completed/Success, a query of its own
+        Command(("nvidia-smi", "--query-gpu=pci.bus_id,fabric.health.summary"), "fabricmanager",
+                every_fault("the fabric health summary is a query of its own: one not answered "
+                            "is a warning, only a summary read fails the boot")),
         CC_MODE,
         GENERATE,
     ), tools={"modprobe": "modules", "nv-fabricmanager": "versions",

@@ -203,8 +203,8 @@ def test_any_sysfs_values_end_in_a_final_state_never_ready(umockdev_run, empty_p
         if well_formed:
             assert (status["state"] == "failed") == gpu, status
             if gpu:  # no tools in this world: the first step that needs one fails
-                assert status["reason"].startswith("modules: cannot load nvidia: modprobe: not "
-                                                   "found"), status["reason"]
+                assert status["reason"].startswith("modules: cannot run modprobe nvidia: "
+                                                   "modprobe: not found on PATH"), status["reason"]
 
 
 def fabric_answer(world: World, text: str) -> None:

@@ -2,10 +2,12 @@
 
 Keys: shared/cases/README.md and EFFECTS.md ("Expect keys"). Beyond them the harness holds the
 product to the interface every case shares: the final status.json conforms to
-docs/status.schema.json; a ``check`` run changes nothing (contract
+docs/status.schema.json; a ``check`` run (every world has one) changes nothing (contract
 section 5: no effect applied by its tool calls, no file under the root created, changed or
-removed), and after a boot no other spec in ``/var/run/cdi`` defines kind ``nvidia.com/gpu``
-(section 3, step 9). A fake tool that could not apply an effect fails the test too.
+removed), holds no row whose detail says the check itself failed (it raised), and its rows
+make a table no wider than 80 and 100 columns (the product's renderer); after a
+boot no other spec in ``/var/run/cdi`` defines kind ``nvidia.com/gpu`` (section 3, step 9).
+A fake tool that could not apply an effect fails the test too.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ def judge_boot(world: World, run: Run, expect: dict) -> list[str]:
             problems.append(f"called {entry!r} was not called")
     if "attestation" in expect:
         problems += _attestation_problems(world, status, expect["attestation"])
+    if "binding" in expect:
+        problems += _binding_problems(world, status, expect["binding"])
     if "cdi" in expect:
         problems += judge_cdi(world, expect["cdi"], expect.get("state") or status.get("state"), status)
     if expect.get("cdi_devices"):
@@ -81,6 +85,43 @@ def judge_boot(world: World, run: Run, expect: dict) -> list[str]:
             problems.append(f"spec lacks cdi_devices {missing} (has {sorted(names)})")
     for tool in expect.get("not_killed") or []:
         problems += _killed(run, tool)
+    return problems
+
+
+def _binding_problems(world: World, status: dict, expect: dict) -> list[str]:
+    """``binding`` (the harness's own, issue 37): status.json's ``binding`` has each scalar
+    given (``state``, ``result``, ``appended``); ``events`` is the list of results of the
+    podvm-gpu events in the world's /run/attestation-agent/eventlog, in order; ``extended``
+    true: the world's RTMR3 (served by tests/fake_rtmr) is the replay of that log from zero,
+    and not zero; false: it is still zero."""
+    import hashlib
+
+    from podvm_gpu.host import rtmr
+
+    record = status.get("binding")
+    if not isinstance(record, dict):
+        return [f"status.json binding {record!r}, expected {expect!r}"]
+    problems = []
+    log = Path(world.path(rtmr.EVENTLOG_PATH))
+    records = rtmr.parse_records(log.read_bytes() if log.exists() else b"", False, "eventlog")
+    for key, want in expect.items():
+        if key == "events":
+            said = [json.loads(r.text().split(" ", 2)[2])["result"] for r in records
+                    if (r.text() or "").startswith("podvm-gpu GpuAttestation ")]
+            if said != want:
+                problems.append(f"eventlog's podvm-gpu results {said}, expected {want}")
+        elif key == "extended":
+            value = Path(world.path(rtmr.RTMR3_PATH)).read_bytes()
+            replayed = bytes(48)
+            for r in records:
+                replayed = hashlib.sha384(replayed + r.digest).digest()
+            if want and (value != replayed or value == bytes(48)):
+                problems.append(f"RTMR3 {value.hex()[:16]}... is not the log's replay "
+                                f"{replayed.hex()[:16]}...")
+            if not want and value != bytes(48):
+                problems.append(f"RTMR3 was extended ({value.hex()[:16]}...)")
+        elif record.get(key) != want:
+            problems.append(f"binding {key} {record.get(key)!r}, expected {want!r}")
     return problems
 
 
@@ -146,6 +187,16 @@ def _status_problems(status: dict, expect: dict) -> list[str]:
                if str(word).lower() not in warnings.lower()]
     if missing:
         problems.append(f"warnings {warnings!r} lack {missing}")
+    if "nvidia_ctk_version" in expect and status.get("nvidia_ctk_version") != \
+            expect["nvidia_ctk_version"]:  # issue 36: the version the cdi step read
+        problems.append(f"status.json nvidia_ctk_version {status.get('nvidia_ctk_version')!r}, "
+                        f"expected {expect['nvidia_ctk_version']!r}")
+    if "warnings_only" in expect:  # every warning holds one of these substrings (issue 33)
+        allowed = [str(word).lower() for word in expect["warnings_only"] or []]
+        others = [str(w) for w in status.get("warnings") or []
+                  if not any(word in str(w).lower() for word in allowed)]
+        if others:
+            problems.append(f"warnings {others!r} are none of {allowed}")
     for key in ("gpus", "nvswitches"):
         if key in expect and len(status.get(key) or []) != expect[key]:
             problems.append(f"status.json lists {len(status.get(key) or [])} {key}, "
@@ -160,6 +211,9 @@ def _status_problems(status: dict, expect: dict) -> list[str]:
         if missing:
             problems.append(f"step {name} message {steps[name]!r} lacks {missing}")
     return problems
+
+
+CRASHED = "the check itself failed"  # podvm_gpu.check.broken's detail: a row that raised
 
 
 def judge_check(world: World, run: Run, expect: dict) -> list[str]:
@@ -177,10 +231,38 @@ def judge_check(world: World, run: Run, expect: dict) -> list[str]:
             if got != result:
                 problems.append(f"check {name!r} is {got!r}, expected {result!r}"
                                 f" ({results.get(name, {}).get('detail', '')})")
+    problems += [f"check row {name!r} crashed: {row.get('detail')}" for name, row in results.items()
+                 if str(row.get("detail", "")).startswith(CRASHED)]
+    problems += _table_problems(document["checks"])
     problems += [f"check is read-only but {shlex.join(call.argv)} applied {call.applied}"
                  for call in run.calls if call.applied]
     if run.root_changes:
         problems.append(f"check is read-only but changed under the root: {run.root_changes[:10]}")
+    return problems
+
+
+def _table_problems(rows: list[dict]) -> list[str]:
+    """The table a person sees for this world's rows (the product's own renderer,
+    ``podvm_gpu.check.print_table``) at 80 and 100 columns: no line wider (issue 35 item 3)."""
+    import contextlib
+    import io
+
+    from podvm_gpu.check import print_table
+    from podvm_gpu.row import Check
+
+    checks = [Check(str(r.get("name")), str(r.get("result")), str(r.get("detail", "")),
+                    str(r.get("hint", ""))) for r in rows]
+    summary = {result: sum(c.result == result for c in checks)
+               for result in ("pass", "warn", "fail", "skip")}
+    problems = []
+    for width in (80, 100):
+        shown = io.StringIO()
+        with contextlib.redirect_stdout(shown):
+            print_table(checks, summary, width)
+        wide = [line for line in shown.getvalue().splitlines() if len(line) > width]
+        if wide:
+            problems.append(f"check's table at {width} columns has {len(wide)} wider line(s): "
+                            f"{wide[0]!r}")
     return problems
 
 

@@ -39,6 +39,11 @@ fields (healthy: ``No``).
 A rule's ``keep_output_s`` (the harness's own key): after answering, the fake leaves a child
 that holds its stdout and stderr open that many seconds, as a tool whose helper outlives it.
 
+nvidia-ctk's version and the hook binary (issue 36): the world's toolkit version (1.20.0 unless
+the case's ``toolkit`` says otherwise) answers ``nvidia-ctk --version``, ``nvidia-cdi-hook``
+calls and the refusals of a toolkit before 1.18.0, and decides which hooks a generated spec
+holds (toolkit_ctk.py).
+
 ``nvidia-ctk cdi generate --mode=imex`` (issue 28): only a rule whose argv names ``--mode=imex``
 answers it; else the harness does (imex_ctk.py), as the real nvidia-ctk 1.20.0 would for the
 channel nodes under the dev root, from its captures.
@@ -57,7 +62,7 @@ import sys
 import time
 
 from . import effects as fx
-from . import imex_ctk
+from . import imex_ctk, toolkit_ctk
 
 UNMATCHED_RC = 127
 NO_DRIVER_RC = 9
@@ -79,7 +84,14 @@ _QUERY_FIELDS = {"fabric.state": 0, "fabric.status": 1}
 # --query-gpu fields no real build (535 to 555) accepts: nvidia-smi-real.md
 NOT_QUERY_FIELDS = ("fabric.clique_id", "fabric.cluster_uuid", "remapped_rows.correctable",
                     "remapped_rows.uncorrectable", "remapped_rows.pending",
-                    "remapped_rows.failure", "gpu_recovery_action")
+                    "remapped_rows.failure", "gpu_recovery_action",
+                    # issue 33: 580's fabric health fields (tests/data/real/h200-580/README.md)
+                    "fabric.health.summary", "fabric.health.bandwidth",
+                    "fabric.health.route_recovery_in_progress", "fabric.health.route_unhealthy",
+                    "fabric.health.access_timeout_recovery", "fabric.health.incorrect_configuration",
+                    "fabric.health.partition_assigned")
+# the fields of nvidia-smi 565 or later: a case rule answering one stands for such a build
+NEWER_FIELDS = ("gpu_recovery_action", "fabric.health.summary")
 USAGE_RC = 2
 BAD_DISPLAY = "Failed to parse --display/-d flags\n"
 # The -d types of nvidia-smi -q (535 to 555 --help); FABRIC is none of them.
@@ -106,11 +118,12 @@ def refusal(argv: list[str]) -> tuple[int, str] | None:
 
 
 def newer_build(argv: list[str], rules: list[dict], applied: list[str]) -> bool:
-    """True when ``argv`` asks for ``gpu_recovery_action`` and a case rule answers it: such a
-    rule stands for an nvidia-smi 565 or later, which knows the field (issue 28; no Debian
-    build does, so without a rule the harness refuses it as they do)."""
+    """True when ``argv`` asks for ``gpu_recovery_action`` (or 580's ``fabric.health.summary``,
+    issue 33) and a case rule answers it: such a rule stands for an nvidia-smi 565 or later,
+    which knows the field (issue 28; no Debian build does, so without a rule the harness
+    refuses it as they do)."""
     fields = [f.strip() for f in (fx.option_value(argv, "--query-gpu") or "").split(",")]
-    return "gpu_recovery_action" in fields and find_rule(rules, argv, applied) is not None
+    return any(f in fields for f in NEWER_FIELDS) and find_rule(rules, argv, applied) is not None
 
 
 def argv_matches(pattern: list[str], argv: list[str]) -> bool:
@@ -391,6 +404,24 @@ def answer(config_path: str, raw_argv: list[str], caller) -> tuple[int, float]:
         return refused[0], 0.0
 
     rules = world.config["rules"]
+    toolkit = world.config.get("toolkit") or toolkit_ctk.versions(None)
+    # issue 36: the toolkit's own answers (toolkit_ctk.py): its refusals whatever a rule says,
+    # --version and the hook binary's answers unless a rule names them
+    own = None
+    if argv[0] == "nvidia-ctk":
+        own = toolkit_ctk.ctk_answer(argv, toolkit["nvidia-ctk"])
+        if own is not None and own[0] == 0 and any(
+                len(r["argv"]) > 1 and argv_matches(r["argv"], argv) for r in rules):
+            own = None  # a rule of the case that names the call answers it
+    elif argv[0] == "nvidia-cdi-hook" and find_rule(rules, argv, start_state["applied"]) is None:
+        own = toolkit_ctk.hook_answer(argv, toolkit["nvidia-cdi-hook"])
+    if own is not None:
+        sys.stdout.write(own[1])
+        sys.stderr.write(own[2])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        log.write("end", rc=own[0], answer=f"harness ({argv[0]} {toolkit[argv[0]]})", applied=[])
+        return own[0], 0.0
     imex = imex_ctk.is_imex_generate(argv)
     # issue 28: only a rule that names --mode=imex answers the IMEX generation; a case's plain
     # `nvidia-ctk cdi generate` rule stands for the GPUs' spec
@@ -430,6 +461,8 @@ def answer(config_path: str, raw_argv: list[str], caller) -> tuple[int, float]:
         except (fx.EffectError, OSError) as err:
             rc, stderr = 1, stderr + f"scenario harness: {err}\n"
             log.write("harness-error", message=str(err))
+    if rc == 0 and argv[:3] == ["nvidia-ctk", "cdi", "generate"] and not imex:
+        stdout = toolkit_ctk.filter_spec(stdout, argv, toolkit["nvidia-ctk"])
     if owned and rc == 0 and not (owned == "health" and rule):
         rc, stdout = smi_answer(owned, argv, stdout if rule else None, world)
     harness_out = owned and rule and owned != "health"

@@ -31,8 +31,10 @@ from pathlib import Path
 
 import yaml
 
+from podvm_gpu.host.rtmr import RTMR3_PATH
+
 from . import effects as fx
-from . import fake_server, testbed
+from . import fake_server, testbed, toolkit_ctk
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
@@ -48,7 +50,8 @@ DEFAULT_LIMIT_S = 60  # for a run without max_wall_s (check): a hung run is stil
 GRACE_S = 10  # how long past max_wall_s a run may go before the harness ends it
 
 CASE_KEYS = {"id", "title", "source", "bug", "note", "pci", "files", "symlinks", "kernel_log",
-             "tools", "expect", "vmbus", "pci_late", "infiniband", "nvattest"}
+             "tools", "expect", "vmbus", "pci_late", "infiniband", "nvattest", "rtmr3", "toolkit"}
+HOOK_PATH = "usr/bin/nvidia-cdi-hook"  # where nvidia-ctk's specs name the hook binary
 PCI_KEYS = {"address", "vendor", "device", "class", "driver", "subsystem_vendor", "subsystem_device",
             "vmbus", "vpd", "nvml"}
 IB_KEYS = {"name", "pci", "cap_mask", "gid0"}
@@ -58,7 +61,8 @@ RULE_KEYS = {"argv", "rc", "stdout", "stderr", "delay_s", "effects", "only_befor
              "keep_output_s"}
 BOOT_EXPECT_KEYS = {"state", "exit", "reason_contains", "max_wall_s", "not_called", "cdi", "gpus",
                     "nvswitches", "cdi_devices", "not_killed", "step_messages",
-                    "warnings_contains", "called", "attestation", "absent"}
+                    "warnings_contains", "warnings_only", "called", "attestation", "absent",
+                    "binding", "nvidia_ctk_version"}
 CHECK_EXPECT_KEYS = {"exit", "fails", "warns", "passes", "skips"}
 EXPECT_KEYS = {"boot": BOOT_EXPECT_KEYS, "rerun": BOOT_EXPECT_KEYS, "check": CHECK_EXPECT_KEYS}
 CDI_EXPECTATIONS = ("ready-spec", "unavailable", "absent")
@@ -120,6 +124,9 @@ class Case:
     expect: dict
     infiniband: list = ()
     nvattest: dict | None = None  # the stand-in's plan (tests/nvattest_standin.py), or None
+    # a TDX rtmr3:sha384 served by tests/fake_rtmr's shim: {} or {"fail": "refuse"|"wrong"}
+    rtmr3: dict | None = None
+    toolkit: dict | None = None  # the case's toolkit versions (toolkit_ctk.versions), or None
 
     @property
     def shared(self) -> bool:
@@ -135,8 +142,10 @@ class Case:
 
     @property
     def phases(self) -> list[str]:
-        """The product runs the case asks for, in order: boot always, rerun and check if expected."""
-        return ["boot"] + [phase for phase in ("rerun", "check") if phase in self.expect]
+        """The product runs of the case, in order: boot, rerun if expected, and check always:
+        every world's ``check`` must answer each row (issue 35 item 1: a row that crashed in 8
+        shared worlds went unseen while only the cases with ``expect.check`` ran check)."""
+        return ["boot"] + (["rerun"] if "rerun" in self.expect else []) + ["check"]
 
     @property
     def fixture_dirs(self) -> list[str]:
@@ -216,9 +225,20 @@ def load_case(path: Path) -> Case:
             problems.append(f"expect.{phase}.cdi must be one of {CDI_EXPECTATIONS}")
     if data.get("nvattest") is not None and not isinstance(data["nvattest"], dict):
         problems.append("nvattest must be the stand-in's plan, a mapping")
+    rtmr3 = data.get("rtmr3")
+    if rtmr3 is not None and (not isinstance(rtmr3, dict) or set(rtmr3) - {"fail"} or
+                              rtmr3.get("fail") not in (None, "refuse", "wrong")):
+        problems.append("rtmr3 must be a mapping, with fail: refuse or wrong at most")
+    toolkit = None
+    if data.get("toolkit") is not None:
+        try:
+            toolkit = toolkit_ctk.versions(data["toolkit"])
+        except ValueError as err:
+            problems.append(str(err))
     if problems:
         raise CaseError(f"{path}: " + "; ".join(problems))
-    return Case(nvattest=data.get("nvattest"), path=path, id=str(data["id"]), pci=pci, vmbus=vmbus, pci_late=pci_late,
+    return Case(nvattest=data.get("nvattest"), rtmr3=rtmr3, toolkit=toolkit, path=path,
+                id=str(data["id"]), pci=pci, vmbus=vmbus, pci_late=pci_late,
                 files=data.get("files") or {},
                 symlinks=data.get("symlinks") or {}, kernel_log=data.get("kernel_log") or [],
                 tools=tools, expect=expect, infiniband=infiniband)
@@ -438,7 +458,8 @@ class World:
                         "infiniband": list(case.infiniband),
                         "pci_late": case.pci_late, "vmbus": case.vmbus,
                         "fixture_dirs": case.fixture_dirs, "python": sys.executable,
-                        "json_specs": json_specs(case)}
+                        "json_specs": json_specs(case),
+                        "toolkit": case.toolkit or toolkit_ctk.versions(None)}
         Path(layout.config).write_text(json.dumps(self._config, indent=1))
         Path(layout.state).write_text(json.dumps(fx.initial_state(case.pci, case.pci_late),
                                                  indent=1))
@@ -450,6 +471,22 @@ class World:
             Path(script).write_text(fake_server.script(tool, layout.config,
                                                        f" of scenario {case.id}"))
             os.chmod(script, 0o755)
+        if case.rtmr3 is not None:  # the register's reset value; the shim keeps its rules
+            register = self.path(RTMR3_PATH)
+            os.makedirs(os.path.dirname(register), exist_ok=True)
+            Path(register).write_bytes(bytes(48))
+            import fake_rtmr  # tests/fake_rtmr: built once per source, shared by the worlds
+
+            self._rtmr3_shim = str(fake_rtmr.build(Path(tempfile.gettempdir()) /
+                                                   "podvm-gpu-fake-rtmr"))
+        hook = self.path("/" + HOOK_PATH)
+        if case.toolkit is not None and not os.path.lexists(hook):
+            # issue 36: the case names its toolkit: the hook binary the spec names answers as
+            # that version's (toolkit_ctk.py)
+            os.makedirs(os.path.dirname(hook), exist_ok=True)
+            Path(hook).write_text(fake_server.script("nvidia-cdi-hook", layout.config,
+                                                     f" of scenario {case.id}"))
+            os.chmod(hook, 0o755)
         if case.nvattest is not None:
             plan = os.path.join(os.path.dirname(layout.config), "nvattest.plan.json")
             Path(plan).write_text(json.dumps(case.nvattest))
@@ -589,6 +626,10 @@ class World:
                if key not in ("PODVM_GPU_ROOT", "PODVM_GPU_CONFIG")}
         env["PATH"] = self.layout.bin
         env["TMPDIR"] = self.layout.tmp  # umockdev-run makes its testbed there (LateArrivals)
+        if self.case.rtmr3 is not None:  # umockdev-run puts its own preload before this one
+            env["LD_PRELOAD"] = self._rtmr3_shim
+            env["FAKE_RTMR_PATH"] = self.path(RTMR3_PATH)
+            env["FAKE_RTMR_FAIL"] = self.case.rtmr3.get("fail") or ""
         if not os.environ.get("PODVM_GPU_CMD"):  # an installed product runs its own code
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO),
                                                               os.environ.get("PYTHONPATH")]))

@@ -31,20 +31,27 @@ Plain classes, no ``dataclasses``: ``podvm-gpu metrics`` imports this module, an
 
 from __future__ import annotations
 
-import re
-
 from podvm_gpu.errors import exit_text
+from podvm_gpu.gpufacts import judge, words
+from podvm_gpu.gpufacts.smi import (  # noqa: F401 (the parsers of the CC answers: the back end's)
+    parse_cc_mode,
+    parse_devtools,
+    parse_environment,
+    parse_multi_gpu,
+    parse_ready_state,
+    smi_unrecognized_option,
+)
 
 # The queries, by their short option (the shared cases answer these and the long forms).
 QUERIES = ("-f", "-d", "-e", "-mgm")
-NO_DRIVER_RC = 9  # nvidia-smi cannot reach the driver (readers.NVSMI_NO_DRIVER_RC)
-NOT_CAPABLE_RC = 6  # "No CC capable devices found." (architecture gate), or no GPU at all
-GPU_LOST_RC = 15  # NVML_ERROR_GPU_IS_LOST
-USAGE_RC = 2  # an option this nvidia-smi does not offer
+NO_DRIVER_RC = words.NVSMI_NO_DRIVER_RC  # nvidia-smi cannot reach the driver
+NOT_CAPABLE_RC = words.NVSMI_NOT_FOUND_RC  # "No CC capable devices found." (architecture gate), or no GPU at all
+GPU_LOST_RC = words.NVSMI_GPU_LOST_RC  # NVML_ERROR_GPU_IS_LOST
+USAGE_RC = words.NVSMI_USAGE_RC  # an option this nvidia-smi does not offer
 NOT_CAPABLE_TEXT = "no cc capable devices found"
 
-# multi_gpu values
-MGM_NONE, MGM_PPCIE, MGM_NOT_OFFERED = "none", "protected-pcie", "not-offered"
+# multi_gpu values (gpufacts/judge.py)
+MGM_NONE, MGM_PPCIE, MGM_NOT_OFFERED = judge.MGM_NONE, judge.MGM_PPCIE, judge.MGM_NOT_OFFERED
 # labels (metrics' podvm_gpu_cc_mode, status, check)
 LABELS = ("off", "on", "devtools", "ppcie")
 # decide() outcomes
@@ -55,73 +62,11 @@ FIX_HOST = ("set the GPU's CC mode on the host (NVIDIA gpu-admin-tools: --set-cc
             "confidential_computing.allow_cc_off: true")
 
 
-def parse_cc_mode(text: str, returncode: int | None = 0) -> str | None:
-    """``on``/``off`` from ``conf-compute -f`` (``CC status: ON``); another value is returned
-    lowercased as it is (never read as off); None when the label is missing, or when
-    ``returncode`` (nvidia-smi's exit status, when the caller has it) is not 0: a failed query
-    is never read as a value (550 and 555 exit with NVML's code; 535 prints ``CC status: OFF``
-    with exit 0 when the query fails: :attr:`CcFinding.off_unproven`)."""
-    if returncode not in (0, None):
-        return None
-    m = re.search(r"CC status\s*:\s*(\S+)", text or "", re.I)
-    return m.group(1).lower() if m else None
-
-
-def parse_devtools(text: str) -> bool | None:
-    """True/False from ``conf-compute -d`` (``DevTools Mode: ON|OFF``); None otherwise."""
-    m = re.search(r"DevTools Mode\s*:\s*(\S+)", text or "", re.I)
-    value = m.group(1).upper() if m else None
-    return {"ON": True, "OFF": False}.get(value or "")
-
-
-def parse_environment(text: str) -> str | None:
-    """``UNAVAILABLE``, ``INTERNAL`` or ``PRODUCTION`` from ``conf-compute -e``; another word
-    as printed, upper-cased; None when the label is missing."""
-    m = re.search(r"CC Environment\s*:\s*(\S+)", text or "", re.I)
-    return m.group(1).upper() if m else None
-
-
-def parse_multi_gpu(text: str) -> str | None:
-    """:data:`MGM_NONE` or :data:`MGM_PPCIE` from ``conf-compute -mgm`` (``Multi-GPU Mode:
-    None|Protected PCIe``); another value lowercased as printed; None without the label."""
-    m = re.search(r"Multi-GPU Mode\s*:\s*(.+?)\s*$", text or "", re.I | re.M)
-    if not m:
-        return None
-    value = m.group(1).lower()
-    return {"none": MGM_NONE, "protected pcie": MGM_PPCIE}.get(value, value)
-
-
-def parse_ready_state(text: str, returncode: int | None = 0) -> str | None:
-    """``ready``/``not-ready`` from ``conf-compute -grs`` (the real program prints the line
-    between blank lines); the negative is matched first, since "not-ready" contains "ready";
-    another value is returned as it is; None without the label or when ``returncode`` is given
-    and not 0 (never a value from a failed query)."""
-    if returncode not in (0, None):
-        return None
-    m = re.search(r"Ready state\s*:\s*(.+)$", text or "", re.I | re.M)
-    if not m:
-        return None
-    value = m.group(1).strip().lower()
-    if re.fullmatch(r"not[\s_-]?ready", value):
-        return "not-ready"
-    if value == "ready":
-        return "ready"
-    return value
-
-
-def smi_unrecognized_option(text: str) -> str | None:
-    """The option an installed nvidia-smi does not offer, from ``Option "-mgm" is not
-    recognized.`` (its usage error, exit 2), or None."""
-    m = re.search(r'Option "(-[^"\s]+)" is not recognized', text or "")
-    return m.group(1) if m else None
-
-
 def said(rc: int | None, text: str, limit: int = 160) -> str:
     """``exit N: <first words>`` (``killed by SIGKILL: ...`` for a signal) of an answer, one
     bounded line."""
-    words = " ".join((text or "").split()) or "no output"
     head = "no exit status" if rc is None else exit_text(rc)
-    return f"{head}: {words[:limit]}"
+    return f"{head}: {words.said(text, limit)}"
 
 
 class CcFinding:
@@ -157,16 +102,9 @@ class CcFinding:
 
     @property
     def label(self) -> str | None:
-        """One of :data:`LABELS`, ``unsupported`` (not CC capable), or None (unknown)."""
-        if not self.capable:
-            return "unsupported"
-        if self.devtools and self.mode == "on":
-            return "devtools"
-        if self.mode == "on":
-            return "on"
-        if self.mode == "off":
-            return "ppcie" if self.multi_gpu == MGM_PPCIE else "off"
-        return None
+        """One of :data:`LABELS`, ``unsupported`` (not CC capable), or None (unknown): the
+        one labelling (gpufacts/judge.py ``cc_label``), which the NVML back end uses too."""
+        return judge.cc_label(self.capable, self.mode, self.devtools, self.multi_gpu)
 
     @property
     def off_unproven(self) -> bool:

@@ -9,6 +9,7 @@ wait (the boot's one bounded wait, host/wait.py) polls the pipeline's record of 
 from __future__ import annotations
 
 from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.gpufacts import smi
 from podvm_gpu.host import kmsg, tee
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import StepResult
@@ -30,7 +31,7 @@ def conf_compute(ctx: BootContext, *args: str):
     """
     command = f"nvidia-smi conf-compute {' '.join(args)}"
     try:
-        return ctx.runner.run(["nvidia-smi", "conf-compute", *args], check=False)
+        return ctx.runner.run(smi.conf_compute_argv(*args), check=False)
     except CommandError as err:
         said = str(err)  # a timeout names the command already; "not found" does not
         raise StepFailed(said if said.startswith(command) else f"{command}: {said}") from err

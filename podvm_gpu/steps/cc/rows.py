@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from podvm_gpu import units
+from podvm_gpu.gpufacts.smi import conf_compute_argv
 from podvm_gpu.host import tee
 from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check
 from podvm_gpu.steps.cc import classify
@@ -19,7 +20,7 @@ def confidential_computing_row(facts) -> Check:
     skip = facts.not_reached(CC_ROW) or facts.needs_driver(CC_ROW)
     if skip:
         return skip
-    found = answers(lambda query: facts.runner.run(["nvidia-smi", "conf-compute", query],
+    found = answers(lambda query: facts.runner.run(conf_compute_argv(query),
                                                    check=False))
     finding = classify.from_smi(found)
     where, hint = guest(facts.root)
@@ -33,7 +34,7 @@ def confidential_computing_row(facts) -> Check:
                      verdict.reason + (f"; {notes}" if notes and verdict.warnings else ""))
     label = verdict.reason if verdict.outcome == classify.CONFIDENTIAL else \
         "CC devtools (allowed by confidential_computing.allow_devtools: not production CC)"
-    grs = facts.runner.run(["nvidia-smi", "conf-compute", "-grs"], check=False)
+    grs = facts.runner.run(conf_compute_argv("-grs"), check=False)
     state = classify.parse_ready_state(grs.output) if grs.returncode == 0 else None
     level = PASS if verdict.outcome == classify.CONFIDENTIAL and not verdict.warnings else WARN
     extra = f"; {notes}" if notes else ""
@@ -89,8 +90,15 @@ def attestation_image_row(image) -> Check:
     return image_row(image)
 
 
+def binding_row(facts) -> Check:
+    """The GPUs' verdict bound into TDX RTMR3 (podvm_gpu/steps/cc/bind.py)."""
+    from podvm_gpu.steps.cc.bind import binding_row as row
+
+    return row(facts)
+
+
 VM_ROWS = {"guest-tee": guest_tee_row, CC_ROW: confidential_computing_row,
-           "attestation": attestation_row,
+           "attestation": attestation_row, "binding": binding_row,
            ORDER_ROW: lambda facts: attestation_agent_ordering(facts.root)}
 IMAGE_ROWS = {"attestation": attestation_image_row,
               ORDER_ROW: lambda image: attestation_agent_ordering(image.root)}

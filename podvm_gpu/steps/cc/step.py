@@ -13,8 +13,9 @@ state where allowed.
    ``ok`` with a warning (the attestation flow sets it); a dev-tools GPU's is never set.
 4. Before ``-srs 1``: wait until the fabricmanager step has succeeded (it runs beside this step;
    the GPUs and NVSwitches of a fabric are attested and made ready together), then
-   :func:`before_ready_state`, the hook where attestation goes (issue 26), then ``-srs 1`` and
-   ``-grs`` again.
+   :func:`before_ready_state`, the hook where attestation goes (issue 26), then
+   :func:`bind_pass` (an attestation that passed is bound into TDX RTMR3, issue 37), then
+   ``-srs 1`` and ``-grs`` again.
 
 ``-srs 1`` never runs for a dev-tools GPU nor for one that is not confidential.
 """
@@ -28,7 +29,7 @@ from podvm_gpu.steps.cc.query import conf_compute, guest, read_finding, ready_st
 from podvm_gpu.steps.cc.rows import IMAGE_ROWS, VM_ROWS
 from podvm_gpu.steps.context import BootContext
 
-__all__ = ["run", "plan", "plan_notes", "before_ready_state", "VM_ROWS", "IMAGE_ROWS"]
+__all__ = ["run", "plan", "plan_notes", "before_ready_state", "bind_pass", "VM_ROWS", "IMAGE_ROWS"]
 
 
 def before_ready_state(ctx: BootContext, finding: classify.CcFinding, state: str = "not-ready",
@@ -60,6 +61,33 @@ def before_ready_state(ctx: BootContext, finding: classify.CcFinding, state: str
 
     return attest_before_ready(ctx, state, tee, ppcie=finding.multi_gpu == classify.MGM_PPCIE,
                                before_run=lambda: wait_for_fabric(ctx))
+
+
+def bind_pass(ctx: BootContext, state: str) -> str:
+    """After an attestation that passed, before ``-srs 1``: bind ``pass`` into RTMR3 with its
+    event in the attestation-agent's log (podvm_gpu/steps/cc/bind.py, docs/interface.md 3.14).
+
+    Returns:
+        What the step's message adds (``""`` when nothing passed, or nothing was bound).
+
+    Raises:
+        StepFailed: the binding is broken, or required and impossible (a ready state found
+            ``ready`` is set back to not-ready first, as for a failed attestation).
+    """
+    attestation = ctx.status.attestation
+    if not (isinstance(attestation, dict) and attestation.get("result") == "passed"):
+        return ""
+    from podvm_gpu.steps.cc import bind
+    from podvm_gpu.steps.cc.attest.gate import _unready
+
+    ctx.status.binding, failure = bind.for_boot(ctx.root, ctx.status,
+                                                ctx.config.confidential_computing.bind, bind.PASS)
+    if failure:
+        raise StepFailed(f"{failure}{_unready(ctx, state)}")
+    binding = ctx.status.binding
+    if binding["state"] != bind.BOUND:
+        return ""
+    return "; pass bound into RTMR3" if binding["appended"] else "; pass already bound into RTMR3"
 
 
 def run(ctx: BootContext) -> str:
@@ -98,7 +126,8 @@ def run(ctx: BootContext) -> str:
     label = verdict.reason
     state = ready_state(ctx)
     attested = before_ready_state(ctx, finding, state, tee)
-    said = f"; {attested}" if attested else ""
+    bound = bind_pass(ctx, state)
+    said = (f"; {attested}" if attested else "") + bound
     if state == "ready":
         return f"{label}, ready state ready{said}"
     if verdict.outcome == classify.DEVTOOLS:
@@ -129,8 +158,10 @@ def plan(ctx: BootContext) -> list[list[str]]:
     attestation is listed unless the config turns it off, or nvattest is not installed and
     nothing requires it (a regular VM: the boot warns); its nonce, fresh in each boot, is
     :data:`NONCE_PLACEHOLDER`. ``-srs 1`` only with ``set_ready_state: true``."""
-    argvs = [["nvidia-smi", "conf-compute", query] for query in classify.QUERIES]
-    argvs.append(["nvidia-smi", "conf-compute", "-grs"])
+    from podvm_gpu.gpufacts.smi import conf_compute_argv
+
+    argvs = [conf_compute_argv(query) for query in classify.QUERIES]
+    argvs.append(conf_compute_argv("-grs"))
     if _plans_attestation(ctx):
         from podvm_gpu.steps.cc.attest import run as nvattest
 
@@ -138,7 +169,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
         argvs.append(nvattest.command("gpu", NONCE_PLACEHOLDER, ctx.config.confidential_computing,
                                       ctx.root))
     if ctx.config.confidential_computing.set_ready_state:
-        argvs += [["nvidia-smi", "conf-compute", "-srs", "1"], ["nvidia-smi", "conf-compute", "-grs"]]
+        argvs += [conf_compute_argv("-srs", "1"), conf_compute_argv("-grs")]
     return argvs
 
 

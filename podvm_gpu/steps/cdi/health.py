@@ -19,7 +19,7 @@ What the real program prints (nvidia-smi-real.md, 535 to 555): ``remapped_rows.p
 read), ``retired_pages.pending`` is ``Yes``/``No``; a GPU lost after NVML took its handle prints
 ``[GPU is lost]`` in every column (exit 0), one lost at the handle stops the query with exit 15
 naming its bus id: both fail the boot naming the GPU, as do the other exit statuses that say no
-answer can come (readers.NVSMI_BROKEN: 9, 12, 15, 17, 18).
+answer can come (gpufacts/words.py NVSMI_BROKEN: 9, 12, 15, 17, 18).
 
 Then the reset status and the recovery action, each a query of its own (steps/cdi/recovery.py).
 
@@ -31,49 +31,26 @@ answered (not supported, a tool too old, a timeout, a field it does not know) is
 
 from __future__ import annotations
 
-from podvm_gpu import readers
-from podvm_gpu.errors import CommandError, StepFailed, one_line
+from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.gpufacts import judge, smi, words
+from podvm_gpu.gpufacts.smi import ECC_FIELDS, REMAP_FIELDS, ecc_argv, remap_argv  # noqa: F401
 from podvm_gpu.steps.cdi import recovery
 from podvm_gpu.steps.context import BootContext
 
-REMAP_FIELDS = ("gpu_bus_id", "remapped_rows.pending", "remapped_rows.failure")
-ECC_FIELDS = ("pci.bus_id", "ecc.errors.uncorrected.volatile.total", "retired_pages.pending")
-
-
-def remap_argv() -> list[str]:
-    """``nvidia-smi --query-remapped-rows=<REMAP_FIELDS> --format=csv,noheader``."""
-    return ["nvidia-smi", f"--query-remapped-rows={','.join(REMAP_FIELDS)}",
-            "--format=csv,noheader"]
-
-
-def ecc_argv() -> list[str]:
-    """``nvidia-smi --query-gpu=<ECC_FIELDS> --format=csv,noheader``."""
-    return ["nvidia-smi", f"--query-gpu={','.join(ECC_FIELDS)}", "--format=csv,noheader"]
-
-
-def _na(value: str) -> bool:
-    return value.strip().strip("[]").lower() in ("n/a", "not supported", "")
-
-
-def _flag(value: str) -> bool | None:
-    """``1``/``Yes`` -> True, ``0``/``No`` -> False (a count above 1 is True); None otherwise."""
-    word = value.strip().lower()
-    if word in ("yes", "no"):
-        return word == "yes"
-    return int(word) > 0 if word.isdigit() else None
-
-
-parse_rows = readers.csv_rows
+_na, _flag = words.na, smi.flag
+parse_rows = words.csv_rows
 
 
 class Broken(Exception):
     """nvidia-smi's answer says a GPU or the driver cannot answer (a lost GPU; an exit status of
-    readers.NVSMI_BROKEN): the message names it. Never an "unread" warning."""
+    words.NVSMI_BROKEN): the message names it. Never an "unread" warning."""
 
 
-def ask(runner, argv: list[str], width: int, timeout: float) -> tuple[list[list[str]] | None, str]:
+def ask(runner, argv: list[str], width: int, timeout: float,
+        parse=None) -> tuple[list[list[str]] | None, str]:
     """Run one health query with ``runner``: ``(rows, "")``, or ``(None, why it is unread)``
-    (the boot gate and ``check`` judge the same answer).
+    (the boot gate and ``check`` judge the same answer). ``parse(stdout)`` reads the rows
+    (default: ``width`` values each, words.csv_rows).
 
     Raises:
         Broken: the exit status says a GPU is lost or the driver cannot answer.
@@ -82,13 +59,25 @@ def ask(runner, argv: list[str], width: int, timeout: float) -> tuple[list[list[
         done = runner.run(argv, check=False, timeout=timeout)
     except CommandError as err:
         return None, str(err)
-    broken = readers.nvsmi_broken(done.returncode, done.output)
+    return answered(argv, width, done, parse)
+
+
+def answered(argv: list[str], width: int, done, parse=None) -> tuple[list[list[str]] | None, str]:
+    """:func:`ask`'s reading of a finished call ``done`` (``returncode``, ``stdout``,
+    ``output``), the same whether it was run now or side by side before (:func:`asked_side_by_side`).
+
+    Raises:
+        Broken: the exit status says a GPU is lost or the driver cannot answer.
+    """
+    broken = words.broken(done.returncode, done.output)
     if broken:
         raise Broken(broken)
-    rows = parse_rows(done.stdout, width) if done.returncode == 0 else None
+    if parse is None:
+        rows = parse_rows(done.stdout, width) if done.returncode == 0 else None
+    else:
+        rows = parse(done.stdout) if done.returncode == 0 else None
     if rows is None:
-        said = f"{readers.nvsmi_exit_text(done.returncode)}: {one_line(done.output, 160) or 'no output'}"
-        return None, f"{' '.join(argv[:2])} {said}"
+        return None, words.failed_call(argv, done.returncode, done.output)
     return rows, ""
 
 
@@ -114,9 +103,9 @@ def judge_lost(rows: list[list[str]], verdict: Verdict) -> list[list[str]]:
     others returned."""
     kept = []
     for n, row in enumerate(rows):
-        if any(v.strip() == readers.GPU_LOST for v in row):
+        if any(v.strip() == words.GPU_LOST for v in row):
             verdict.fatal.append(f"GPU #{n} of NVML's list is lost (nvidia-smi printed "
-                                 f"{readers.GPU_LOST}): it fell off the bus or needs a reset")
+                                 f"{words.GPU_LOST}): it fell off the bus or needs a reset")
         else:
             kept.append(row)
     return kept
@@ -141,8 +130,9 @@ class Verdict:
         ``health.reset_pending_warns``) or :data:`HEALTHY`."""
         if self.fatal:
             return self.REPLACE
-        if self.reset:
-            return self.RESET_WARNS if reset_pending_warns else self.RESET
+        if self.reset:  # the one reading of health.reset_pending_warns (gpufacts/judge.py)
+            return self.RESET_WARNS if judge.reset_verdict(reset_pending_warns) == words.WARN \
+                else self.RESET
         return self.HEALTHY
 
 
@@ -158,11 +148,12 @@ def judge_remapper(rows: list[list[str]], verdict: Verdict) -> None:
         if failed is None or waiting is None:
             verdict.unread.append(f"GPU {bus}: remapper answered pending {pending!r}, failure "
                                   f"{failure!r}")
-        if failed:
+        kind = judge.memory_kind(failed, waiting, None, None)  # the one decision on memory
+        if kind == judge.FATAL:
             verdict.fatal.append(f"GPU {bus}: row remapping failed (remapped_rows.failure "
                                  f"{failure}): the GPU's memory cannot be repaired, the GPU "
                                  "needs replacing")
-        if waiting:
+        if waiting:  # also beside a failure: both are said
             verdict.reset.append(f"GPU {bus}: a row remap is pending (remapped_rows.pending "
                                  f"{pending}): GPU reset needed")
         verdict.read.append(f"{bus} remap pending {pending}, failure {failure}")
@@ -171,7 +162,10 @@ def judge_remapper(rows: list[list[str]], verdict: Verdict) -> None:
 def judge_ecc(rows: list[list[str]], verdict: Verdict) -> None:
     """Rows of :data:`ECC_FIELDS` into ``verdict``."""
     for bus, volatile, retire in judge_lost(rows, verdict):
-        if not _na(volatile) and volatile.isdigit() and int(volatile) > 0:
+        count = int(volatile) if not _na(volatile) and volatile.isdigit() else None
+        if judge.memory_kind(None, None, count, _flag(retire)) != judge.RESET:
+            continue
+        if count:
             verdict.reset.append(f"GPU {bus}: {volatile} uncorrectable ECC error(s) since the "
                                  "driver loaded (volatile counter): GPU reset needed")
         if _flag(retire):
@@ -188,20 +182,20 @@ def asked_side_by_side(ctx: BootContext):
     from podvm_gpu.host.proc import side_by_side
 
     timeout = ctx.harmless_timeout("nvidia-smi")
-    queries = [(remap_argv(), len(REMAP_FIELDS)), (ecc_argv(), len(ECC_FIELDS)),
-               (recovery.reset_argv(), len(recovery.RESET_FIELDS)),
-               (recovery.action_argv(), len(recovery.ACTION_FIELDS))]
-    done = dict(zip([tuple(argv) for argv, _width in queries], side_by_side(
-        [lambda argv=argv, width=width: ask(ctx.runner, argv, width, timeout)
-         for argv, width in queries])))
+    argvs = [remap_argv(), ecc_argv(), recovery.reset_argv(), recovery.action_argv()]
+    done = dict(zip([tuple(argv) for argv in argvs], side_by_side(
+        [lambda argv=argv: ctx.runner.run(argv, check=False, timeout=timeout)
+         for argv in argvs])))
 
-    def asked(runner, argv: list[str], width: int, timeout: float):
+    def asked(runner, argv: list[str], width: int, timeout: float, parse=None):
         if tuple(argv) not in done:
-            return ask(runner, argv, width, timeout)
-        answer, err = done.pop(tuple(argv))
+            return ask(runner, argv, width, timeout, parse)
+        call, err = done.pop(tuple(argv))
+        if isinstance(err, CommandError):  # as ask() says a call that could not run
+            return None, str(err)
         if err is not None:
             raise err
-        return answer
+        return answered(argv, width, call, parse)
 
     return asked
 

@@ -27,9 +27,10 @@ from podvm_gpu.cdi.parse import parse_spec
 from podvm_gpu.cdi.ready import check_ready_spec
 from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
 from podvm_gpu.errors import CdiSpecError, CommandError, StepFailed, exit_text, one_line
+from podvm_gpu.gpufacts import smi, words
 from podvm_gpu.host.fs import atomic_write, ensure_dir, read_bounded, unread
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
-from podvm_gpu.steps.cdi import imex
+from podvm_gpu.steps.cdi import imex, toolkit, toolkit_image
 from podvm_gpu.steps.context import BootContext
 
 # nvidia-ctk's warnings that can explain a failed generate: the driver libraries and device
@@ -45,8 +46,10 @@ def generate_argv(ctx: BootContext) -> list[str]:
     ``--mode=nvml`` explicitly: without it the toolkit takes its mode from
     ``/etc/nvidia-container-runtime/config.toml``, and 1.18.0 with ``mode = "cdi"`` there fails
     with ``invalid discovery mode: cdi`` (NVIDIA/nvidia-container-toolkit#1376, fixed in #1377).
-    A pod VM's GPUs are NVML devices whatever the runtime's config says."""
-    argv = ["nvidia-ctk", "cdi", "generate", "--mode=nvml", "--format=json", "--output="]
+    A pod VM's GPUs are NVML devices whatever the runtime's config says. ``cdi.disable_hooks``
+    adds ``--disable-hook=<name>`` each (steps/cdi/toolkit.py)."""
+    argv = ["nvidia-ctk", "cdi", "generate", "--mode=nvml", "--format=json", "--output=",
+            *toolkit.disable_hook_args(ctx.config)]
     if not ctx.root.is_host:
         argv += [f"--driver-root={ctx.root.path}", f"--dev-root={ctx.root.path}"]
     return argv
@@ -54,7 +57,7 @@ def generate_argv(ctx: BootContext) -> list[str]:
 
 # nvidia-smi's exit status for NVML_ERROR_NOT_FOUND: what `mig -lgi` exits with, printing "No GPU
 # instances found", on a GPU in MIG mode without instances (field case C11).
-NOT_FOUND_RC = 6
+NOT_FOUND_RC = words.NVSMI_NOT_FOUND_RC
 
 
 def mig_problem(ctx: BootContext) -> str | None:
@@ -66,17 +69,15 @@ def mig_problem(ctx: BootContext) -> str | None:
     """
     timeout = ctx.harmless_timeout("nvidia-smi")
     try:
-        done = ctx.runner.run(["nvidia-smi", "--query-gpu=index,mig.mode.current",
-                               "--format=csv,noheader"], timeout=timeout)
+        done = ctx.runner.run(smi.mig_mode_argv(), timeout=timeout)
     except CommandError:
         return None
-    enabled = [ln.split(",")[0].strip() for ln in done.stdout.splitlines()
-               if "," in ln and ln.split(",", 1)[1].strip().lower() == "enabled"]
+    enabled = smi.mig_enabled(done.stdout)
     if not enabled:
         return None
     gpus = one_line(", ".join(enabled), 100)
     try:
-        listing = ctx.runner.run(["nvidia-smi", "mig", "-lgi"], check=False, timeout=timeout)
+        listing = ctx.runner.run(smi.mig_list_argv(), check=False, timeout=timeout)
     except CommandError as err:
         return f"MIG mode is enabled on GPU {gpus} (nvidia-smi mig -lgi: {err})"
     said = f"{exit_text(listing.returncode)}: {one_line(listing.output, 200) or 'no output'}"
@@ -138,8 +139,11 @@ def run(ctx: BootContext) -> Generated:
 
 
 def generate(ctx: BootContext) -> Generated:
-    """Generate and validate the spec (see :func:`run`)."""
+    """Read nvidia-ctk's version and refuse what it lacks, generate and validate the spec, ask
+    the hook binary for each hook the spec names (steps/cdi/toolkit.py; see :func:`run`)."""
     driver = ctx.driver_version or "unknown"
+    ctk = toolkit.read_version(ctx)
+    toolkit.check_features(ctx, ctk)
     try:
         done = ctx.runner.run(generate_argv(ctx))
     except CommandError as err:
@@ -176,6 +180,7 @@ def generate(ctx: BootContext) -> Generated:
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise StepFailed("the generated spec is not usable: " + "; ".join(problems[:3]) + more)
+    toolkit.check_hooks(ctx, spec, ctk)
     generated = Generated(text, spec)
     generated.imex = imex.generate(ctx)
     return generated
@@ -209,7 +214,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: the spec's generation, then the health gate's queries."""
     from podvm_gpu.steps.cdi import health
 
-    return [generate_argv(ctx), *imex.plan(ctx), health.remap_argv(), health.ecc_argv(),
+    return [toolkit.VERSION_ARGV, generate_argv(ctx), *imex.plan(ctx), health.remap_argv(), health.ecc_argv(),
             health.recovery.reset_argv(), health.recovery.action_argv()]
 
 
@@ -315,6 +320,47 @@ def row_remapper_row(facts) -> Check:
     return Check("row-remapper", PASS, "; ".join(verdict.read))
 
 
+def memory_errors_row(facts) -> Check:
+    """Each GPU's volatile uncorrectable ECC count and pending page retirement, judged as the
+    health gate judges them (podvm_gpu/steps/cdi/health.py ``judge_ecc``; issue 33: boot read
+    them, check did not show them): one bounded query; a count above 0 or a retirement pending
+    fails with "GPU reset needed" unless ``health.reset_pending_warns`` (then warns); an
+    unanswered query warns; a lost GPU or a driver that cannot answer fails."""
+    from podvm_gpu.gpufacts import judge
+    from podvm_gpu.steps.cdi import health
+    from podvm_gpu.steps.context import HARMLESS_CALL_S
+
+    name = "memory-errors"
+    skip = facts.not_reached("cdi")
+    if skip:
+        return Check(name, SKIP, skip.detail)
+    skip = facts.needs_driver(name)
+    if skip:
+        return skip
+    timeout = min(facts.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
+    hand = ("run nvidia-smi --query-gpu=pci.bus_id,ecc.errors.uncorrected.volatile.total,"
+            "retired_pages.pending --format=csv by hand")
+    try:
+        rows, why = health.ask(facts.runner, health.ecc_argv(), len(health.ECC_FIELDS), timeout)
+    except health.Broken as err:
+        return Check(name, FAIL, str(err), "reboot the VM; if the GPU stays lost, ask the "
+                     "provider for another host")
+    if rows is None:
+        return Check(name, WARN, f"not read ({why}); the boot does not fail on it", hand)
+    verdict = health.Verdict()
+    health.judge_ecc(rows, verdict)
+    if verdict.fatal or verdict.reset:
+        state = judge.reset_verdict(facts.config.health.reset_pending_warns) \
+            if not verdict.fatal else words.FAIL
+        return Check(name, words.CHECK_STATE[state], "; ".join(verdict.fatal + verdict.reset) + (
+            " (a warning: health.reset_pending_warns)" if state == words.WARN else ""),
+            "reset the GPU (nvidia-smi -r with no process using it, or restart the VM on its "
+            "host); the retirement takes effect and the volatile count starts again then")
+    said = "; ".join(f"{bus} volatile uncorrectable ECC {count}, retirement pending {pending}"
+                     for bus, count, pending in rows)
+    return Check(name, PASS, said)
+
+
 def recovery_action_row(facts) -> Check:
     """The GPUs' reset status and recovery action (steps/cdi/recovery.py, issue 28)."""
     from podvm_gpu.steps.cdi import health
@@ -323,6 +369,10 @@ def recovery_action_row(facts) -> Check:
 
 
 # The remapper first: the health gate runs before the spec is installed.
-VM_ROWS = {"row-remapper": row_remapper_row, "recovery-action": recovery_action_row,
+VM_ROWS = {"row-remapper": row_remapper_row, "memory-errors": memory_errors_row,
+           "recovery-action": recovery_action_row,
            "cdi-spec": cdi_spec_row,
            "cdi-duplicates": cdi_duplicates_row, **imex.VM_ROWS}
+
+# check --image: the toolkit's binaries and their versions (issue 36)
+IMAGE_ROWS = {"toolkit": toolkit_image.image_row}

@@ -150,30 +150,10 @@ def detect(nvswitches: list[str], sys_pci: str = infiniband.PCI_DEVICES,
 
 
 def parse_cliques(text: str) -> list[dict]:
-    """``[{"gpu", "clique_id", "cluster_uuid"}]`` from the ``Fabric`` block of each GPU in a full
-    ``nvidia-smi -q`` (550 and later: ``CliqueId``, ``ClusterUUID``; ../shared/nvidia-smi-real.md);
-    GPUs whose block lacks them (535) or says ``N/A`` are left out."""
-    import re
+    """The nvidia-smi back end's reader of a full ``-q`` (gpufacts/smi.py ``parse_cliques``)."""
+    from podvm_gpu.gpufacts.smi import parse_cliques as parse
 
-    out, gpu, inside = [], None, False
-    for line in text.splitlines():
-        m = re.match(r"^GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", line)
-        if m:
-            gpu, inside = m.group(1), False
-            continue
-        stripped = line.strip()
-        if stripped == "Fabric":
-            inside = True
-            out.append({"gpu": gpu, "clique_id": None, "cluster_uuid": None})
-            continue
-        if not inside or gpu is None or ":" not in stripped:
-            continue
-        key, _sep, value = (p.strip() for p in stripped.partition(":"))
-        if key == "CliqueId" and value.isdigit():
-            out[-1]["clique_id"] = int(value)
-        elif key == "ClusterUUID" and re.fullmatch(r"[0-9a-fA-F-]{36}", value):
-            out[-1]["cluster_uuid"] = value.lower()
-    return [c for c in out if c["clique_id"] is not None and c["cluster_uuid"] is not None]
+    return parse(text)
 
 
 def kind_of(fabric: Fabric | None, nvswitches: list) -> str:
@@ -261,7 +241,9 @@ def rack_cliques(ctx, fabric: Fabric) -> str:
     from podvm_gpu.errors import CommandError
 
     try:
-        out = ctx.runner.run(["nvidia-smi", "-q"], timeout=ctx.harmless_timeout("nvidia-smi")).stdout
+        from podvm_gpu.gpufacts.smi import full_query_argv
+
+        out = ctx.runner.run(full_query_argv(), timeout=ctx.harmless_timeout("nvidia-smi")).stdout
     except CommandError as err:
         return f"clique and cluster UUID not read ({err})"
     fabric.cliques = parse_cliques(out)

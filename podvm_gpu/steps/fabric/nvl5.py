@@ -33,12 +33,19 @@ import time
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
 from podvm_gpu.host import infiniband, kmod
 from podvm_gpu.host.daemons import socket_answers
-from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, find_nvml, module_loaded, version_in
+from podvm_gpu.readers import (
+    FABRICMANAGER_COMM,
+    FABRICMANAGER_PID,
+    NVLSM_COMM,
+    NVLSM_PID,
+    daemon_pid,
+    find_nvml,
+    module_loaded,
+    version_in,
+)
 from podvm_gpu.row import FAIL, PASS, SKIP, Check
 from podvm_gpu.steps.fabric.fabric_kind import Fabric
 
-NVLSM_PID = "/run/podvm-gpu/nvlsm.pid"
-NVLSM_COMM = "nvlsm"
 FM_SM_SOCKET = "/run/nvidia-fabricmanager/fm_sm_ipc.socket"
 NVLSM_LOG = "/run/podvm-gpu/nvlsm.log"
 POLL_S = 0.05

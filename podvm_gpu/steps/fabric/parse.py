@@ -1,123 +1,17 @@
-"""The fabric state of each GPU: the fabricmanager step's readers (boot's wait and check's row).
-
-The agent asks ``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status
---format=csv,noheader`` (:func:`fabric_argv`): NVIDIA's real 535, 550 and 555 builds all refuse
-``-q -d FABRIC`` (``Failed to parse --display/-d flags``, exit 2; ../shared/nvidia-smi-real.md,
-tests/test_real_nvidia_smi.py) and label the CSV values (``state  Completed``, two spaces;
-``status Success``; ``[N/A]`` unlabelled without a fabric). A full ``nvidia-smi -q``'s ``Fabric``
-section is read by :func:`parse_fabric`, by labels, never by column positions.
+"""The fabric state of each GPU judged against the VM's GPUs: the fabricmanager step's one
+decision (boot's wait and check's row); the fabric's health summary after it (issue 33). The
+query and its parsers are the nvidia-smi back end's (podvm_gpu/gpufacts/smi.py:
+``fabric_argv``, ``parse_fabric_rows``, ``parse_fabric``); their names are here too for the
+step's readers.
 """
 
 from __future__ import annotations
 
-import collections
-import re
-
-from podvm_gpu.readers import GPU_LOST, csv_rows, csv_value
-
-
-class FabricState(collections.namedtuple("FabricState", "gpu state status")):
-    """One GPU's NVLink fabric state: the GPU's PCI address, its fabric state and status as
-    text (``Completed``/``Success``), from :func:`fabric_argv`'s rows (:func:`parse_fabric_rows`)
-    or a full ``nvidia-smi -q`` (:func:`parse_fabric`). A GPU lost after NVML took its handle
-    has ``GPU is lost`` in all three."""
-
-    __slots__ = ()
-
-    @property
-    def lost(self) -> bool:
-        return self.state == GPU_LOST[1:-1]
-
-    @property
-    def supported(self) -> bool:
-        return self.state.strip().lower() not in ("n/a", "not supported", "", "unknown")
-
-    @property
-    def completed(self) -> bool:
-        return self.state.strip().lower() == "completed"
-
-    @property
-    def success(self) -> bool:
-        return self.completed and self.status.strip().lower() == "success"
-
-
-def parse_fabric(text: str) -> list[FabricState]:
-    """The ``Fabric`` block of each GPU in ``nvidia-smi -q`` output, by labels.
-
-    A GPU block starts at ``GPU <pci>``; inside it, the ``State`` and ``Status`` lines after a
-    ``Fabric`` heading (indented deeper than it) are read. GPUs without a Fabric block are left out.
-    """
-    result: list[FabricState] = []
-    gpu = None
-    fabric_indent = None
-    state = status = None
-
-    def flush():
-        nonlocal state, status
-        if gpu is not None and state is not None:
-            result.append(FabricState(gpu, state, status or "N/A"))
-        state = status = None
-
-    for line in text.splitlines():
-        stripped = line.strip()
-        indent = len(line) - len(line.lstrip())
-        m = re.match(r"^GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", stripped)
-        if m and indent == 0:
-            flush()
-            gpu, fabric_indent = m.group(1), None
-            continue
-        if stripped == "Fabric":
-            fabric_indent = indent
-            continue
-        if fabric_indent is not None:
-            if indent <= fabric_indent and stripped:
-                fabric_indent = None
-                continue
-            key, sep, value = stripped.partition(":")
-            if sep and key.strip() == "State" and state is None:
-                state = value.strip()
-            elif sep and key.strip() == "Status" and status is None:
-                status = value.strip()
-    flush()
-    return result
-
-
-FABRIC_FIELDS = ("pci.bus_id", "fabric.state", "fabric.status")
-
-
-def fabric_argv() -> list[str]:
-    """``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status --format=csv,noheader``:
-    the fabric query every real nvidia-smi has (535 to 555)."""
-    return ["nvidia-smi", f"--query-gpu={','.join(FABRIC_FIELDS)}", "--format=csv,noheader"]
-
-
-def parse_fabric_rows(text: str) -> list[FabricState] | None:
-    """One :class:`FabricState` per row of :func:`fabric_argv`'s answer (one row per GPU NVML
-    lists, in its order), labels removed (``state  In Progress`` -> ``In Progress``; ``[N/A]``
-    without a fabric -> ``N/A``); None when the text is not such an answer."""
-    rows = csv_rows(text, len(FABRIC_FIELDS))
-    if rows is None:
-        return None
-    return [FabricState(csv_value(bus), csv_value(state, "state"), csv_value(status, "status"))
-            for bus, state, status in rows]
-
-
-def summarize(states: list[FabricState]) -> str:
-    """``State X, Status Y on N GPU(s)`` for each distinct pair."""
-    pairs: dict[tuple[str, str], int] = {}
-    for s in states:
-        pairs[(s.state, s.status)] = pairs.get((s.state, s.status), 0) + 1
-    return "; ".join(f"State {a}, Status {b} on {n} GPU(s)" for (a, b), n in pairs.items())
-
-
-def bus_id(address: str) -> str:
-    """A PCI address as both nvidia-smi (``00000000:18:00.0``) and sysfs (``0000:18:00.0``) can
-    be compared: the domain as a number, lower case."""
-    domain, _, rest = address.strip().lower().partition(":")
-    try:
-        return f"{int(domain, 16):x}:{rest}"
-    except ValueError:
-        return address.strip().lower()
+from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.gpufacts import judge, smi, words
+from podvm_gpu.gpufacts.smi import FABRIC_FIELDS, FabricState, fabric_argv, parse_fabric, parse_fabric_rows, summarize  # noqa: F401 (the step's names for the back end's)
+from podvm_gpu.gpufacts.words import bus_id
+from podvm_gpu.row import FAIL, PASS, WARN, Check
 
 
 class FabricSeen:
@@ -151,3 +45,98 @@ class FabricSeen:
         said = [f"{s.gpu}: State {s.state}, Status {s.status}" for s in self.states if not s.success]
         said += [f"{g}: no state" for g in self.waiting if bus_id(g) not in reported]
         return ", ".join(said[:most]) or "no state"
+
+
+class Summary:
+    """What the health summary query found, the one judgement boot's step and check's row act
+    on: ``fatal`` (Unhealthy), ``notes`` (Limited Capacity, a word not understood), ``unread``
+    (why it was not read; empty when read or not offered), ``said`` (for a message)."""
+
+    __slots__ = ("fatal", "notes", "unread", "said")
+
+    def __init__(self):
+        self.fatal: list[str] = []
+        self.notes: list[str] = []
+        self.unread = ""
+        self.said = ""
+
+
+def read_summary(runner, timeout: float) -> Summary:
+    """After the fabric is Completed/Success: each GPU's fabric health summary, a query of its
+    own (gpufacts/smi.py ``fabric_health_argv``: 580 has the field, 535-555 refuse it, then
+    "not offered"), judged once (gpufacts/judge.py ``summary_kind``): Healthy or N/A pass,
+    Limited Capacity is a note, Unhealthy fatal naming the GPU; a word no table knows a note
+    quoting it; an unanswered query unread. One call of at most ``timeout`` seconds.
+
+    Raises:
+        StepFailed: nvidia-smi says the driver or a GPU cannot answer (words.NVSMI_BROKEN).
+    """
+    found = Summary()
+    argv = smi.fabric_health_argv()
+    try:
+        done = runner.run(argv, check=False, timeout=timeout)
+    except CommandError as err:
+        found.unread, found.said = str(err), "health summary not read"
+        return found
+    broken = words.broken(done.returncode, done.output)
+    if broken:
+        raise StepFailed(f"fabric health summary: {broken}")
+    rows = smi.parse_fabric_health(done.stdout) if done.returncode == 0 else None
+    if rows is None and words.NOT_A_FIELD in done.output:
+        found.said = "health summary not offered by this nvidia-smi"
+        return found
+    if rows is None:
+        found.unread = words.failed_call(argv, done.returncode, done.output)
+        found.said = "health summary not read"
+        return found
+    counts: dict[str, int] = {}
+    for bus, summary in rows:
+        counts[summary] = counts.get(summary, 0) + 1
+        kind = judge.summary_kind(summary)
+        if kind == judge.FATAL:
+            found.fatal.append(f"{bus}: health summary {summary}")
+        elif kind == judge.NOTE:
+            found.notes.append(f"GPU {bus}: fabric health summary {summary}: the NVLink fabric "
+                               "works with less bandwidth than it should")
+        elif kind is None:
+            found.notes.append(f"GPU {bus}: fabric health summary {summary!r} not understood")
+    found.said = "health summary " + ", ".join(f"{s} on {n} GPU(s)" for s, n in counts.items())
+    return found
+
+
+def health_summary(ctx) -> str:
+    """Boot's side of :func:`read_summary` (the harmless-call time): notes and an unread query
+    are warnings, the boot does not fail on them.
+
+    Raises:
+        StepFailed: a GPU's summary is Unhealthy, or the driver or a GPU cannot answer.
+    """
+    found = read_summary(ctx.runner, ctx.harmless_timeout("nvidia-smi"))
+    if found.fatal:
+        raise StepFailed(f"fabric unhealthy: {', '.join(found.fatal[:4])} (fabric.health.summary)")
+    if found.unread:
+        ctx.warn(f"fabricmanager: fabric health summary not read ({found.unread}); the boot "
+                 "does not fail on it")
+    for note in found.notes:
+        ctx.warn(f"fabricmanager: {note}" + ("; the boot does not fail on it"
+                                             if "not understood" in note else ""))
+    return found.said
+
+
+def summary_row(facts, said: str) -> Check:
+    """The fabricmanager row once the fabric is ready: the health summary judged as boot
+    judges it (parse.read_summary): Unhealthy fails, a note or an unread query warns."""
+    try:
+        found = read_summary(facts.runner, facts.runner.timeouts.get("nvidia-smi", 10))
+    except StepFailed as err:
+        return Check("fabricmanager", FAIL, f"{said}; {err}", "reboot the VM; if a GPU stays "
+                     "lost, ask the provider for another host")
+    said = f"{said}; {found.said}"
+    if found.fatal:
+        return Check("fabricmanager", FAIL, f"{said}: {', '.join(found.fatal[:4])}",
+                     "the NVLink fabric is unhealthy: ask the provider for another host")
+    if found.notes or found.unread:
+        return Check("fabricmanager", WARN, "; ".join([said, *found.notes, *(
+            [f"not read ({found.unread})"] if found.unread else [])]),
+                     "run nvidia-smi -q and read its Fabric Health section")
+    return Check("fabricmanager", PASS, said)

@@ -10,6 +10,9 @@
   same wait applies.
 - ``mixed``: fails (NVRC ``src/mode.rs`` refuses it as an unexpected topology).
 
+Before the fabric manager of ``nvswitch`` or ``nvlink5`` starts, a module loaded with
+``NVreg_ModifyDeviceFiles=0`` fails the step (podvm_gpu/steps/fabric/params.py, issue 36).
+
 The state comes from ``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status
 --format=csv,noheader`` (parse.fabric_argv; NVIDIA's real 535 to 555 builds refuse ``-q -d
 FABRIC``: ``Failed to parse --display/-d flags``, exit 2, nvidia-smi-real.md), whose rows are
@@ -17,7 +20,7 @@ also the GPUs NVML enumerates: fewer than PCI has fails the step (siderolabs/tal
 NVML saw 0 of 4 passed-through A100s and nvidia-ctk later said only "empty device edits"); a
 query that gets no answer proves nothing and is not counted. A GPU lost (exit 15 naming it, or
 ``[GPU is lost]`` in its row) fails the step naming it; so do the other exit statuses that say
-the driver cannot answer (readers.NVSMI_BROKEN).
+the driver cannot answer (gpufacts/words.py NVSMI_BROKEN).
 
 The fabric manager gets ``-c`` with a copy of the stock fabricmanager.cfg under /run with the keys
 the role needs (fabric_kind.fm_keys: FABRIC_MODE=0, PARTITION_RAIL_POLICY greedy on NVLink 4,
@@ -31,20 +34,30 @@ import time
 
 from podvm_gpu import readers, units
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
+from podvm_gpu.gpufacts import smi, words
 from podvm_gpu.host.daemons import Daemon
 from podvm_gpu.host.fs import atomic_write, ensure_dir
-from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid, nvsmi_no_driver
+from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.context import BootContext
-from podvm_gpu.steps.fabric import fabric_kind, nvl5
+from podvm_gpu.steps.fabric import fabric_kind, nvl5, params
 from podvm_gpu.steps.fabric.fm_watch import FmWatch
-from podvm_gpu.steps.fabric.parse import FabricSeen, FabricState, bus_id, fabric_argv, parse_fabric_rows, summarize  # noqa: F401
+from podvm_gpu.steps.fabric.parse import (  # noqa: F401
+    FabricSeen,
+    FabricState,
+    bus_id,
+    fabric_argv,
+    health_summary,
+    parse_fabric_rows,
+    summarize,
+    summary_row,
+)
 
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 
 
-NO_DEVICES = "No devices were found"  # nvidia-smi's words, exit 6, when NVML lists no GPU
+NO_DEVICES = "No devices were found"  # nvidia-smi's words, exit 6 (words.NVSMI_NOT_FOUND_RC), when NVML lists no GPU
 
 
 def nvml_bus_ids(states: list[FabricState] | None) -> set[str] | None:
@@ -61,7 +74,7 @@ def lost_text(ctx: BootContext, states: list[FabricState]) -> str:
     answered = {bus_id(s.gpu) for s in states if not s.lost}
     silent = [g.pci_address for g in ctx.gpus if bus_id(g.pci_address) not in answered]
     lost = sum(s.lost for s in states)
-    return (f"{lost} GPU(s) lost (nvidia-smi printed {readers.GPU_LOST} for "
+    return (f"{lost} GPU(s) lost (nvidia-smi printed {words.GPU_LOST} for "
             f"{'it' if lost == 1 else 'them'}; not answering: {', '.join(silent) or 'unknown'}): "
             "the GPU fell off the bus or needs a reset; reboot the VM or ask for another host")
 
@@ -72,7 +85,7 @@ def query(ctx: BootContext, timeout: float | None = None) -> list[FabricState]:
 
     Raises:
         StepFailed: a GPU is lost (exit 15 naming its bus id, or rows of ``[GPU is lost]``),
-            or another status of readers.NVSMI_BROKEN.
+            or another status of words.NVSMI_BROKEN.
         CommandError: nvidia-smi failed otherwise, timed out, or printed no rows (also for "No
             devices were found").
     """
@@ -80,9 +93,9 @@ def query(ctx: BootContext, timeout: float | None = None) -> list[FabricState]:
     try:
         out = ctx.runner.run(argv, timeout=timeout).stdout
     except CommandError as err:
-        if err.returncode == 6 and NO_DEVICES in err.stdout + err.stderr:
+        if err.returncode == words.NVSMI_NOT_FOUND_RC and NO_DEVICES in err.stdout + err.stderr:
             ctx.nvml_seen = set()
-        broken = readers.nvsmi_broken(err.returncode, err.stdout + err.stderr)
+        broken = words.broken(err.returncode, err.stdout + err.stderr)
         if broken:
             raise StepFailed(broken) from err
         raise
@@ -149,19 +162,31 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
     counted = False
     watch = FmWatch(ctx.root, daemon, pid)
     nvl5_vm = ctx.fabric is not None and ctx.fabric.kind == fabric_kind.NVLINK5
+    since = {"said": "", "at": time.monotonic()}
+
+    def note() -> None:
+        """The state last seen and since when, for the pipeline when the budget ends the wait."""
+        said = seen(ctx, states)
+        if said != since["said"]:
+            since.update(said=said, at=time.monotonic())
+        ctx.last_seen["fabricmanager"] = f"{said} for {time.monotonic() - since['at']:.1f} s"
+
+    note()
 
     def look() -> bool:
         nonlocal states, failed_query, counted
         failed_query = None
         try:
             states = query(ctx)
+            note()
             if not counted:
                 nvml_count(ctx, states)
                 counted = True
         except CommandError as err:
+            note()  # how long the last state has stood, up to this failed query
             if ctx.nvml_seen == set():
                 nvml_count(ctx, [])
-            no_driver = nvsmi_no_driver(err.returncode, err.stdout + err.stderr)
+            no_driver = words.no_driver(err.returncode, err.stdout + err.stderr)
             if no_driver:
                 raise StepFailed(no_driver) from err
             if err.returncode is None and not err.timed_out:  # not there, cannot run
@@ -247,7 +272,7 @@ def probe_outside(ctx: BootContext) -> str:
     try:  # a probe: the fabric may be managed outside the VM (shared-NVSwitch)
         states = query(ctx, timeout=ctx.harmless_timeout("nvidia-smi"))
     except CommandError as err:
-        no_driver = nvsmi_no_driver(err.returncode, err.stdout + err.stderr)
+        no_driver = words.no_driver(err.returncode, err.stdout + err.stderr)
         if no_driver:  # the loaded driver does not answer: every later client fails too
             raise StepFailed(no_driver) from err
         if ctx.nvml_seen == set():
@@ -259,7 +284,8 @@ def probe_outside(ctx: BootContext) -> str:
     if not any(s.supported for s in states):
         raise Skipped("no NVSwitch, and the GPUs report no NVLink fabric")
     wait_for_fabric(ctx, None)
-    return f"no NVSwitch in the VM; fabric managed outside it: {summarize(states)} -> ready"
+    return f"no NVSwitch in the VM; fabric managed outside it: {summarize(states)} -> ready; " \
+        f"{health_summary(ctx)}"
 
 
 def _part(ctx: BootContext, name: str, func):
@@ -288,6 +314,8 @@ def run(ctx: BootContext) -> str:
         said = probe_outside(ctx).replace("no NVSwitch in the VM; fabric managed outside it",
                                           "rack-scale NVLink (the rack manages the fabric)")
         return f"{said}; {fabric_kind.rack_cliques(ctx, fabric)}"
+    params.refuse_without_device_files(root, f"{len(ctx.nvswitches)} NVSwitch(es)" if
+                                       fabric.kind == fabric_kind.NVSWITCH else "NVLink 5")
     nvlsm_daemon, parts = None, []
     if fabric.kind == fabric_kind.NVLINK5:
         port, took = _part(ctx, "management-port", lambda: nvl5.find_port(ctx, fabric))
@@ -311,10 +339,11 @@ def run(ctx: BootContext) -> str:
         states, took = _part(ctx, "fabric", lambda: wait_for_fabric(ctx, daemon, nvlsm_daemon, pid))
         fabric.record("fabric", "ok", f"Completed/Success on {len(states)} GPU(s)", took)
         return (f"NVLink 5: {'; '.join(parts)}; fabric manager {how}; fabric Completed/Success "
-                f"on {len(states)} GPU(s) in {time.monotonic() - started:.2f} s")
+                f"on {len(states)} GPU(s) in {time.monotonic() - started:.2f} s; "
+                f"{health_summary(ctx)}")
     states = wait_for_fabric(ctx, daemon, pid=pid)
     return (f"{how}; {len(ctx.nvswitches)} NVSwitch(es); fabric Completed/Success on "
-            f"{len(states)} GPU(s) in {time.monotonic() - started:.2f} s")
+            f"{len(states)} GPU(s) in {time.monotonic() - started:.2f} s; {health_summary(ctx)}")
 
 
 def plan(ctx: BootContext) -> list[list[str]]:
@@ -328,7 +357,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
             daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
         argv = fabricmanager_argv(ctx, write=False)
         argvs.append(argv + (["-g", "<port GUID>"] if kind == fabric_kind.NVLINK5 else []))
-    return [*argvs, fabric_argv()]
+    return [*argvs, fabric_argv(), smi.fabric_health_argv()]
 
 
 # --- podvm-gpu check ----------------------------------------------------------------------
@@ -381,14 +410,13 @@ def fabricmanager_row(facts) -> Check:
                      "read /var/log/fabricmanager.log" + (
                          " and NVLSM's journal (podvm-gpu-nvlsm.service)"
                          if kind == fabric_kind.NVLINK5 else ""))
-    return Check("fabricmanager", PASS, f"running (pid {pid}); fabric Completed/Success on "
-                 f"{len(states)} GPU(s)")
+    return summary_row(facts, f"running (pid {pid}); fabric Completed/Success on "
+                              f"{len(states)} GPU(s)")
 
 
 def fabric_query_said(done) -> str:
     """What a fabric query that gave no rows said: its exit status by NVML meaning, its words."""
-    return (f"nvidia-smi {readers.nvsmi_exit_text(done.returncode)}: "
-            f"{' '.join(done.output.split())[:200] or 'no output'}")
+    return words.failed_call(fabric_argv(), done.returncode, done.output, 200)
 
 
 def _outside_row(facts) -> Check:
@@ -401,7 +429,7 @@ def _outside_row(facts) -> Check:
     done = facts.runner.run(fabric_argv(), check=False)
     states = parse_fabric_rows(done.stdout) if done.returncode == 0 else None
     if states is None:
-        broken = readers.nvsmi_broken(done.returncode, done.output)
+        broken = words.broken(done.returncode, done.output)
         return Check("fabricmanager", FAIL if broken else WARN, "no NVSwitch in the VM; the "
                      f"fabric state is not read: {fabric_query_said(done)}",
                      "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
@@ -415,8 +443,8 @@ def _outside_row(facts) -> Check:
                      "the host's fabric manager has not finished this VM's partition: "
                      "ask the provider, or replace the VM")
     if managed:
-        return Check("fabricmanager", PASS, f"no NVSwitch in the VM; fabric managed "
-                     f"outside it Completed/Success on {len(managed)} GPU(s)")
+        return summary_row(facts, f"no NVSwitch in the VM; fabric managed outside it "
+                                  f"Completed/Success on {len(managed)} GPU(s)")
     return Check("fabricmanager", SKIP, f"no NVSwitch on PCI{note}")
 
 

@@ -47,7 +47,8 @@ from podvm_gpu.steps.context import BootContext
 from podvm_gpu.steps.fabric.fabric_kind import ib_context as _ib_context
 from podvm_gpu.steps.fabric.fabric_kind import ib_modules, module_parameters
 from podvm_gpu.steps.fabric.fabric_kind import record_ib as _record_ib
-from podvm_gpu.steps.modules.attach import attach_cause, cannot_attach, loader_row
+from podvm_gpu.steps.modules.attach import attach_cause, cannot_attach
+from podvm_gpu.steps.modules.firmware import firmware_image_row, firmware_present  # noqa: F401
 
 REQUIRED = REQUIRED_MODULES
 OPTIONAL = OPTIONAL_MODULES  # the config names which of them to load
@@ -407,8 +408,7 @@ VM_ROWS = {"modules": modules_row, "module-lock": module_lock_row}
 def modules_image_row(image) -> Check:
     root, kernels, found = image.root, image.kernels, image.found
     if not kernels:
-        return Check("modules", FAIL, "no kernel in the image (/boot/vmlinuz-*, /lib/modules)",
-                     "install a kernel")
+        return Check("modules", FAIL, "no kernel in the image (/boot/vmlinuz-*, /lib/modules)", "install a kernel")
     unread = sorted({why for k in kernels for res in found[k].values() for why in res.unread})
     if unread:  # a FIFO, a device or a folder named *.conf in a modprobe.d folder
         more = f" (and {len(unread) - 3} more)" if len(unread) > 3 else ""
@@ -447,6 +447,8 @@ def modules_image_row(image) -> Check:
             "", "build the nvidia modules (DKMS) for every kernel in the image")
         return Check("modules", FAIL, f"no {name} module for kernel(s) {', '.join(kernels_lacking)} "
                      f"(/lib/modules/{release})" + (f": {reason}" if reason else ""), hint)
+    if kmod.unindexed(root, kernels):  # an image is finished: no fallback (boot keeps its own)
+        return Check("modules", FAIL, *kmod.unindexed(root, kernels))
 
     def shown(res: kmod.Resolution) -> str:
         via = f" via {res.rules[0].split(': ', 1)[-1]}" if res.rules else ""
@@ -455,58 +457,6 @@ def modules_image_row(image) -> Check:
     return Check("modules", PASS, "; ".join(
         f"{k}: nvidia -> {shown(found[k]['nvidia'])}" for k in kernels) +
         f" ({next(iter(found[kernels[0]].values())).source})")
-
-
-# The firmware loader's search path (drivers/base/firmware_loader/main.c) and the compressed
-# forms kernel 6.1 reads (CONFIG_FW_LOADER_COMPRESS: .xz, .zst).
-_FIRMWARE_DIRS = ("/lib/firmware/updates/{release}", "/lib/firmware/updates", "/lib/firmware/{release}",
-                  "/lib/firmware")
-_FIRMWARE_SUFFIXES = ("", ".xz", ".zst")
-
-
-def firmware_present(root: Root, release: str, name: str) -> str | None:
-    """The host path of firmware file ``name`` (as a module names it) where the kernel finds it,
-    or None."""
-    for folder in _FIRMWARE_DIRS:
-        for suffix in _FIRMWARE_SUFFIXES:
-            path = f"{folder.format(release=release)}/{name}{suffix}"
-            if os.path.isfile(root.resolve(path)):
-                return path
-    return None
-
-
-def firmware_image_row(image) -> Check:
-    """The firmware files the nvidia module asks for (``modinfo -F firmware``, the GSP images of
-    535) must be where the kernel's loader finds them, or the driver fails on GSP GPUs."""
-    root, runner, found = image.root, image.runner, image.found
-    asked: list[tuple[str, str, str]] = []
-    unreadable: list[str] = []
-    files = kmod.present_files(root, found)
-    if not files:  # nothing compared: not a pass; the modules row fails for the cause
-        return Check("firmware", SKIP, "no nvidia module in the image to read the firmware it "
-                     "asks for from (see modules)", "fix the modules row first")
-    for release, file in files.items():
-        names = kmod.modinfo(runner, root.resolve(file), "firmware")
-        if not names and not any(kmod.modinfo(runner, root.resolve(file), key)
-                                 for key in ("vermagic", "version")):
-            unreadable.append(file)  # no .modinfo at all: not "asks for none"
-        asked += [(release, file, name) for name in names]
-    missing = [(k, f, n) for k, f, n in asked if firmware_present(root, k, n) is None]
-    if missing:
-        release, module, name = missing[0]
-        return Check("firmware", FAIL, f"{module} asks for firmware {name}, not under /lib/firmware"
-                     + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
-                     "install the driver's GSP firmware package (Debian: firmware-nvidia-gsp)")
-    if unreadable:
-        return Check("firmware", FAIL, f"cannot read the .modinfo of {unreadable[0]}"
-                     + (f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else "")
-                     + ": the firmware it asks for is unknown", kmod.UNREADABLE_MODULE_HINT)
-    if not asked:
-        return Check("firmware", PASS, "the nvidia module asks for no firmware files")
-    if (row := loader_row(root, sorted({k for k, _, _ in asked}))) is not None:  # issue 28
-        return row
-    names = sorted({n for _, _, n in asked})
-    return Check("firmware", PASS, f"{', '.join(names)} present under /lib/firmware")
 
 
 def compression_image_row(image) -> Check:

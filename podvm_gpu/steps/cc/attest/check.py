@@ -30,7 +30,7 @@ def record_row(facts) -> Check:
 
     skip = facts.not_reached("confidential-computing")
     if skip:
-        return Check(ROW, SKIP, skip.message)
+        return Check(ROW, SKIP, skip.detail)
     if not facts.gpus:
         return Check(ROW, SKIP, NO_GPU)
     record = (read_status(facts.root) or {}).get("attestation")
@@ -138,21 +138,26 @@ def _required(facts) -> str | None:
 
 
 def image_row(image) -> Check:
-    """Whether the image has nvattest (and libnvidia-nscq for Protected PCIe): ``warn`` when it
-    lacks them, ``fail`` when ``confidential_computing.image_serves`` says it serves
-    confidential GPU VMs."""
+    """Whether the image has nvattest, and libnvidia-nscq when its config says it serves
+    Protected PCIe (``confidential_computing.image_serves_protected_pcie``: the NVSwitches'
+    evidence; no other VM needs it): ``warn`` when it lacks them, ``fail`` when
+    ``confidential_computing.image_serves`` says it serves confidential GPU VMs."""
     import os
 
     root, cc = image.root, image.config.confidential_computing
     configured = image.config.tools.get("nvattest")
     paths = [configured] if configured else [f"{d}/nvattest" for d in _BIN_DIRS]
     have_tool = any(os.path.isfile(root / p) and os.access(root / p, os.X_OK) for p in paths)
-    have_nscq = any(os.path.exists(root / f"{d}/{NSCQ}") for d in _LIB_DIRS)
+    ppcie = cc.image_serves_protected_pcie
+    have_nscq = not ppcie or any(os.path.exists(root / f"{d}/{NSCQ}") for d in _LIB_DIRS)
     lacks = ([] if have_tool else ["nvattest" + (f" at {configured} (config)" if configured
                                                  else "")]) + \
-        ([] if have_nscq else [f"{NSCQ} (Protected PCIe only)"])
+        ([] if have_nscq else [f"{NSCQ} (Protected PCIe: confidential_computing."
+                               "image_serves_protected_pcie is true)"])
     if not lacks:
-        return Check(ROW, PASS, f"nvattest and {NSCQ} present")
+        return Check(ROW, PASS, f"nvattest and {NSCQ} present" if ppcie else
+                     f"nvattest present ({NSCQ} not required: confidential_computing."
+                     "image_serves_protected_pcie is false)")
     if cc.attestation == "off":
         return Check(ROW, WARN, f"lacks {', '.join(lacks)}; confidential_computing.attestation "
                      "is off")
@@ -160,7 +165,9 @@ def image_row(image) -> Check:
     why = "confidential_computing.image_serves is true" if serves else \
         "a warning: confidential_computing.image_serves is false"
     fail = serves and (not have_tool or not have_nscq)
-    install = "install NVIDIA's nvattest (NVAT CLI) and the driver's libnvidia-nscq"
+    install = "install " + " and ".join(
+        what for what, lacking in (("NVIDIA's nvattest (NVAT CLI)", not have_tool),
+                                   ("the driver's libnvidia-nscq", not have_nscq)) if lacking)
     # the hint never asks for the value the config already has (issue 35 item 9): an image
     # that does not say it serves confidential GPU VMs is told how to make the row hold it
     hint = install if serves else (

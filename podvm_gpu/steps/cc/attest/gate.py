@@ -26,6 +26,8 @@ import os
 import time
 
 from podvm_gpu.errors import CommandError, StepFailed, one_line
+from podvm_gpu.gpufacts.smi import conf_compute_argv, vbios_argv
+from podvm_gpu.row import doc_ref
 from podvm_gpu.steps.cc.attest import run as nvattest
 from podvm_gpu.steps.cc.attest import verdict as v
 
@@ -183,6 +185,10 @@ def _runs(ctx, record: dict, kinds, judged: dict, nonce: str, systemd: bool, out
     """Each run in turn, recorded; the first failure sets ``record["reason"]`` and ends."""
     cc = ctx.config.confidential_computing
     for kind, count in kinds:
+        if kind == "nvswitch":
+            old = too_old_for_switches(record["nvattest_version"])
+            if old:
+                ctx.warn(f"confidential-computing: {old}")
         argv = nvattest.command(kind, nonce, cc, ctx.root)
         ran = nvattest.run(ctx.runner, argv, nvattest.limit_s(cc, count), systemd, out_dir,
                            getattr(ctx, "check_stop", None))
@@ -208,7 +214,53 @@ def _runs(ctx, record: dict, kinds, judged: dict, nonce: str, systemd: bool, out
             ctx.warn(f"confidential-computing: {line}")
         if not verdict.ok:
             record["reason"] = f"nvattest attest --device {kind}: {verdict.failure}"
+            if verdict.code == RIM_NOT_FOUND:
+                record["reason"] += rim_not_found(ctx, kind)
             return
+
+
+NVSWITCH_MIN = (1, 2, 1)  # NVIDIA/attestation-sdk PR #20 ("Release 2026.04.29") fixed NVSwitch RIM lookups
+
+
+def too_old_for_switches(version: str | None) -> str | None:
+    """Why this nvattest may not attest NVSwitches (a version before 1.2.1, naming both), or
+    None (1.2.1 or later, or a version it cannot read: nvattest says then)."""
+    import re
+
+    found = re.match(r"(\d+)\.(\d+)\.(\d+)", version or "")
+    if not found or tuple(int(x) for x in found.groups()) >= NVSWITCH_MIN:
+        return None
+    return (f"nvattest {version} attests NVSwitches, but their RIM lookups work only from "
+            f"nvattest {'.'.join(map(str, NVSWITCH_MIN))} (NVIDIA/attestation-sdk PR #20): "
+            "install a newer nvattest in the image")
+
+
+RIM_NOT_FOUND = 104  # NVAT_RC_RIM_NOT_FOUND (nvattest.md 3.2): a 404 from the RIM service
+
+
+def rim_not_found(ctx, kind: str) -> str:
+    """What a reason adds to NVAT result 104: NVIDIA has not published the reference values
+    (RIM) for this VBIOS or driver (NVIDIA/nvtrust#144, #151: the RIM service answered 404
+    ``RIM_NOT_FOUND`` for a new VBIOS), which is not a measurement mismatch; nvattest's JSON
+    carries no claims then, so the VBIOS versions come from ``nvidia-smi --query-gpu=
+    vbios_version`` (bounded; left out when it fails). docs/operating.md says how to supply a
+    RIM directory."""
+    versions = ""
+    if kind == "gpu":
+        try:
+            done = ctx.runner.run(vbios_argv(), check=False, timeout=10)
+            found = sorted({line.strip() for line in done.stdout.splitlines() if line.strip()})
+            if done.returncode == 0 and found:
+                versions = f" (VBIOS {', '.join(found)}; driver {ctx.driver_version})"
+        except CommandError:
+            pass
+    where = (f"{ctx.config.confidential_computing.rim_dir} lacks it"
+             if ctx.config.confidential_computing.rim_dir else "the RIM service has none")
+    return (f"; RIM not found: NVIDIA has not published the reference values for this "
+            f"{'GPU' if kind == 'gpu' else 'NVSwitch'}'s firmware or driver{versions} "
+            f"({where}); not a measurement mismatch: supply the RIM files in a folder named by "
+            f"confidential_computing.rim_dir ({doc_ref('operating.md', 'When attestation fails')}), or use "
+            "a VBIOS and driver NVIDIA has published")
 
 
 def _keep(ctx, kind: str, stdout: str) -> str | None:
@@ -235,7 +287,7 @@ def _unready(ctx, state: str) -> str:
     if state != "ready":
         return ""
     try:
-        done = ctx.runner.run(["nvidia-smi", "conf-compute", "-srs", "0"], check=False)
+        done = ctx.runner.run(conf_compute_argv("-srs", "0"), check=False)
         said = "" if done.returncode == 0 else \
             f"exit {done.returncode}: {one_line(done.output, 200)}"
     except CommandError as err:

@@ -38,9 +38,10 @@ import re
 import threading
 import time
 
+from podvm_gpu.gpufacts import judge
+from podvm_gpu.gpufacts.reading import GpuReading, NvmlReading, cc_safe
+from podvm_gpu.gpufacts.words import NVML_RETURN
 from podvm_gpu.host.fs import Root
-from podvm_gpu.metrics.reading import GpuReading, NvmlReading, cc_safe
-from podvm_gpu.readers import find_nvml, find_nvml_elsewhere
 
 
 def reason_of(err: Exception) -> str:
@@ -69,14 +70,17 @@ class NvmlReader:
     """Reads NVML under a root; one per process (NVML is process-wide).
 
     Args:
-        root: the :class:`Root`; the library is the one the loader would find there
-            (``readers.find_nvml``: ld.so.conf and the default directories), loaded by its path.
+        root: the :class:`Root`; the library is the one the loader would find there, loaded by
+            its path.
         timeout_s: the longest :meth:`read` waits for NVML, seconds.
         keep_open: True for ``serve``: NVML stays initialised between scrapes (``nvmlInit``
             is the slow call); False for one reading, after which NVML is shut down.
+        find: ``(find_nvml, find_nvml_elsewhere)`` of podvm_gpu/readers.py (ld.so.conf and the
+            default directories; the caller passes them: readers sits beside this package).
     """
 
-    def __init__(self, root: Root, timeout_s: float, keep_open: bool = False):
+    def __init__(self, root: Root, timeout_s: float, keep_open: bool = False, find=None):
+        self.find = find
         self.root = root
         self.timeout_s = timeout_s
         self.keep_open = keep_open
@@ -141,6 +145,7 @@ class NvmlReader:
         """Find the library (its real path in ``self._library``); else the reading that says why
         there is none, without importing pynvml."""
         try:
+            find_nvml, find_nvml_elsewhere = self.find
             lib = find_nvml(self.root)
             elsewhere = None if lib else find_nvml_elsewhere(self.root)
             self._library = self.root.resolve(lib.path) if lib else ""
@@ -231,8 +236,12 @@ class NvmlReader:
         return reading
 
 
-# Errors after which a GPU answers nothing more until it is reset (nvml.h).
-_DOWN = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired", "NVMLError_Uninitialized")
+def _down(err) -> bool:
+    """True when NVML's error says the GPU answers nothing more until it is reset: a code the
+    failure table marks so (gpufacts/words.py FAILURES, its NVML column: GPU lost, reset
+    required, no driver, library mismatch, ...) or NVML 1 (uninitialised)."""
+    code = getattr(err, "value", None)
+    return code == 1 or (code in NVML_RETURN and NVML_RETURN[code].broken)
 
 
 def optional(nv, call, what: str, fn, *args):
@@ -245,7 +254,7 @@ def optional(nv, call, what: str, fn, *args):
     try:
         return call(what, fn, *args)
     except nv.NVMLError as err:
-        if type(err).__name__ in _DOWN:
+        if _down(err):
             raise _GpuDown(reason_of(err), f"{what}: {err}") from err
         return None
 
@@ -264,7 +273,7 @@ def newer_or_older(nv, call, index: int, newer: tuple, older: tuple):
     try:
         return call(f"{new_name}(GPU {index})", new_fn, *new_args)
     except nv.NVMLError as err:
-        if type(err).__name__ in _DOWN:
+        if _down(err):
             raise _GpuDown(reason_of(err), f"{new_name}(GPU {index}): {err}") from err
         return optional(nv, call, f"{old_name}(GPU {index})", old_fn, *old_args)
 
@@ -274,7 +283,7 @@ def _text(value) -> str | None:
 
 
 def _cc_mode(nv, call) -> str | None:
-    """The CC mode as boot classifies it (podvm_gpu/steps/cc/classify.py: ``off``, ``on``,
+    """The CC mode as boot classifies it (gpufacts/judge.py ``cc_label``: ``off``, ``on``,
     ``devtools``, ``ppcie``), from NVML's settings (550+), else the 535 state call;
     ``unsupported`` when the library has neither (no CC before 535) or the system is not CC
     capable; None for a value the classification does not know (never read as off)."""
@@ -299,18 +308,15 @@ def _cc_mode(nv, call) -> str | None:
         return "off"
     except nv.NVMLError:
         return None
-    # imported here: the classification's package is not on the exporter's start-up path
-    from podvm_gpu.steps.cc import classify
-
-    finding = classify.CcFinding(
-        mode={nv.NVML_CC_SYSTEM_FEATURE_ENABLED: "on",
-              nv.NVML_CC_SYSTEM_FEATURE_DISABLED: "off"}.get(settings.ccFeature,
-                                                             f"value {settings.ccFeature}"),
-        devtools=settings.devToolsMode == nv.NVML_CC_SYSTEM_DEVTOOLS_MODE_ON,
-        multi_gpu=(classify.MGM_NOT_OFFERED if multi_gpu is None else
-                   classify.MGM_PPCIE if multi_gpu == nv.NVML_CC_SYSTEM_MULTIGPU_PROTECTED_PCIE
-                   else classify.MGM_NONE))
-    return finding.label
+    return judge.cc_label(
+        True,
+        {nv.NVML_CC_SYSTEM_FEATURE_ENABLED: "on",
+         nv.NVML_CC_SYSTEM_FEATURE_DISABLED: "off"}.get(settings.ccFeature,
+                                                        f"value {settings.ccFeature}"),
+        settings.devToolsMode == nv.NVML_CC_SYSTEM_DEVTOOLS_MODE_ON,
+        (judge.MGM_NOT_OFFERED if multi_gpu is None else
+         judge.MGM_PPCIE if multi_gpu == nv.NVML_CC_SYSTEM_MULTIGPU_PROTECTED_PCIE
+         else judge.MGM_NONE))
 
 
 _MIB = 1024 * 1024
@@ -417,7 +423,7 @@ def _read_fabric(nv, call, gpu: GpuReading, handle) -> None:
              nv.byref(newer))
         info = newer
     except nv.NVMLError as err:
-        if type(err).__name__ in _DOWN:
+        if _down(err):
             raise _GpuDown(reason_of(err), f"nvmlDeviceGetGpuFabricInfoV(GPU {i}): {err}") from err
         if optional(nv, call, f"nvmlDeviceGetGpuFabricInfo(GPU {i})",
                     nv.nvmlDeviceGetGpuFabricInfo, handle, nv.byref(older)) is None:

@@ -1,0 +1,192 @@
+"""Each decision on GPU facts, made once (issue 33): the recovery action, the fabric's health
+summary, memory health. Boot (steps), check and the exporter's ``podvm_gpu_health`` family take
+their verdict from here, on one scale (gpufacts/words.py: ok/warn/fail = check pass/warn/fail =
+0/10/20).
+
+A "reset needed" finding fails, or is a warning with ``health.reset_pending_warns``
+(:func:`reset_verdict`): the one place that option is read for a verdict.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+
+from podvm_gpu.gpufacts.words import FAIL, OK, WARN, na
+
+# what a finding asks for
+FINE, NOTE, RESET, FATAL = "fine", "note", "reset", "fatal"
+
+
+def reset_verdict(reset_pending_warns: bool) -> str:
+    """A GPU reset needed: :data:`FAIL`, or :data:`WARN` with ``health.reset_pending_warns``."""
+    return WARN if reset_pending_warns else FAIL
+
+
+def verdict_of(kind: str, reset_pending_warns: bool) -> str:
+    """The verdict of a finding's kind: fine ok, note warn, reset :func:`reset_verdict`, fatal
+    fail."""
+    if kind == RESET:
+        return reset_verdict(reset_pending_warns)
+    return {FINE: OK, NOTE: WARN, FATAL: FAIL}[kind]
+
+
+# --- the confidential-computing mode -------------------------------------------------------
+
+# the multi-GPU mode as read (nvidia-smi conf-compute -mgm; NVML's settings.multiGpuMode)
+MGM_NONE, MGM_PPCIE, MGM_NOT_OFFERED = "none", "protected-pcie", "not-offered"
+
+
+def cc_label(capable: bool, mode: str | None, devtools: bool | None,
+             multi_gpu: str | None) -> str | None:
+    """The CC mode's one label (``off``, ``on``, ``devtools``, ``ppcie``; metrics'
+    ``podvm_gpu_cc_mode``, status, check), ``unsupported`` (not CC capable), or None (unknown:
+    never read as off).
+
+    Args:
+        capable: False when the GPUs are not CC capable; mode: ``on``, ``off``, another word
+            or None; devtools: dev-tools mode or None; multi_gpu: :data:`MGM_NONE`,
+            :data:`MGM_PPCIE`, :data:`MGM_NOT_OFFERED`, another word or None.
+    """
+    if not capable:
+        return "unsupported"
+    if devtools and mode == "on":
+        return "devtools"
+    if mode == "on":
+        return "on"
+    if mode == "off":
+        return "ppcie" if multi_gpu == MGM_PPCIE else "off"
+    return None
+
+
+# --- the recovery action -----------------------------------------------------------------
+
+class Action(collections.namedtuple("Action", "number name words kind")):
+    """One recovery action: NVML's number (``nvmlDeviceGpuRecoveryAction_t``, field
+    ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, driver 565+), its name, the words nvidia-smi may
+    print for it (matched case-insensitively, spaces and punctuation ignored) and its kind."""
+
+    __slots__ = ()
+
+
+NONE, GPU_RESET, NODE_REBOOT, DRAIN_P2P, DRAIN_AND_RESET = (
+    "None", "GPU Reset", "Node Reboot", "Drain P2P", "Drain and Reset")
+RECOVER_IMEX, BUS_RESET, SYSTEM_REBOOT = "Recover IMEX Domain", "Bus Reset", "System Reboot"
+# The labels NVIDIA documents (nvidia-smi's `GPU Recovery Action`, nvml.h 565+ and
+# nvidia-ml-py 13.x for 5-7); NVIDIA/DCGM#263 shows a real nvidia-smi printing "1, Reset".
+ACTIONS = (
+    Action(0, NONE, ("none",), FINE),
+    Action(1, GPU_RESET, ("gpureset", "reset"), RESET),
+    Action(2, NODE_REBOOT, ("nodereboot", "reboot"), FATAL),
+    Action(3, DRAIN_P2P, ("drainp2p",), NOTE),
+    Action(4, DRAIN_AND_RESET, ("drainandreset",), RESET),
+    Action(5, RECOVER_IMEX, ("recoverimexdomain",), NOTE),
+    Action(6, BUS_RESET, ("busreset",), RESET),
+    Action(7, SYSTEM_REBOOT, ("systemreboot",), FATAL),
+)
+ACTION_BY_NUMBER = {a.number: a for a in ACTIONS}
+_ACTION_BY_WORD = {word: a for a in ACTIONS for word in a.words}
+_NUMBER_AND_WORD = re.compile(r"^\s*(\d+)\s*,\s*(.*)$")
+
+
+def action_of(value: str | int) -> Action | None:
+    """The recovery action NVML's number or nvidia-smi's words name (``GPU Reset``, ``reset``,
+    ``1``, ``1, Reset``); None for a value no table knows (N/A, an error text, a word of a
+    newer driver: the caller says it verbatim)."""
+    if isinstance(value, int):
+        return ACTION_BY_NUMBER.get(value)
+    text = value.strip()
+    m = _NUMBER_AND_WORD.match(text)
+    if m:
+        return ACTION_BY_NUMBER.get(int(m.group(1))) or action_of(m.group(2))
+    if text.isdigit():
+        return ACTION_BY_NUMBER.get(int(text))
+    return _ACTION_BY_WORD.get("".join(ch for ch in text.lower() if ch.isalnum()))
+
+
+_ACTION_SAYS = {
+    GPU_RESET: "GPU reset needed", DRAIN_AND_RESET: "GPU reset needed",
+    BUS_RESET: "GPU reset needed (a bus reset)",
+    NODE_REBOOT: "the driver asks for a reboot of the host's node; the GPU is unusable until then",
+    SYSTEM_REBOOT: "the driver asks for a reboot of the system; the GPU is unusable until then",
+    DRAIN_P2P: "drain peer-to-peer traffic (NVLink/PCIe P2P) before using it across GPUs",
+    RECOVER_IMEX: "the IMEX domain needs recovering (nvidia-imex on the domain's nodes)",
+}
+
+
+def action_says(action: Action) -> str:
+    """What the action asks for, in words (``GPU reset needed``); ``""`` for None."""
+    return _ACTION_SAYS.get(action.name, "")
+
+
+# --- the fabric's health summary ------------------------------------------------------------
+
+# NVML_GPU_FABRIC_HEALTH_SUMMARY_* (nvml.h, 570+): 0 not supported, 1 healthy, 2 unhealthy,
+# 3 limited capacity; nvidia-smi 580's fabric.health.summary prints the words.
+HEALTH_SUMMARY = {0: "Not Supported", 1: "Healthy", 2: "Unhealthy", 3: "Limited Capacity"}
+_SUMMARY_KIND = {"notsupported": FINE, "healthy": FINE, "unhealthy": FATAL,
+                 "limitedcapacity": NOTE}
+
+
+def summary_kind(value: str | int) -> str | None:
+    """The kind of a fabric health summary: Healthy or N/A fine, Unhealthy fatal, Limited
+    Capacity a note (words case-insensitive, also as ``NVML_GPU_FABRIC_HEALTH_SUMMARY_*`` or
+    their numbers); None for a word no table knows (a warning that says it verbatim)."""
+    if isinstance(value, int):
+        value = HEALTH_SUMMARY.get(value, "")
+        if not value:
+            return None
+    if na(value):
+        return FINE
+    key = "".join(ch for ch in value.lower().removeprefix("nvml_gpu_fabric_health_summary_")
+                  if ch.isalnum())
+    if key.isdigit():
+        return summary_kind(int(key))
+    return _SUMMARY_KIND.get(key)
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+def memory_kind(remap_failure: bool | None, remap_pending: bool | None,
+                volatile_uncorrectable: int | None, retired_pending: bool | None) -> str:
+    """The kind of a GPU's memory health: a failed row remap fatal (the GPU needs replacing);
+    a pending remap, a pending page retirement or volatile uncorrectable ECC errors (since the
+    driver loaded) a reset; else fine. None in an argument: not read."""
+    if remap_failure:
+        return FATAL
+    if remap_pending or retired_pending or (volatile_uncorrectable or 0) > 0:
+        return RESET
+    return FINE
+
+
+# --- one GPU's verdicts, on its facts (either back end) ------------------------------------
+
+def facts_verdicts(facts, reset_pending_warns: bool) -> dict[str, str]:
+    """check name -> verdict (:data:`OK`/:data:`WARN`/:data:`FAIL`) for one GPU's facts
+    (gpufacts/facts.py ``GpuFacts``, from either back end): the decisions boot's health gate and
+    check's rows make, on one scale. ``gpu-lost`` is always there; ``memory``,
+    ``recovery-action`` and ``fabric`` only where a value was read (a check never made has no
+    verdict).
+
+    Args:
+        reset_pending_warns: the config's ``health.reset_pending_warns``.
+    """
+    out = {"gpu-lost": FAIL if facts.lost.value else OK}
+    if facts.lost.value:
+        return out
+    memory = (facts.remap_failure, facts.remap_pending, facts.ecc_volatile, facts.retired_pending)
+    if any(value.ok for value in memory):
+        out["memory"] = verdict_of(memory_kind(*(value.value for value in memory)),
+                                   reset_pending_warns)
+    if facts.recovery_action.ok:
+        action = action_of(facts.recovery_action.value)
+        out["recovery-action"] = WARN if action is None else verdict_of(action.kind,
+                                                                         reset_pending_warns)
+    if facts.fabric_state.ok:
+        kinds = [FINE if facts.fabric_state.value == "Completed" and facts.fabric_success.value
+                 else FATAL]
+        if facts.fabric_summary.ok:
+            kinds.append(summary_kind(facts.fabric_summary.value) or NOTE)
+        out["fabric"] = max((verdict_of(kind, reset_pending_warns) for kind in kinds),
+                            key=lambda verdict: {OK: 0, WARN: 1, FAIL: 2}[verdict])
+    return out

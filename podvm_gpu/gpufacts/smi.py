@@ -1,0 +1,406 @@
+"""The nvidia-smi back end: every nvidia-smi command line the agent runs, and the parsers of
+their answers (issue 33). ``boot --dry-run`` names these command lines (docs/interface.md 1.5);
+boot and check run them (nvidia-smi's calls are killable: an NVML call in process is not).
+
+Each query asks only fields every build in reach knows, or is a query of its own: a field the
+installed nvidia-smi refuses aborts its whole query (``Field "x" is not a valid field to query.``,
+exit 2; ../shared/nvidia-smi-real.md, tests/data/real/h200-580). What each build says:
+
+- fabric (:func:`fabric_argv`): every build, 535 to 580; values labelled (``state  Completed``,
+  two spaces; ``status Success``), ``[N/A]`` unlabelled without a fabric, ``N/A`` on 580. The
+  health summary (:func:`fabric_health_argv`) is a query of its own: 580's ``--help-query-gpu``
+  lists ``fabric.health.summary``, the Debian builds (535-555) refuse it.
+- memory (:func:`remap_argv`, :func:`ecc_argv`): every build; ``remapped_rows.*`` are ``1``/``0``
+  on 535-555, ``Yes``/``No`` on 580.
+- reset status (:func:`reset_argv`): 535-555 take it; 580 refuses it (NVML deprecated the fields
+  in 570 for the recovery action). Recovery action (:func:`action_argv`): 580 answers ``None``;
+  535-555 refuse it.
+- MIG (:func:`mig_mode_argv`, :func:`mig_list_argv`), CC (:func:`conf_compute_argv`), and the
+  full ``-q`` (:func:`full_query_argv`: the clique and cluster of NVLink 5, 550 and later).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+
+from podvm_gpu.gpufacts import judge
+from podvm_gpu.gpufacts.words import GPU_LOST, csv_rows, csv_value, na
+
+CSV = "--format=csv,noheader"
+FABRIC_FIELDS = ("pci.bus_id", "fabric.state", "fabric.status")
+FABRIC_HEALTH_FIELDS = ("pci.bus_id", "fabric.health.summary")
+REMAP_FIELDS = ("gpu_bus_id", "remapped_rows.pending", "remapped_rows.failure")
+ECC_FIELDS = ("pci.bus_id", "ecc.errors.uncorrected.volatile.total", "retired_pages.pending")
+RESET_FIELDS = ("pci.bus_id", "reset_status.reset_required",
+                "reset_status.drain_and_reset_recommended")
+ACTION_FIELDS = ("pci.bus_id", "gpu_recovery_action")
+MIG_FIELDS = ("index", "mig.mode.current")
+
+
+def query_gpu_argv(fields: tuple[str, ...]) -> list[str]:
+    """``nvidia-smi --query-gpu=<fields> --format=csv,noheader``."""
+    return ["nvidia-smi", f"--query-gpu={','.join(fields)}", CSV]
+
+
+def fabric_argv() -> list[str]:
+    """The fabric query every real nvidia-smi has (535 to 580)."""
+    return query_gpu_argv(FABRIC_FIELDS)
+
+
+def fabric_health_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=pci.bus_id,fabric.health.summary --format=csv,noheader``: 580's
+    field, refused by 535-555 (then "not offered", never a warning)."""
+    return query_gpu_argv(FABRIC_HEALTH_FIELDS)
+
+
+def remap_argv() -> list[str]:
+    """``nvidia-smi --query-remapped-rows=<REMAP_FIELDS> --format=csv,noheader``."""
+    return ["nvidia-smi", f"--query-remapped-rows={','.join(REMAP_FIELDS)}", CSV]
+
+
+def ecc_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=<ECC_FIELDS> --format=csv,noheader``."""
+    return query_gpu_argv(ECC_FIELDS)
+
+
+def reset_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=<RESET_FIELDS> --format=csv,noheader``."""
+    return query_gpu_argv(RESET_FIELDS)
+
+
+def action_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=<ACTION_FIELDS> --format=csv,noheader``."""
+    return query_gpu_argv(ACTION_FIELDS)
+
+
+def vbios_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=vbios_version --format=csv,noheader``: the VBIOS an NVAT 104
+    (RIM not found) names, nvattest's JSON carrying no claims then (steps/cc/attest/gate.py)."""
+    return query_gpu_argv(("vbios_version",))
+
+
+def mig_mode_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader``."""
+    return query_gpu_argv(MIG_FIELDS)
+
+
+def mig_list_argv() -> list[str]:
+    """``nvidia-smi mig -lgi``: the GPU instances."""
+    return ["nvidia-smi", "mig", "-lgi"]
+
+
+def full_query_argv() -> list[str]:
+    """``nvidia-smi -q``: everything, read by labels (the clique and cluster of NVLink 5)."""
+    return ["nvidia-smi", "-q"]
+
+
+def conf_compute_argv(*args: str) -> list[str]:
+    """``nvidia-smi conf-compute <args>`` (``-f``, ``-d``, ``-e``, ``-mgm``, ``-grs``; ``-srs
+    1``/``-srs 0``, the only setting the agent makes, in the confidential-computing step)."""
+    return ["nvidia-smi", "conf-compute", *args]
+
+
+# --- parsers -------------------------------------------------------------------------------
+
+class FabricState(collections.namedtuple("FabricState", "gpu state status")):
+    """One GPU's NVLink fabric state: the GPU's PCI address, its fabric state and status as
+    text (``Completed``/``Success``), from :func:`fabric_argv`'s rows (:func:`parse_fabric_rows`)
+    or a full ``nvidia-smi -q`` (:func:`parse_fabric`). A GPU lost after NVML took its handle
+    has ``GPU is lost`` in all three."""
+
+    __slots__ = ()
+
+    @property
+    def lost(self) -> bool:
+        return self.state == GPU_LOST[1:-1]
+
+    @property
+    def supported(self) -> bool:
+        return not na(self.state) and self.state.strip().lower() != "unknown"
+
+    @property
+    def completed(self) -> bool:
+        return self.state.strip().lower() == "completed"
+
+    @property
+    def success(self) -> bool:
+        return self.completed and self.status.strip().lower() == "success"
+
+
+def parse_fabric(text: str) -> list[FabricState]:
+    """The ``Fabric`` block of each GPU in ``nvidia-smi -q`` output, by labels.
+
+    A GPU block starts at ``GPU <pci>``; inside it, the ``State`` and ``Status`` lines after a
+    ``Fabric`` heading (indented deeper than it) are read. GPUs without a Fabric block are left out.
+    """
+    result: list[FabricState] = []
+    gpu = None
+    fabric_indent = None
+    state = status = None
+
+    def flush():
+        nonlocal state, status
+        if gpu is not None and state is not None:
+            result.append(FabricState(gpu, state, status or "N/A"))
+        state = status = None
+
+    for line in text.splitlines():
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        m = re.match(r"^GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", stripped)
+        if m and indent == 0:
+            flush()
+            gpu, fabric_indent = m.group(1), None
+            continue
+        if stripped == "Fabric":
+            fabric_indent = indent
+            continue
+        if fabric_indent is not None:
+            if indent <= fabric_indent and stripped:
+                fabric_indent = None
+                continue
+            key, sep, value = stripped.partition(":")
+            if sep and key.strip() == "State" and state is None:
+                state = value.strip()
+            elif sep and key.strip() == "Status" and status is None:
+                status = value.strip()
+    flush()
+    return result
+
+
+def parse_cliques(text: str) -> list[dict]:
+    """``[{"gpu", "clique_id", "cluster_uuid"}]`` from the ``Fabric`` block of each GPU in a full
+    ``nvidia-smi -q`` (550 and later: ``CliqueId``, ``ClusterUUID``; ../shared/nvidia-smi-real.md);
+    GPUs whose block lacks them (535) or says ``N/A`` are left out."""
+    out, gpu, inside = [], None, False
+    for line in text.splitlines():
+        m = re.match(r"^GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", line)
+        if m:
+            gpu, inside = m.group(1), False
+            continue
+        stripped = line.strip()
+        if stripped == "Fabric":
+            inside = True
+            out.append({"gpu": gpu, "clique_id": None, "cluster_uuid": None})
+            continue
+        if not inside or gpu is None or ":" not in stripped:
+            continue
+        key, _sep, value = (p.strip() for p in stripped.partition(":"))
+        if key == "CliqueId" and value.isdigit():
+            out[-1]["clique_id"] = int(value)
+        elif key == "ClusterUUID" and re.fullmatch(r"[0-9a-fA-F-]{36}", value):
+            out[-1]["cluster_uuid"] = value.lower()
+    return [c for c in out if c["clique_id"] is not None and c["cluster_uuid"] is not None]
+
+
+def parse_fabric_rows(text: str) -> list[FabricState] | None:
+    """One :class:`FabricState` per row of :func:`fabric_argv`'s answer (one row per GPU NVML
+    lists, in its order), labels removed (``state  In Progress`` -> ``In Progress``; ``[N/A]``
+    without a fabric -> ``N/A``); None when the text is not such an answer."""
+    rows = csv_rows(text, len(FABRIC_FIELDS))
+    if rows is None:
+        return None
+    return [FabricState(csv_value(bus), csv_value(state, "state"), csv_value(status, "status"))
+            for bus, state, status in rows]
+
+
+def parse_fabric_health(text: str) -> list[tuple[str, str]] | None:
+    """``(bus id, summary)`` per row of :func:`fabric_health_argv`'s answer (a ``summary``
+    label, should a build print one as it does for the state, removed; ``[N/A]`` -> ``N/A``);
+    None when the text is not such an answer."""
+    rows = csv_rows(text, len(FABRIC_HEALTH_FIELDS))
+    if rows is None:
+        return None
+    return [(csv_value(bus), csv_value(summary, "summary")) for bus, summary in rows]
+
+
+# --- conf-compute (the CC step's answers; classified in steps/cc/classify.py) -----------------
+
+def parse_cc_mode(text: str, returncode: int | None = 0) -> str | None:
+    """``on``/``off`` from ``conf-compute -f`` (``CC status: ON``); another value is returned
+    lowercased as it is (never read as off); None when the label is missing, or when
+    ``returncode`` (nvidia-smi's exit status, when the caller has it) is not 0: a failed query
+    is never read as a value (550 and 555 exit with NVML's code; 535 prints ``CC status: OFF``
+    with exit 0 when the query fails: steps/cc/classify.py ``CcFinding.off_unproven``)."""
+    if returncode not in (0, None):
+        return None
+    m = re.search(r"CC status\s*:\s*(\S+)", text or "", re.I)
+    return m.group(1).lower() if m else None
+
+
+def parse_devtools(text: str) -> bool | None:
+    """True/False from ``conf-compute -d`` (``DevTools Mode: ON|OFF``); None otherwise."""
+    m = re.search(r"DevTools Mode\s*:\s*(\S+)", text or "", re.I)
+    value = m.group(1).upper() if m else None
+    return {"ON": True, "OFF": False}.get(value or "")
+
+
+def parse_environment(text: str) -> str | None:
+    """``UNAVAILABLE``, ``INTERNAL`` or ``PRODUCTION`` from ``conf-compute -e``; another word
+    as printed, upper-cased; None when the label is missing."""
+    m = re.search(r"CC Environment\s*:\s*(\S+)", text or "", re.I)
+    return m.group(1).upper() if m else None
+
+
+def parse_multi_gpu(text: str) -> str | None:
+    """judge.MGM_NONE or judge.MGM_PPCIE from ``conf-compute -mgm`` (``Multi-GPU Mode:
+    None|Protected PCIe``); another value lowercased as printed; None without the label."""
+    m = re.search(r"Multi-GPU Mode\s*:\s*(.+?)\s*$", text or "", re.I | re.M)
+    if not m:
+        return None
+    value = m.group(1).lower()
+    return {"none": judge.MGM_NONE, "protected pcie": judge.MGM_PPCIE}.get(value, value)
+
+
+def parse_ready_state(text: str, returncode: int | None = 0) -> str | None:
+    """``ready``/``not-ready`` from ``conf-compute -grs`` (the real program prints the line
+    between blank lines); the negative is matched first, since "not-ready" contains "ready";
+    another value is returned as it is; None without the label or when ``returncode`` is given
+    and not 0 (never a value from a failed query)."""
+    if returncode not in (0, None):
+        return None
+    m = re.search(r"Ready state\s*:\s*(.+)$", text or "", re.I | re.M)
+    if not m:
+        return None
+    value = m.group(1).strip().lower()
+    if re.fullmatch(r"not[\s_-]?ready", value):
+        return "not-ready"
+    if value == "ready":
+        return "ready"
+    return value
+
+
+def smi_unrecognized_option(text: str) -> str | None:
+    """The option an installed nvidia-smi does not offer, from ``Option "-mgm" is not
+    recognized.`` (its usage error, exit 2), or None."""
+    m = re.search(r'Option "(-[^"\s]+)" is not recognized', text or "")
+    return m.group(1) if m else None
+
+
+def summarize(states: list[FabricState]) -> str:
+    """``State X, Status Y on N GPU(s)`` for each distinct pair."""
+    pairs: dict[tuple[str, str], int] = {}
+    for s in states:
+        pairs[(s.state, s.status)] = pairs.get((s.state, s.status), 0) + 1
+    return "; ".join(f"State {a}, Status {b} on {n} GPU(s)" for (a, b), n in pairs.items())
+
+
+def mig_enabled(text: str) -> list[str]:
+    """The indexes of the GPUs :func:`mig_mode_argv`'s answer lists with MIG ``Enabled``."""
+    return [ln.split(",")[0].strip() for ln in text.splitlines()
+            if "," in ln and ln.split(",", 1)[1].strip().lower() == "enabled"]
+
+
+def flag(value: str) -> bool | None:
+    """``1``/``Yes``/``True`` -> True, ``0``/``No``/``False`` -> False (a count above 1 is
+    True), any case; None otherwise (N/A, an error text)."""
+    word = value.strip().lower()
+    if word in ("yes", "no", "true", "false"):
+        return word in ("yes", "true")
+    return int(word) > 0 if word.isdigit() else None
+
+
+# --- the facts, from the queries (gpufacts/facts.py) ----------------------------------------
+
+def _answer(runner, argv: list[str], width: int, timeout: float, parse=None):
+    """``(rows, None)`` or ``(None, Read)`` saying why the query gave no value."""
+    from podvm_gpu.errors import CommandError
+    from podvm_gpu.gpufacts.facts import unread
+    from podvm_gpu.gpufacts.words import NOT_A_FIELD, failed_call
+
+    try:
+        done = runner.run(argv, check=False, timeout=timeout)
+    except CommandError as err:
+        return None, unread(str(err))
+    if done.returncode != 0 and NOT_A_FIELD in done.output:
+        return None, unread("not offered by this nvidia-smi")
+    rows = (parse(done.stdout) if parse else csv_rows(done.stdout, width)) \
+        if done.returncode == 0 else None
+    if rows is None:
+        return None, unread(failed_call(argv, done.returncode, done.output))
+    return rows, None
+
+
+def smi_facts(runner, timeout: float) -> dict:
+    """NVML's bus id -> :class:`~podvm_gpu.gpufacts.facts.GpuFacts` of every GPU the queries
+    list: the row remapper, the volatile ECC count and pending retirement, the recovery action,
+    the fabric state and 580's health summary, each query bounded by ``timeout`` seconds. A value
+    a query did not give says why (the failed call's words, ``not offered by this nvidia-smi``,
+    ``N/A``); a GPU printed ``[GPU is lost]`` is ``lost``. An exit status that says no answer
+    can come (words.NVSMI_BROKEN: a GPU lost at its handle, no driver) leaves the query's values
+    unread with its words: the boot's step and check's rows fail on it (steps/cdi/health.py).
+
+    Args:
+        runner: what runs a command (``run(argv, check=False, timeout=)``, host/proc.py's).
+    """
+    from podvm_gpu.gpufacts.facts import gpu_facts, read, unread
+    from podvm_gpu.gpufacts.words import bus_id
+
+    found: dict[str, dict] = {}
+
+    def put(bus: str, **values) -> None:
+        found.setdefault(bus_id(bus), {}).update(values)
+
+    def value(text: str, convert):
+        if text.strip() == GPU_LOST:
+            return None
+        if na(text):
+            return unread("N/A")
+        converted = convert(text)
+        return unread(f"{text.strip()!r} not understood") if converted is None else read(converted)
+
+    def number(text: str):
+        return int(text) if text.strip().isdigit() else None
+
+    queries = {"remap": (remap_argv(), REMAP_FIELDS), "ecc": (ecc_argv(), ECC_FIELDS),
+               "action": (action_argv(), ACTION_FIELDS), "fabric": (fabric_argv(), FABRIC_FIELDS),
+               "summary": (fabric_health_argv(), FABRIC_HEALTH_FIELDS)}
+    parsers = {"fabric": parse_fabric_rows, "summary": parse_fabric_health,
+               "action": lambda text: [[r[0], ", ".join(r[1:])] for r in (
+                   csv_rows(text, 2) or csv_rows(text, 3) or [])] or None}
+    answers = {name: _answer(runner, argv, len(fields), timeout, parsers.get(name))
+               for name, (argv, fields) in queries.items()}
+    rows, _ = answers["remap"]
+    for bus, pending, failure in rows or []:
+        if GPU_LOST in (pending, failure):
+            put(bus, lost=read(True))
+            continue
+        put(bus, remap_pending=value(pending, flag), remap_failure=value(failure, flag))
+    rows, _ = answers["ecc"]
+    for bus, volatile, retired in rows or []:
+        if GPU_LOST not in (volatile, retired):
+            put(bus, ecc_volatile=value(volatile, number), retired_pending=value(retired, flag))
+    rows, _ = answers["action"]
+    for bus, action in rows or []:
+        if action != GPU_LOST:
+            put(bus, recovery_action=value(action, _action_value))
+    for state in answers["fabric"][0] or []:
+        if not state.lost:
+            put(state.gpu, fabric_state=read(state.state) if state.supported else unread("N/A"),
+                fabric_success=read(state.success) if state.supported else unread("N/A"))
+    rows, _ = answers["summary"]
+    for bus, summary in rows or []:
+        if summary != GPU_LOST:
+            put(bus, fabric_summary=value(summary, str.strip))
+    out = {}
+    for bus, values in found.items():
+        for name, answer in answers.items():
+            if answer[1] is not None:
+                for field in _FIELDS_OF[name]:
+                    values.setdefault(field, answer[1])
+        out[bus] = gpu_facts(bus, **values)
+    return out
+
+
+_FIELDS_OF = {"remap": ("remap_pending", "remap_failure"), "ecc": ("ecc_volatile", "retired_pending"),
+              "action": ("recovery_action",), "fabric": ("fabric_state", "fabric_success"),
+              "summary": ("fabric_summary",)}
+
+
+def _action_value(text: str):
+    """NVML's number of the action nvidia-smi's words name (judge.action_of), else the words."""
+    from podvm_gpu.gpufacts.judge import action_of
+
+    action = action_of(text)
+    return action.number if action is not None else text.strip()

@@ -1,0 +1,363 @@
+"""The GPUs' verdict bound into the TEE's measurement: one AAEL event in CoCo's attestation-agent
+log and the same digest extended into TDX RTMR3 (issue 37; docs/interface.md 3.14).
+
+A relying party (Trustee's attestation service) replays the CC event log against the RTMRs
+and lets its policy read each event; docs/trustee/podvm-gpu.rego requires the first RTMR3
+event to be this agent's ``pass`` and no event of it to say ``fail``.
+
+The event: domain :data:`DOMAIN`, operation :data:`OPERATION`, content one canonical JSON line
+(sorted keys, no spaces, UTF-8): ``{"cc_mode", "gpus", "nonce", "nvswitches", "record_sha256",
+"result", "version"}``; ``result`` is ``pass`` (written by the confidential-computing step
+between the attestation's verdict and ``-srs 1``), ``fail`` (a boot that ends failed) or
+``none`` (a boot that ends ready or no-gpu without an attestation that passed: a TDX CPU VM).
+
+Exactly, or not at all (:func:`bind`): the register's value must replay from the firmware's
+index-4 records and AA's log before anything is written (else ``broken``); the entry is appended
+and fsynced, then the register is extended by one 48-byte write; a failed write takes the entry
+back (the log is truncated to its old size); a write that returned 48 cannot be undone, so the
+register is read again and must hold SHA-384(old || digest), else the entry stays and the
+binding is ``broken``. A boot run again appends only when its result differs from the last
+event of this agent.
+
+States (the status' ``binding.state``): ``bound`` (this boot's result is the log's last
+podvm-gpu event and in RTMR3), ``unbound`` (no ``rtmr3:sha384``: a kernel before 6.16, an
+SEV-SNP guest, a TDX guest under a paravisor, a regular VM), ``broken`` (the log and the
+register disagree, or a write failed), ``off`` (``confidential_computing.bind: off``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from podvm_gpu.host import rtmr
+
+DOMAIN = "podvm-gpu"
+OPERATION = "GpuAttestation"
+CONTENT_VERSION = 1
+RECORD_PATH = "/run/podvm-gpu/attested.json"  # the preimage of record_sha256
+PASS, FAIL, NONE = "pass", "fail", "none"
+BOUND, UNBOUND, BROKEN, OFF = "bound", "unbound", "broken", "off"
+
+
+class BindError(Exception):
+    """The binding is broken; the message names the file and the cause."""
+
+
+def canonical(value) -> str:
+    """One canonical JSON line: sorted keys, no spaces, UTF-8 (not ASCII-escaped)."""
+    import json
+
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def content(result: str, gpus: int, nvswitches: int, cc_mode: str | None, nonce: str | None,
+            record_sha256: str | None) -> str:
+    """The event's content: one canonical JSON line (module docstring)."""
+    return canonical({"cc_mode": cc_mode, "gpus": gpus, "nonce": nonce,
+                      "nvswitches": nvswitches, "record_sha256": record_sha256,
+                      "result": result, "version": CONTENT_VERSION})
+
+
+def attested_record(attestation: dict | None) -> dict | None:
+    """The canonical record of what was attested (its SHA-256 goes into the event, the record
+    into :data:`RECORD_PATH`): the nonce, nvattest's version, each device's claims as the
+    status records them and each run's code and claims' SHA-256. None without an attestation
+    that ran."""
+    if not isinstance(attestation, dict) or not attestation.get("runs"):
+        return None
+    return {"nonce": attestation.get("nonce"),
+            "nvattest_version": attestation.get("nvattest_version"),
+            "devices": attestation.get("devices", []),
+            "runs": [{"device": r.get("device"), "code": r.get("code"),
+                      "claims_sha256": r.get("claims_sha256")} for r in attestation["runs"]]}
+
+
+present = rtmr.present
+record = rtmr.binding_record
+
+
+def last_result(records: list) -> str | None:
+    """The ``result`` of the last podvm-gpu event among AA's records, or None."""
+    import json
+
+    for entry in reversed(records):
+        text = entry.text()
+        if not text:
+            continue
+        domain, _, rest = text.partition(" ")
+        operation, _, body = rest.partition(" ")
+        if domain != DOMAIN or operation != OPERATION:
+            continue
+        try:
+            said = json.loads(body)
+        except ValueError:
+            continue
+        if isinstance(said, dict) and isinstance(said.get("result"), str):
+            return said["result"]
+    return None
+
+
+def bind(root, result: str, body: str, register=None) -> dict:
+    """Append the event to AA's log and extend RTMR3 with its digest (module docstring).
+
+    Args:
+        root: the :class:`~podvm_gpu.host.fs.Root`.
+        result: ``pass``, ``fail`` or ``none`` (the same as in ``body``).
+        body: the content, from :func:`content`.
+        register: the register (:class:`~podvm_gpu.host.rtmr.Register` by default; tests give
+            a fake with the same ``read`` and ``extend``).
+
+    Returns:
+        The status record: ``unbound`` without the register, else ``bound``.
+
+    Raises:
+        BindError: the binding is broken (named: the log, the register, which write).
+    """
+    if register is None:
+        if not present(root):
+            return record(UNBOUND, reason=rtmr.UNBOUND_REASON)
+        register = rtmr.Register(root.resolve(rtmr.RTMR3_PATH))
+    try:
+        old = register.read()
+    except OSError as err:
+        raise BindError(f"cannot read {rtmr.RTMR3_PATH}: {err.strerror or err}") from None
+    firmware = _read_log(root, rtmr.CCEL_PATH, True)
+    log_path = root.resolve(rtmr.EVENTLOG_PATH)
+    ours = _read_log(root, rtmr.EVENTLOG_PATH, False)
+    try:
+        replayed = rtmr.replay(firmware + ours)
+    except rtmr.LogError as err:
+        raise BindError(f"cannot replay RTMR3: {err}") from None
+    if replayed != old:
+        raise BindError(f"{rtmr.RTMR3_PATH} ({old.hex()[:16]}...) does not replay from "
+                        f"{rtmr.CCEL_PATH} and {rtmr.EVENTLOG_PATH} ({replayed.hex()[:16]}...): "
+                        "something extended RTMR3 without logging it; nothing written")
+    if last_result(ours) == result:  # a rerun with the same result: already bound
+        return record(BOUND, result, "the log's last podvm-gpu event already says " + result)
+    event = rtmr.tagged_event(DOMAIN, OPERATION, body)
+    digest = rtmr.digest(event)
+    size = _append(root, log_path, rtmr.entry(event))
+    try:
+        wrote = register.extend(digest)
+    except OSError as err:
+        back = _truncate(log_path, size)
+        raise BindError(f"extending {rtmr.RTMR3_PATH} failed ({err.strerror or err}); "
+                        f"{back}") from None
+    if wrote != len(digest):
+        back = _truncate(log_path, size)
+        raise BindError(f"extending {rtmr.RTMR3_PATH} wrote {wrote} bytes, not 48; {back}")
+    try:
+        now = register.read()
+    except OSError as err:
+        now, why = None, f"cannot read it back: {err.strerror or err}"
+    else:
+        why = ""
+    want = rtmr.extended(old, digest)
+    if now != want:
+        raise BindError(f"{rtmr.RTMR3_PATH} after the extend " +
+                        (why or f"is {now.hex()[:16]}..., not SHA-384(old || digest) "
+                                f"{want.hex()[:16]}...") +
+                        f"; the entry stays in {rtmr.EVENTLOG_PATH} (an extend cannot be undone)")
+    return record(BOUND, result, None, True, digest.hex())
+
+
+def _read_log(root, host_path: str, firmware: bool) -> list:
+    """The records of a log; a missing one has none (the CCEL of firmware that keeps no log,
+    AA's before anything logged). AA's log must be a regular file only root can change."""
+    from podvm_gpu.host.fs import read_bounded, untrusted_because
+
+    path = root.resolve(host_path)
+    try:
+        data = read_bounded(path, rtmr.LOG_LIMIT)
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        raise BindError(f"cannot read {host_path}: {err.strerror or err}") from None
+    if not firmware:
+        why = untrusted_because(path)
+        if why:
+            raise BindError(f"{host_path} cannot be trusted: {why}")
+    try:
+        return rtmr.parse_records(data, firmware, host_path)
+    except rtmr.LogError as err:
+        raise BindError(str(err)) from None
+
+
+def _append(root, path: str, data: bytes) -> int:
+    """Append ``data`` to AA's log (made 0644 in a 0755 folder when missing) and fsync it;
+    the log's size before (what a failed extend truncates back to). Never AA's
+    ``.wal_event_entry``.
+
+    Raises:
+        BindError: the log cannot be written (what was written of it is taken back).
+    """
+    from podvm_gpu.host.fs import ensure_dir
+
+    host = rtmr.EVENTLOG_PATH
+    try:
+        ensure_dir(os.path.dirname(path))
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+    except OSError as err:
+        raise BindError(f"cannot open {host} to append: {err.strerror or err}") from None
+    size = None
+    try:
+        info = os.fstat(fd)
+        if (info.st_mode & 0o170000) != 0o100000:
+            raise BindError(f"{host} is not a regular file")
+        size = info.st_size
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except OSError as err:
+        if size is not None:
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                pass
+        raise BindError(f"cannot append to {host}: {err.strerror or err}") from None
+    finally:
+        os.close(fd)
+    return size
+
+
+def _truncate(path: str, size: int) -> str:
+    """Take an appended entry back; what the reason says of it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        return (f"the entry could NOT be taken back from {rtmr.EVENTLOG_PATH} "
+                f"({err.strerror or errno.errorcode.get(err.errno, err)}): the log no longer "
+                "replays")
+    return f"the entry was taken back from {rtmr.EVENTLOG_PATH}"
+
+
+def for_boot(root, status, mode: str, result: str, register=None) -> tuple[dict, str | None]:
+    """Bind a boot's result as the config says; the status record and, when the boot must
+    fail for it, the reason (``confidential-computing: binding ...``).
+
+    Args:
+        root: the :class:`~podvm_gpu.host.fs.Root`.
+        status: the boot's :class:`~podvm_gpu.model.Status` (its GPUs, NVSwitches, CC finding
+            and attestation record make the content).
+        mode: ``confidential_computing.bind``: ``auto``, ``required`` or ``off``.
+        result: ``pass``, ``fail`` or ``none``.
+        register: the register seam (:func:`bind`).
+
+    A broken binding fails the boot in ``auto`` too: every attestation of the VM fails then.
+    ``unbound`` fails it only with ``required``.
+    """
+    if mode == OFF:
+        return record(OFF, reason="confidential_computing.bind: off"), None
+    if register is None and not present(root):
+        why = rtmr.UNBOUND_REASON
+        failure = (f"binding required (confidential_computing.bind: required) but {why}"
+                   if mode == "required" else None)
+        return record(UNBOUND, reason=why), failure
+    finding = getattr(status, "confidential_computing", None)
+    attestation = status.attestation if isinstance(status.attestation, dict) else {}
+    try:
+        digest = _keep_record(root, attested_record(attestation) if result != NONE else None)
+        body = content(result, len(status.gpus), len(status.nvswitches),
+                       getattr(finding, "label", None), attestation.get("nonce")
+                       if result != NONE else None, digest)
+        return bind(root, result, body, register), None
+    except BindError as err:
+        return record(BROKEN, result, str(err)), f"binding broken: {err}"
+
+
+def at_end(run, state: str, reason: str | None) -> tuple[str, str | None]:
+    """The binding at a boot's end (boot/run.py's ``Run.bind_end``): a boot that bound nothing
+    yet binds ``fail`` when it ends ``failed``, else ``none``; a failed boot whose ``pass`` is
+    bound revokes it with ``fail``; otherwise nothing changes. Sets ``run.status.binding``.
+
+    Args:
+        run: the boot's Run (its root, status, ``bind_mode`` and log).
+        state: the end's state; reason: its reason (None for ready).
+
+    Returns:
+        The end's state and reason: ``failed`` and ``confidential-computing: binding ...``
+        (appended to a failed boot's reason) when the binding broke or ``bind: required``
+        cannot bind. Never raises: an error is a broken binding.
+    """
+    status, failed = run.status, state == "failed"
+    done = status.binding
+    if done is not None and not (failed and done.get("state") == BOUND and
+                                 done.get("result") == PASS):
+        return state, reason
+    try:
+        status.binding, failure = for_boot(run.root, status, run.bind_mode,
+                                           FAIL if failed else NONE)
+    except Exception as err:  # a bug must not keep the boot from its end
+        failure = f"binding broken: internal error: {type(err).__name__}: {err}"
+        status.binding = record(BROKEN, reason=failure)
+    if failure is None:
+        return state, reason
+    failure = f"confidential-computing: {failure}"
+    run.log(3, failure)
+    return "failed", (f"{reason}; {failure}" if failed and reason else failure)
+
+
+def _keep_record(root, attested: dict | None) -> str | None:
+    """Write the attested record to :data:`RECORD_PATH` (atomic, 0644); its SHA-256, or None.
+
+    Raises:
+        BindError: it cannot be written (the event would name a record nobody can read).
+    """
+    if attested is None:
+        return None
+    import hashlib
+
+    from podvm_gpu.host.fs import atomic_write, ensure_dir
+
+    text = canonical(attested)
+    try:
+        path = root.resolve(RECORD_PATH)
+        ensure_dir(os.path.dirname(path))
+        atomic_write(path, text, 0o644)
+    except OSError as err:
+        raise BindError(f"cannot write {RECORD_PATH}: {err.strerror or err}") from None
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+ROW = "binding"
+
+
+def binding_row(facts):
+    """``check``'s ``binding`` row (docs/interface.md 5.1): status.json's ``binding`` record,
+    and, where the register exists, the logs replayed against it now (read-only): an extend
+    nobody logged since the boot fails the row, as it fails every attestation of the VM."""
+    from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check, doc_ref
+    from podvm_gpu.status import read_status
+
+    record = (read_status(facts.root) or {}).get("binding")
+    if not isinstance(record, dict):
+        return Check(ROW, SKIP, "no binding in status.json (no boot has ended, or one from "
+                     "before issue 37)")
+    state = record.get("state")
+    if state == BROKEN:
+        return Check(ROW, FAIL, f"broken: {record.get('reason')}", "reboot the VM: its "
+                     "event log no longer explains RTMR3 (" +
+                     doc_ref("operating.md", "Binding the GPUs' verdict to the TEE") + ")")
+    if state != BOUND:
+        return Check(ROW, SKIP, f"{state}: {record.get('reason')}")
+    try:
+        now = rtmr.Register(facts.root.resolve(rtmr.RTMR3_PATH)).read()
+        replayed = rtmr.replay(_read_log(facts.root, rtmr.CCEL_PATH, True) +
+                               _read_log(facts.root, rtmr.EVENTLOG_PATH, False))
+    except (OSError, BindError, rtmr.LogError) as err:
+        return Check(ROW, WARN, f"bound {record.get('result')} at boot, but RTMR3 cannot be "
+                     f"checked now: {getattr(err, 'strerror', None) or err}")
+    if replayed != now:
+        return Check(ROW, FAIL, f"bound {record.get('result')} at boot, but {rtmr.RTMR3_PATH} "
+                     f"no longer replays from {rtmr.CCEL_PATH} and {rtmr.EVENTLOG_PATH}: "
+                     "something extended it without logging", "reboot the VM")
+    return Check(ROW, PASS, f"bound: {record.get('result')} in {rtmr.EVENTLOG_PATH} and RTMR3 "
+                 "(the logs replay to it)")

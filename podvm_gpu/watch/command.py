@@ -1,0 +1,457 @@
+"""``podvm-gpu watch``: the watcher's loop, the finding applied, ``--clear`` (the package's
+docstring, podvm_gpu/watch/__init__.py, says what it does and why)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+
+from podvm_gpu import watchfile as watch_state
+from podvm_gpu.host.fs import Root
+from podvm_gpu.model import State, now_iso, shown
+from podvm_gpu.status import read_status
+from podvm_gpu.watch import daemons, verdicts
+from podvm_gpu.watch.act import LOCK_WAIT_S, apply_finding, watched, write_status
+from podvm_gpu.watch.kernel_log import BOOT_READY, KernelLog
+
+SAVE_EVERY_S = 10.0  # the position in watch.json: at most this old while records arrive
+RETRY_S = 5.0  # a finding not applied yet (the lock held by a boot, a spec write refused)
+
+
+class Stop(Exception):
+    """SIGTERM or SIGINT: stop watching, keep the position."""
+
+
+def nothing_to_watch(root: Root, doc: dict | None) -> str | None:
+    """Why there is nothing to watch under ``root`` (the boot did not end ``ready`` with GPUs,
+    or a finding stands), or None when there is."""
+    if doc is None:
+        return "no status: podvm-gpu boot has not run (or its status is unreadable)"
+    if doc.get("state") != State.READY:
+        reason = doc.get("reason")
+        return f"the boot ended {doc.get('state')}" + (f": {shown(reason)}" if reason else "")
+    if not doc.get("gpus"):
+        return "the boot found no GPU"
+    finding = watch_state.standing_finding(root)
+    if finding:
+        return f"a finding stands: {shown(finding['reason'])} (clear it with {watch_state.CLEAR_COMMAND})"
+    return None
+
+
+def run_watch(root_dir: str, config: str | None = None, json_out: bool = False,
+              clear: bool = False) -> int:
+    """``podvm-gpu watch``: watch until a fatal finding (exit 0 once it is applied), a signal
+    (exit 0, position kept) or an error that stops the watcher (exit 1: systemd restarts it).
+    With ``clear``: remove a standing finding (:func:`clear_finding`). Nothing to watch (a CPU
+    VM, a boot that did not end ready): one line, exit 0 at once.
+
+    Args:
+        root_dir: the root (contract section 1); config: ``--config`` or None.
+    """
+    from podvm_gpu.boot.run import Log
+
+    root = Root(root_dir)
+    log = Log()
+    if clear:
+        return clear_finding(root, log, json_out)
+    doc = read_status(root)
+    pending = watch_state.load(root)
+    if pending and pending.get("finding") and not pending["finding"].get("applied") \
+            and watched(doc, pending.get("boot_started_at")):
+        return 1 if _refused(root, log) else _apply_pending(root, config, doc, pending, log,
+                                                            json_out)
+    why = nothing_to_watch(root, doc)
+    if why:
+        _say(json_out, {"watching": False, "why": why}, f"nothing to watch: {why}")
+        return 0
+    if _refused(root, log):
+        return 1
+    cfg = _config(root, config, log)
+    watcher = Watcher(root, cfg, doc, log)
+    code = watcher.run()
+    if watcher.finding:
+        _say(json_out, {"watching": False, "finding": watcher.finding},
+             f"failed: {watcher.finding['reason']}")
+    return code
+
+
+def _refused(root: Root, log) -> bool:
+    """True (said) when a folder on the way to the run or spec folder is one another user could
+    change: boot refuses such a root, and the watcher writes there as root too."""
+    from podvm_gpu.boot.run import untrusted_root
+
+    refused = untrusted_root(root)
+    if refused:
+        log(log.ERR, f"watch: refusing to write under this root: {refused}")
+    return bool(refused)
+
+
+def _apply_pending(root: Root, config: str | None, doc: dict, pending: dict, log,
+                   json_out: bool) -> int:
+    """A watcher stopped between keeping a finding and applying it: apply it now."""
+    from podvm_gpu.config.model import timeouts_for
+    from podvm_gpu.host.proc import Runner
+
+    cfg = _config(root, config, log)
+    finding = pending["finding"]
+    runner = Runner(cfg.tools, timeouts_for(cfg), trust_tool_paths=True)
+    confidential = (doc.get("confidential_computing") or {}).get("confidential") is True
+    applied = apply_finding(root, cfg, runner, finding, confidential, doc.get("started_at"), log)
+    try:
+        watch_state.save(root, pending)
+    except OSError as err:
+        log(log.WARNING, f"watch: cannot write {watch_state.WATCH_PATH}: {err.strerror or err}")
+    _say(json_out, {"watching": False, "finding": finding}, f"failed: {finding['reason']}")
+    return 0 if applied else 1
+
+
+def _say(json_out: bool, doc: dict, line: str) -> None:
+    if json_out:
+        import json
+
+        print(json.dumps(doc, indent=2))
+    else:
+        print(shown(line))
+
+
+def _config(root: Root, path: str | None, log):
+    from podvm_gpu.config.load import config_location, load_config
+    from podvm_gpu.config.model import Config
+    from podvm_gpu.errors import ConfigError
+
+    try:
+        where, required = config_location(root, path)
+        return load_config(where, required=required, trusted=True)
+    except ConfigError as err:  # the boot that ended ready read it; watch on with the defaults
+        log(log.WARNING, f"watch: config not read ({err}); the defaults apply")
+        return Config()
+
+
+def clear_finding(root: Root, log, json_out: bool = False) -> int:
+    """``podvm-gpu watch --clear``: remove watch.json (and with it the finding), under the boot's
+    lock; the spec and status stay as the finding left them until boot runs again. Exit 0, or 1
+    when the lock or the file cannot be had."""
+    from podvm_gpu.status import acquire_lock
+
+    try:
+        fd = acquire_lock(root, LOCK_WAIT_S, log)
+    except OSError as err:
+        log(log.ERR, f"watch --clear: cannot take the boot's lock: {err.strerror or err}")
+        return 1
+    if fd is None:
+        log(log.ERR, "watch --clear: a boot holds /run/podvm-gpu/boot.lock; try again")
+        return 1
+    try:
+        finding = watch_state.standing_finding(root)
+        try:
+            watch_state.remove(root)
+        except OSError as err:
+            log(log.ERR, f"watch --clear: cannot remove {watch_state.WATCH_PATH}: "
+                         f"{err.strerror or err}")
+            return 1
+    finally:
+        os.close(fd)
+    said = (f"cleared: {finding['reason']}; run the boot again (systemctl restart podvm-gpu "
+            "podvm-gpu-watch) to install a spec" if finding else "no finding stands")
+    log(log.INFO, f"watch --clear: {said}")
+    _say(json_out, {"cleared": finding}, said)
+    return 0
+
+
+class Watcher:
+    """One run of the watcher over the boot whose status document is ``doc``."""
+
+    def __init__(self, root: Root, config, doc: dict, log):
+        from podvm_gpu.config.model import timeouts_for
+        from podvm_gpu.host.proc import Runner
+
+        self.root, self.config, self.doc, self.log = root, config, doc, log
+        self.gpus = [g["pci_address"] for g in doc.get("gpus") or []]
+        cc = doc.get("confidential_computing") or {}
+        self.confidential = cc.get("confidential") is True
+        self.runner = Runner(config.tools, timeouts_for(config), trust_tool_paths=True)
+        self.interval = config.watch.interval_s
+        self.finding: dict | None = None
+        self.polls = queue.Queue()
+        self.stopping = threading.Event()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.state = watch_state.new_state(doc.get("started_at"))
+        self.klog: KernelLog | None = None
+        self._saved_seq, self._saved_at = None, 0.0
+        self._signalled = 0
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        old = {s: signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        poller = threading.Thread(target=self._poll_loop, name="watch-poll", daemon=True)
+        try:
+            self._start()
+            poller.start()
+            while self.finding is None:
+                self._check_signal()
+                if self.klog is not None:
+                    unsaved = self.state["kmsg_seq"] != self._saved_seq
+                    self.klog.wait(SAVE_EVERY_S if unsaved else 3600.0, self._wake_r)
+                    self._records(self.klog.read())
+                    if self.state["kmsg_seq"] != self._saved_seq and \
+                            time.monotonic() - self._saved_at >= SAVE_EVERY_S:
+                        self._save()  # a restart after a crash reads little again
+                else:
+                    _wait_fd(self._wake_r, 3600.0)  # the polls wake it
+                self._drain_wake()
+                while self.finding is None:
+                    try:
+                        self._verdicts(*self.polls.get_nowait())
+                    except queue.Empty:
+                        break
+            return self._apply()
+        except Stop:
+            self.log(self.log.INFO, "watch: stopped by a signal; position kept")
+            self._save()
+            return 0
+        except Exception as err:  # a bug: said in one line; systemd starts it again
+            self.log(self.log.ERR, f"watch: internal error: {type(err).__name__}: {err}")
+            return 1
+        finally:
+            self.stopping.set()
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
+            for s, handler in old.items():
+                signal.signal(s, handler)
+            if self.klog is not None:
+                self.klog.close()
+            poller.join(timeout=1)  # a poll in flight ends with its query's timeout
+            if not poller.is_alive():  # else it may still write: the process ends soon anyway
+                for fd in (self._wake_r, self._wake_w):
+                    os.close(fd)
+
+    def _stop(self, signum, frame):
+        # noted, not raised here: a write in progress (watch.json, the spec, status.json)
+        # finishes; the loop's waits wake on the pipe and raise Stop between writes
+        self._signalled = signum
+        try:
+            os.write(self._wake_w, b"s")
+        except OSError:
+            pass
+
+    def _check_signal(self) -> None:
+        if self._signalled:
+            raise Stop()
+
+    def _start(self) -> None:
+        saved = watch_state.load(self.root)
+        position = None
+        if saved and saved.get("boot_started_at") == self.doc.get("started_at") \
+                and isinstance(saved.get("kmsg_seq"), int):
+            self.state, position = saved, saved["kmsg_seq"]
+            self.state.setdefault("warnings", [])
+            self.state.setdefault("warnings_dropped", 0)
+        self.state["started_at"] = now_iso()
+        after, last = self._first_read(position)
+        if position is None:
+            # the boot's own final "ready" line is the position it reached; without it (a file
+            # log, a line that could not be written) everything already there counts as before
+            position = after[0] if after[0] is not None else last
+        self.state["kmsg_seq"] = position
+        self._records([r for r in after[1] if r.seq > position])
+        self._pids = self._daemons_now()
+        self._save()
+        how = "" if self.klog is None or self.klog.event_driven else \
+            " (no inotify: the file is looked at once a second)"
+        self.log(self.log.INFO, f"watch: watching {len(self.gpus)} GPU(s): kernel log after "
+                                f"record {position}{how}, polls every {self.interval:g} s")
+
+    def _first_read(self, position: int | None) -> tuple[tuple[int | None, list], int]:
+        """Read the log up to now, 10,000 records at a time, keeping only those that may be
+        judged: after ``position`` (a restart), else after the boot's last ``ready`` line (at
+        most 10,000 of them: memory stays bounded whatever the log holds). Returns ``((the
+        ready line's seq or None, the records kept), the last seq read or -1)``."""
+        try:
+            self.klog = KernelLog(self.root)
+        except OSError as err:
+            self.klog = None
+            self._warn(f"the kernel log cannot be read ({err.strerror or err}): Xid records "
+                       "are not watched; the polls go on")
+            return (None, []), -1
+        mark, kept, last = None, [], -1
+        while True:
+            batch = self.klog.read()
+            if not batch:
+                return (mark, kept[-10000:]), last
+            for record in batch:
+                last = record.seq
+                if position is None and not record.kernel and BOOT_READY.search(record.message):
+                    mark, kept = record.seq, []
+                elif (position is not None and record.seq > position) or mark is not None:
+                    kept.append(record)
+            del kept[:-10000]
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except OSError:
+            pass
+
+    def _save(self) -> None:
+        self._saved_seq, self._saved_at = self.state["kmsg_seq"], time.monotonic()
+        self.state["updated_at"] = now_iso()
+        try:
+            watch_state.save(self.root, self.state)
+        except OSError as err:
+            self.log(self.log.WARNING, f"watch: cannot write {watch_state.WATCH_PATH}: "
+                                       f"{err.strerror or err}")
+
+    # --- judging ----------------------------------------------------------------------------
+
+    def _records(self, records) -> None:
+        for record in records:
+            if self.finding is not None:
+                return
+            if self.state["kmsg_seq"] is not None and record.seq <= self.state["kmsg_seq"]:
+                continue  # read already (a restarted watcher), or before the boot
+            self.state["kmsg_seq"] = record.seq
+            if not record.kernel:
+                continue
+            found = verdicts.judge_record(record.message)
+            if found:
+                self._verdicts(found, [], source=f"kernel log record {record.seq}",
+                               quote=record.message)
+
+    def _verdicts(self, found, unread, source: str = "poll", quote: str = "") -> None:
+        for line in unread:
+            self._warn(f"{line}; not read as a verdict")
+        for v in found:
+            if self.finding is not None:
+                return
+            if v.gpu is not None and not any(verdicts.same_gpu(v.gpu, g) for g in self.gpus):
+                self._warn(f"{v.what} (GPU {v.gpu} is not one the spec holds)")
+                continue
+            if v.level == verdicts.WARN or (v.level == verdicts.RESET
+                                            and self.config.health.reset_pending_warns):
+                extra = " (health.reset_pending_warns)" if v.level == verdicts.RESET else ""
+                self._warn(v.what + extra)
+                continue
+            if v.level in (verdicts.FATAL, verdicts.RESET):
+                self._found(v, source, quote)
+
+    def _found(self, v, source: str, quote: str) -> None:
+        gpu = next((g for g in self.gpus if v.gpu and verdicts.same_gpu(v.gpu, g)), None)
+        at = now_iso()
+        named = f"GPU {gpu}" if gpu else "a GPU"
+        what = v.what if not quote else f'{v.what} (kernel: "{" ".join(quote.split())[:300]}")'
+        reason = f"watch: {named}: {what}; found at {at} ({source})"
+        self.finding = {"gpu": gpu, "what": v.what, "source": source, "at": at,
+                        "kmsg_seq": self.state["kmsg_seq"], "reason": reason[:900],
+                        "applied": False, "ready_state": None}
+        self.state["finding"] = self.finding
+        self._save()  # kept first: a watcher killed now applies it at its restart
+
+    def _warn(self, text: str) -> None:
+        text = " ".join(text.split())[:400]
+        if watch_state.add_warning(self.state, text):
+            self.log(self.log.WARNING, f"watch: {text}")
+            self._save()
+            self._status_warning(f"watch: {text}")
+
+    def _status_warning(self, text: str) -> None:
+        """Add ``text`` to status.json's warnings, under the boot's lock (a boot running again
+        owns the file meanwhile: then the warning stays in watch.json only)."""
+        from podvm_gpu.status import acquire_lock
+
+        try:
+            fd = acquire_lock(self.root, 0.5, lambda *a: None)
+        except OSError:
+            return
+        if fd is None:
+            return
+        try:
+            doc = read_status(self.root)
+            if not doc or doc.get("state") != State.READY or doc.get("started_at") != \
+                    self.doc.get("started_at"):
+                return
+            kept = [w for w in doc.get("warnings") or [] if w.startswith("watch: ")]
+            if text in kept or len(kept) >= watch_state.MAX_WARNINGS:
+                return
+            doc["warnings"] = [*(doc.get("warnings") or []), text]
+            write_status(self.root, doc)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    # --- polls (on their own thread, one at a time) -----------------------------------------
+
+    def _poll_loop(self) -> None:
+        from podvm_gpu.steps.context import HARMLESS_CALL_S
+
+        timeout = min(self.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
+        fabric = any(s.get("name") == "fabricmanager" and s.get("result") == "ok"
+                     for s in self.doc.get("steps") or [])
+        while not self.stopping.wait(self.interval):
+            try:
+                found, unread = verdicts.poll_health(self.runner, timeout)
+                if fabric:
+                    more, why = verdicts.poll_fabric(self.runner, timeout, self.gpus)
+                    found, unread = found + more, unread + why
+                found += self._daemons_gone()
+            except Exception as err:  # a poll that breaks is a warning, never a verdict
+                found, unread = [], [f"a poll failed: {type(err).__name__}: {err}"]
+            if found or unread:
+                self.polls.put((found, unread))
+                try:
+                    os.write(self._wake_w, b"p")
+                except OSError:
+                    pass
+
+    def _daemons_now(self) -> dict[str, int]:
+        return daemons.running(self.root)
+
+    def _daemons_gone(self) -> list:
+        return daemons.gone(self.root, self._pids, self.confidential, self.runner, self.config,
+                            self.stopping)
+
+    # --- the finding ------------------------------------------------------------------------
+
+    def _apply(self) -> int:
+        """Apply :attr:`finding` (0 once applied): while the boot's lock cannot be had or the
+        spec cannot be replaced, the watcher keeps running, says so once, and tries again every
+        :data:`RETRY_S` seconds (a signal stops it; the finding kept in watch.json is applied
+        by the next start)."""
+        said = False
+        while True:
+            applied = apply_finding(self.root, self.config, self.runner, self.finding,
+                                    self.confidential, self.doc.get("started_at"),
+                                    self.log if not said else _quiet(self.log))
+            self._save()
+            if applied:
+                return 0
+            if not said:
+                self.log(self.log.ERR, f"watch: the finding is not applied yet; trying again "
+                                       f"every {RETRY_S:g} s")
+                said = True
+            _wait_fd(self._wake_r, RETRY_S)
+            self._drain_wake()
+            self._check_signal()
+
+
+def _quiet(log):
+    """``log`` without its lines (a retry says nothing the first try did not)."""
+    def quiet(priority: int, text: str) -> None:
+        pass
+    quiet.ERR, quiet.WARNING, quiet.INFO = log.ERR, log.WARNING, log.INFO
+    return quiet
+
+
+def _wait_fd(fd: int, timeout_s: float) -> None:
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poller.poll(int(timeout_s * 1000))

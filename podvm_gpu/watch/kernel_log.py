@@ -1,0 +1,194 @@
+"""The kernel log as it arrives: ``<root>/dev/kmsg`` followed from a sequence number, without
+busy polling.
+
+The record format is the one :mod:`podvm_gpu.host.kmsg` reads (``<prio>,<seq>,<usec>,<flags>;
+<message>``, continuation lines starting with a space dropped; Documentation/ABI/testing/dev-kmsg).
+How new records are waited for depends on what the path is:
+
+- the kernel's character device: each ``read(2)`` returns one record, ``EAGAIN`` when there is
+  none, ``EPIPE`` when records were overwritten before they were read (the reader goes on with
+  the oldest one left); ``poll(2)`` says when one arrives;
+- a FIFO (tests): opened read-write, so it never reports end-of-file while no writer has it open;
+- a regular file (``--root`` of a scenario world): read from the offset reached; inotify
+  (``IN_MODIFY``, through libc) says when it grows; where inotify cannot be had, the file is
+  looked at once a second.
+
+Records a program wrote (syslog facility other than kernel) are skipped, as host/kmsg.py skips
+them, except that :meth:`KernelLog.read` reports the boot's own final ``ready`` line
+(boot/run.py ``tell_console``): that record is the position the boot reached.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import select
+import stat
+
+from podvm_gpu.host.fs import Root
+
+KMSG_PATH = "/dev/kmsg"
+_MAX_MESSAGE = 4096  # a kernel record is at most about 1 KiB (PRINTK_MESSAGE_MAX)
+_MAX_CHUNK = 64 * 1024  # one read of a growing file (about 1,500 records): bounds the batch
+_RECORD = re.compile(r"(\d{1,4}),(\d{1,20}),(\d{1,20}),[^;]{0,16}")
+BOOT_READY = re.compile(r"podvm-gpu\[\d{1,10}\]: ready\b")
+# inotify(7): IN_MODIFY | IN_ATTRIB | IN_MOVE_SELF | IN_DELETE_SELF
+_IN_MASK = 0x2 | 0x4 | 0x800 | 0x400
+
+
+class Record(tuple):
+    """``(seq, level, message, usec, kernel)``: the record's sequence number, syslog level,
+    message (at most 4096 characters), time stamp (microseconds since boot) and whether the
+    kernel wrote it (facility 0)."""
+
+    __slots__ = ()
+
+    def __new__(cls, seq: int, level: int, message: str, usec: int, kernel: bool):
+        return super().__new__(cls, (seq, level, message, usec, kernel))
+
+    seq = property(lambda self: self[0])
+    level = property(lambda self: self[1])
+    message = property(lambda self: self[2])
+    usec = property(lambda self: self[3])
+    kernel = property(lambda self: self[4])
+
+
+def parse_line(line: str) -> Record | None:
+    """One record line; None for a line without the record prefix (a continuation)."""
+    head, sep, message = line.partition(";")
+    m = _RECORD.fullmatch(head) if sep else None
+    if m is None:
+        return None
+    prio = int(m.group(1))
+    return Record(int(m.group(2)), prio & 7, message[:_MAX_MESSAGE], int(m.group(3)),
+                  prio >> 3 == 0)
+
+
+class KernelLog:
+    """The kernel log under ``root``, opened for following.
+
+    Raises:
+        OSError: the log cannot be opened (no such file, no permission).
+    """
+
+    def __init__(self, root: Root):
+        self.path = root.resolve(KMSG_PATH)
+        info = os.stat(self.path)
+        self.kind = "device" if stat.S_ISCHR(info.st_mode) else \
+            "fifo" if stat.S_ISFIFO(info.st_mode) else "file"
+        flags = os.O_NONBLOCK | os.O_CLOEXEC
+        flags |= os.O_RDWR if self.kind == "fifo" else os.O_RDONLY
+        self.fd = os.open(self.path, flags)
+        self.lost = 0  # times the kernel said records were overwritten before they were read
+        self.more = False  # the last read stopped at its ``most``: records wait, no event will say so
+        self._tail = b""
+        self._notify = None
+        if self.kind == "file":
+            self._notify = _inotify(self.path)
+
+    @property
+    def event_driven(self) -> bool:
+        """False only for a regular file without inotify (then looked at once a second)."""
+        return self.kind != "file" or self._notify is not None
+
+    def close(self) -> None:
+        for fd in (self.fd, self._notify):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def wait_fd(self) -> int | None:
+        """The descriptor whose readability says a record may have arrived (None: look again
+        after a second)."""
+        return self._notify if self.kind == "file" else self.fd
+
+    def drain_notify(self) -> None:
+        if self._notify is not None:
+            try:
+                while os.read(self._notify, 4096):
+                    pass
+            except OSError:
+                pass
+
+    def read(self, most: int = 1000) -> list[Record]:
+        """The records that arrived since the last call, oldest first, at most about ``most``
+        (the rest on the next call), continuation lines dropped."""
+        out = self._read_lines(most) if self.kind != "device" else self._read_records(most)
+        self.more = len(out) >= most
+        return out
+
+    def _read_records(self, most: int) -> list[Record]:
+        out: list[Record] = []
+        while len(out) < most:
+            try:
+                chunk = os.read(self.fd, 8192)  # one record a read
+            except OSError as err:
+                if err.errno == errno.EPIPE:  # overwritten before we read them: go on
+                    self.lost += 1
+                    continue
+                if err.errno in (errno.EAGAIN, errno.EINTR):
+                    break
+                raise
+            if not chunk:
+                break
+            record = parse_line(chunk.split(b"\n", 1)[0].decode("utf-8", errors="replace"))
+            if record is not None:
+                out.append(record)
+        return out
+
+    def _read_lines(self, most: int) -> list[Record]:
+        out: list[Record] = []
+        while len(out) < most:
+            try:
+                chunk = os.read(self.fd, _MAX_CHUNK)
+            except OSError as err:
+                if err.errno in (errno.EAGAIN, errno.EINTR):
+                    break
+                raise
+            if not chunk:
+                break
+            lines = (self._tail + chunk).split(b"\n")
+            self._tail = lines.pop()[-_MAX_MESSAGE * 2:]  # a line not finished yet
+            for line in lines:
+                record = parse_line(line.decode("utf-8", errors="replace"))
+                if record is not None:
+                    out.append(record)
+        return out
+
+    def wait(self, timeout_s: float, extra_fd: int | None = None) -> bool:
+        """Block until a record may have arrived, ``extra_fd`` is readable, or ``timeout_s``
+        passes (no busy loop). True when something is there to read (at once when the last read
+        left records for the next)."""
+        if self.more:
+            return True
+        poller = select.poll()
+        fd = self.wait_fd()
+        if fd is not None:
+            poller.register(fd, select.POLLIN)
+        if extra_fd is not None:
+            poller.register(extra_fd, select.POLLIN)
+        limit = timeout_s if fd is not None else min(timeout_s, 1.0)
+        ready = poller.poll(max(0, int(limit * 1000)))
+        if any(f == self._notify for f, _ev in ready):
+            self.drain_notify()
+        return bool(ready) or fd is None
+
+
+def _inotify(path: str) -> int | None:
+    """An inotify descriptor watching ``path`` for growth; None when libc has none."""
+    import ctypes
+
+    try:  # the program's own symbols include libc's (no ldconfig lookup)
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, AttributeError):
+        return None
+    if fd < 0:
+        return None
+    if libc.inotify_add_watch(fd, os.fsencode(path), _IN_MASK) < 0:
+        os.close(fd)
+        return None
+    return fd

@@ -1,0 +1,171 @@
+"""The watcher's verdicts, taken from the boot's own readers and judgements: the one place the
+watcher asks what a kernel record, a recovery action, a memory-health answer or a fabric state
+means (issue 34: "verdicts from one table shared with boot").
+
+Every rule here is the boot's, called, not copied:
+
+- the kernel log: :mod:`podvm_gpu.host.kmsg` (its record patterns, ``FATAL_XIDS`` and
+  ``FATAL_KINDS``); the Xid codes that are one application's error are warnings
+  (``WARN_XIDS``: NVIDIA's Xid catalog, docs.nvidia.com/deploy/xid-errors);
+- Xid 154 (the driver changed a GPU's recovery action) is read over its hex code, not its label,
+  which differs by branch (``... changed from 0x0 (None) to 0x1 (PF FLR)`` on 610): the code is
+  NVML's ``NVML_GPU_RECOVERY_ACTION_*`` number (:data:`podvm_gpu.gpufacts.judge.ACTIONS`);
+- the recovery action and reset status: :func:`podvm_gpu.steps.cdi.recovery.read`;
+- the memory health: :mod:`podvm_gpu.steps.cdi.health` (its queries and judges);
+- the fabric: :mod:`podvm_gpu.steps.fabric.parse`.
+
+The GPU-facts package (issue 33, podvm_gpu/gpufacts) holds the recovery-action table and the
+bus-id normaliser this module uses; the health gate's and the fabric step's queries are called
+through their steps, which take them from there.
+"""
+
+from __future__ import annotations
+
+import re
+
+from podvm_gpu.gpufacts import judge
+from podvm_gpu.gpufacts.words import bus_id
+from podvm_gpu.host import kmsg
+from podvm_gpu.steps.cdi import health, recovery
+from podvm_gpu.steps.fabric import parse as fabric_parse
+
+FATAL, RESET, WARN = "fatal", "reset", "warn"
+# Xid codes of one application's error (a page fault, an illegal instruction, ...): warnings
+WARN_XIDS = {13: "graphics engine exception", 31: "GPU memory page fault",
+             43: "GPU stopped processing", 63: "ECC page retirement or row remapping recorded",
+             64: "ECC page retirement or row remapper recording failure",
+             92: "high single-bit ECC error rate"}
+RECOVERY_XID = 154
+# The NVIDIA modules' own records (host/kmsg.py's list of them): "NVRM: ...", "nvidia: ...",
+# "nvidia-uvm: ...", "nvidia 0000:01:00.0: ..." (dev_err), "nvidia-modeset: ...", "nvidia-nvlink: ..."
+NVIDIA_PREFIXES = ("NVRM:", "nvidia")
+_ACTION_CODE = re.compile(r"\bto (0x[0-9A-Fa-f]{1,8})\b")
+
+
+class Verdict(tuple):
+    """``(level, gpu, what)``: ``level`` :data:`FATAL`, :data:`RESET` (fatal unless
+    ``health.reset_pending_warns``) or :data:`WARN`; ``gpu`` the PCI address as the source gave
+    it (``0000:01:00`` for an Xid; None when the source names none); ``what`` one line."""
+
+    __slots__ = ()
+
+    def __new__(cls, level: str, gpu: str | None, what: str):
+        return super().__new__(cls, (level, gpu, what))
+
+    level = property(lambda self: self[0])
+    gpu = property(lambda self: self[1])
+    what = property(lambda self: self[2])
+
+
+def judge_record(message: str) -> list[Verdict]:
+    """What one kernel record (its message, without the prefix) says about the GPUs.
+
+    Returns an empty list for a record that says nothing about them (most of the log).
+    """
+    found = []
+    if "Xid" in message:
+        m = kmsg.XID_PATTERN.search(message)
+        if m and int(m.group("code")) == RECOVERY_XID:
+            verdict = _recovery_xid(m.group("pci").lower(), message)
+            return [verdict] if verdict else []
+    for finding in kmsg.findings([message]):
+        gpu = None
+        if finding.kind == "xid":
+            m = kmsg.XID_PATTERN.search(finding.message)
+            gpu = m.group("pci").lower() if m else None
+            if finding.code in WARN_XIDS and not finding.fatal:
+                found.append(Verdict(WARN, gpu, f"{finding.summary} ({WARN_XIDS[finding.code]})"))
+                continue
+        elif not message.startswith(NVIDIA_PREFIXES):
+            # the boot's patterns explain a failed load from the whole log; after boot only the
+            # driver's own records count ("reset required", "firmware ... failed" of a NIC or
+            # a USB device are no finding about a GPU)
+            continue
+        else:
+            m = re.search(r"GPU (?:at PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
+                          r"(?:\.[0-7])?)", finding.message)
+            gpu = m.group(1).lower() if m else None
+        found.append(Verdict(FATAL if finding.fatal else WARN, gpu, finding.summary))
+    return found
+
+
+def _recovery_xid(gpu: str, message: str) -> Verdict | None:
+    """Xid 154 judged as the boot judges the recovery action (gpufacts/judge.py's table of
+    NVML's actions 0-7); None for ``None`` (recovered)."""
+    m = _ACTION_CODE.search(message)
+    action = judge.action_of(int(m.group(1), 16)) if m else None
+    said = f"Xid 154 on GPU {gpu}: recovery action changed to {m.group(1) if m else '?'}"
+    if action is None:
+        return Verdict(WARN, gpu, f"{said}, a code this agent does not know; not read as a "
+                                  "verdict")
+    if action.kind == judge.FINE:
+        return None
+    said = f"{said} ({action.name}): {judge.action_says(action)}"
+    return Verdict({judge.FATAL: FATAL, judge.RESET: RESET}.get(action.kind, WARN), gpu, said)
+
+
+def poll_health(runner, timeout: float) -> tuple[list[Verdict], list[str]]:
+    """The memory health and recovery queries the boot's gate runs, judged as it judges them.
+
+    Returns:
+        ``(verdicts, unread)``: what was read, and why a query or value was not read (a
+        warning, never a verdict: the watcher raises no false alarm of its own).
+    """
+    verdict = health.Verdict()
+    unread: list[str] = []
+    out: list[Verdict] = []
+    try:
+        for argv, width, judge in ((health.remap_argv(), len(health.REMAP_FIELDS),
+                                    health.judge_remapper),
+                                   (health.ecc_argv(), len(health.ECC_FIELDS), health.judge_ecc)):
+            rows, why = health.ask(runner, argv, width, timeout)
+            if rows is None:
+                unread.append(why)
+            else:
+                judge(rows, verdict)
+        found = recovery.read(health.ask, runner, timeout)
+    except health.Broken as err:
+        return [Verdict(FATAL, _gpu_in(str(err)), str(err))], unread
+    out += [Verdict(FATAL, _gpu_in(line), line) for line in verdict.fatal + found.fatal]
+    out += [Verdict(RESET, _gpu_in(line), line) for line in verdict.reset + found.reset]
+    out += [Verdict(WARN, _gpu_in(line), line) for line in found.warn]
+    unread += verdict.unread + found.unread
+    return out, unread
+
+
+def poll_fabric(runner, timeout: float, gpus: list[str]) -> tuple[list[Verdict], list[str]]:
+    """The fabric state of ``gpus`` (PCI addresses) by the boot's fabric query: a GPU whose
+    fabric is no longer Completed/Success is fatal; an answer not read is a warning."""
+    from podvm_gpu.errors import CommandError
+
+    try:
+        done = runner.run(fabric_parse.fabric_argv(), check=False, timeout=timeout)
+    except CommandError as err:
+        return [], [f"fabric state not read ({err})"]
+    states = fabric_parse.parse_fabric_rows(done.stdout) if done.returncode == 0 else None
+    if states is None:
+        return [], [f"fabric state not read (nvidia-smi exit {done.returncode})"]
+    wanted = {bus_id(g) for g in gpus}
+    out = []
+    for s in states:
+        if bus_id(s.gpu) not in wanted or not s.supported:
+            continue
+        if s.lost or not (s.completed and s.success):
+            out.append(Verdict(FATAL, s.gpu, f"GPU {s.gpu}: fabric State {s.state}, Status "
+                                             f"{s.status} (was Completed/Success at boot)"))
+    return out, []
+
+
+_BUS = re.compile(r"\b([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\b")
+
+
+def _gpu_in(line: str) -> str | None:
+    m = _BUS.search(line)
+    return m.group(1).lower() if m else None
+
+
+def same_gpu(named: str, address: str) -> bool:
+    """Whether ``named`` (as a source prints it: ``0000:01:00`` in an Xid, ``00000000:01:00.0``
+    in nvidia-smi) is the GPU at ``address`` (``0000:01:00.0``, status.json): their forms by the
+    one bus-id normaliser (gpufacts/words.py) are equal."""
+    return bus_id(named) == bus_id(address)

@@ -1,0 +1,298 @@
+"""The GPU verdict bound into RTMR3 (issue 37): the AAEL record's bytes, the replay of the
+firmware's and AA's logs, and podvm_gpu/steps/cc/bind.py's write: exactly, or not at all.
+
+The register is tests/rtmr_fake.py's FakeRegister (the kernel's rules in Python); the logs are
+files under a temporary root.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rtmr_fake import FakeRegister, aael, ccel, replayed, tagged
+
+from podvm_gpu.host import rtmr
+from podvm_gpu.host.fs import Root
+from podvm_gpu.model import Status
+from podvm_gpu.steps.cc import bind
+
+KNOWN_TEXT = "coco.com some-operation some-content"
+# Trustee's test data, recomputed (issue 37): the tagged event and its SHA-384
+KNOWN_TAGGED_B64 = "TEVBQSQAAABjb2NvLmNvbSBzb21lLW9wZXJhdGlvbiBzb21lLWNvbnRlbnQ="
+KNOWN_DIGEST = ("2330183d89750c6a374ac9827d33a33636e7876733544584c8ccc88df0df87ea"
+                "da37e5d71d0773502234c2b5fbc7448e")
+
+
+def test_the_tagged_event_and_its_digest_are_the_known_answer():
+    event = rtmr.tagged_event("coco.com", "some-operation", "some-content")
+    # re-derived here: the tag's bytes, the length, the text
+    assert event == b"LEAA" + struct.pack("<I", len(KNOWN_TEXT)) + KNOWN_TEXT.encode()
+    assert event == tagged(KNOWN_TEXT)
+    assert base64.b64encode(event).decode() == KNOWN_TAGGED_B64
+    assert len(event) == 44
+    assert rtmr.digest(event).hex() == KNOWN_DIGEST == hashlib.sha384(event).hexdigest()
+
+
+def test_the_entry_is_the_tcg2_record_of_the_issue():
+    event = tagged(KNOWN_TEXT)
+    entry = rtmr.entry(event)
+    assert entry[:14] == struct.pack("<IIIH", 4, 6, 1, 0x000C)
+    assert entry[14:62].hex() == KNOWN_DIGEST
+    assert entry[62:66] == struct.pack("<I", 44) and entry[66:] == event
+    [back] = rtmr.parse_records(entry, False, "log")
+    assert (back.index, back.type, back.digest.hex(), back.text()) == (4, 6, KNOWN_DIGEST, KNOWN_TEXT)
+
+
+@pytest.mark.parametrize("domain, operation, content", [
+    ("a b", "op", "c"), ("dom", "", "c"), ("dom", "o\tp", "c"), ("dom", "op", "line\nbreak")])
+def test_an_event_the_aael_rules_refuse_is_not_built(domain, operation, content):
+    with pytest.raises(ValueError):
+        rtmr.tagged_event(domain, operation, content)
+
+
+def test_the_replay_of_a_ccel_and_aa_log_skips_other_registers_and_no_action():
+    firmware = ccel([(1, 0x80000001, b"rtmr0"), (4, 0x0D, b"kernel cmdline to rtmr3"),
+                     (4, 3, b"no action: not extended"), (2, 5, b"rtmr1")])
+    records = rtmr.parse_records(firmware, True, "CCEL")
+    assert [(r.index, r.type) for r in records] == [(1, 0x80000001), (4, 0x0D), (4, 3), (2, 5)]
+    ours = rtmr.parse_records(aael(["x y z"]), False, "AAEL")
+    want = replayed([hashlib.sha384(b"kernel cmdline to rtmr3").digest(),
+                     hashlib.sha384(tagged("x y z")).digest()])
+    assert rtmr.replay(records + ours) == want
+
+
+def test_a_log_cut_short_is_an_error_naming_it():
+    data = aael(["a b c"])
+    with pytest.raises(rtmr.LogError, match="AAEL: .*cut short"):
+        rtmr.parse_records(data[:-3], False, "AAEL")
+
+
+def test_the_fake_register_keeps_the_kernels_rules():
+    register = FakeRegister()
+    with pytest.raises(OSError) as err:
+        register.write(bytes(47))
+    assert err.value.errno == 22
+    with pytest.raises(OSError):
+        register.write(bytes(48), offset=1)
+    assert register.value == bytes(48)
+    assert register.write(b"\x01" * 48) == 48
+    assert register.value == hashlib.sha384(bytes(48) + b"\x01" * 48).digest()
+
+
+# ---- bind: a root with the logs, the fake register
+
+
+def world(tmp_path, firmware: bytes | None = None, log: bytes | None = None):
+    root = Root(tmp_path)
+    if firmware is not None:
+        path = tmp_path / rtmr.CCEL_PATH.lstrip("/")
+        path.parent.mkdir(parents=True)
+        path.write_bytes(firmware)
+    if log is not None:
+        path = tmp_path / rtmr.EVENTLOG_PATH.lstrip("/")
+        path.parent.mkdir(parents=True)
+        path.write_bytes(log)
+    return root
+
+
+def log_bytes(tmp_path) -> bytes:
+    return (tmp_path / rtmr.EVENTLOG_PATH.lstrip("/")).read_bytes()
+
+
+def body(result: str = "pass") -> str:
+    return bind.content(result, 1, 0, "on", "ab" * 32, "cd" * 32)
+
+
+def test_bind_appends_one_entry_and_extends_rtmr3_with_its_digest(tmp_path):
+    firmware = ccel([(4, 0x0D, b"something the firmware measured into rtmr3")])
+    earlier = aael(["github.com/confidential-containers PullImage {}"])
+    start = replayed([hashlib.sha384(b"something the firmware measured into rtmr3").digest(),
+                      hashlib.sha384(tagged("github.com/confidential-containers PullImage {}")).digest()])
+    register = FakeRegister(start)
+    root = world(tmp_path, firmware, earlier)
+    got = bind.bind(root, "pass", body(), register)
+    assert got["state"] == "bound" and got["appended"] is True and got["result"] == "pass"
+    assert register.writes == [(48, 0)]  # one write of 48 bytes at offset 0
+    data = log_bytes(tmp_path)
+    assert data[:len(earlier)] == earlier  # appended, never rewritten
+    records = rtmr.parse_records(data, False, "AAEL")
+    assert records[-1].text() == f"podvm-gpu GpuAttestation {body()}"
+    assert register.value == hashlib.sha384(start + records[-1].digest).digest()
+    assert got["digest"] == records[-1].digest.hex()
+    # a relying party's replay of both logs gives the register
+    assert rtmr.replay(rtmr.parse_records(firmware, True, "CCEL") + records) == register.value
+    assert not os.path.exists(tmp_path / "run/attestation-agent" / rtmr.WAL_NAME)
+    assert oct(os.stat(tmp_path / rtmr.EVENTLOG_PATH.lstrip("/")).st_mode & 0o777) == "0o644"
+
+
+def test_the_content_is_one_canonical_json_line():
+    text = body()
+    assert text == ('{"cc_mode":"on","gpus":1,"nonce":"' + "ab" * 32 + '","nvswitches":0,'
+                    '"record_sha256":"' + "cd" * 32 + '","result":"pass","version":1}')
+    assert json.loads(text)["result"] == "pass"
+
+
+def test_a_rerun_appends_only_when_its_result_differs(tmp_path):
+    register = FakeRegister()
+    root = world(tmp_path)
+    assert bind.bind(root, "pass", body(), register)["appended"] is True
+    again = bind.bind(root, "pass", body(), register)
+    assert again["state"] == "bound" and again["appended"] is False
+    assert len(register.writes) == 1
+    revoked = bind.bind(root, "fail", body("fail"), register)
+    assert revoked["appended"] is True and len(register.writes) == 2
+    texts = [r.text() for r in rtmr.parse_records(log_bytes(tmp_path), False, "AAEL")]
+    assert [json.loads(t.split(" ", 2)[2])["result"] for t in texts] == ["pass", "fail"]
+
+
+def test_a_register_that_does_not_replay_is_broken_and_nothing_is_written(tmp_path):
+    earlier = aael(["a b c"])
+    register = FakeRegister(hashlib.sha384(b"an extend nobody logged").digest())
+    root = world(tmp_path, log=earlier)
+    with pytest.raises(bind.BindError, match="does not replay.*without logging"):
+        bind.bind(root, "pass", body(), register)
+    assert register.writes == [] and log_bytes(tmp_path) == earlier
+
+
+def test_a_refused_extend_takes_the_entry_back(tmp_path):
+    earlier = aael(["a b c"])
+    register = FakeRegister(replayed([hashlib.sha384(tagged("a b c")).digest()]), refuse=True)
+    root = world(tmp_path, log=earlier)
+    with pytest.raises(bind.BindError, match="extending .*failed.*taken back"):
+        bind.bind(root, "pass", body(), register)
+    assert log_bytes(tmp_path) == earlier  # the log replays again
+
+
+def test_a_register_that_reads_back_wrong_keeps_the_entry_and_says_so(tmp_path):
+    register = FakeRegister(wrong=True)
+    root = world(tmp_path)
+    with pytest.raises(bind.BindError, match="after the extend is .*entry stays"):
+        bind.bind(root, "pass", body(), register)
+    assert len(rtmr.parse_records(log_bytes(tmp_path), False, "AAEL")) == 1
+
+
+def test_a_log_that_cannot_be_written_extends_nothing(tmp_path):
+    register = FakeRegister()
+    root = world(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run/attestation-agent").write_text("a file where the folder goes")
+    with pytest.raises(bind.BindError, match="cannot"):
+        bind.bind(root, "pass", body(), register)
+    assert register.writes == [] and register.value == bytes(48)
+
+
+def test_a_log_others_can_write_is_not_trusted(tmp_path):
+    root = world(tmp_path, log=b"")
+    os.chmod(tmp_path / rtmr.EVENTLOG_PATH.lstrip("/"), 0o666)
+    with pytest.raises(bind.BindError, match="cannot be trusted"):
+        bind.bind(root, "pass", body(), FakeRegister())
+
+
+def test_no_register_is_unbound_and_writes_nothing(tmp_path):
+    got = bind.bind(Root(tmp_path), "pass", body())
+    assert got["state"] == "unbound" and "rtmr3:sha384" in got["reason"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_for_boot_required_without_a_register_fails_and_auto_does_not(tmp_path):
+    status = Status()
+    record, failure = bind.for_boot(Root(tmp_path), status, "required", "none")
+    assert record["state"] == "unbound" and "confidential_computing.bind: required" in failure
+    record, failure = bind.for_boot(Root(tmp_path), status, "auto", "none")
+    assert record["state"] == "unbound" and failure is None
+    record, failure = bind.for_boot(Root(tmp_path), status, "off", "none")
+    assert record["state"] == "off" and failure is None
+
+
+def test_for_boot_keeps_the_attested_record_whose_sha256_the_event_names(tmp_path):
+    status = Status()
+    status.attestation = {"result": "passed", "nonce": "ab" * 32, "nvattest_version": "1.2.2",
+                          "devices": [{"device": "gpu", "index": 0}],
+                          "runs": [{"device": "gpu", "code": 0, "claims_sha256": "ee" * 32}]}
+    register = FakeRegister()
+    record, failure = bind.for_boot(Root(tmp_path), status, "auto", "pass", register)
+    assert failure is None and record["state"] == "bound"
+    kept = (tmp_path / bind.RECORD_PATH.lstrip("/")).read_bytes()
+    [entry] = rtmr.parse_records(log_bytes(tmp_path), False, "AAEL")
+    said = json.loads(entry.text().split(" ", 2)[2])
+    assert said["record_sha256"] == hashlib.sha256(kept).hexdigest()
+    assert said["nonce"] == "ab" * 32 and said["result"] == "pass"
+
+
+def test_for_boot_a_broken_binding_fails_the_boot_in_auto(tmp_path):
+    register = FakeRegister(refuse=True)
+    record, failure = bind.for_boot(Root(tmp_path), Status(), "auto", "none", register)
+    assert record["state"] == "broken" and failure.startswith("binding broken: extending")
+
+
+# ---- check's binding row
+
+
+def row_world(tmp_path, binding: dict | None, register: bytes | None, log: bytes = b""):
+    from types import SimpleNamespace
+
+    from podvm_gpu.status import StatusFile
+
+    root = world(tmp_path, log=log)
+    if register is not None:
+        node = tmp_path / rtmr.RTMR3_PATH.lstrip("/")
+        node.parent.mkdir(parents=True)
+        node.write_bytes(register)
+    status = Status()
+    status.binding = binding
+    StatusFile(root).finish(status, "no-gpu", "detect: no NVIDIA GPU on PCI (3 devices scanned)")
+    return SimpleNamespace(root=root)
+
+
+def test_the_row_passes_a_binding_whose_logs_still_replay_and_fails_one_that_does_not(tmp_path):
+    log = aael([f"podvm-gpu GpuAttestation {body('none')}"])
+    value = replayed([hashlib.sha384(tagged(f"podvm-gpu GpuAttestation {body('none')}")).digest()])
+    bound = rtmr.binding_record("bound", "none", None, True, "ab" * 48)
+    row = bind.binding_row(row_world(tmp_path / "a", bound, value, log))
+    assert (row.result, row.name) == ("pass", "binding") and "bound: none" in row.detail
+    later = hashlib.sha384(value + b"an extend nobody logged".ljust(48)).digest()
+    row = bind.binding_row(row_world(tmp_path / "b", bound, later, log))
+    assert row.result == "fail" and "no longer replays" in row.detail
+
+
+def test_the_row_fails_broken_and_skips_unbound(tmp_path):
+    broken = rtmr.binding_record("broken", "pass", "extending it failed")
+    row = bind.binding_row(row_world(tmp_path / "a", broken, None))
+    assert row.result == "fail" and "extending it failed" in row.detail
+    unbound = rtmr.binding_record("unbound", reason=rtmr.UNBOUND_REASON)
+    assert bind.binding_row(row_world(tmp_path / "b", unbound, None)).result == "skip"
+
+
+# ---- the host gives the CCEL (an ACPI table): any bytes are read safely
+
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400), st.booleans())
+def test_any_bytes_parse_to_records_or_a_log_error(data, header):
+    try:
+        records = rtmr.parse_records(data, header, "log")
+    except rtmr.LogError:
+        return
+    for r in records:
+        assert r.offset < len(data) and (r.digest is None or len(r.digest) == 48)
+    try:
+        assert len(rtmr.replay(records)) == 48
+    except rtmr.LogError:
+        pass
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40),
+                max_size=5))
+def test_built_entries_parse_back_to_their_texts(contents):
+    texts = [f"d o {c.replace(chr(10), ' ').replace(chr(13), ' ')}" for c in contents]
+    log = b"".join(rtmr.entry(rtmr.tagged_event(*t.split(" ", 2))) for t in texts)
+    assert [r.text() for r in rtmr.parse_records(log, False, "l")] == texts

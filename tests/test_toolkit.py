@@ -1,0 +1,278 @@
+"""nvidia-ctk's version and the spec's hooks (podvm_gpu/steps/cdi/toolkit.py, issue 36): the
+version read once and recorded, IMEX and ``cdi.disable_hooks`` refused before nvidia-ctk runs
+when it is older than 1.18.0, the hook binary asked once per hook name the spec names (the real
+1.20.0 spec of tests/data/real/h200-580), a refusal failing the step naming the hook and both
+versions. The words of the real programs: ../shared/nvidia-ctk-real.md. Boot-level: C70-C75."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from podvm_gpu.cdi.parse import parse_spec
+from podvm_gpu.config.load import ConfigError, parse_config
+from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.host.fs import Root
+from podvm_gpu.host.proc import Completed, Runner
+from podvm_gpu.model import Status
+from podvm_gpu.steps.cdi import step, toolkit
+from podvm_gpu.steps.context import BootContext
+
+DATA = Path(__file__).parent / "data"
+REAL_SPEC = DATA / "real/h200-580/nvidia-ctk-1.20.0-cdi-generate.json"
+# the real programs' words (nvidia-ctk-real.md: 1.17.8 against 1.20.0)
+CTK_1_20 = "NVIDIA Container Toolkit CLI version 1.20.0\ncommit: 1d1bd5a\n"
+CTK_1_17 = "NVIDIA Container Toolkit CLI version 1.17.8\ncommit: f202b80\n"
+HOOKS_1_17 = ("update-ldcache", "create-symlinks", "chmod", "enable-cuda-compat")
+
+
+class Tools:
+    """A runner that answers ``nvidia-ctk --version`` with ``version`` (None: exit 1) and
+    refuses the generation (the tests stop there or look at what was asked)."""
+
+    def __init__(self, version: str | None):
+        self.version, self.ran, self.timeouts = version, [], {}
+
+    def run(self, argv, check=True, timeout=None, **_):
+        self.ran.append(list(argv))
+        if argv == toolkit.VERSION_ARGV:
+            if self.version is None:
+                raise CommandError(argv, 1, "", 'level=error msg="flag provided but not '
+                                   'defined: -version"\n')
+            return Completed(argv, 0, self.version, "", 0.01)
+        raise CommandError(argv, 1, "", 'level=error msg="stop here"\n')
+
+
+def context(tmp_path, config: str = "", runner=None) -> BootContext:
+    return BootContext(Root(str(tmp_path)), parse_config(config, "config.yaml"),
+                       runner or Tools(CTK_1_20), Status(), time.monotonic() + 60)
+
+
+# --- the version ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, version", [
+    (CTK_1_20, "1.20.0"), (CTK_1_17, "1.17.8"),
+    ("NVIDIA CDI Hook version 1.17.8\ncommit: f202b80\n", "1.17.8"),
+    ("NVIDIA Container Toolkit CLI version 1.19.0-rc.1\n", "1.19.0-rc.1"),
+    ("NVIDIA Container Toolkit CLI version unknown\ncommit: unknown\n", None),  # no -X version
+    ("", None)])
+def test_the_version_line_is_read_as_urfave_cli_prints_it(text, version):
+    found = toolkit.parse_version(text)
+    assert (found.text if found else None) == version
+
+
+def test_the_version_is_read_once_and_recorded_in_the_status(tmp_path):
+    ctx = context(tmp_path)
+    with pytest.raises(StepFailed, match="stop here"):
+        step.generate(ctx)
+    assert ctx.status.nvidia_ctk_version == "1.20.0"
+    assert ctx.status.to_dict()["nvidia_ctk_version"] == "1.20.0"
+    assert [a for a in ctx.runner.ran if a == toolkit.VERSION_ARGV] == [toolkit.VERSION_ARGV]
+    assert ctx.runner.ran[1][:3] == ["nvidia-ctk", "cdi", "generate"]
+
+
+def test_an_unreadable_version_is_a_warning_and_the_features_are_tried(tmp_path):
+    ctx = context(tmp_path, "cdi: {disable_hooks: [disable-device-node-modification]}\n",
+                  Tools(None))
+    with pytest.raises(StepFailed, match="stop here"):
+        step.generate(ctx)
+    assert ctx.status.nvidia_ctk_version is None
+    assert any("nvidia-ctk --version: exit 1: flag provided but not defined" in w
+               and "tried" in w for w in ctx.status.warnings), ctx.status.warnings
+    assert "--disable-hook=disable-device-node-modification" in ctx.runner.ran[1]
+
+
+@pytest.mark.parametrize("config, feature", [
+    ("imex: {channels: [0]}\n", "IMEX channels (cdi generate --mode=imex)"),
+    ("cdi: {disable_hooks: [all]}\n", "cdi.disable_hooks (cdi generate --disable-hook)")])
+def test_1_17_8_with_a_feature_of_1_18_fails_before_nvidia_ctk_generates(tmp_path, config,
+                                                                           feature):
+    ctx = context(tmp_path, config, Tools(CTK_1_17))
+    with pytest.raises(StepFailed) as err:
+        step.generate(ctx)
+    assert str(err.value).startswith(f"{feature} needs nvidia-ctk 1.18.0 or later; this image "
+                                     "has nvidia-ctk 1.17.8")
+    assert ctx.runner.ran == [toolkit.VERSION_ARGV]  # never nvidia-ctk's own error
+
+
+def test_both_features_on_1_17_8_name_the_first_and_count_the_other(tmp_path):
+    ctx = context(tmp_path, "imex: {channels: [0]}\ncdi: {disable_hooks: [all]}\n",
+                  Tools(CTK_1_17))
+    with pytest.raises(StepFailed, match=r"has nvidia-ctk 1\.17\.8 \(and cdi.disable_hooks\)"):
+        step.generate(ctx)
+
+
+def test_1_18_0_and_later_take_both_features(tmp_path):
+    ctx = context(tmp_path, "imex: {channels: [0]}\ncdi: {disable_hooks: [all]}\n",
+                  Tools("NVIDIA Container Toolkit CLI version 1.18.0\n"))
+    with pytest.raises(StepFailed, match="stop here"):
+        step.generate(ctx)
+
+
+# --- cdi.disable_hooks ------------------------------------------------------------------------
+
+def test_disable_hooks_are_passed_in_order_as_flags_of_the_generation(tmp_path):
+    ctx = context(tmp_path, "cdi: {disable_hooks: [update-application-profile, "
+                            "disable-device-node-modification]}\n")
+    assert step.generate_argv(ctx)[6:8] == ["--disable-hook=update-application-profile",
+                                            "--disable-hook=disable-device-node-modification"]
+    assert context(tmp_path).config.cdi.disable_hooks == ()
+    assert "--disable-hook" not in " ".join(step.generate_argv(context(tmp_path)))
+
+
+@pytest.mark.parametrize("value, words", [
+    ("[bogus]", "cdi.disable_hooks.0: must be one of all, chmod, create-symlinks"),
+    ("[all, all]", "cdi.disable_hooks: hook all is listed twice"),
+    ("all", "cdi.disable_hooks: must be a list of hook names, not a string"),
+    ("[1]", "cdi.disable_hooks.0: must be a non-empty string, not an integer")])
+def test_bad_disable_hooks_are_refused_by_key(value, words):
+    with pytest.raises(ConfigError) as err:
+        parse_config(f"cdi: {{disable_hooks: {value}}}\n", "c.yaml")
+    assert words in str(err.value)
+
+
+# --- the hooks of a spec ----------------------------------------------------------------------
+
+def test_the_hook_names_of_the_real_1_20_0_spec_are_args_1_once_each():
+    spec = parse_spec(REAL_SPEC.read_text(), source="real")
+    asked = toolkit.hooks_to_ask(spec)
+    assert [name for _path, name in asked] == [
+        "create-symlinks", "enable-cuda-compat", "update-ldcache",
+        "disable-device-node-modification", "update-application-profile"]
+    assert all(middle == [] for middle in asked.values())
+
+
+def test_under_nvidia_ctk_hook_the_name_is_args_2():
+    raw = json.loads(REAL_SPEC.read_text())
+    for hook in raw["containerEdits"]["hooks"]:
+        hook["path"] = "/usr/bin/nvidia-ctk"
+        hook["args"] = ["nvidia-ctk", "hook", *hook["args"][1:]]
+    asked = toolkit.hooks_to_ask(parse_spec(json.dumps(raw), source="t"))
+    assert ("/usr/bin/nvidia-ctk", "disable-device-node-modification") in asked
+    assert set(map(tuple, asked.values())) == {("hook",)}
+
+
+def hook_binary(root: Path, path: str, version: str, known=HOOKS_1_17) -> None:
+    """A hook binary that answers as NVIDIA's does: ``<name> --help`` exit 0 for a name it
+    knows, else exit 3 ``No help topic for '<name>'``; ``--version`` its version line."""
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("#!/bin/sh\n"
+                      f'[ "$1" = --version ] && {{ echo "NVIDIA CDI Hook version {version}"; exit 0; }}\n'
+                      f'case "$1" in {"|".join(known)}) exit 0;; esac\n'
+                      "echo \"No help topic for '$1'\" >&2\nexit 3\n")
+    os.chmod(target, 0o755)
+
+
+def real_spec_at(path: str):
+    raw = json.loads(REAL_SPEC.read_text())
+    for hook in raw["containerEdits"]["hooks"]:
+        hook["path"] = path
+    return parse_spec(json.dumps(raw), source="t")
+
+
+def test_a_hook_the_root_s_binary_refuses_fails_naming_it_and_both_versions(tmp_path):
+    hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", "1.17.8")
+    ctx = context(tmp_path, runner=Runner())
+    with pytest.raises(StepFailed) as err:
+        toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"),
+                            toolkit.parse_version(CTK_1_20))
+    said = str(err.value)
+    assert said.startswith("the spec names hook disable-device-node-modification, which "
+                           "/usr/bin/nvidia-cdi-hook (nvidia-cdi-hook 1.17.8) does not know "
+                           "(exit 3: No help topic for 'disable-device-node-modification')")
+    assert "nvidia-ctk 1.20.0" in said and "cdi.disable_hooks" in said
+    binary = str(tmp_path / "usr/bin/nvidia-cdi-hook")
+    asked = sorted(argv[1] for argv in ctx.runner.calls if argv[0] == binary and
+                   argv[2:] == ["--help"])
+    assert asked == sorted(["create-symlinks", "enable-cuda-compat", "update-ldcache",
+                            "disable-device-node-modification", "update-application-profile"])
+    # once per name, the root's binary; then its --version for the reason
+    assert [binary, "--version"] in ctx.runner.calls
+
+
+def test_every_hook_a_1_20_binary_knows_passes_once_per_name(tmp_path):
+    hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", "1.20.0",
+                HOOKS_1_17 + ("disable-device-node-modification", "update-application-profile"))
+    ctx = context(tmp_path, runner=Runner())
+    assert toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"), None) == 5
+    assert len(ctx.runner.calls) == 5
+
+
+def test_a_hook_binary_that_does_not_answer_in_time_fails_the_check(tmp_path):
+    target = tmp_path / "usr/bin/nvidia-cdi-hook"
+    target.parent.mkdir(parents=True)
+    target.write_text("#!/bin/sh\nexec sleep 30\n")
+    os.chmod(target, 0o755)
+    ctx = context(tmp_path, "timeouts: {nvidia-ctk: 0.3}\n", runner=Runner())
+    ctx.runner.timeouts = {"nvidia-ctk": 0.3}
+    started = time.monotonic()
+    with pytest.raises(StepFailed, match="hook create-symlinks could not be checked: "
+                                         "/usr/bin/nvidia-cdi-hook did not answer"):
+        toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"), None)
+    assert time.monotonic() - started < 5
+
+
+def test_a_hung_version_query_is_cut_at_its_timeout_and_only_warns(tmp_path):
+    """A stuck ``nvidia-ctk --version`` costs at most its bound (the harmless-call time, cut
+    to the tool's timeout), then the boot goes on: a warning, no version."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ctk = bin_dir / "nvidia-ctk"
+    ctk.write_text(f"#!/bin/sh\nexec {shutil.which('sleep')} 30\n")
+    ctk.chmod(0o755)
+    runner = Runner(timeouts={"nvidia-ctk": 0.5}, env={"PATH": str(bin_dir)})
+    ctx = context(tmp_path, runner=runner)
+    started = time.monotonic()
+    assert toolkit.read_version(ctx) is None
+    assert time.monotonic() - started < 5
+    assert ctx.status.nvidia_ctk_version is None
+    assert any(w.startswith("cdi: nvidia-ctk --version: ") and "timed out" in w
+               for w in ctx.status.warnings), ctx.status.warnings
+
+
+def test_a_boot_that_ends_during_the_hook_check_raises_in_the_step_s_thread(tmp_path,
+                                                                           monkeypatch):
+    """A signal or another step's failure cancels the runner while the hook check asks: the
+    Cancelled of the asking threads is raised by the check itself, never left unhandled in a
+    helper thread (it printed a Traceback on boot's stderr: test_boot_ends, SIGTERM during the
+    confidential-computing step with cdi in flight)."""
+    import threading
+
+    from podvm_gpu.errors import Cancelled
+
+    class Cancelling:
+        timeouts: dict = {}
+
+        def run(self, argv, **_):
+            raise Cancelled("SIGTERM")
+
+    unhandled = []
+    monkeypatch.setattr(threading, "excepthook", unhandled.append)
+    ctx = context(tmp_path, runner=Cancelling())
+    with pytest.raises(Cancelled):
+        toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"), None)
+    assert unhandled == []
+
+
+def test_the_hook_binary_gets_only_the_environment_nvidia_ctk_gets(tmp_path):
+    """nvidia-cdi-hook is a urfave/cli program as nvidia-ctk is (every flag can come from a
+    variable): run by its absolute path it gets PATH, LD_LIBRARY_PATH, LD_PRELOAD and
+    LC_ALL=C only."""
+    seen = tmp_path / "env.txt"
+    target = tmp_path / "usr/bin/nvidia-cdi-hook"
+    target.parent.mkdir(parents=True)
+    target.write_text(f"#!/bin/sh\n{shutil.which('env')} >> {seen}\nexit 0\n")
+    target.chmod(0o755)
+    runner = Runner(env={"PATH": "/usr/bin:/bin", "NVIDIA_CTK_DEBUG": "true",
+                         "NVIDIA_CTK_CDI_GENERATE_DISABLED_HOOKS": "all", "HOME": "/root"})
+    ctx = context(tmp_path, runner=runner)
+    toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"), None)
+    names = {line.split("=", 1)[0] for line in seen.read_text().splitlines()}
+    assert names <= {"PATH", "LC_ALL", "PWD", "SHLVL", "_"}, names  # sh adds PWD, SHLVL, _
+    assert "NVIDIA_CTK_DEBUG" not in names and "HOME" not in names
