@@ -147,3 +147,25 @@ def test_dcgms_own_family_keeps_dcgms_meaning_for_a_pending_remap():
 
     assert health_families.health_results(gpu, [])["MEM"] == (10, "DCGM_FR_PENDING_ROW_REMAP")
     assert exporter_verdict((1, 0, 0, False, 0), False) == words.FAIL
+
+
+@pytest.mark.parametrize("answer, result, said", [
+    ("[N/A], [N/A]", "skip", "no ECC counters"),
+    ("garbage, maybe", "warn", "not read as a value"),
+    ("-1, No", "warn", "not read as a value"),
+    ("0, [N/A]", "pass", "volatile uncorrectable ECC 0, retirement pending [N/A]"),  # 580's H200
+])
+def test_the_memory_errors_row_says_what_it_cannot_read(answer, result, said):
+    """A newcomer's finding: ``[N/A]``, ``garbage``, ``-1`` all passed the row (judge_ecc never
+    said a value it could not read), while the row-remapper row skips N/A and warns on a
+    value it cannot read; the boot's gate now warns on it too."""
+    check = CheckFacts(FACTS["healthy"], False)
+    check.runner.answers[tuple(smi.ecc_argv())] = (0, f"{BUS}, {answer}\n")
+    row = cdi_step.memory_errors_row(check)
+    assert row.result == result and said in row.detail, row
+    if result == "warn":
+        ctx = BootCtx(FACTS["healthy"], False)
+        ctx.runner.answers[tuple(smi.ecc_argv())] = (0, f"{BUS}, {answer}\n")
+        health.gate(ctx)
+        assert any("ECC answered" in w and "not read as a value" in w for w in ctx.warnings), \
+            ctx.warnings

@@ -167,3 +167,33 @@ def test_another_devices_reset_or_firmware_words_are_no_finding_after_boot(messa
 def test_the_drivers_own_reset_record_is_a_finding():
     [v] = verdicts.judge_record("NVRM: GPU 0000:01:00.0: GPU requires reset")
     assert v.level == verdicts.FATAL and v.gpu == "0000:01:00.0"
+
+
+def test_boot_on_a_vm_whose_gpu_left_pci_fails_while_a_finding_stands(tmp_path):
+    """A newcomer's finding: the standing-finding rule lived on the GPU path only, so a boot run
+    again after an Xid 79 whose GPU then left PCI ended no-gpu (exit 0) while check's watch row
+    failed. This machine's PCI has no NVIDIA GPU: the CPU path."""
+    import json
+    import subprocess
+    import sys
+
+    from podvm_gpu import boot
+    from podvm_gpu.watchfile import WATCH_PATH, new_state
+
+    assert boot.WATCH_PATH == WATCH_PATH  # the fast path's copy of the constant
+    path = tmp_path / WATCH_PATH.lstrip("/")
+    path.parent.mkdir(parents=True)
+    finding = {"reason": "watch: GPU 0000:00:04.0: Xid 79 (fallen off the bus)",
+               "gpu": "0000:00:04.0"}
+    path.write_text(json.dumps({**new_state("t"), "finding": finding}))
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu", "boot", "--root", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    status = json.loads((tmp_path / "run/podvm-gpu/status.json").read_text())
+    assert done.returncode == 1 and status["state"] == "failed", (done.stdout, done.stderr)
+    assert status["reason"].startswith("watch: a finding of the watcher stands: GPU "
+                                       "0000:00:04.0: Xid 79"), status["reason"]
+    path.unlink()  # cleared (watch --clear removes it): no-gpu again
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu", "boot", "--root", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and json.loads(
+        (tmp_path / "run/podvm-gpu/status.json").read_text())["state"] == "no-gpu", done.stderr

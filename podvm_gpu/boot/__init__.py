@@ -250,6 +250,9 @@ def _boot(run: Run, config: str | None) -> int:
         log.step(step)
         run.status.steps.remove(step)
     if not gpus:
+        standing = _standing_finding(run)
+        if standing:  # the failed GPU may have left PCI itself: still not no-gpu
+            return run.fail(standing)
         return run.end(State.NO_GPU, f"detect: {detect.message}")
     from podvm_gpu.boot.pipeline import run_pipeline  # a GPU is there: the full path
     from podvm_gpu.host.kmsg_once import SharedLog
@@ -308,3 +311,25 @@ def _wait(run: Run, detect: Step, late) -> None:
     except OSError:
         pass  # the status was written a moment ago; the final write reports a failure
     late.run(wait_for_pci)
+
+
+# podvm_gpu/watchfile.py's WATCH_PATH (tests/test_watch_units.py holds them equal): that module
+# imports json, which the CPU fast path does not load
+WATCH_PATH = "/run/podvm-gpu/watch.json"
+
+
+def _standing_finding(run: Run) -> str | None:
+    """A boot that finds no GPU while the watcher's finding stands (issue 34) fails naming it,
+    as the GPU path does (boot/pipeline.py): a GPU that fell off the bus can be gone from PCI
+    too, and ``no-gpu`` would pass the status row while the watch row fails. One ``lstat`` on
+    the CPU fast path; the finding is read only when watch.json is there."""
+    if run.dry_run:
+        return None
+    try:
+        if not os.path.lexists(run.root.resolve(WATCH_PATH, follow_last=False)):
+            return None
+    except (OSError, ValueError):
+        pass  # a path that cannot be resolved: watchfile.load decides, as on the GPU path
+    from podvm_gpu.boot.pipeline import _standing_finding as standing
+
+    return standing(run)

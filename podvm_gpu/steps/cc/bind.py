@@ -347,7 +347,8 @@ def binding_row(facts):
                      "event log no longer explains RTMR3 (" +
                      doc_ref("operating.md", "Binding the GPUs' verdict to the TEE") + ")")
     if state != BOUND:
-        return Check(ROW, SKIP, f"{state}: {record.get('reason')}")
+        reason = record.get("reason")
+        return Check(ROW, SKIP, f"{state}: {reason}" if reason else str(state))
     try:
         now = rtmr.Register(facts.root.resolve(rtmr.RTMR3_PATH)).read()
         replayed = rtmr.replay(_read_log(facts.root, rtmr.CCEL_PATH, True) +

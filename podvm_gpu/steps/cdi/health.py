@@ -160,9 +160,21 @@ def judge_remapper(rows: list[list[str]], verdict: Verdict) -> None:
 
 
 def judge_ecc(rows: list[list[str]], verdict: Verdict) -> None:
-    """Rows of :data:`ECC_FIELDS` into ``verdict``."""
+    """Rows of :data:`ECC_FIELDS` into ``verdict``: a count of ASCII digits, a ``Yes``/``No``
+    (``1``/``0``) pending retirement; ``[N/A]``: no counter (ECC off, or a GPU without it);
+    another value is not read as one (``verdict.unread``), as :func:`judge_remapper` says it
+    (a garbled count was passed as none)."""
     for bus, volatile, retire in judge_lost(rows, verdict):
-        count = int(volatile) if not _na(volatile) and volatile.isdigit() else None
+        if _na(volatile) and _na(retire):
+            verdict.read.append(f"{bus} ECC N/A")
+            continue
+        readable = _na(volatile) or (volatile.isascii() and volatile.isdigit())
+        if not readable or (not _na(retire) and _flag(retire) is None):
+            verdict.unread.append(f"GPU {bus}: ECC answered volatile uncorrectable "
+                                  f"{volatile!r}, retirement pending {retire!r}")
+        count = int(volatile) if not _na(volatile) and readable else None
+        verdict.read.append(f"{bus} volatile uncorrectable ECC {volatile}, retirement pending "
+                            f"{retire}")
         if judge.memory_kind(None, None, count, _flag(retire)) != judge.RESET:
             continue
         if count:

@@ -356,9 +356,12 @@ def memory_errors_row(facts) -> Check:
             " (a warning: health.reset_pending_warns)" if state == words.WARN else ""),
             "reset the GPU (nvidia-smi -r with no process using it, or restart the VM on its "
             "host); the retirement takes effect and the volatile count starts again then")
-    said = "; ".join(f"{bus} volatile uncorrectable ECC {count}, retirement pending {pending}"
-                     for bus, count, pending in rows)
-    return Check(name, PASS, said)
+    if verdict.unread:  # as the row-remapper row says a value it cannot read
+        return Check(name, WARN, "; ".join(verdict.unread) + ": not read as a value", hand)
+    if all(line.endswith("ECC N/A") for line in verdict.read):
+        return Check(name, SKIP, "no ECC counters (N/A on every GPU: ECC off, or GPUs without "
+                     "it): " + ", ".join(bus for bus, _count, _pending in rows))
+    return Check(name, PASS, "; ".join(verdict.read))
 
 
 def recovery_action_row(facts) -> Check:
