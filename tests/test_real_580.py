@@ -75,7 +75,8 @@ def test_the_health_gate_reads_580_with_no_warning():
     found = recovery.read(health.ask, runner, 5)
 
     assert verdict.outcome(False) == verdict.HEALTHY and verdict.unread == []
-    assert verdict.read == [f"{BUS} remap pending No, failure No"]
+    assert verdict.read == [f"{BUS} remap pending No, failure No",  # 580's words
+                            f"{BUS} volatile uncorrectable ECC 0, retirement pending [N/A]"]
     assert not (found.fatal or found.reset or found.warn or found.unread)
     assert f"{BUS} recovery action None" in found.read
     assert any(line.startswith("reset status not offered") for line in found.read)
