@@ -147,10 +147,7 @@ def write_status(root: Root, doc: dict) -> None:
     Raises:
         OSError: the run directory cannot be made or written.
     """
-    from podvm_gpu.host.fs import atomic_write, ensure_dir
-    from podvm_gpu.jsontext import dumps
     from podvm_gpu.status import STATUS_PATH
+    from podvm_gpu.watchfile import write_json
 
-    path = root.resolve(STATUS_PATH, follow_last=False)
-    ensure_dir(os.path.dirname(path))
-    atomic_write(path, dumps(doc) + "\n")
+    write_json(root, STATUS_PATH, doc)
