@@ -279,6 +279,10 @@ def status_oracle(data: bytes) -> int:
             text.encode("utf-8")
     except UnicodeEncodeError:
         return 3
+    if doc["state"] == "ready" and not doc.get("gpus"):
+        # interface.md 4.4 (issue 35 item 8): a ready document that breaks the rules of ready is
+        # unreadable; these strategies never draw the GPUs, the first rule
+        return 3
     return {"ready": 0, "no-gpu": 0, "failed": 1}.get(doc["state"], 3)
 
 
