@@ -272,9 +272,11 @@ def test_health_gate_decides_on_the_real_output(builds, world, state):
             if state == "healthy":
                 # issue 28: every real build accepts reset_status.* (the fake NVML does not serve
                 # the private calls behind it: [N/A]) and refuses gpu_recovery_action
+                # (and what it read of ECC: the real builds' "0, No")
                 assert said == ("health: 00000000:18:00.0 remap pending 0, failure 0; "
-                                "00000000:18:00.0 reset status N/A; recovery action not offered "
-                                "by this nvidia-smi"), build
+                                "00000000:18:00.0 volatile uncorrectable ECC 0, retirement "
+                                "pending No; 00000000:18:00.0 reset status N/A; recovery action "
+                                "not offered by this nvidia-smi"), build
                 assert not ctx.status.warnings
             else:  # init 3: Failed to initialize NVML: N/A, exit 3: not read, a warning
                 assert said == "health: not read"
