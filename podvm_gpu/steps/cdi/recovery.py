@@ -127,6 +127,28 @@ def read(ask, runner, timeout: float) -> Found:
     return found
 
 
+def health_row_start(facts, name: str):
+    """What every health row of check asks first (row-remapper, memory-errors,
+    recovery-action): ``(row, None)`` when the row ends before its query (``skip``: the last
+    boot never reached ``cdi``, or the driver is not there), else ``(None, timeout)``, the
+    nvidia-smi timeout of a harmless call (``tools`` timeouts, at most
+    :data:`~podvm_gpu.steps.context.HARMLESS_CALL_S` seconds).
+
+    Args:
+        facts: check's facts (podvm_gpu/check/vm.py); name: the row's name.
+    """
+    from podvm_gpu.row import SKIP, Check
+    from podvm_gpu.steps.context import HARMLESS_CALL_S
+
+    skip = facts.not_reached("cdi")
+    if skip:
+        return Check(name, SKIP, skip.detail), None
+    skip = facts.needs_driver(name)
+    if skip:
+        return skip, None
+    return None, min(facts.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
+
+
 def check_row(facts, ask):
     """check's ``recovery-action`` row: both queries, judged as the gate judges them. A node
     reboot fails; a reset needed fails unless ``health.reset_pending_warns`` (then warns); Drain
@@ -136,17 +158,12 @@ def check_row(facts, ask):
     Args:
         facts: check's facts (podvm_gpu/check/vm.py); ask: health.ask.
     """
-    from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check, doc_ref
-    from podvm_gpu.steps.context import HARMLESS_CALL_S
+    from podvm_gpu.row import FAIL, PASS, WARN, Check, doc_ref
 
     name = "recovery-action"
-    skip = facts.not_reached("cdi")
-    if skip:
-        return Check(name, SKIP, skip.detail)
-    skip = facts.needs_driver(name)
-    if skip:
-        return skip
-    timeout = min(facts.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
+    ended, timeout = health_row_start(facts, name)
+    if ended:
+        return ended
     found = read(ask, facts.runner, timeout)
     said = "; ".join(found.fatal + found.reset + found.warn + found.unread)
     if found.read:  # what was read beside what was refused (issue 35 item 4)

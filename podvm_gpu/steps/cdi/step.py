@@ -278,16 +278,11 @@ def row_remapper_row(facts) -> Check:
     """The row remapper of each GPU, judged as the health gate judges it (podvm_gpu/steps/cdi/health.py):
     one bounded query; a failure fails, a pending remap fails unless
     ``health.reset_pending_warns``, an unanswered query warns."""
-    from podvm_gpu.steps.cdi import health
-    from podvm_gpu.steps.context import HARMLESS_CALL_S
+    from podvm_gpu.steps.cdi import health, recovery
 
-    skip = facts.not_reached("cdi")
-    if skip:
-        return Check("row-remapper", SKIP, skip.detail)
-    skip = facts.needs_driver("row-remapper")
-    if skip:
-        return skip
-    timeout = min(facts.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
+    ended, timeout = recovery.health_row_start(facts, "row-remapper")
+    if ended:
+        return ended
     try:
         rows, why = health.ask(facts.runner, health.remap_argv(), len(health.REMAP_FIELDS), timeout)
     except health.Broken as err:
@@ -327,17 +322,12 @@ def memory_errors_row(facts) -> Check:
     fails with "GPU reset needed" unless ``health.reset_pending_warns`` (then warns); an
     unanswered query warns; a lost GPU or a driver that cannot answer fails."""
     from podvm_gpu.gpufacts import judge
-    from podvm_gpu.steps.cdi import health
-    from podvm_gpu.steps.context import HARMLESS_CALL_S
+    from podvm_gpu.steps.cdi import health, recovery
 
     name = "memory-errors"
-    skip = facts.not_reached("cdi")
-    if skip:
-        return Check(name, SKIP, skip.detail)
-    skip = facts.needs_driver(name)
-    if skip:
-        return skip
-    timeout = min(facts.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
+    ended, timeout = recovery.health_row_start(facts, name)
+    if ended:
+        return ended
     hand = ("run nvidia-smi --query-gpu=pci.bus_id,ecc.errors.uncorrected.volatile.total,"
             "retired_pages.pending --format=csv by hand")
     try:
