@@ -167,3 +167,46 @@ def test_run_without_check_returns_the_non_zero_status():
     done = Runner().run(["sh", "-c", "exit 4"], check=False)
 
     assert done.returncode == 4
+
+
+def test_on_first_spawn_runs_once_after_the_first_process_started_then_on_start():
+    runner, seen = Runner(), []
+    runner.on_first_spawn = lambda: seen.append(("first", runner.spawns))
+    runner.run(["true"], on_start=lambda: seen.append(("started", runner.spawns)))
+    runner.run(["true"], on_start=lambda: seen.append(("started", runner.spawns)))
+    assert seen == [("first", 1), ("started", 1), ("started", 2)]
+    assert runner.on_first_spawn is None
+
+
+def test_no_hook_runs_for_a_tool_that_cannot_start(tmp_path):
+    runner, seen = Runner(env={"PATH": str(tmp_path)}), []
+    runner.on_first_spawn = lambda: seen.append("first")
+    with pytest.raises(CommandError, match="not found"):
+        runner.run(["no-such-tool"], on_start=lambda: seen.append("started"))
+    assert seen == [] and runner.spawns == 0 and runner.on_first_spawn is not None
+
+
+def test_what_on_start_raises_ends_the_call_it_started():
+    runner = Runner()
+
+    def refuse():
+        raise RuntimeError("can't start new thread")
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError):
+        runner.run(["sleep", "30"], on_start=refuse)
+    assert time.monotonic() - started < 10 and not runner._live
+
+
+def test_wait_for_spawn_returns_at_the_next_start_or_when_done():
+    import threading
+
+    runner = Runner()
+    threading.Timer(0.05, lambda: runner.run(["true"])).start()
+    runner.wait_for_spawn(0, lambda: False, 30)  # would sit out 30 s without the start
+    assert runner.spawns == 1
+    done = []
+    threading.Timer(0.05, lambda: (done.append(1), runner.wake())).start()
+    started = time.monotonic()
+    runner.wait_for_spawn(runner.spawns, lambda: bool(done), 30)
+    assert done and time.monotonic() - started < 10

@@ -33,8 +33,8 @@ def runs(umockdev_run):
     DELAY_S each: its boot and a check."""
     case = copy.deepcopy(load_case(DATA / "cases" / "P02-one-h100-pcie-ready.yaml"))
     for rule in case.tools:
-        if rule["argv"] in CC_QUERIES or rule["argv"] == GENERATE:
-            rule["delay_s"] = DELAY_S
+        if rule["argv"] in CC_QUERIES or rule["argv"] in (GENERATE, ["nvidia-persistenced"]):
+            rule["delay_s"] = DELAY_S  # persistenced: ready at the end of its delay
     # the fabric query is the harness's to answer; a rule of rc 0 only adds its delay
     case.tools.insert(0, _rule({"argv": FABRIC_QUERY, "delay_s": DELAY_S}, []))
     for argv, stdout in HEALTH_QUERIES:  # a health rule answers with its own stdout
@@ -68,6 +68,24 @@ def test_the_health_gates_queries_run_side_by_side_beside_the_generation(runs):
     assert "remap pending 0" in next(s["message"] for s in boot.status["steps"]
                                      if s["name"] == "cdi")
     assert all(overlap(generate, remap) for generate in calls_of(boot, GENERATE)[:1])
+
+
+def test_nvidia_ctks_version_is_read_while_persistenced_starts(runs):
+    # not first in the cdi step (the longest lane), and not before the versions step said the
+    # driver is usable (C04, C05, C25 forbid any nvidia-ctk call before that)
+    from datetime import datetime
+
+    boot, _check = runs
+    steps = {s["name"]: s for s in boot.status["steps"]}
+
+    def end(name: str) -> float:
+        return datetime.fromisoformat(steps[name]["started_at"]).timestamp() \
+            + steps[name]["duration_s"]
+
+    (version,) = calls_of(boot, ["nvidia-ctk", "--version"])
+    assert end("versions") < version.started < end("persistenced")
+    (generate,) = calls_of(boot, GENERATE)
+    assert version.ended < generate.started
 
 
 def test_checks_rows_run_side_by_side_and_keep_their_order(runs):

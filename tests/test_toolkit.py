@@ -276,3 +276,123 @@ def test_the_hook_binary_gets_only_the_environment_nvidia_ctk_gets(tmp_path):
     names = {line.split("=", 1)[0] for line in seen.read_text().splitlines()}
     assert names <= {"PATH", "LC_ALL", "PWD", "SHLVL", "_"}, names  # sh adds PWD, SHLVL, _
     assert "NVIDIA_CTK_DEBUG" not in names and "HOME" not in names
+
+
+# --- asked while the generation runs (issue 38) -------------------------------------------------
+
+HOOKS_1_20 = HOOKS_1_17 + ("disable-device-node-modification", "update-application-profile")
+
+
+def asked_names(ctx, binary: str) -> list[str]:
+    return sorted(argv[1] for argv in ctx.runner.calls if argv[0] == binary and
+                  argv[2:] == ["--help"])
+
+
+@pytest.mark.parametrize("ctk, config, expected", [
+    (CTK_1_20, "", toolkit.HOOKS_SINCE_1_18),
+    (CTK_1_17, "", toolkit.HOOKS_BEFORE_1_18),  # P30: 1.17.8's spec names neither 1.18 hook
+    (CTK_1_20, "cdi: {disable_hooks: [disable-device-node-modification]}\n",
+     tuple(h for h in toolkit.HOOKS_SINCE_1_18 if h != "disable-device-node-modification")),
+    (None, "", ())])  # the version unknown: nothing foreseen, the check asks after the spec
+def test_the_hooks_its_version_writes_are_asked_while_the_generation_runs(tmp_path, ctk, config,
+                                                                         expected):
+    hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", "1.20.0", HOOKS_1_20)
+    ctx = context(tmp_path, config, runner=Runner())
+    toolkit.start_hook_asks(ctx, toolkit.parse_version(ctk) if ctk else None)
+    for early in list(ctx.early.values()):
+        early.result()
+    assert asked_names(ctx, str(tmp_path / "usr/bin/nvidia-cdi-hook")) == sorted(expected)
+
+
+def test_the_check_takes_the_early_answers_and_asks_only_the_rest(tmp_path):
+    # the real 1.20.0 spec names five hooks; a 1.17.8 version foresaw three of them: those are
+    # not asked again, the two it did not foresee are asked after the generation
+    hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", "1.20.0", HOOKS_1_20)
+    ctx = context(tmp_path, runner=Runner())
+    toolkit.start_hook_asks(ctx, toolkit.parse_version(CTK_1_17))
+    assert toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"), None) == 5
+    binary = str(tmp_path / "usr/bin/nvidia-cdi-hook")
+    assert asked_names(ctx, binary) == sorted(toolkit.HOOKS_SINCE_1_18)  # each once
+    assert ctx.early == {}
+
+
+def test_an_early_refusal_fails_the_check_as_a_late_one_would(tmp_path):
+    hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", "1.17.8")
+    ctx = context(tmp_path, runner=Runner())
+    toolkit.start_hook_asks(ctx, toolkit.parse_version(CTK_1_20))
+    with pytest.raises(StepFailed, match="^the spec names hook disable-device-node-modification, "
+                                         r"which /usr/bin/nvidia-cdi-hook \(nvidia-cdi-hook "
+                                         "1.17.8\\) does not know"):
+        toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"),
+                            toolkit.parse_version(CTK_1_20))
+
+
+def test_an_early_refusal_of_a_hook_the_spec_does_not_name_is_dropped(tmp_path):
+    # 1.20.0 was foreseen, the binary is 1.17.8, and the spec names only what 1.17.8 knows
+    hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", "1.17.8")
+    raw = json.loads(REAL_SPEC.read_text())
+    raw["containerEdits"]["hooks"] = [dict(h, path="/usr/bin/nvidia-cdi-hook")
+                                      for h in raw["containerEdits"]["hooks"]
+                                      if h["args"][1] in HOOKS_1_17]
+    ctx = context(tmp_path, runner=Runner())
+    toolkit.start_hook_asks(ctx, toolkit.parse_version(CTK_1_20))
+    assert toolkit.check_hooks(ctx, parse_spec(json.dumps(raw), source="t"), None) == 3
+
+
+def test_a_hook_elsewhere_is_asked_after_the_generation(tmp_path):
+    hook_binary(tmp_path, "/opt/toolkit/nvidia-cdi-hook", "1.20.0", HOOKS_1_20)
+    ctx = context(tmp_path, runner=Runner())
+    toolkit.start_hook_asks(ctx, toolkit.parse_version(CTK_1_20))  # no /usr/bin binary: none
+    assert ctx.early == {}
+    assert toolkit.check_hooks(ctx, real_spec_at("/opt/toolkit/nvidia-cdi-hook"), None) == 5
+
+
+def test_the_early_version_read_is_the_one_the_step_takes(tmp_path):
+    ctx = context(tmp_path)
+    toolkit.start_version_read(ctx)
+    assert toolkit.read_version(ctx).text == "1.20.0"
+    assert ctx.runner.ran == [toolkit.VERSION_ARGV]  # asked once, early
+    assert ctx.status.nvidia_ctk_version == "1.20.0" and ctx.early == {}
+
+
+def test_the_early_version_reads_failure_is_the_same_warning(tmp_path):
+    ctx = context(tmp_path, runner=Tools(None))
+    toolkit.start_version_read(ctx)
+    assert ctx.status.warnings == []  # nothing said before the cdi step reads it
+    assert toolkit.read_version(ctx) is None
+    assert any(w.startswith("cdi: nvidia-ctk --version: exit 1") for w in ctx.status.warnings)
+
+
+def test_the_health_gate_and_the_hook_asks_start_once_the_generation_is_in_flight(tmp_path,
+                                                                                    monkeypatch):
+    """The generation is the boot's longest lane: its process starts first, then what runs
+    beside it (the health gate's queries, the hook asks), in the step's own order."""
+    from podvm_gpu.steps.cdi import health
+
+    order = []
+
+    class Generating(Tools):
+        def run(self, argv, check=True, timeout=None, on_start=None, **_):
+            if argv[:3] == ["nvidia-ctk", "cdi", "generate"]:
+                order.append("generate started")
+                on_start()
+                raise CommandError(argv, 1, "", 'level=error msg="stop here"\n')
+            return super().run(argv, check=check, timeout=timeout)
+
+    monkeypatch.setattr(health, "gate", lambda ctx: order.append("health gate") or "")
+    monkeypatch.setattr(toolkit, "start_hook_asks",
+                        lambda ctx, version: order.append(f"hook asks for {version}"))
+    ctx = context(tmp_path, runner=Generating(CTK_1_20))
+    with pytest.raises(StepFailed, match="stop here"):
+        step.run(ctx)
+    assert order[0] == "generate started"
+    assert sorted(order[1:]) == ["health gate", "hook asks for 1.20.0"]
+
+
+def test_a_generation_that_never_starts_reads_no_health(tmp_path, monkeypatch):
+    from podvm_gpu.steps.cdi import health
+
+    monkeypatch.setattr(health, "gate", lambda ctx: pytest.fail("the gate ran"))
+    ctx = context(tmp_path, "imex: {channels: [0]}\n", runner=Tools(CTK_1_17))
+    with pytest.raises(StepFailed, match="needs nvidia-ctk 1.18.0"):
+        step.run(ctx)

@@ -51,6 +51,7 @@ boot ends failed as any other.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -79,7 +80,7 @@ def _imported_when_run(name: str):
 
 # The step list (podvm_gpu/steps/__init__.py): each step's ``run``, in order; after persistenced,
 # the parallel ones at once; the last of them (the spec) ``finish``es once all have succeeded.
-SEQUENTIAL = tuple((name, step_list.module(name).run) for name in step_list.GPU_STEPS
+SEQUENTIAL = tuple((name, _imported_when_run(name)) for name in step_list.GPU_STEPS
                    if name not in step_list.PARALLEL)
 PARALLEL = tuple((name, _imported_when_run(name)) for name in step_list.GPU_STEPS
                  if name in step_list.PARALLEL)
@@ -90,16 +91,19 @@ PARALLEL = tuple((name, _imported_when_run(name)) for name in step_list.GPU_STEP
 _IMPORTED_WHEN_RUN = ("podvm_gpu.steps.cc.attest.gate", "podvm_gpu.steps.cdi.health")
 
 
-def import_parallel_steps() -> threading.Thread:
-    """Import the parallel steps' modules on a thread of its own, started before the first GPU
-    step: it runs while the main thread waits on modprobe and persistenced. The package has no
-    import cycle, so two threads importing at once only wait on each other's module (Python's
-    per-module import locks), never deadlock. An import that fails here is left alone: it
-    fails again where the step runs, and that step reports it."""
+def start_while_waiting() -> threading.Thread:
+    """Import the later steps' modules on a thread of its own, in the order they run (the
+    sequential ones, then the parallel ones and what they import inside their functions),
+    started once the boot's first tool call is in flight (the runner's ``on_first_spawn``: the
+    first modprobe), so that it never delays that call, and runs while the main thread waits on
+    modprobe and persistenced (issue 38). The package has no import cycle, so two threads
+    importing at once only wait on each other's module (Python's per-module import locks),
+    never deadlock. An import that fails here is left alone: it fails again where the step
+    runs, and that step reports it."""
     import importlib
 
     def load() -> None:
-        for name in step_list.PARALLEL:
+        for name in step_list.GPU_STEPS[2:]:
             try:
                 step_list.module(name)
             except Exception:  # reported by the step itself (module docstring)
@@ -110,11 +114,27 @@ def import_parallel_steps() -> threading.Thread:
             except Exception:  # as above; a helper moved elsewhere is only not preloaded
                 pass
 
-    thread = threading.Thread(target=load, name="import-parallel-steps", daemon=True)
+    thread = threading.Thread(target=load, name="while-waiting", daemon=True)
     thread.start()
     return thread
+
+
+def _read_toolkit_version(ctx: BootContext) -> None:
+    from podvm_gpu.steps.cdi import toolkit
+
+    toolkit.start_version_read(ctx)
+
+
+# What starts before the step that needs it, once the step it needs has passed: nvidia-ctk's
+# version, read while device-nodes and persistenced run instead of first in the cdi step, the
+# boot's longest lane (issue 38); not before the versions step says the driver is usable, as no
+# nvidia-ctk call at all may come before that (cases C04, C05, C25).
+_STARTED_AFTER = {"versions": (_read_toolkit_version,)}
+
+
 STEP_NAMES = step_list.GPU_STEPS
 _ALARM_GRACE_S = 2.0  # after the budget, let the step in flight report its own timeout first
+_STAGGER_S = 0.02  # at most this between the starts of two parallel steps (Steps.run_all)
 
 
 def last_seen(ctx, step_name: str) -> str:
@@ -170,7 +190,10 @@ def run_pipeline(run: Run, config: Config | None) -> int:
     standing = _standing_finding(run)
     if standing:
         return run.fail(standing)
-    import_parallel_steps()
+    # a GPU boot's threads hand the interpreter over within 1 ms, not 5 (Python's default):
+    # the main thread, woken by a tool's end, no longer waits on an importing thread (issue 38)
+    sys.setswitchinterval(0.001)
+    ctx.runner.on_first_spawn = start_while_waiting
     steps = Steps(ctx, run)
     # the budget's timer (SIGALRM, boot/run.py Signals): BudgetExpired in the main thread; the
     # first signal or the timer starts the ending, which cancels the timer and only notes
@@ -241,13 +264,22 @@ class Steps:
             reason = self.one(self.start(name), func)
             if reason is not None:
                 return reason
+            for start in _STARTED_AFTER.get(name, ()):
+                start(self.ctx)
+        self.ctx.runner.on_first_spawn = None  # no first call before them: imported as they run
         started = [(self.start(name), func) for name, func in PARALLEL]
         results: dict[str, object] = {}
         self.threads = [threading.Thread(target=self._branch, args=(step, func, results),
                                          name=f"step-{step.name}", daemon=True)
                         for step, func in started]
-        for thread in reversed(self.threads):
+        runner = self.ctx.runner
+        for thread, (step, _func) in reversed(list(zip(self.threads, started))):
+            # the spec's lane first: the longest (the generation); the next once this one has
+            # its first call in flight (or ended, or 20 ms passed): process starts that compete
+            # for the interpreter delay each other (issue 38)
+            seen = runner.spawns
             thread.start()
+            runner.wait_for_spawn(seen, lambda name=step.name: name in self._done, _STAGGER_S)
         steps = [step for step, _ in started]
         for _ in self.threads:
             # Each branch's end is released at once; the wait wakes every 0.05 s all the same:
@@ -305,6 +337,7 @@ class Steps:
         finally:
             self._done.add(step.name)
             self._ended.release()
+            self.ctx.runner.wake()  # run_all may be waiting for this branch's first call
 
     def one(self, step: Step, func, started: bool = True, final: bool = True) -> str | None:
         """Run ``func(ctx)`` as ``step`` and record it; the failure reason, or None.

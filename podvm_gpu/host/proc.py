@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 
 from podvm_gpu.errors import Cancelled, CommandError, exit_text
@@ -115,6 +116,27 @@ class Runner:
         self.cancelled = ""  # why calls are refused and the ones in flight were ended
         self.nvml_hung = ""  # the NVML client that timed out: no further one is started
         self._live: set[subprocess.Popen] = set()
+        self.spawns = 0  # tool calls started so far (:meth:`wait_for_spawn`)
+        self._spawned = threading.Condition()
+        # called once, with no argument, right after the first tool call's process started,
+        # in the caller's thread: what may run while the boot waits on its first tool
+        # (boot/pipeline.py: the later steps' imports, nvidia-ctk's version; issue 38)
+        self.on_first_spawn = None
+
+    def wait_for_spawn(self, seen: int, done, timeout: float) -> None:
+        """Wait until a tool call has started since :attr:`spawns` was ``seen``, ``done()``
+        is true (checked whenever :meth:`wake` is called), or ``timeout`` seconds passed.
+        The boot starts its parallel steps one after another this way, each once the one before
+        has its first call in flight, the longest first (boot/pipeline.py ``run_all``): a
+        process start holds the interpreter, and starts that compete delay the longest lane's
+        (issue 38)."""
+        with self._spawned:
+            self._spawned.wait_for(lambda: self.spawns > seen or done(), timeout)
+
+    def wake(self) -> None:
+        """Wake :meth:`wait_for_spawn` to look at its ``done()`` again."""
+        with self._spawned:
+            self._spawned.notify_all()
 
     def cancel(self, why: str) -> None:
         """End every call in flight (its process group is killed) and refuse new ones with
@@ -173,13 +195,18 @@ class Runner:
             timeout = min(timeout, self.deadline - time.monotonic())
         return timeout
 
-    def run(self, argv: list[str], *, timeout: float | None = None, check: bool = True) -> Completed:
+    def run(self, argv: list[str], *, timeout: float | None = None, check: bool = True,
+            on_start=None) -> Completed:
         """Run ``argv`` (``argv[0]`` a tool basename) and wait for it, at most the timeout.
 
         Args:
             argv: program basename and arguments; never a shell string.
             timeout: seconds; default the tool's configured timeout; always cut to the budget.
             check: raise on a non-zero exit status.
+            on_start: called with no argument, in the caller's thread, once the tool's process
+                has started (never when it could not start): what may wait for the call to be
+                in flight (the cdi step's health gate waits for the generation, issue 38). What
+                it raises is raised here, the tool's process group killed first.
 
         Returns:
             The :class:`Completed` call.
@@ -215,9 +242,17 @@ class Runner:
         except OSError as err:
             raise CommandError(argv, None, message=f"{tool}: cannot run: {err.strerror}") from err
         self._live.add(proc)
+        with self._spawned:
+            self.spawns += 1
+            self._spawned.notify_all()
         if self.cancelled:  # cancelled while it started: cancel() did not see it
             _kill_group(proc)
         try:
+            first, self.on_first_spawn = self.on_first_spawn, None
+            if first is not None:
+                first()
+            if on_start is not None:
+                on_start()
             out, err, held = self._wait(proc, started + limit)
         except subprocess.TimeoutExpired:
             stuck = _in_kernel(proc.pid)

@@ -37,6 +37,9 @@ class BootContext:
         last_seen: step name -> what its wait saw last and for how long (``State In Progress,
             Status N/A on 8 GPU(s) for 12 s``): the pipeline names it when the boot budget
             ends the step (issue 33).
+        early: call name -> a call started before the step that reads it
+            (podvm_gpu/steps/cdi/toolkit.py ``start_version_read``: nvidia-ctk's version,
+            read while persistenced starts, issue 38; the likely hooks' asks).
     """
 
     def __init__(self, root: Root, config: Config, runner: Runner, status: Status,
@@ -53,6 +56,7 @@ class BootContext:
         self.stopping = None
         self.stopped_because = ""
         self.last_seen: dict[str, str] = {}
+        self.early: dict[str, object] = {}
 
     def check_stop(self) -> None:
         """Raise :class:`Cancelled` when the steps in flight must stop (another failed, the

@@ -102,7 +102,10 @@ class Generated:
 def run(ctx: BootContext) -> Generated:
     """Generate and validate the spec while the health gate (podvm_gpu/steps/cdi/health.py: a spec must
     mean a usable GPU) reads the GPUs: two independent NVML clients, both after persistenced, so
-    the gate's queries cost the boot no time beyond the generation's. Nothing is written but
+    the gate's queries cost the boot no time beyond the generation's. The gate starts once
+    ``nvidia-ctk cdi generate`` is in flight: the generation is the boot's longest lane, and the
+    gate's process starts would otherwise delay its own (issue 38); so do the asks of the
+    hooks the spec will likely name (steps/cdi/toolkit.py ``start_hook_asks``). Nothing is written but
     the IMEX channel nodes (steps/cdi/imex.py), when ``imex.channels`` asks for them.
 
     Raises:
@@ -110,7 +113,8 @@ def run(ctx: BootContext) -> Generated:
             MIG state when that is the cause), the spec breaks a rule of contract section 8, or
             the health gate read a GPU that needs replacing or a reset (the generation's
             failure is named first when both fail), or the IMEX channels or their spec failed
-            (``imex: ...``).
+            (``imex: ...``). A generation that never started (nvidia-ctk missing, a feature
+            its version lacks) fails before the gate reads anything.
     """
     import threading
 
@@ -125,27 +129,35 @@ def run(ctx: BootContext) -> Generated:
             said["error"] = err
 
     reader = threading.Thread(target=read_health, name="step-cdi-health", daemon=True)
-    reader.start()
     try:
-        generated = generate(ctx)
+        generated = generate(ctx, on_start=reader.start)
     finally:
         # the generation's end (or failure) is the step's; the gate is bounded by its own
         # timeouts, and a stop of the boot cancels its calls as it cancels every call
-        reader.join()
+        if reader.ident is not None:
+            reader.join()
     if "error" in said:
         raise said["error"]
     generated.health = said["health"]
     return generated
 
 
-def generate(ctx: BootContext) -> Generated:
+def generate(ctx: BootContext, on_start=None) -> Generated:
     """Read nvidia-ctk's version and refuse what it lacks, generate and validate the spec, ask
-    the hook binary for each hook the spec names (steps/cdi/toolkit.py; see :func:`run`)."""
+    the hook binary for each hook the spec names (steps/cdi/toolkit.py; see :func:`run`);
+    ``on_start`` is called once the generation is in flight (:meth:`Runner.run`), when the
+    asks of the hooks its version writes start too (toolkit.py ``start_hook_asks``)."""
     driver = ctx.driver_version or "unknown"
     ctk = toolkit.read_version(ctx)
     toolkit.check_features(ctx, ctk)
+
+    def in_flight() -> None:  # the generation started: what runs beside it starts now
+        if on_start is not None:
+            on_start()
+        toolkit.start_hook_asks(ctx, ctk)
+
     try:
-        done = ctx.runner.run(generate_argv(ctx))
+        done = ctx.runner.run(generate_argv(ctx), on_start=in_flight)
     except CommandError as err:
         if err.timed_out:
             raise StepFailed(f"nvidia-ctk cdi generate timed out after {err.timeout_s:g} s "

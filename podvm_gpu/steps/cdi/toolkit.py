@@ -37,6 +37,14 @@ _VERSION = re.compile(r"\bversion\s+v?(\d+)\.(\d+)\.(\d+)(\S*)")
 SINCE_1_18 = (1, 18, 0)
 FEATURES = {"imex.channels": "IMEX channels (cdi generate --mode=imex)",
             "cdi.disable_hooks": "cdi.disable_hooks (cdi generate --disable-hook)"}
+# The hooks a spec of nvidia-ctk 1.17 and of 1.18 or later names (1.20.0 on the real H200:
+# tests/data/real/h200-580/nvidia-ctk-1.20.0-cdi-generate.json; 1.17.8 writes neither of the two
+# that 1.18 brought, ../shared/nvidia-ctk-real.md), and where their binary usually is: asked
+# while the generation runs (:func:`start_hook_asks`).
+HOOKS_BEFORE_1_18 = ("create-symlinks", "enable-cuda-compat", "update-ldcache")
+HOOKS_SINCE_1_18 = HOOKS_BEFORE_1_18 + ("disable-device-node-modification",
+                                        "update-application-profile")
+LIKELY_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
 # The binaries whose hooks the agent knows how to ask: args[0] of a hook, its name after them.
 HOOK_BINARIES = {"nvidia-cdi-hook": 1, "nvidia-ctk": 2}  # nvidia-ctk: ["nvidia-ctk", "hook", name]
 
@@ -61,12 +69,57 @@ def parse_version(output: str) -> Version | None:
     return Version(".".join(map(str, number)) + m.group(4), number)
 
 
+class _Early:
+    """A tool call made on a thread of its own; :meth:`result` waits for it (bounded by the
+    call's own timeout, :meth:`Runner.run`)."""
+
+    def __init__(self, ctx: BootContext, argv: list[str], timeout: float):
+        import threading
+
+        self._said: dict[str, object] = {}
+        self._thread = threading.Thread(target=self._call, args=(ctx, argv, timeout),
+                                        name="early-" + os.path.basename(argv[0]), daemon=True)
+        self._thread.start()
+
+    def _call(self, ctx: BootContext, argv: list[str], timeout: float) -> None:
+        try:
+            self._said["done"] = ctx.runner.run(argv, timeout=timeout)
+        except BaseException as err:  # raised again where the result is read
+            self._said["error"] = err
+
+    def result(self):
+        """The :class:`~podvm_gpu.host.proc.Completed` call, or what the call raised."""
+        self._thread.join()
+        if "error" in self._said:
+            raise self._said["error"]
+        return self._said["done"]
+
+
+def start_version_read(ctx: BootContext) -> None:
+    """Start ``nvidia-ctk --version`` now, on a thread of its own, for :func:`read_version`
+    to take later. The version needs neither the GPUs nor persistenced, so the boot asks it
+    once the versions step passed (boot/pipeline.py ``_STARTED_AFTER``), while device-nodes and
+    persistenced run, instead of first thing in the cdi step, the boot's longest lane (issue
+    38: 5-12 ms a boot there). The call is the same one, with the
+    same timeout; what it means (a warning, the version recorded) is decided where it is
+    read, so the status says nothing of it before the cdi step runs."""
+    ctx.early["nvidia-ctk --version"] = _Early(ctx, VERSION_ARGV,
+                                               ctx.harmless_timeout("nvidia-ctk"))
+
+
 def read_version(ctx: BootContext) -> Version | None:
-    """Run ``nvidia-ctk --version`` once (at most the harmless-call time) and record the
-    version in ``ctx.status.nvidia_ctk_version``; None, with a warning, when it cannot be
-    read (the features are then tried as they come)."""
+    """Run ``nvidia-ctk --version`` once (at most the harmless-call time), or take the call
+    :func:`start_version_read` made, and record the version in
+    ``ctx.status.nvidia_ctk_version``; None, with a warning, when it cannot be read (the
+    features are then tried as they come).
+
+    Raises:
+        Cancelled: the boot is ending (the early call was ended by it).
+    """
+    early = ctx.early.pop("nvidia-ctk --version", None)
     try:
-        done = ctx.runner.run(VERSION_ARGV, timeout=ctx.harmless_timeout("nvidia-ctk"))
+        done = early.result() if early is not None else \
+            ctx.runner.run(VERSION_ARGV, timeout=ctx.harmless_timeout("nvidia-ctk"))
         version = parse_version(done.stdout + done.stderr)
         why = None if version else f"printed no version: {one_line(done.output, 120) or 'nothing'}"
     except CommandError as err:
@@ -129,6 +182,31 @@ def hooks_to_ask(spec) -> dict[tuple[str, str], list[str]]:
     return found
 
 
+def _ask_key(path: str, name: str) -> str:
+    return f"hook {path} {name}"
+
+
+def start_hook_asks(ctx: BootContext, version: Version | None) -> None:
+    """Ask the hook binary at its usual path (:data:`LIKELY_HOOK_PATH` under the root) for each
+    hook a spec of nvidia-ctk ``version`` names (:data:`HOOKS_SINCE_1_18` or
+    :data:`HOOKS_BEFORE_1_18`, less ``cdi.disable_hooks``), each on a thread of its own, while
+    the generation runs: the asks are the same calls :func:`check_hooks` makes after it, which
+    takes the answers of those the spec names and asks the rest itself (a hook elsewhere, a
+    name not foreseen). The cdi step is the boot's longest lane; this takes its hook asks off
+    it (issue 38). Nothing is decided here. Asks nothing when the version is unknown or the
+    binary is not there."""
+    if version is None:
+        return
+    binary = ctx.root.resolve(LIKELY_HOOK_PATH)
+    if not os.path.isfile(binary):
+        return
+    timeout = ctx.harmless_timeout("nvidia-ctk")
+    for name in HOOKS_SINCE_1_18 if version.number >= SINCE_1_18 else HOOKS_BEFORE_1_18:
+        if name not in ctx.config.cdi.disable_hooks:
+            ctx.early[_ask_key(LIKELY_HOOK_PATH, name)] = _Early(ctx, [binary, name, "--help"],
+                                                                 timeout)
+
+
 def check_hooks(ctx: BootContext, spec, ctk: Version | None) -> int:
     """Ask each hook binary, once per hook name, whether it knows the hook:
     ``<root><path> [hook] <name> --help``, at most the harmless-call time each, all at once (a
@@ -150,9 +228,12 @@ def check_hooks(ctx: BootContext, spec, ctk: Version | None) -> int:
     failed: dict[int, CommandError] = {}
     raised: dict[int, BaseException] = {}
 
-    def ask(index: int, argv: list[str]) -> None:
+    def ask(index: int, argv: list[str], early) -> None:
         try:
-            ctx.runner.run(argv, timeout=timeout)
+            if early is not None:  # asked while the generation ran (start_hook_asks)
+                early.result()
+            else:
+                ctx.runner.run(argv, timeout=timeout)
         except CommandError as err:
             failed[index] = err
         except BaseException as err:  # Cancelled (the boot is ending): re-raised below
@@ -161,7 +242,9 @@ def check_hooks(ctx: BootContext, spec, ctk: Version | None) -> int:
     threads = []
     for index, ((path, name), middle) in enumerate(asks):
         binary = ctx.root.resolve(path)
-        thread = threading.Thread(target=ask, args=(index, [binary, *middle, name, "--help"]),
+        early = None if middle else ctx.early.pop(_ask_key(path, name), None)
+        thread = threading.Thread(target=ask, args=(index, [binary, *middle, name, "--help"],
+                                                    early),
                                   name=f"hook-check-{index}", daemon=True)
         thread.start()
         threads.append(thread)
