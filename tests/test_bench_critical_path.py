@@ -105,3 +105,16 @@ def test_every_call_of_the_dry_run_plan_has_its_node(bench, podvm, tmp_path, tre
     commands = __import__("json").loads(done.stdout)["commands"]
     assert any(c[0] == "nvattest" for c in commands) and len(commands) > 10
     assert [c for c in commands if bench.node_of(c, False) is None] == []
+
+
+def test_nvidia_ctks_version_is_a_lane_of_its_own(bench):
+    # it needs neither driver nor GPU: read beside the chain it adds nothing; were it the
+    # longest thing before the generation, the generation would wait for it
+    version = [("nvidia-ctk --version", 0.01)]
+    generate = [("nvidia-ctk cdi generate --mode=nvml", 0.1)]
+    assert bench.node_of(["nvidia-ctk", "--version"], False) == "toolkit-version"
+    assert bench.critical_path(calls_of(CHAIN + version + generate), False) == \
+        pytest.approx(0.09 + 0.1)
+    slow = [("nvidia-ctk --version", 0.5)]
+    assert bench.critical_path(calls_of(CHAIN + slow + generate), False) == \
+        pytest.approx(0.5 + 0.1)
