@@ -29,8 +29,10 @@ Rows:
   scenario harness (tests/scenarios) with tools that take fixed times (modprobe 0.3 s each,
   nvidia-persistenced ready 1 s per GPU after its start, the fabric Completed 5 s after
   nv-fabricmanager's start, ``nvidia-ctk cdi generate`` 1.5 s) and record their own start and
-  end: wall, the sum of the tools' times, the critical path (the longest chain of tool times
-  over the pipeline's dependency graph, :data:`GRAPH`) and the agent's own time, which is the
+  end (bench/timing_wrapper.c, a static binary in front of each fake: what a wrapper costs
+  before its first timestamp counts as the agent's, so it must cost next to nothing): wall,
+  the sum of the tools' times, the critical path (the longest chain of tool times over the
+  pipeline's dependency graph, :data:`GRAPH`) and the agent's own time, which is the
   wall minus the critical path minus ``umockdev-run``'s own start-up (measured alone);
 - ``real-1`` and ``real-8``: the same cases in the real-cost scenario, whose tools take what
   they took on a real H200 with driver 580 (:data:`REAL_COST`, each figure measured or
@@ -230,8 +232,10 @@ def _cpu_ticks(pid: int) -> int:
 
 MODPROBE_S, PER_GPU_S, FABRIC_S, GENERATE_S = 0.3, 1.0, 5.0, 1.5
 NVATTEST_S = 1.0  # the stand-in's attest run: NVIDIA gives no figure; a few seconds a GPU online
-# bash's $EPOCHREALTIME, not date(1) in a subshell: two fork+execs a call (about 2 ms under
-# umockdev) fell outside the interval timed and were counted as the agent's own time
+# The timing wrapper is bench/timing_wrapper.c, built static (its comment says why); this one,
+# in bash, only where it cannot be built. bash's $EPOCHREALTIME, not date(1) in a subshell: two
+# fork+execs a call (about 2 ms under umockdev) fell outside the interval timed and were counted
+# as the agent's own time.
 WRAPPER = """#!/bin/bash
 # bench/run.py: the tool's start and end, then its exit status
 s=$EPOCHREALTIME
@@ -305,6 +309,25 @@ def timed_case(name: str, real: bool = False):
     return case
 
 
+_BUILT: dict[str, str | None] = {}
+
+
+def timing_wrapper() -> str | None:
+    """bench/timing_wrapper.c built static in the scratch folder (once a run), or None, said
+    once, when it cannot be built (no gcc, no static libc): the bash wrapper is used then."""
+    if "path" not in _BUILT:
+        out = os.path.join(scratch(), "timing-wrapper")
+        done = subprocess.run(["gcc", "-O2", "-static", "-o", out,
+                               str(REPO / "bench" / "timing_wrapper.c")],
+                              capture_output=True, text=True) if shutil.which("gcc") else None
+        _BUILT["path"] = out if done is not None and done.returncode == 0 else None
+        if _BUILT["path"] is None:
+            print("bench: the static timing wrapper could not be built "
+                  f"({done.stderr.strip()[-200:] if done else 'no gcc'}); timing with bash, whose "
+                  "start (about 1.3 ms a call) counts as the agent's", file=sys.stderr)
+    return _BUILT["path"]
+
+
 def wrap_tools(world, real: bool = False) -> str:
     """Put a timing wrapper in front of every fake tool of ``world``; the timing log's path.
     ``real``: each tool first sleeps its :data:`REAL_COST`."""
@@ -312,11 +335,18 @@ def wrap_tools(world, real: bool = False) -> str:
     real_dir = bin_dir / ".real"
     real_dir.mkdir()
     log = Path(world.layout.dir) / "timing.log"
+    binary = timing_wrapper()
     for tool in [p for p in bin_dir.iterdir() if p.is_file()]:
-        real = real_dir / tool.name
-        tool.rename(real)
-        tool.write_text(WRAPPER.format(real=real, tool=tool.name, log=log,
-                                       cost=cost_lines(tool.name) if real else ""))
+        wrapped = real_dir / tool.name
+        tool.rename(wrapped)
+        if binary:
+            costs = [f"{seconds:g} {pattern}\n" for name, pattern, seconds, _source in REAL_COST
+                     if real and name == tool.name]
+            (real_dir / f"{tool.name}.cfg").write_text(f"{log}\n{''.join(costs)}")
+            shutil.copy(binary, tool)
+        else:
+            tool.write_text(WRAPPER.format(real=wrapped, tool=tool.name, log=log,
+                                           cost=cost_lines(tool.name) if real else ""))
         tool.chmod(0o755)
     return str(log)
 
