@@ -9,7 +9,6 @@ metrics. Read as status.json is: a bounded regular file, no link followed.
 
 from __future__ import annotations
 
-import json
 import os
 
 from podvm_gpu.host.fs import Root, atomic_write, ensure_dir, read_bounded
@@ -34,6 +33,8 @@ def load(root: Root) -> dict | None:
     garbled file is never read as a finding: the boot's own rerun then decides)."""
     try:
         data = read_bounded(root.resolve(WATCH_PATH, follow_last=False), MAX_BYTES)
+        import json  # only with a file to read: every GPU boot asks, few have one (issue 38)
+
         doc = json.loads(data.decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
