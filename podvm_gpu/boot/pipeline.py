@@ -16,6 +16,8 @@ The order, and what depends on what (contract section 3):
 ``versions``                after modules (reads the loaded module's version); before any NVML
                             client, which fails on a mismatch. The fabric manager's version too,
                             before persistenced starts initialising GPUs for nothing (C23).
+                            Once it passed, ``nvidia-ctk --version`` starts on a thread of its
+                            own for the cdi step (``_STARTED_AFTER``), beside the next two.
 ``device-nodes``            after modules (majors and minors come from the driver).
 ``persistenced``            after the nodes; before every NVML client (nvidia-smi, the fabric
                             wait, nvidia-ctk): without it each client initialises the GPUs again,
@@ -27,8 +29,10 @@ The order, and what depends on what (contract section 3):
 ``confidential-computing``  same time: the fabric wait is tens of seconds on HGX machines,
 ``cdi`` (generate)    }     and nvidia-ctk's generation does not need the fabric or the ready
                             state, only the driver and persistenced.
-``cdi`` (health gate)       beside generation, in the same branch on a thread of its own
-                            (podvm_gpu/steps/cdi/health.py, steps/cdi/step.py ``run``): bounded
+``cdi`` (health gate)       beside generation, in the same branch on a thread of its own,
+                            started once the generation's process has started (the longest
+                            lane's start first; podvm_gpu/steps/cdi/health.py,
+                            steps/cdi/step.py ``run``): bounded
                             nvidia-smi queries side by side (row remapper; volatile ECC, pages
                             pending; reset status; recovery action), NVML clients, so
                             after persistenced; the branch waits for both, and the gate comes
