@@ -127,3 +127,32 @@ def test_the_answers_are_read_in_the_query_order():
 
     with pytest.raises(StepFailed, match=f"^{first} broke"):
         answers(both_raise)
+
+
+def test_a_call_started_ahead_does_not_outlive_a_boot_that_failed_before_its_step(
+        umockdev_run):
+    # nvidia-ctk's version is asked once the versions step passed; persistenced then fails and
+    # the cdi step never reads it: the boot ends it, rather than leaving a hung call behind
+    case = copy.deepcopy(load_case(DATA / "cases" / "P02-one-h100-pcie-ready.yaml"))
+    for rule in case.tools:
+        if rule["argv"] == ["nvidia-persistenced"]:
+            rule.update(rc=1, delay_s=0.5, effects=[], stderr="persistenced: no GPU\n")
+    case.tools.insert(0, _rule({"argv": ["nvidia-ctk", "--version"], "delay_s": 60}, []))
+    with World(case) as world:
+        boot = world.run("boot")
+        (version,) = calls_of_started(world, ["nvidia-ctk", "--version"])
+        assert boot.status["state"] == "failed" and "persistenced" in boot.status["reason"]
+        assert boot.wall_s < 30, boot.wall_s
+        assert not alive(version.pid), version  # ended with the boot (its group SIGKILLed)
+
+
+def calls_of_started(world, argv):
+    return [c for c in world.calls() if c.argv[:len(argv)] == argv]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -226,6 +226,9 @@ def run_pipeline(run: Run, config: Config | None) -> int:
     finally:
         if run.signals:
             run.signals.disarm()
+        # a call started ahead of its step (nvidia-ctk's version, a hook's ask) that is still
+        # in flight when the steps ended is nobody's: end it, or it would outlive the boot
+        ctx.runner.cancel("the boot's steps ended")
     if reason is not None:
         return _fail(run, reason)
     for finding in kmsg.findings(kmsg.read_kernel_log(run.root)):
