@@ -262,7 +262,9 @@ class Steps:
         self.ctx.runner.cancel(why)
         end = time.monotonic() + wait_s
         for thread in self.threads:
-            if wait_s > 0 and thread is not threading.current_thread():
+            # a branch not started yet (a signal while run_all starts them one after another)
+            # has nothing to record and never will
+            if wait_s > 0 and thread.ident is not None and thread is not threading.current_thread():
                 thread.join(max(end - time.monotonic(), 0))
 
     def run_all(self) -> str | None:
