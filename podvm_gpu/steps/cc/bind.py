@@ -350,12 +350,17 @@ def binding_row(facts):
         reason = record.get("reason")
         return Check(ROW, SKIP, f"{state}: {reason}" if reason else str(state))
     try:
-        now = rtmr.Register(facts.root.resolve(rtmr.RTMR3_PATH)).read()
+        try:
+            now = rtmr.Register(facts.root.resolve(rtmr.RTMR3_PATH)).read()
+        except OSError as err:  # its strerror alone named no file: the register is named
+            raise BindError(f"cannot read {rtmr.RTMR3_PATH}: {err.strerror or err}") from None
         replayed = rtmr.replay(_read_log(facts.root, rtmr.CCEL_PATH, True) +
                                _read_log(facts.root, rtmr.EVENTLOG_PATH, False))
-    except (OSError, BindError, rtmr.LogError) as err:
+    except (OSError, BindError, rtmr.LogError) as err:  # each names the file it could not read
+        said = str(err) if not isinstance(err, OSError) else \
+            f"{err.filename or 'a log'}: {err.strerror or err}"
         return Check(ROW, WARN, f"bound {record.get('result')} at boot, but RTMR3 cannot be "
-                     f"checked now: {getattr(err, 'strerror', None) or err}")
+                     f"checked now: {said}")
     if replayed != now:
         return Check(ROW, FAIL, f"bound {record.get('result')} at boot, but {rtmr.RTMR3_PATH} "
                      f"no longer replays from {rtmr.CCEL_PATH} and {rtmr.EVENTLOG_PATH}: "
