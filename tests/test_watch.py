@@ -323,6 +323,26 @@ def test_records_after_the_boots_ready_line_and_before_the_watcher_started_are_j
         assert doc["state"] == "failed" and f"kernel log record {seq}" in doc["reason"]
 
 
+def test_an_empty_kernel_log_is_watched_from_its_start_said_plainly():
+    """It said "kernel log after record -1" (the position of a log without records); an Xid
+    that arrives then is still a finding."""
+    with World(case("P02", HOUR)) as world:
+        ready_world(world)
+        Path(world.path("/dev/kmsg")).write_bytes(b"")
+        proc = start_watch(world)
+        try:
+            said = wait_until(lambda: "watching 1 GPU(s)" in stderr_of(world) and
+                              stderr_of(world), 30, proc)  # said just after watch.json
+            assert "watching 1 GPU(s): kernel log from its start (no record in it yet), polls " \
+                "every 3600 s" in said, said
+            assert "record -1" not in said
+            append_kmsg(world, XID_79)
+            assert proc.wait(REACT_S) == 0, stderr_of(world)
+        finally:
+            stop(proc)
+        assert status(world)["state"] == "failed"
+
+
 def test_a_restarted_watcher_reads_the_log_from_the_position_it_kept():
     with World(case("P02", HOUR)) as world:
         ready_world(world)

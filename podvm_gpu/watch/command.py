@@ -264,8 +264,12 @@ class Watcher:
         self._save()
         how = "" if self.klog is None or self.klog.event_driven else \
             " (no inotify: the file is looked at once a second)"
-        self.log(self.log.INFO, f"watch: watching {len(self.gpus)} GPU(s): kernel log after "
-                                f"record {position}{how}, polls every {self.interval:g} s")
+        # -1: the log held no record when the watcher started (a position, not a record)
+        where = "kernel log not read" if self.klog is None else \
+            "kernel log from its start (no record in it yet)" if position < 0 else \
+            f"kernel log after record {position}"
+        self.log(self.log.INFO, f"watch: watching {len(self.gpus)} GPU(s): {where}{how}, polls "
+                                f"every {self.interval:g} s")
 
     def _first_read(self, position: int | None) -> tuple[tuple[int | None, list], int]:
         """Read the log up to now, 10,000 records at a time, keeping only those that may be
