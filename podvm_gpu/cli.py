@@ -152,7 +152,7 @@ def parse_timeout(text: str) -> tuple[float | None, str | None]:
         return None, "--timeout is empty"
     shown = repr(text if len(text) <= 40 else text[:40] + "...")
     body = text[1:] if text[:1] in "+-" else text
-    whole, dot, fraction = body.partition(".")
+    whole, _dot, fraction = body.partition(".")
     plain = body.isascii() and (whole + fraction).isdigit() and \
         (whole.isdigit() or not whole) and (fraction.isdigit() or not fraction)
     if plain and text[0] == "-":
