@@ -63,7 +63,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     sub["status"].add_argument("--wait", action="store_true",
                                help="block until the state is final")
     sub["status"].add_argument("--timeout", metavar="S", default=None,
-                               help="longest wait in seconds (default 300)")
+                               help="with --wait: the longest wait, in seconds as a plain "
+                                    "number (default 300)")
     sub["check"].add_argument("--attest", action="store_true",
                               help="run a fresh GPU attestation (nvattest; needs the network) "
                               "for the attestation row; writes nothing")

@@ -121,7 +121,13 @@ def conflict_problem(command: str, options: dict, args: list[str]) -> str | None
     --image`` with ``--attest`` (an image is checked as files; nvattest attests this VM's GPUs),
     ``metrics --pod-labels`` with an option of the exporter (it writes the labels file once and
     exits, so ``--serve``, ``--listen``, ``--web-config``, ``--textfile`` and ``--openmetrics``
-    would be ignored). Each was ignored silently before issue 35 item 13."""
+    would be ignored), ``status --timeout`` without ``--wait`` (status reads the state once:
+    the timeout would be ignored). Each was ignored silently before issue 35 item 13 (the
+    last, before its leftovers)."""
+    if command == "status" and not options.get("wait") and \
+            any(a == "--timeout" or a.startswith("--timeout=") for a in args):
+        return "--timeout needs --wait: without --wait status reads the state once and does " \
+            "not wait"
     if command == "check" and options.get("image") and options.get("attest"):
         return "--image and --attest cannot be used together: --image checks an image's files, " \
             "--attest runs nvattest on this VM's GPUs"
@@ -134,16 +140,42 @@ def conflict_problem(command: str, options: dict, args: list[str]) -> str | None
     return None
 
 
-def parse_timeout(text: str) -> float | None:
-    """``--timeout`` of status: a finite number of seconds, at least 0, in ASCII digits
-    (``float`` would also take ``٣`` and ``1_0``); None when it is not (an empty one too)."""
-    if not text.isascii() or "_" in text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if 0 <= value < float("inf") else None
+def parse_timeout(text: str) -> tuple[float | None, str | None]:
+    """``--timeout`` of status: ``(seconds, None)``, or ``(None, why not)`` naming the value.
+
+    Seconds are a plain number in ASCII digits, at least 0: ``300``, ``2.5``, ``.5``. Refused,
+    each said in its own words: empty; negative; ``inf`` and ``nan``; an exponent (``1e3``:
+    ``float`` takes it, but nobody means a wait in scientific notation, and ``1e400`` is
+    infinite); ``_`` and non-ASCII digits (``float`` also takes ``1_0`` and ``٣``); a number
+    too large for a float."""
+    if text == "":  # --timeout= is a mistake, not a wish for the default
+        return None, "--timeout is empty"
+    shown = repr(text if len(text) <= 40 else text[:40] + "...")
+    body = text[1:] if text[:1] in "+-" else text
+    whole, _dot, fraction = body.partition(".")
+    plain = body.isascii() and (whole + fraction).isdigit() and \
+        (whole.isdigit() or not whole) and (fraction.isdigit() or not fraction)
+    if plain and text[0] == "-":
+        return None, f"--timeout {shown} is negative: give 0 or more seconds"
+    if plain and text[0] != "+":
+        value = float(body)
+        if value == float("inf"):
+            return None, f"--timeout {shown} is too large to be a number of seconds"
+        return value, None
+    lowered = body.lower()
+    if lowered in ("inf", "infinity", "nan"):
+        return None, f"--timeout {shown} is not a number of seconds: give a plain number, " \
+                     "0 or more (300, 2.5)"
+    if text.isascii() and "e" in lowered and "_" not in text:
+        try:
+            float(text)
+        except ValueError:
+            pass
+        else:
+            return None, f"--timeout {shown} has an exponent: write the seconds as a plain " \
+                         "number (1000, not 1e3)"
+    return None, f"--timeout {shown} is not a number of seconds (0 or more, in plain ASCII " \
+                 "digits: 300, 2.5)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,11 +334,7 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
         options["config"], named["--config"])
     if command == "status" and not problem:
         text = options.get("timeout")
-        options["timeout"] = parse_timeout(text) if text is not None else 300.0
-        if text == "":  # --timeout= is a mistake, not a wish for the default
-            problem = "--timeout is empty"
-        elif options["timeout"] is None:
-            problem = f"--timeout {text!r} is not a number of seconds (0 or more)"
+        options["timeout"], problem = parse_timeout(text) if text is not None else (300.0, None)
     problem = problem or conflict_problem(command, options, args)
     if command == "metrics" and not problem:
         problem = listen_problem(options) or web_config_problem(options)

@@ -108,6 +108,14 @@ def acquire_lock(root: Root, timeout_s: float, log) -> int | None:
 # textfile (/run/podvm-gpu/metrics.prom by default) in the same folder, without boot's lock.
 # The kept nvattest outputs (steps/cc/attest/gate.py) and cdi.SPEC_PATH's and IMEX_SPEC_PATH's
 # names (cdi is status's sibling layer; tests/test_boot_last_resort.py ties them).
+# Not watch.json (podvm_gpu/watchfile.py), on purpose: the watcher writes it without the boot's
+# lock (only a finding's application takes the lock), so a boot run by hand beside a live
+# watcher would delete the temporary of a save in flight, and that save may be the finding
+# (kept before it is applied). watch.json itself must outlive a boot run again: a standing
+# finding fails that boot by name (boot/pipeline.py _standing_finding) until watch --clear; one
+# of an earlier boot without a finding is harmless (the watcher takes its position only for
+# the same boot_started_at). A watcher killed mid-write leaves at most one small temporary in
+# /run (gone at reboot; no CDI reader looks there). tests/test_boot_start.py holds this.
 OWN_FILES = {"/run/podvm-gpu": (os.path.basename(STATUS_PATH), "fabricmanager.cfg",
                                 "nvattest-gpu.json", "nvattest-nvswitch.json"),
              "/var/run/cdi": ("nvidia.yaml", "nvidia-imex.yaml")}

@@ -262,6 +262,15 @@ def test_the_row_passes_a_binding_whose_logs_still_replay_and_fails_one_that_doe
     assert row.result == "fail" and "no longer replays" in row.detail
 
 
+def test_the_row_names_the_register_it_could_not_read(tmp_path):
+    """It said ``warn ... cannot be checked now: No such file or directory``, naming no file."""
+    bound = rtmr.binding_record("bound", "none", None, True, "ab" * 48)
+    row = bind.binding_row(row_world(tmp_path, bound, None))
+    assert row.result == "warn", row
+    assert row.detail.endswith(f"cannot be checked now: cannot read {rtmr.RTMR3_PATH}: No such "
+                               "file or directory"), row.detail
+
+
 def test_the_row_fails_broken_and_skips_unbound(tmp_path):
     broken = rtmr.binding_record("broken", "pass", "extending it failed")
     row = bind.binding_row(row_world(tmp_path / "a", broken, None))

@@ -98,6 +98,31 @@ def test_the_clean_up_removes_only_boots_own_temporary_files(tmp_path):
     assert [p.name for p in others if p.exists()] == [p.name for p in others]
 
 
+@pytest.mark.parametrize("finding", [False, True])
+def test_a_boot_leaves_the_watchers_file_and_its_temporary_alone(tmp_path, finding):
+    """watch.json is the watcher's, written without the boot's lock: not in OWN_FILES (the
+    comment there says why). A standing finding outlives the boot, which fails naming it."""
+    from podvm_gpu.status import OWN_FILES
+    from podvm_gpu.watchfile import WATCH_PATH, new_state
+
+    assert os.path.basename(WATCH_PATH) not in OWN_FILES[os.path.dirname(WATCH_PATH)]
+    run_dir = tmp_path / "run/podvm-gpu"
+    run_dir.mkdir(parents=True)
+    doc = new_state("2026-12-04T00:00:00Z")
+    if finding:
+        doc["finding"] = {"gpu": "0000:01:00.0", "reason": "watch: GPU 0000:01:00.0: Xid 79; "
+                          "found at 2026-12-04T00:01:00Z (kernel log record 9)", "applied": True}
+    watch, temporary = run_dir / "watch.json", run_dir / ".watch.json.4242.tmp"
+    watch.write_text(json.dumps(doc))
+    temporary.write_text("{")
+    done, _ = boot(tmp_path)
+    assert done.returncode == (1 if finding else 0), done.stderr
+    assert json.loads(watch.read_text()) == doc and temporary.read_text() == "{"
+    if finding:
+        said = json.loads((run_dir / "status.json").read_text())["reason"]
+        assert said.startswith("watch: a finding of the watcher stands: GPU 0000:01:00.0: Xid 79")
+
+
 def test_config_compile_names_the_compiled_file_not_its_temporary(tmp_path, monkeypatch):
     """Item 22: on a full disk ``config --compile`` named no file; on a read-only file system
     it named the temporary file."""

@@ -81,6 +81,15 @@ def test_columns_sets_the_width_and_anything_else_is_100_off_a_terminal(value, w
     assert table_width() == width
 
 
+@pytest.mark.parametrize("value", ["1000", "1001", "100000", "999999999", "1" + "0" * 5000])
+def test_a_columns_wider_than_1000_is_taken_as_1000(value, monkeypatch):
+    """Issue 35's leftover: 100000 and more fell back to 100 columns; a positive number asks
+    for a wide table, capped at 1000 (the int of 5001 digits is beyond Python's conversion)."""
+    monkeypatch.setenv("COLUMNS", value)
+    monkeypatch.setattr(sys, "__stdout__", io.StringIO())
+    assert table_width() == 1000
+
+
 def check_text(podvm, root, columns: str | None, *extra: str) -> subprocess.CompletedProcess:
     # unset: empty (the test runner's own COLUMNS must not reach it), which the program ignores
     done = podvm(["check", "--root", str(root), *extra], env={"COLUMNS": columns or ""})

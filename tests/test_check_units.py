@@ -366,6 +366,18 @@ def test_watch_row_passes_while_the_watcher_watches_a_ready_boot(tmp_path):
     assert row.result == PASS and "kernel log record 41" in row.detail
 
 
+@pytest.mark.parametrize("seq", [-1, None])
+def test_watch_row_of_a_watcher_that_read_no_record_says_so_plainly(tmp_path, seq):
+    """It said "kernel log record -1" for a log that was empty when the watcher started (the
+    watcher's own start line said "after record -1" too)."""
+    from podvm_gpu.check.units import watch_unit_check
+
+    row = watch_unit_check(_watch_root(tmp_path, "ready", watch={"kmsg_seq": seq,
+                                                                  "started_at": "s"}), vm=True)
+    assert row.result == PASS
+    assert row.detail == "watching since s, kernel log from its start (no record read yet)"
+
+
 def test_watch_row_fails_on_a_finding_and_hints_at_replacing_the_vm(tmp_path):
     from podvm_gpu.check.units import watch_unit_check
 

@@ -149,6 +149,49 @@ def test_an_empty_or_non_ascii_timeout_is_a_usage_error(args, said, capsys, tmp_
     assert f"podvm-gpu: error: {said}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value, said", [
+    ("1e3", "--timeout '1e3' has an exponent: write the seconds as a plain number (1000, not 1e3)"),
+    ("1.5E+2", "--timeout '1.5E+2' has an exponent"),
+    ("inf", "--timeout 'inf' is not a number of seconds: give a plain number, 0 or more"),
+    ("NaN", "--timeout 'NaN' is not a number of seconds"),
+    ("-1", "--timeout '-1' is negative: give 0 or more seconds"),
+    ("-0.5", "--timeout '-0.5' is negative"),
+    ("+5", "--timeout '+5' is not a number of seconds (0 or more, in plain ASCII digits"),
+    ("9" * 400, "--timeout '" + "9" * 40 + "...' is too large to be a number of seconds"),
+])
+def test_a_timeout_that_is_no_plain_number_of_seconds_is_said_as_what_it_is(value, said, capsys,
+                                                                            tmp_path):
+    """Issue 35's leftovers: ``--timeout 1e3`` waited 1000 s (float() takes an exponent) and
+    ``inf`` was refused as 'not a number'; a user writes seconds as a plain number. (A final
+    state: before, the values taken ended the wait at once, exit 0.)"""
+    write_status(tmp_path, "no-gpu")
+    assert main(["status", "--root", str(tmp_path), "--wait", f"--timeout={value}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: podvm-gpu status") and f"podvm-gpu: error: {said}" in err, err
+
+
+@pytest.mark.parametrize("value, seconds", [("0", 0.0), ("300", 300.0), ("2.5", 2.5), (".5", 0.5),
+                                            ("5.", 5.0), ("007", 7.0)])
+def test_a_plain_timeout_is_taken_as_seconds(value, seconds):
+    from podvm_gpu.cli import parse_timeout
+
+    assert parse_timeout(value) == (seconds, None)
+
+
+@pytest.mark.parametrize("args", [["--timeout", "5"], ["--timeout=5", "--json"],
+                                  ["--json", "--timeout", "0"]])
+def test_status_timeout_without_wait_is_a_usage_error_naming_both(args, capsys, tmp_path):
+    """Issue 35's leftovers: ``status --timeout 5`` printed the state at once, the timeout
+    silently ignored, where every other contradiction is refused (1.3)."""
+    write_status(tmp_path, "no-gpu")
+    assert main(["status", "--root", str(tmp_path), *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("usage: podvm-gpu status")
+    assert "podvm-gpu: error: --timeout needs --wait: without --wait status reads the state " \
+        "once and does not wait" in captured.err
+
+
 @pytest.mark.parametrize("args, said", [
     (["check", "--image", "--attest"], "--image and --attest cannot be used together"),
     (["check", "--attest", "--json", "--image"], "--image and --attest cannot be used together"),

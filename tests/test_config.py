@@ -629,3 +629,41 @@ def test_null_is_taken_where_the_default_is_null(config_file):
 def test_null_is_refused_where_the_default_is_not_null(config_file):
     assert "budget_s: must be a number of seconds, not empty" in \
         load_error("budget_s: null\n", config_file)
+
+
+@pytest.mark.parametrize("written", ['budget_s: "5"', "budget_s: '2.5'", 'budget_s: "-5"',
+                                     'budget_s: ".5"', 'budget_s: "1_0"',
+                                     'detect: {expected_gpus: "2"}',
+                                     'timeouts: {modprobe: "3"}'])
+def test_a_number_in_quotes_is_told_to_drop_the_quotes(config_file, written):
+    """``budget_s: "5"`` was told "write it as 5.0", as if the 5 were the problem: it is a
+    string because it is quoted. The hint is the key and value as they should be written,
+    and fed back it is a number."""
+    message = load_error(written + "\n", config_file)
+    value = written.rpartition(": ")[2].strip("}").strip("'\"")
+    hint = re.search(r'\("(.+)" is quoted; write it without quotes: (\S+): (\S+)\)$', message)
+    assert hint and hint.group(1) == value == hint.group(3), message
+    assert "YAML reads it as text" not in message and "write it as" not in message, message
+    fed_back = yaml.safe_load(f"{hint.group(2)}: {hint.group(3)}\n")[hint.group(2)]
+    assert isinstance(fed_back, (int, float)) and not isinstance(fed_back, bool), fed_back
+
+
+@pytest.mark.parametrize("written", ['detect: {expected_gpus: "2.0"}', 'budget_s: "."',
+                                     'budget_s: ".inf"', 'budget_s: "five"'])
+def test_text_that_is_no_such_number_when_unquoted_gets_no_quotes_hint(config_file, written):
+    """Without its quotes 2.0 is no whole number, ``.`` text, ``.inf`` no finite one."""
+    message = load_error(written + "\n", config_file)
+    assert "is quoted" not in message and "must be" in message, message
+
+
+@pytest.mark.parametrize("section", ["persistenced", "detect", "confidential_computing"])
+@pytest.mark.parametrize("written", ["null", "", "~"])
+def test_a_section_given_as_null_is_said_to_be_null_not_empty(config_file, section, written):
+    """``persistenced: null`` said "must be a mapping of settings, not empty": the section is
+    null, and the way to its defaults is to leave it out (``metrics: null`` alone is the
+    defaults: the exporter's own rule, docs/interface.md 7)."""
+    message = load_error(f"{section}: {written}\n", config_file)
+    assert message.endswith(f"{section}: must be a mapping of settings, not null (leave "
+                            f"{section} out, or write {section}: {{}}, for its defaults)"), message
+    os.unlink(PATH)
+    assert load_config(config_file(f"{section}: {{}}\n")) == Config()

@@ -181,6 +181,18 @@ def test_a_control_character_in_any_string_is_refused_by_key(key, value):
     said = "NUL character (\\x00)" if "\\0" in value else "control character (\\x1b)"
     assert message.startswith(f"c.yaml: {key}") and said in message, message
     assert "\0" not in message and "\x1b" not in message
+    # one problem, counted once: a NUL in a path was also "not an absolute path" (and 1 more)
+    assert "more)" not in message, message
+
+
+def test_a_key_with_a_control_character_is_one_problem_not_also_an_unknown_key():
+    from podvm_gpu.config.load import parse_config
+    from podvm_gpu.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        parse_config('tools: {"modprobe\\e": /sbin/modprobe}\nbudget_s: 0\n', "c.yaml")
+    assert str(err.value) == ("c.yaml: tools.modprobe\\x1b: a key with a control character "
+                              "(\\x1b) (and 1 more)"), str(err.value)
 
 
 def test_an_esc_in_a_key_never_reaches_a_terminal_the_console_or_the_spec_raw(tmp_path):

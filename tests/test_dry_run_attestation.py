@@ -114,3 +114,32 @@ def test_the_nvswitch_run_is_a_note_where_nvswitches_are_on_pci(tmp_path, podvm)
     first_note = next(i for i, line in enumerate(lines) if line.startswith("# "))
     assert lines[:first_note] == [shlex.join(c) for c in doc["commands"]]  # the commands first
     assert all(line.startswith("# ") for line in lines[first_note:])
+
+
+@pytest.mark.parametrize("register, config, said", [
+    (False, None, "binding: nothing is bound: no /sys/class/misc/tdx_guest/measurements/"
+                  "rtmr3:sha384 (a kernel before 6.16, not a TDX guest"),
+    (False, "confidential_computing: {bind: required}\n", "; confidential_computing.bind: "
+                                                         "required: a boot here ends failed"),
+    (True, "confidential_computing: {bind: 'off'}\n", "binding: off (confidential_computing."
+                                                      "bind: off): the boot's result is not "
+                                                      "bound into RTMR3"),
+    (True, None, "binding: at its end the boot binds its result into RTMR3: one podvm-gpu "
+                 "GpuAttestation event (result pass after an attestation that passed, fail "
+                 "when the boot ends failed, else none) appended to /run/attestation-agent/"
+                 "eventlog, its digest extended into /sys/class/misc/tdx_guest/measurements/"
+                 "rtmr3:sha384"),
+])
+def test_the_dry_run_says_what_the_boot_would_bind_into_rtmr3(tmp_path, podvm, empty_path,
+                                                              register, config, said):
+    """Issue 37's binding happens at a boot's end, not in a step: the dry run said nothing of
+    it. A note says what would be bound and where, or why nothing is; nothing is written."""
+    root = tmp_path / "root"
+    node = root / "sys/class/misc/tdx_guest/measurements/rtmr3:sha384"
+    node.parent.mkdir(parents=True)
+    if register:
+        node.write_bytes(bytes(48))
+    doc = dry_run(podvm, root, empty_path, config=config)
+    notes = [n for n in doc["notes"] if n.startswith("binding: ")]
+    assert len(notes) == 1 and said in notes[0], doc["notes"]
+    assert not (root / "run").exists() and (not register or node.read_bytes() == bytes(48))

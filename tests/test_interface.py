@@ -525,10 +525,22 @@ RUNS = CPU + [
      "a `ready` that breaks the rules of ready: section 4.4)", _garbled_ready, ["status"]),
     ("status --wait", "the timeout passed before a final state", _running,
      ["status", "--wait", "--timeout", "0.1"]),
-    ("status", "a bad `--timeout` (empty, not a number in ASCII digits, negative, infinite)",
+    ("status", "a bad `--timeout` (empty, not a plain number in ASCII digits, negative, infinite, "
+     "with an exponent: `--timeout '1e3' has an exponent: write the seconds as a plain number "
+     "(1000, not 1e3)`), or `--timeout` without `--wait` (`--timeout needs --wait: ...`)",
      None, ["status", "--timeout", "-1"]),
-    ("status", "a bad `--timeout` (empty, not a number in ASCII digits, negative, infinite)",
+    ("status", "a bad `--timeout` (empty, not a plain number in ASCII digits, negative, infinite, "
+     "with an exponent: `--timeout '1e3' has an exponent: write the seconds as a plain number "
+     "(1000, not 1e3)`), or `--timeout` without `--wait` (`--timeout needs --wait: ...`)",
      None, ["status", "--timeout="]),
+    ("status", "a bad `--timeout` (empty, not a plain number in ASCII digits, negative, infinite, "
+     "with an exponent: `--timeout '1e3' has an exponent: write the seconds as a plain number "
+     "(1000, not 1e3)`), or `--timeout` without `--wait` (`--timeout needs --wait: ...`)",
+     None, ["status", "--wait", "--timeout", "1e3"]),
+    ("status", "a bad `--timeout` (empty, not a plain number in ASCII digits, negative, infinite, "
+     "with an exponent: `--timeout '1e3' has an exponent: write the seconds as a plain number "
+     "(1000, not 1e3)`), or `--timeout` without `--wait` (`--timeout needs --wait: ...`)",
+     None, ["status", "--timeout", "5"]),
     ("check", "a row is `fail` (also the `config` row of a bad or missing named config)", _booted,
      ["check", "--config", "/nonexistent/config.yaml"]),
     ("check --image", "a row is `fail`", None, ["check", "--image"]),

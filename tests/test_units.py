@@ -371,6 +371,10 @@ def test_watch_unit_runs_after_a_final_boot_restarts_and_has_no_network():
     assert service["ExecCondition"] == ["/opt/podvm-gpu/bin/podvm-gpu status"]
     assert service["ExecStart"] == ["/opt/podvm-gpu/bin/podvm-gpu watch"]
     assert service["Restart"] == ["on-failure"] and service["Type"] == ["simple"]
+    # a bad config (exit 2, podvm_gpu/watch/command.py BAD_CONFIG) fails once, not every 5 s
+    from podvm_gpu.watch.command import BAD_CONFIG
+
+    assert service["RestartPreventExitStatus"] == [str(BAD_CONFIG)] == ["2"]
     assert service["PrivateNetwork"] == ["yes"] and service["RestrictAddressFamilies"] == ["AF_UNIX"]
     # what the work needs: the kernel log, the spec and run folders, the NVIDIA nodes
     assert service.get("ProtectKernelLogs", ["no"]) == ["no"]

@@ -323,6 +323,26 @@ def test_records_after_the_boots_ready_line_and_before_the_watcher_started_are_j
         assert doc["state"] == "failed" and f"kernel log record {seq}" in doc["reason"]
 
 
+def test_an_empty_kernel_log_is_watched_from_its_start_said_plainly():
+    """It said "kernel log after record -1" (the position of a log without records); an Xid
+    that arrives then is still a finding."""
+    with World(case("P02", HOUR)) as world:
+        ready_world(world)
+        Path(world.path("/dev/kmsg")).write_bytes(b"")
+        proc = start_watch(world)
+        try:
+            said = wait_until(lambda: "watching 1 GPU(s)" in stderr_of(world) and
+                              stderr_of(world), 30, proc)  # said just after watch.json
+            assert "watching 1 GPU(s): kernel log from its start (no record in it yet), polls " \
+                "every 3600 s" in said, said
+            assert "record -1" not in said
+            append_kmsg(world, XID_79)
+            assert proc.wait(REACT_S) == 0, stderr_of(world)
+        finally:
+            stop(proc)
+        assert status(world)["state"] == "failed"
+
+
 def test_a_restarted_watcher_reads_the_log_from_the_position_it_kept():
     with World(case("P02", HOUR)) as world:
         ready_world(world)
@@ -499,3 +519,63 @@ def test_a_finding_revokes_the_pass_the_boot_bound_into_rtmr3():
         assert register.read_bytes() != before
         log = Path(world.path("/run/attestation-agent/eventlog")).read_bytes()
         assert log.rindex(b'"result":"fail"') > log.rindex(b'"result":"pass"')
+
+
+def run_watch_once(world: World, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*product_command(), "watch", "--root", world.layout.root, *args],
+                          capture_output=True, text=True, timeout=60, env=world._env())
+
+
+@pytest.mark.parametrize("how", ["root-file", "named-missing", "named-bad"])
+def test_a_bad_config_fails_the_watcher_once_naming_it_as_metrics_does(how, tmp_path):
+    """Issue 35's leftovers: the watcher took the defaults with a warning where every other
+    command fails on a bad config; exit 2 (as metrics), which the unit does not restart."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("budget_s: forever\n")
+    with World(case("P02", HOUR)) as world:
+        ready_world(world)
+        config = Path(world.path("/etc/podvm-gpu/config.yaml"))
+        args = {"root-file": [], "named-missing": ["--config", str(tmp_path / "gone.yaml")],
+                "named-bad": ["--config", str(bad)]}[how]
+        if how == "root-file":
+            config.write_text("budget_s: forever\n")
+        done = run_watch_once(world, *args)
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        named = {"root-file": f"{config}: budget_s: must be a number of seconds",
+                 "named-missing": f"{tmp_path / 'gone.yaml'}: no such file",
+                 "named-bad": f"{bad}: budget_s: must be a number of seconds"}[how]
+        assert done.stderr.startswith(f"podvm-gpu: error: {named}"), done.stderr
+        assert "not watching: fix it" in done.stderr and "defaults" not in done.stderr
+        assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
+        assert not os.path.exists(world.path(WATCH_PATH))
+        assert status(world)["state"] == "ready"
+        as_json = run_watch_once(world, "--json", *args)
+        assert as_json.returncode == 2
+        assert json.loads(as_json.stdout) == {"watching": False,
+                                              "error": done.stderr.split("error: ", 1)[1]
+                                              .split("; not watching")[0]}
+
+
+def test_a_finding_kept_but_not_applied_is_applied_with_the_defaults_under_a_bad_config():
+    """Failing closed: the bad config is said, and the GPU still leaves the spec."""
+    from podvm_gpu.host.fs import Root
+    from podvm_gpu.watchfile import new_state, save
+
+    with World(case("P02", HOUR)) as world:
+        ready_world(world)
+        kept = new_state(status(world)["started_at"])
+        kept["kmsg_seq"] = 7
+        kept["finding"] = {"gpu": "0000:00:04.0", "what": "Xid 79", "source":
+                           "kernel log record 7", "at": "2026-12-04T00:00:00Z", "kmsg_seq": 7,
+                           "reason": "watch: GPU 0000:00:04.0: Xid 79; found at "
+                                     "2026-12-04T00:00:00Z (kernel log record 7)",
+                           "applied": False, "ready_state": None}
+        save(Root(world.layout.root), kept)
+        Path(world.path("/etc/podvm-gpu/config.yaml")).write_text("budget_s: forever\n")
+        done = run_watch_once(world)
+        assert done.returncode == 0, done.stderr
+        assert "budget_s: must be a number of seconds" in done.stderr
+        assert "is applied with the defaults" in done.stderr
+        assert status(world)["state"] == "failed"
+        assert status(world)["reason"].startswith("watch: GPU 0000:00:04.0: Xid 79")
+        assert "PODVM_GPU_STATE=failed" in spec_env(world)

@@ -21,6 +21,10 @@ def plan(ctx: BootContext) -> list[list[str]]:
 
 
 def notes(ctx: BootContext) -> list[str]:
-    """The steps' notes on their plans (``plan_notes(ctx)``), in the step order."""
+    """The steps' notes on their plans (``plan_notes(ctx)``), in the step order, then what the
+    boot's end would bind into RTMR3 (issue 37; not a step: boot/run.py ``bind_end``)."""
+    from podvm_gpu.steps.cc.bind import plan_note
+
     return [note for name in steps.GPU_STEPS
-            for note in getattr(steps.module(name), "plan_notes", lambda ctx: [])(ctx)]
+            for note in getattr(steps.module(name), "plan_notes", lambda ctx: [])(ctx)] + \
+        [plan_note(ctx.root, ctx.config.confidential_computing.bind)]

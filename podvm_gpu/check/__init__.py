@@ -55,19 +55,27 @@ def broken(name: str, err: BaseException) -> Check:
 
 
 DEFAULT_WIDTH = 100  # the table's width when stdout is not a terminal and COLUMNS is unset
+# The widest table: a wider COLUMNS is taken as this. No terminal is that wide (a 4K screen at
+# its smallest font holds about 800), and the hints and details, at most a few hundred
+# characters each, are then on one line anyway.
+MAX_WIDTH = 1000
 MIN_DETAIL = 30  # the narrowest detail column: below it the table is wider than asked
 
 
 def table_width() -> int:
-    """The width the ``check`` table fits: ``COLUMNS`` when it is a positive number (as
-    :func:`shutil.get_terminal_size` reads it), else the terminal's when stdout is one, else
+    """The width the ``check`` table fits: ``COLUMNS`` when it is a positive whole number in
+    ASCII digits (as :func:`shutil.get_terminal_size` reads it), at most :data:`MAX_WIDTH` (a
+    larger one, of any number of digits, is taken as that: it asks for a wide table, and before
+    it fell back to 100 columns), else the terminal's when stdout is one, else
     :data:`DEFAULT_WIDTH` (issue 35 item 3). ``sys.__stdout__`` is asked: a command's
     ``sys.stdout`` is the buffer :mod:`podvm_gpu.cli` sends at the end."""
     import os
 
     text = os.environ.get("COLUMNS", "").strip()
-    if text.isascii() and text.isdigit() and 0 < int(text) < 100000:
-        return int(text)
+    if text.isascii() and text.isdigit() and text.strip("0"):
+        # compared by its digits first: int() refuses more than 4300 of them
+        digits = text.lstrip("0")
+        return MAX_WIDTH if len(digits) > len(str(MAX_WIDTH)) else min(int(digits), MAX_WIDTH)
     try:
         fd = sys.__stdout__.fileno()
         if os.isatty(fd) and os.get_terminal_size(fd).columns > 0:

@@ -53,7 +53,11 @@ def watch_unit_check(root: Root, vm: bool) -> Check:
         return Check(name, WARN, f"no {watchfile.WATCH_PATH}: the watcher has not started "
                      "after this ready boot", f"systemctl status {unit}")
     warned = doc.get("warnings") or []
-    said = f"watching since {doc.get('started_at')}, kernel log record {doc.get('kmsg_seq')}"
+    seq = doc.get("kmsg_seq")
+    # -1 (or none yet): the watcher's position in a log that held no record when it started
+    said = f"watching since {doc.get('started_at')}, " + (
+        f"kernel log record {seq}" if isinstance(seq, int) and seq >= 0 else
+        "kernel log from its start (no record read yet)")
     if warned:
         return Check(name, WARN, f"{said}; {len(warned)} warning(s): {warned[0]['text']}",
                      f"{watchfile.WATCH_PATH} lists them")

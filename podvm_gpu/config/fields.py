@@ -47,7 +47,7 @@ def seconds(minimum: float, inclusive: bool):
     def check(value: object, loc: list) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise Invalid(loc, f"must be a number of seconds, not {_kind(value)}"
-                           + _numeric_text(value))
+                           + (_quoted_number(value, loc, False) or _numeric_text(value)))
         # an int is compared as an int: math.isfinite(10**309) and float() raise OverflowError
         if isinstance(value, float) and not math.isfinite(value):
             raise Invalid(loc, "must be a finite number of seconds")
@@ -75,7 +75,8 @@ def count(maximum: int):
     def check(value: object, loc: list) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             shown = repr(value) if isinstance(value, float) else _kind(value)
-            raise Invalid(loc, f"must be a whole number, not {shown}")
+            raise Invalid(loc, f"must be a whole number, not {shown}"
+                          + _quoted_number(value, loc, True))
         if not 0 <= value <= maximum:
             raise Invalid(loc, f"must be from 0 to {maximum}, not {_number_text(value)}")
         return value
@@ -95,6 +96,32 @@ def _string(value: object, loc: list) -> str:
         raise Invalid(loc, "must be a non-empty string, not " + (
             "an empty one" if value == "" else _kind(value)))
     return value
+
+
+def _quoted_number(value: object, loc: list, whole: bool) -> str:
+    """A hint for a number written in quotes (``budget_s: "5"``): text that YAML 1.1 reads as a
+    decimal number when written plain (``5``, ``-2``, ``2.5``, ``1.0e+3``; ``whole``: integers
+    only) can only be a string because it was quoted (or is a string in the compiled form), so
+    the hint says to drop the quotes, with the key as it would be written: ``("5" is quoted;
+    write it without quotes: budget_s: 5)``. ``""`` for anything else (``1e3`` is text to YAML
+    1.1 even unquoted: :func:`_numeric_text` says what to write instead)."""
+    if not isinstance(value, str) or not _yaml_decimal(value, whole):
+        return ""
+    key = loc[-1] if loc and isinstance(loc[-1], str) else None
+    return f' ("{value}" is quoted; write it without quotes: ' \
+        f'{f"{key}: " if key is not None else ""}{value})'
+
+
+def _yaml_decimal(text: str, whole: bool) -> bool:
+    """Whether YAML 1.1's resolver (the one PyYAML's safe loader uses) reads the plain scalar
+    ``text`` as a decimal int, or (not ``whole``) a float that is not inf or nan: ``[-+]?(0|
+    [1-9][0-9_]*)`` and ``[-+]?([0-9][0-9_]*)?\\.[0-9_]*([eE][-+][0-9]+)?`` with a digit."""
+    import re
+
+    number = r"[-+]?(?:0|[1-9][0-9_]*)"
+    if not whole:
+        number += r"|[-+]?(?=\.?[0-9])(?:[0-9][0-9_]*)?\.[0-9_]*(?:[eE][-+][0-9]+)?"
+    return text.isascii() and re.fullmatch(number, text) is not None
 
 
 def _numeric_text(value: object) -> str:
@@ -328,6 +355,13 @@ class Section:
         """A section from the mapping ``raw``; every bad key or value is appended to ``errors``
         (the section then holds the default for it). ``null`` is taken for a key whose default
         is null (unset), and for no other."""
+        if raw is None and loc:
+            # YAML's "persistenced:" with nothing after it is null: a section is a mapping, and
+            # null is taken only for a key whose default is null (docs/interface.md 7)
+            name = loc[-1]
+            errors.append(Invalid(loc, f"must be a mapping of settings, not null (leave {name} "
+                                       f"out, or write {name}: {{}}, for its defaults)"))
+            return cls()
         if not isinstance(raw, dict):
             errors.append(Invalid(loc, f"must be a mapping of settings, not {_kind(raw)}"))
             return cls()

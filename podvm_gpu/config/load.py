@@ -109,11 +109,16 @@ def validate(raw: object, path: str) -> Config:
         return Config()
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: must be a mapping of settings, not {type(raw).__name__}")
-    errors: list[Invalid] = _control_characters(raw)
+    control = _control_characters(raw)
+    errors: list[Invalid] = []
     try:
         config = Config.validate(raw, [], errors)
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply") from None
+    # a value or key refused for its control character is one problem: its field's own check
+    # (a NUL is in no absolute path, a key with ESC is unknown) must not count it again
+    said = {tuple(e.loc) for e in control}
+    errors = control + [e for e in errors if tuple(e.loc) not in said]
     if errors:
         first = errors[0]
         # a key may hold line breaks, ESC or be long: the message stays one bounded line, its

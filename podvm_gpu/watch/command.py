@@ -41,12 +41,24 @@ def nothing_to_watch(root: Root, doc: dict | None) -> str | None:
     return None
 
 
+BAD_CONFIG = 2  # exit status of a bad config, as metrics' (podvm-gpu-watch.service does not
+# restart on it: RestartPreventExitStatus=2; a restart every RestartSec would fail the same way)
+
+
 def run_watch(root_dir: str, config: str | None = None, json_out: bool = False,
               clear: bool = False) -> int:
     """``podvm-gpu watch``: watch until a fatal finding (exit 0 once it is applied), a signal
     (exit 0, position kept) or an error that stops the watcher (exit 1: systemd restarts it).
-    With ``clear``: remove a standing finding (:func:`clear_finding`). Nothing to watch (a CPU
-    VM, a boot that did not end ready): one line, exit 0 at once.
+    With ``clear``: remove a standing finding (:func:`clear_finding`; it reads no config).
+    Nothing to watch (a CPU VM, a boot that did not end ready): one line, exit 0 at once.
+
+    A bad config (invalid, a named one missing, one boot would not trust) is the error every
+    other command makes of it: ``podvm-gpu: error: <file>: <what is wrong>`` on stderr (the
+    journal, at priority error), exit :data:`BAD_CONFIG` (2, as ``metrics``), nothing watched
+    or written; before issue 35's leftovers the watcher took the defaults with a warning. One
+    exception, failing closed: a finding kept but not applied yet is applied with the
+    defaults (and the config's error said as well), since the spec must not keep a GPU that
+    failed because the config broke since.
 
     Args:
         root_dir: the root (contract section 1); config: ``--config`` or None.
@@ -59,17 +71,26 @@ def run_watch(root_dir: str, config: str | None = None, json_out: bool = False,
         return clear_finding(root, log, json_out)
     doc = read_status(root)
     pending = watch_state.load(root)
+    cfg, config_error = _config(root, config)
     if pending and pending.get("finding") and not pending["finding"].get("applied") \
             and watched(doc, pending.get("boot_started_at")):
-        return 1 if _refused(root, log) else _apply_pending(root, config, doc, pending, log,
+        if config_error:
+            log(log.ERR, f"{config_error}; the finding kept in {watch_state.WATCH_PATH} is "
+                         "applied with the defaults")
+        return 1 if _refused(root, log) else _apply_pending(root, cfg, doc, pending, log,
                                                             json_out)
+    if config_error:
+        log(log.ERR, f"{config_error}; not watching: fix it (podvm-gpu config says what is "
+                     f"wrong), then start {watch_state.WATCH_UNIT} again")
+        if json_out:
+            _say(True, {"watching": False, "error": config_error}, "")
+        return BAD_CONFIG
     why = nothing_to_watch(root, doc)
     if why:
         _say(json_out, {"watching": False, "why": why}, f"nothing to watch: {why}")
         return 0
     if _refused(root, log):
         return 1
-    cfg = _config(root, config, log)
     watcher = Watcher(root, cfg, doc, log)
     code = watcher.run()
     if watcher.finding:
@@ -89,13 +110,12 @@ def _refused(root: Root, log) -> bool:
     return bool(refused)
 
 
-def _apply_pending(root: Root, config: str | None, doc: dict, pending: dict, log,
-                   json_out: bool) -> int:
-    """A watcher stopped between keeping a finding and applying it: apply it now."""
+def _apply_pending(root: Root, cfg, doc: dict, pending: dict, log, json_out: bool) -> int:
+    """A watcher stopped between keeping a finding and applying it: apply it now, with the
+    config ``cfg``."""
     from podvm_gpu.config.model import timeouts_for
     from podvm_gpu.host.proc import Runner
 
-    cfg = _config(root, config, log)
     finding = pending["finding"]
     runner = Runner(cfg.tools, timeouts_for(cfg), trust_tool_paths=True)
     confidential = (doc.get("confidential_computing") or {}).get("confidential") is True
@@ -117,17 +137,18 @@ def _say(json_out: bool, doc: dict, line: str) -> None:
         print(shown(line))
 
 
-def _config(root: Root, path: str | None, log):
+def _config(root: Root, path: str | None):
+    """The config as boot reads it (``--config`` or the root's file; boot's trust), and None;
+    or the defaults and the error, one line naming the file and what is wrong."""
     from podvm_gpu.config.load import config_location, load_config
     from podvm_gpu.config.model import Config
     from podvm_gpu.errors import ConfigError
 
     try:
         where, required = config_location(root, path)
-        return load_config(where, required=required, trusted=True)
-    except ConfigError as err:  # the boot that ended ready read it; watch on with the defaults
-        log(log.WARNING, f"watch: config not read ({err}); the defaults apply")
-        return Config()
+        return load_config(where, required=required, trusted=True), None
+    except (ConfigError, OSError) as err:
+        return Config(), str(err)
 
 
 def clear_finding(root: Root, log, json_out: bool = False) -> int:
@@ -264,8 +285,12 @@ class Watcher:
         self._save()
         how = "" if self.klog is None or self.klog.event_driven else \
             " (no inotify: the file is looked at once a second)"
-        self.log(self.log.INFO, f"watch: watching {len(self.gpus)} GPU(s): kernel log after "
-                                f"record {position}{how}, polls every {self.interval:g} s")
+        # -1: the log held no record when the watcher started (a position, not a record)
+        where = "kernel log not read" if self.klog is None else \
+            "kernel log from its start (no record in it yet)" if position < 0 else \
+            f"kernel log after record {position}"
+        self.log(self.log.INFO, f"watch: watching {len(self.gpus)} GPU(s): {where}{how}, polls "
+                                f"every {self.interval:g} s")
 
     def _first_read(self, position: int | None) -> tuple[tuple[int | None, list], int]:
         """Read the log up to now, 10,000 records at a time, keeping only those that may be

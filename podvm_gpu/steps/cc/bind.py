@@ -273,6 +273,27 @@ def for_boot(root, status, mode: str, result: str, register=None) -> tuple[dict,
         return record(BROKEN, result, str(err)), f"binding broken: {err}"
 
 
+def plan_note(root, mode: str) -> str:
+    """``boot --dry-run``'s note on the binding a real boot would make at its end (3.9, 3.14):
+    off by the config, nothing to bind into (no register: one ``stat``, as the boot's), or
+    the event and the register it would write, by their paths. Nothing is read or written.
+
+    Args:
+        root: the :class:`~podvm_gpu.host.fs.Root`; mode: ``confidential_computing.bind``.
+    """
+    if mode == OFF:
+        return "binding: off (confidential_computing.bind: off): the boot's result is not " \
+            "bound into RTMR3"
+    if not present(root):
+        return f"binding: nothing is bound: {rtmr.UNBOUND_REASON}" + (
+            "; confidential_computing.bind: required: a boot here ends failed for it"
+            if mode == "required" else "")
+    return (f"binding: at its end the boot binds its result into RTMR3: one {DOMAIN} "
+            f"{OPERATION} event (result pass after an attestation that passed, fail when the "
+            f"boot ends failed, else none) appended to {rtmr.EVENTLOG_PATH}, its digest "
+            f"extended into {rtmr.RTMR3_PATH}")
+
+
 def at_end(run, state: str, reason: str | None) -> tuple[str, str | None]:
     """The binding at a boot's end (boot/run.py's ``Run.bind_end``): a boot that bound nothing
     yet binds ``fail`` when it ends ``failed``, else ``none``; a failed boot whose ``pass`` is
@@ -350,12 +371,17 @@ def binding_row(facts):
         reason = record.get("reason")
         return Check(ROW, SKIP, f"{state}: {reason}" if reason else str(state))
     try:
-        now = rtmr.Register(facts.root.resolve(rtmr.RTMR3_PATH)).read()
+        try:
+            now = rtmr.Register(facts.root.resolve(rtmr.RTMR3_PATH)).read()
+        except OSError as err:  # its strerror alone named no file: the register is named
+            raise BindError(f"cannot read {rtmr.RTMR3_PATH}: {err.strerror or err}") from None
         replayed = rtmr.replay(_read_log(facts.root, rtmr.CCEL_PATH, True) +
                                _read_log(facts.root, rtmr.EVENTLOG_PATH, False))
-    except (OSError, BindError, rtmr.LogError) as err:
+    except (OSError, BindError, rtmr.LogError) as err:  # each names the file it could not read
+        said = str(err) if not isinstance(err, OSError) else \
+            f"{err.filename or 'a log'}: {err.strerror or err}"
         return Check(ROW, WARN, f"bound {record.get('result')} at boot, but RTMR3 cannot be "
-                     f"checked now: {getattr(err, 'strerror', None) or err}")
+                     f"checked now: {said}")
     if replayed != now:
         return Check(ROW, FAIL, f"bound {record.get('result')} at boot, but {rtmr.RTMR3_PATH} "
                      f"no longer replays from {rtmr.CCEL_PATH} and {rtmr.EVENTLOG_PATH}: "
