@@ -169,21 +169,23 @@ def test_run_without_check_returns_the_non_zero_status():
     assert done.returncode == 4
 
 
-def test_on_first_spawn_runs_once_after_the_first_process_started_then_on_start():
+def test_at_next_spawn_runs_once_after_the_next_process_started_then_on_start():
     runner, seen = Runner(), []
-    runner.on_first_spawn = lambda: seen.append(("first", runner.spawns))
+    runner.at_next_spawn.append(lambda: seen.append(("next", runner.spawns)))
     runner.run(["true"], on_start=lambda: seen.append(("started", runner.spawns)))
+    runner.at_next_spawn.append(lambda: seen.append(("next", runner.spawns)))
     runner.run(["true"], on_start=lambda: seen.append(("started", runner.spawns)))
-    assert seen == [("first", 1), ("started", 1), ("started", 2)]
-    assert runner.on_first_spawn is None
+    runner.run(["true"])
+    assert seen == [("next", 1), ("started", 1), ("next", 2), ("started", 2)]
+    assert runner.at_next_spawn == []
 
 
 def test_no_hook_runs_for_a_tool_that_cannot_start(tmp_path):
     runner, seen = Runner(env={"PATH": str(tmp_path)}), []
-    runner.on_first_spawn = lambda: seen.append("first")
+    runner.at_next_spawn.append(lambda: seen.append("next"))
     with pytest.raises(CommandError, match="not found"):
         runner.run(["no-such-tool"], on_start=lambda: seen.append("started"))
-    assert seen == [] and runner.spawns == 0 and runner.on_first_spawn is not None
+    assert seen == [] and runner.spawns == 0 and len(runner.at_next_spawn) == 1
 
 
 def test_what_on_start_raises_ends_the_call_it_started():
@@ -210,3 +212,10 @@ def test_wait_for_spawn_returns_at_the_next_start_or_when_done():
     started = time.monotonic()
     runner.wait_for_spawn(runner.spawns, lambda: bool(done), 30)
     assert done and time.monotonic() - started < 10
+
+
+def test_a_daemons_start_runs_what_waits_for_the_next_start(tmp_path):
+    runner, seen = Runner(), []
+    runner.at_next_spawn.append(lambda: seen.append("next"))
+    spawn_and_wait(runner, ["true"], tmp_path / "log")
+    assert seen == ["next"] and runner.at_next_spawn == []

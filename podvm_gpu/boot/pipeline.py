@@ -98,7 +98,7 @@ _IMPORTED_WHEN_RUN = ("podvm_gpu.steps.cc.attest.gate", "podvm_gpu.steps.cdi.hea
 def start_while_waiting() -> threading.Thread:
     """Import the later steps' modules on a thread of its own, in the order they run (the
     sequential ones, then the parallel ones and what they import inside their functions),
-    started once the boot's first tool call is in flight (the runner's ``on_first_spawn``: the
+    started once the boot's first tool call is in flight (the runner's ``at_next_spawn``: the
     first modprobe), so that it never delays that call, and runs while the main thread waits on
     modprobe and persistenced (issue 38). The package has no import cycle, so two threads
     importing at once only wait on each other's module (Python's per-module import locks),
@@ -129,7 +129,8 @@ def _read_toolkit_version(ctx: BootContext) -> None:
     toolkit.start_version_read(ctx)
 
 
-# What starts before the step that needs it, once the step it needs has passed: nvidia-ctk's
+# What starts before the step that needs it, once the step it needs has passed, as soon as the
+# next tool call is in flight (so that its start does not delay that call's): nvidia-ctk's
 # version, read while device-nodes and persistenced run instead of first in the cdi step, the
 # boot's longest lane (issue 38); not before the versions step says the driver is usable, as no
 # nvidia-ctk call at all may come before that (cases C04, C05, C25).
@@ -197,7 +198,7 @@ def run_pipeline(run: Run, config: Config | None) -> int:
     # a GPU boot's threads hand the interpreter over within 1 ms, not 5 (Python's default):
     # the main thread, woken by a tool's end, no longer waits on an importing thread (issue 38)
     sys.setswitchinterval(0.001)
-    ctx.runner.on_first_spawn = start_while_waiting
+    ctx.runner.at_next_spawn.append(start_while_waiting)
     steps = Steps(ctx, run)
     # the budget's timer (SIGALRM, boot/run.py Signals): BudgetExpired in the main thread; the
     # first signal or the timer starts the ending, which cancels the timer and only notes
@@ -274,8 +275,8 @@ class Steps:
             if reason is not None:
                 return reason
             for start in _STARTED_AFTER.get(name, ()):
-                start(self.ctx)
-        self.ctx.runner.on_first_spawn = None  # no first call before them: imported as they run
+                self.ctx.runner.at_next_spawn.append(lambda start=start: start(self.ctx))
+        self.ctx.runner.at_next_spawn.clear()  # no call before them: what waits is done as they run
         started = [(self.start(name), func) for name, func in PARALLEL]
         results: dict[str, object] = {}
         self.threads = [threading.Thread(target=self._branch, args=(step, func, results),

@@ -118,10 +118,10 @@ class Runner:
         self._live: set[subprocess.Popen] = set()
         self.spawns = 0  # tool calls started so far (:meth:`wait_for_spawn`)
         self._spawned = threading.Condition()
-        # called once, with no argument, right after the first tool call's process started,
-        # in the caller's thread: what may run while the boot waits on its first tool
-        # (boot/pipeline.py: the later steps' imports, nvidia-ctk's version; issue 38)
-        self.on_first_spawn = None
+        # called once each, with no argument, right after the next tool call's process
+        # started, in the caller's thread, then cleared: what may run while the boot waits on
+        # that tool (boot/pipeline.py: the later steps' imports, nvidia-ctk's version; issue 38)
+        self.at_next_spawn: list = []
 
     def wait_for_spawn(self, seen: int, done, timeout: float) -> None:
         """Wait until a tool call has started since :attr:`spawns` was ``seen``, ``done()``
@@ -248,9 +248,9 @@ class Runner:
         if self.cancelled:  # cancelled while it started: cancel() did not see it
             _kill_group(proc)
         try:
-            first, self.on_first_spawn = self.on_first_spawn, None
-            if first is not None:
-                first()
+            hooks, self.at_next_spawn = self.at_next_spawn, []
+            for hook in hooks:
+                hook()
             if on_start is not None:
                 on_start()
             out, err, held = self._wait(proc, started + limit)
@@ -336,13 +336,17 @@ class Runner:
         fd = os.open(log_path, flags, 0o644)
         os.fchmod(fd, 0o644)
         try:
-            return subprocess.Popen([path, *argv[1:]], stdin=subprocess.DEVNULL, stdout=fd,
+            proc = subprocess.Popen([path, *argv[1:]], stdin=subprocess.DEVNULL, stdout=fd,
                                     stderr=fd, env=tool_env(tool, self.env),
                                     start_new_session=True)
         except OSError as err:
             raise CommandError(argv, None, message=f"{tool}: cannot run: {err.strerror}") from err
         finally:
             os.close(fd)
+        hooks, self.at_next_spawn = self.at_next_spawn, []  # a daemon's start is a start too
+        for hook in hooks:
+            hook()
+        return proc
 
 
 def _exited(returncode: int) -> str:
