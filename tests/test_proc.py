@@ -219,3 +219,13 @@ def test_a_daemons_start_runs_what_waits_for_the_next_start(tmp_path):
     runner.at_next_spawn.append(lambda: seen.append("next"))
     spawn_and_wait(runner, ["true"], tmp_path / "log")
     assert seen == ["next"] and runner.at_next_spawn == []
+
+
+def test_what_waits_for_the_next_start_cannot_fail_the_call_it_rides_on():
+    runner = Runner()
+
+    def no_thread():
+        raise RuntimeError("can't start new thread")
+
+    runner.at_next_spawn.append(no_thread)
+    assert runner.run(["true"]).returncode == 0

@@ -120,7 +120,8 @@ class Runner:
         self._spawned = threading.Condition()
         # called once each, with no argument, right after the next tool call's process
         # started, in the caller's thread, then cleared: what may run while the boot waits on
-        # that tool (boot/pipeline.py: the later steps' imports, nvidia-ctk's version; issue 38)
+        # that tool (boot/pipeline.py: the later steps' imports, nvidia-ctk's version; issue 38);
+        # see _run_next_spawn_hooks
         self.at_next_spawn: list = []
 
     def wait_for_spawn(self, seen: int, done, timeout: float) -> None:
@@ -248,9 +249,7 @@ class Runner:
         if self.cancelled:  # cancelled while it started: cancel() did not see it
             _kill_group(proc)
         try:
-            hooks, self.at_next_spawn = self.at_next_spawn, []
-            for hook in hooks:
-                hook()
+            self._run_next_spawn_hooks()
             if on_start is not None:
                 on_start()
             out, err, held = self._wait(proc, started + limit)
@@ -343,10 +342,20 @@ class Runner:
             raise CommandError(argv, None, message=f"{tool}: cannot run: {err.strerror}") from err
         finally:
             os.close(fd)
-        hooks, self.at_next_spawn = self.at_next_spawn, []  # a daemon's start is a start too
-        for hook in hooks:
-            hook()
+        self._run_next_spawn_hooks()  # a daemon's start is a start too
         return proc
+
+    def _run_next_spawn_hooks(self) -> None:
+        """Run and clear :attr:`at_next_spawn`. What waits there only saves time (the step
+        that needs its result does the work itself when it is missing), so an ``Exception`` it
+        raises (a thread that cannot start) is dropped rather than failing the call it rode
+        on; a signal's exception is not an ``Exception`` and goes on."""
+        hooks, self.at_next_spawn = self.at_next_spawn, []
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:  # the docstring says why
+                pass
 
 
 def _exited(returncode: int) -> str:
