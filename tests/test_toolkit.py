@@ -293,6 +293,7 @@ def asked_names(ctx, binary: str) -> list[str]:
     (CTK_1_17, "", toolkit.HOOKS_BEFORE_1_18),  # P30: 1.17.8's spec names neither 1.18 hook
     (CTK_1_20, "cdi: {disable_hooks: [disable-device-node-modification]}\n",
      tuple(h for h in toolkit.HOOKS_SINCE_1_18 if h != "disable-device-node-modification")),
+    (CTK_1_20, "cdi: {disable_hooks: [all]}\n", ()),  # --disable-hook=all: no hook in the spec
     (None, "", ())])  # the version unknown: nothing foreseen, the check asks after the spec
 def test_the_hooks_its_version_writes_are_asked_while_the_generation_runs(tmp_path, ctk, config,
                                                                          expected):

@@ -193,16 +193,17 @@ def start_hook_asks(ctx: BootContext, version: Version | None) -> None:
     the generation runs: the asks are the same calls :func:`check_hooks` makes after it, which
     takes the answers of those the spec names and asks the rest itself (a hook elsewhere, a
     name not foreseen). The cdi step is the boot's longest lane; this takes its hook asks off
-    it (issue 38). Nothing is decided here. Asks nothing when the version is unknown or the
-    binary is not there."""
-    if version is None:
+    it (issue 38). Nothing is decided here. Asks nothing when the version is unknown, every
+    hook is disabled (``cdi.disable_hooks: [all]``) or the binary is not there."""
+    disabled = ctx.config.cdi.disable_hooks
+    if version is None or "all" in disabled:  # --disable-hook=all: a spec without hooks
         return
     binary = ctx.root.resolve(LIKELY_HOOK_PATH)
     if not os.path.isfile(binary):
         return
     timeout = ctx.harmless_timeout("nvidia-ctk")
     for name in HOOKS_SINCE_1_18 if version.number >= SINCE_1_18 else HOOKS_BEFORE_1_18:
-        if name not in ctx.config.cdi.disable_hooks:
+        if name not in disabled:
             ctx.early[_ask_key(LIKELY_HOOK_PATH, name)] = _Early(ctx, [binary, name, "--help"],
                                                                  timeout)
 
