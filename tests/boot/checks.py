@@ -7,6 +7,16 @@ from boot.image import Boot
 from schemas import assert_status_conforms
 
 
+def _what_the_agent_said(record: dict) -> str:
+    """The boot's own account for an assertion message: its state, reason and each step's
+    result and duration (a failure in CI must name its step, not only the unit's exit)."""
+    status = record.get("status") or {}
+    steps = [f"{s.get('name')} {s.get('result')} {s.get('duration_s')} s: {s.get('message')}"
+             for s in status.get("steps") or []]
+    return "\n".join([f"state {status.get('state')}: {status.get('reason')}",
+                      f"warnings {status.get('warnings')}", *steps])
+
+
 def kata_agent_started_after_the_agent_finished(boot: Boot, failed: bool = False,
                                                 result: str = "exit-code") -> dict:
     """The ordering and the clean state every boot must show; returns the stand-in's record.
@@ -20,7 +30,8 @@ def kata_agent_started_after_the_agent_finished(boot: Boot, failed: bool = False
     assert record is not None, f"the kata-agent stand-in never ran:\n{boot.console[-4000:]}"
     agent = record["agent_unit"]
     expected = ("failed", "failed", result, "1") if failed else ("active", "exited", "success", "0")
-    assert (agent["ActiveState"], agent["SubState"], agent["Result"], agent["ExecMainStatus"]) == expected, agent
+    assert (agent["ActiveState"], agent["SubState"], agent["Result"], agent["ExecMainStatus"]) == expected, (
+        agent, _what_the_agent_said(record))
     agent_exited = int(agent["ExecMainExitTimestampMonotonic"])
     standin_started = int(record["standin_unit"]["InactiveExitTimestampMonotonic"])
     assert 0 < agent_exited <= standin_started, (agent, record["standin_unit"])
