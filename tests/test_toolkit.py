@@ -119,7 +119,7 @@ def test_1_18_0_and_later_take_both_features(tmp_path):
 def test_disable_hooks_are_passed_in_order_as_flags_of_the_generation(tmp_path):
     ctx = context(tmp_path, "cdi: {disable_hooks: [update-application-profile, "
                             "disable-device-node-modification]}\n")
-    assert step.generate_argv(ctx)[6:8] == ["--disable-hook=update-application-profile",
+    assert step.generate_argv(ctx)[5:7] == ["--disable-hook=update-application-profile",
                                             "--disable-hook=disable-device-node-modification"]
     assert context(tmp_path).config.cdi.disable_hooks == ()
     assert "--disable-hook" not in " ".join(step.generate_argv(context(tmp_path)))

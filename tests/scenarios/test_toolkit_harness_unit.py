@@ -13,7 +13,7 @@ from . import toolkit_ctk as tk
 
 REAL_SPEC = Path(__file__).resolve().parents[1] / \
     "data/real/h200-580/nvidia-ctk-1.20.0-cdi-generate.json"
-GENERATE = ["nvidia-ctk", "cdi", "generate", "--mode=nvml", "--format=json", "--output="]
+GENERATE = ["nvidia-ctk", "cdi", "generate", "--mode=nvml", "--format=json"]
 
 
 def hook_names(text: str) -> list[str]:
@@ -43,7 +43,7 @@ def test_1_17_8_refuses_the_flags_and_the_mode_of_1_18_as_the_real_build():
         1, 'level=error msg="flag provided but not defined: -disable-hook"\n')
     # the agent's IMEX argv: 1.17.8 has --class and refuses the mode (the real build, run)
     assert tk.ctk_answer(["nvidia-ctk", "cdi", "generate", "--mode=imex", "--class=imex-channel",
-                          "--format=json", "--output="], "1.17.8") == (
+                          "--format=json"], "1.17.8") == (
         1, "", 'level=error msg="invalid discovery mode: imex"\n')
     assert tk.ctk_answer(GENERATE + ["--enable-hook=chmod"], "1.17.8")[2].endswith(
         '"flag provided but not defined: -enable-hook"\n')
