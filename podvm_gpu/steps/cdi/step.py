@@ -108,8 +108,8 @@ def run(ctx: BootContext) -> Generated:
     mean a usable GPU) reads the GPUs: two independent NVML clients, both after persistenced, so
     the gate's queries cost the boot no time beyond the generation's. The gate starts once
     ``nvidia-ctk cdi generate`` is in flight: the generation is the boot's longest lane, and the
-    gate's process starts would otherwise delay its own (issue 38); so do the asks of the
-    hooks the spec will likely name (steps/cdi/toolkit.py ``start_hook_asks``). Nothing is written but
+    gate's process starts would otherwise delay its own (issue 38); so does the ask of the hook
+    binary's list (steps/cdi/toolkit.py ``start_hook_asks``). Nothing is written but
     the IMEX channel nodes (steps/cdi/imex.py), when ``imex.channels`` asks for them.
 
     Raises:
@@ -147,10 +147,11 @@ def run(ctx: BootContext) -> Generated:
 
 
 def generate(ctx: BootContext, on_start=None) -> Generated:
-    """Read nvidia-ctk's version and refuse what it lacks, generate and validate the spec, ask
-    the hook binary for each hook the spec names (steps/cdi/toolkit.py; see :func:`run`);
-    ``on_start`` is called once the generation is in flight (:meth:`Runner.run`), when the
-    asks of the hooks its version writes start too (toolkit.py ``start_hook_asks``)."""
+    """Read nvidia-ctk's version and refuse what it lacks, generate and validate the spec, check
+    each hook the spec names against its hook binary's own list (and, before 1.18.0, its
+    refusal by name: steps/cdi/toolkit.py ``check_hooks``); ``on_start`` is called once the
+    generation is in flight (:meth:`Runner.run`), when the hook binary's asks start too
+    (toolkit.py ``start_hook_asks``)."""
     driver = ctx.driver_version or "unknown"
     ctk = toolkit.read_version(ctx)
     toolkit.check_features(ctx, ctk)
