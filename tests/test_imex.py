@@ -134,7 +134,7 @@ def test_the_real_imex_spec_of_two_channels_is_accepted_and_the_argv_has_the_cla
     ctx = world(tmp_path)
     got = imex.generate(ctx)
     assert ctx.runner.ran == [["nvidia-ctk", "cdi", "generate", "--mode=imex",
-                               "--class=imex-channel", "--format=json", "--output=",
+                               "--class=imex-channel", "--format=json",
                                f"--driver-root={tmp_path}", f"--dev-root={tmp_path}"]]
     assert got.spec.kind == "nvidia.com/imex-channel" and got.channels == (0, 1)
     assert got.spec.device_names() == ["0", "1", "all"]

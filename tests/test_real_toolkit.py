@@ -167,3 +167,33 @@ def test_the_real_toolkit_gives_the_stand_in_s_devices(case_file, real, nvml, mo
         assert check_ready_spec(spec, root, minors) == []
         assert names == expected, text[:2000]
         assert status.get("nvidia_ctk_version") == (version.text if version else None)
+
+
+# --- issue 42: a spec naming a hook the node's binary lacks, with the real binaries ------------
+# Where REAL is the 1.20.0 folder of ../shared/nvidia-ctk and 1.18.2's is beside it (as CI has
+# them, .ci/run): a 1.20.0 spec names update-application-profile, which 1.18.2's nvidia-cdi-hook
+# lacks and only warns about (exit 0): the boot fails naming the hook, the binary and its
+# version; with 1.20.0's own hook binary the same boot is ready. Run once, with the 1.20.0 folder.
+SIBLINGS = Path(REAL).resolve().parent
+if Path(REAL).resolve().name == "1.20.0" and (SIBLINGS / "1.18.2" / "nvidia-cdi-hook").exists():
+    @pytest.mark.parametrize("hook_version", ["1.18.2", "1.20.0"])
+    def test_a_1_20_spec_with_an_older_hook_binary_fails_naming_the_hook(hook_version, real, nvml,
+                                                                         monkeypatch):
+        tools = {"nvidia-ctk": real["nvidia-ctk"],
+                 "nvidia-cdi-hook": SIBLINGS / hook_version / "nvidia-cdi-hook"}
+        case = load_case(next(p for p in CASES if case_id(p) == "P02"))
+        with World(case) as world:
+            real_world(world, tools, nvml)
+            monkeypatch.setenv("PODVM_GPU_CMD", shlex.join(
+                [sys.executable, str(HERE / "real_toolkit_ns.py"), world.layout.root, str(REPO),
+                 sys.executable, "-m", "podvm_gpu"]))
+            run = world.run("boot")
+            status = run.status or {}
+            said = f"{status.get('reason')}\n{run.stderr[-3000:]}"
+            if hook_version == "1.20.0":
+                assert status.get("state") == "ready", said
+                return
+            assert status.get("state") == "failed", said
+            assert "the spec names hook update-application-profile, which " \
+                "/usr/bin/nvidia-cdi-hook (nvidia-cdi-hook 1.18.2) does not have" in said, said
+            assert "nvidia-ctk 1.20.0" in said, said

@@ -1,8 +1,11 @@
 """nvidia-ctk's version and the spec's hooks (podvm_gpu/steps/cdi/toolkit.py, issue 36): the
 version read once and recorded, IMEX and ``cdi.disable_hooks`` refused before nvidia-ctk runs
-when it is older than 1.18.0, the hook binary asked once per hook name the spec names (the real
-1.20.0 spec of tests/data/real/h200-580), a refusal failing the step naming the hook and both
-versions. The words of the real programs: ../shared/nvidia-ctk-real.md. Boot-level: C70-C75."""
+when it is older than 1.18.0, each hook binary the spec names asked for its own list (its
+``--help`` COMMANDS, issue 42: from 1.18.0 an unknown hook only warns) and, before 1.18.0, once
+per hook name (the real 1.20.0 spec of tests/data/real/h200-580); a hook missing from the list or
+refused failing the step naming the hook, the binary's version and nvidia-ctk's. The words of
+the real programs: ../shared/nvidia-ctk-real.md, tests/data/real/nvidia-ctk-help. Boot-level:
+C70-C75, P30-P33."""
 
 from __future__ import annotations
 
@@ -119,7 +122,7 @@ def test_1_18_0_and_later_take_both_features(tmp_path):
 def test_disable_hooks_are_passed_in_order_as_flags_of_the_generation(tmp_path):
     ctx = context(tmp_path, "cdi: {disable_hooks: [update-application-profile, "
                             "disable-device-node-modification]}\n")
-    assert step.generate_argv(ctx)[6:8] == ["--disable-hook=update-application-profile",
+    assert step.generate_argv(ctx)[5:7] == ["--disable-hook=update-application-profile",
                                             "--disable-hook=disable-device-node-modification"]
     assert context(tmp_path).config.cdi.disable_hooks == ()
     assert "--disable-hook" not in " ".join(step.generate_argv(context(tmp_path)))
@@ -157,15 +160,38 @@ def test_under_nvidia_ctk_hook_the_name_is_args_2():
     assert set(map(tuple, asked.values())) == {("hook",)}
 
 
-def hook_binary(root: Path, path: str, version: str, known=HOOKS_1_17) -> None:
-    """A hook binary that answers as NVIDIA's does: ``<name> --help`` exit 0 for a name it
-    knows, else exit 3 ``No help topic for '<name>'``; ``--version`` its version line."""
+HELP = DATA / "real/nvidia-ctk-help"
+
+
+def help_text(version: str, known, with_version: bool = True) -> str:
+    """``--help`` in the shape of the real builds' (tests/data/real/nvidia-ctk-help)."""
+    width = max(len(n) for n in (*known, "help, h")) + 2
+    lines = ["NAME:", "   NVIDIA CDI Hook - Command to structure files", ""]
+    if with_version:
+        lines += ["VERSION:", f"   {version}", "commit: 0123abc", ""]
+    lines += ["COMMANDS:", *[f"   {n.ljust(width)}does {n}" for n in (*known, "help, h")], "",
+              "GLOBAL OPTIONS:", "   --help, -h     show help", ""]
+    return "\n".join(lines)
+
+
+def hook_binary(root: Path, path: str, version: str, known=HOOKS_1_17,
+                help_version: bool = True) -> None:
+    """A hook binary that answers as NVIDIA's does: ``--help`` its COMMANDS (and VERSION);
+    ``<name> --help`` exit 0 for a name it knows, else before 1.18.0 exit 3 ``No help topic for
+    '<name>'``, from 1.18.0 a warning and exit 0; ``--version`` its version line; as
+    ``nvidia-ctk`` (a path ending so), ``hook ...`` the same."""
     target = root / path.lstrip("/")
     target.parent.mkdir(parents=True, exist_ok=True)
+    listing = target.parent / f".{target.name}.help"
+    listing.write_text(help_text(version, known, help_version))
+    unknown = ("echo \"No help topic for '$1'\" >&2\nexit 3\n"
+               if toolkit.parse_version(f"version {version}").number < toolkit.SINCE_1_18 else
+               "echo \"level=warning msg=\\\"Unsupported CDI hook: $1\\\"\" >&2\nexit 0\n")
     target.write_text("#!/bin/sh\n"
                       f'[ "$1" = --version ] && {{ echo "NVIDIA CDI Hook version {version}"; exit 0; }}\n'
-                      f'case "$1" in {"|".join(known)}) exit 0;; esac\n'
-                      "echo \"No help topic for '$1'\" >&2\nexit 3\n")
+                      '[ "$1" = hook ] && shift\n'
+                      f'[ "$1" = --help ] && {{ {shutil.which("cat")} "{listing}"; exit 0; }}\n'
+                      f'case "$1" in {"|".join(known)}) exit 0;; esac\n' + unknown)
     os.chmod(target, 0o755)
 
 
@@ -192,16 +218,91 @@ def test_a_hook_the_root_s_binary_refuses_fails_naming_it_and_both_versions(tmp_
                    argv[2:] == ["--help"])
     assert asked == sorted(["create-symlinks", "enable-cuda-compat", "update-ldcache",
                             "disable-device-node-modification", "update-application-profile"])
-    # once per name, the root's binary; then its --version for the reason
-    assert [binary, "--version"] in ctx.runner.calls
+    # its list first (the version in its help: 1.17.8, so each name is asked too), once each
+    assert ctx.runner.calls.count([binary, "--help"]) == 1
 
 
-def test_every_hook_a_1_20_binary_knows_passes_once_per_name(tmp_path):
+@pytest.mark.parametrize("version", ["1.17.8", "1.18.2", "1.19.1", "1.20.0"])
+def test_the_real_builds_help_gives_their_hooks_and_version(version):
+    """What each real hook binary says of itself is what the version table says it has."""
+    text = (HELP / f"{version}-nvidia-cdi-hook--help.txt").read_text()
+    got = toolkit.help_version(text)
+    assert got is not None and got.text == version
+    assert toolkit.parse_commands(text) == toolkit.hooks_of(got.number)
+    under_ctk = (HELP / f"{version}-nvidia-ctk-hook--help.txt").read_text()
+    assert toolkit.parse_commands(under_ctk) == toolkit.hooks_of(got.number)
+    assert toolkit.help_version(under_ctk) is None  # nvidia-ctk hook --help: no VERSION
+
+
+def test_the_version_table_has_each_hook_where_the_real_builds_have_it():
+    assert toolkit.written_hooks((1, 17, 8)) == ("update-ldcache", "create-symlinks",
+                                                 "enable-cuda-compat")
+    assert toolkit.written_hooks((1, 19, 1)) == toolkit.written_hooks((1, 18, 2)) == (
+        "update-ldcache", "create-symlinks", "enable-cuda-compat",
+        "disable-device-node-modification")
+    assert "update-application-profile" in toolkit.written_hooks((1, 20, 0))
+    assert toolkit.parse_commands("NAME:\n   x\n") is None  # no COMMANDS section
+
+
+@pytest.mark.parametrize("version", ["1.18.2", "1.19.1"])
+def test_a_hook_missing_from_a_1_18_binary_s_list_fails_naming_it(tmp_path, version):
+    """1.18 and 1.19 answer ``update-application-profile --help`` with a warning and exit 0
+    (tests/data/real/nvidia-ctk-help): only their list shows they lack it."""
+    hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", version,
+                HOOKS_1_17 + ("disable-device-node-modification",))
+    ctx = context(tmp_path, runner=Runner())
+    with pytest.raises(StepFailed) as err:
+        toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"),
+                            toolkit.parse_version(CTK_1_20))
+    said = str(err.value)
+    assert said.startswith("the spec names hook update-application-profile, which "
+                           f"/usr/bin/nvidia-cdi-hook (nvidia-cdi-hook {version}) does not have "
+                           "(its --help lists update-ldcache, create-symlinks, chmod, "
+                           "enable-cuda-compat, disable-device-node-modification)"), said
+    assert "containers would start without it" in said and "nvidia-ctk 1.20.0" in said
+    binary = str(tmp_path / "usr/bin/nvidia-cdi-hook")
+    assert ctx.runner.calls == [[binary, "--help"]]  # no name asked: its answer says nothing
+
+
+def test_under_nvidia_ctk_hook_the_list_is_its_hook_help_and_the_version_its_own(tmp_path):
+    hook_binary(tmp_path, "/usr/bin/nvidia-ctk", "1.18.2",
+                HOOKS_1_17 + ("disable-device-node-modification",), help_version=False)
+    raw = json.loads(REAL_SPEC.read_text())
+    for hook in raw["containerEdits"]["hooks"]:
+        hook["path"], hook["args"] = "/usr/bin/nvidia-ctk", ["nvidia-ctk", "hook",
+                                                             *hook["args"][1:]]
+    ctx = context(tmp_path, runner=Runner())
+    with pytest.raises(StepFailed, match=r"^the spec names hook update-application-profile, "
+                       r"which /usr/bin/nvidia-ctk \(nvidia-ctk 1.18.2\) does not have \(its "
+                       "hook --help lists"):
+        toolkit.check_hooks(ctx, parse_spec(json.dumps(raw), source="t"), None)
+    binary = str(tmp_path / "usr/bin/nvidia-ctk")
+    assert ctx.runner.calls == [[binary, "hook", "--help"], [binary, "--version"]]
+
+
+def test_a_binary_of_unknown_version_is_asked_by_name_and_its_list_still_decides(tmp_path):
+    # no VERSION in its help, a --version without one: both checks run; the names answer 0
+    target = tmp_path / "usr/bin/nvidia-cdi-hook"
+    target.parent.mkdir(parents=True)
+    help_file = tmp_path / "help.txt"
+    help_file.write_text(help_text("", HOOKS_1_17, with_version=False))
+    target.write_text(f"#!/bin/sh\n[ \"$1\" = --help ] && exec {shutil.which('cat')} "
+                      f"{help_file}\nexit 0\n")
+    target.chmod(0o755)
+    ctx = context(tmp_path, runner=Runner())
+    with pytest.raises(StepFailed, match=r"disable-device-node-modification, which "
+                       r"/usr/bin/nvidia-cdi-hook \(nvidia-cdi-hook, version unknown\) does "
+                       "not have"):
+        toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"), None)
+    assert len(asked_names(ctx, str(target))) == 5
+
+
+def test_a_1_20_binary_whose_list_holds_every_hook_passes_with_one_call(tmp_path):
     hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", "1.20.0",
                 HOOKS_1_17 + ("disable-device-node-modification", "update-application-profile"))
     ctx = context(tmp_path, runner=Runner())
     assert toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"), None) == 5
-    assert len(ctx.runner.calls) == 5
+    assert ctx.runner.calls == [[str(tmp_path / "usr/bin/nvidia-cdi-hook"), "--help"]]
 
 
 def test_a_hook_binary_that_does_not_answer_in_time_fails_the_check(tmp_path):
@@ -288,33 +389,57 @@ def asked_names(ctx, binary: str) -> list[str]:
                   argv[2:] == ["--help"])
 
 
-@pytest.mark.parametrize("ctk, config, expected", [
-    (CTK_1_20, "", toolkit.HOOKS_SINCE_1_18),
-    (CTK_1_17, "", toolkit.HOOKS_BEFORE_1_18),  # P30: 1.17.8's spec names neither 1.18 hook
-    (CTK_1_20, "cdi: {disable_hooks: [disable-device-node-modification]}\n",
-     tuple(h for h in toolkit.HOOKS_SINCE_1_18 if h != "disable-device-node-modification")),
-    (CTK_1_20, "cdi: {disable_hooks: [all]}\n", ()),  # --disable-hook=all: no hook in the spec
-    (None, "", ())])  # the version unknown: nothing foreseen, the check asks after the spec
-def test_the_hooks_its_version_writes_are_asked_while_the_generation_runs(tmp_path, ctk, config,
-                                                                         expected):
+def listed(ctx, binary: str) -> int:
+    return ctx.runner.calls.count([binary, "--help"])
+
+
+@pytest.mark.parametrize("ctk, config, expected, lists", [
+    (CTK_1_20, "", (), 1),  # 1.18 and later: the list decides, no name is asked
+    # P30: 1.17.8's spec names its three hooks; a 1.17 binary refuses by name
+    (CTK_1_17, "", ("create-symlinks", "enable-cuda-compat", "update-ldcache"), 1),
+    (CTK_1_17, "cdi: {disable_hooks: [update-ldcache]}\n", ("create-symlinks",
+                                                            "enable-cuda-compat"), 1),
+    (CTK_1_20, "cdi: {disable_hooks: [all]}\n", (), 0),  # --disable-hook=all: no hook
+    (None, "", (), 0)])  # the version unknown: nothing foreseen, the check asks after the spec
+def test_the_list_and_for_1_17_the_names_are_asked_while_the_generation_runs(
+        tmp_path, ctk, config, expected, lists):
     hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", "1.20.0", HOOKS_1_20)
     ctx = context(tmp_path, config, runner=Runner())
     toolkit.start_hook_asks(ctx, toolkit.parse_version(ctk) if ctk else None)
     for early in list(ctx.early.values()):
         early.result()
-    assert asked_names(ctx, str(tmp_path / "usr/bin/nvidia-cdi-hook")) == sorted(expected)
+    binary = str(tmp_path / "usr/bin/nvidia-cdi-hook")
+    assert asked_names(ctx, binary) == sorted(expected)
+    assert listed(ctx, binary) == lists
 
 
-def test_the_check_takes_the_early_answers_and_asks_only_the_rest(tmp_path):
-    # the real 1.20.0 spec names five hooks; a 1.17.8 version foresaw three of them: those are
-    # not asked again, the two it did not foresee are asked after the generation
+def test_the_check_takes_the_early_answers_and_asks_nothing_twice(tmp_path):
+    # nvidia-ctk 1.17.8 foresaw its three hooks by name and the list; the binary is 1.20.0,
+    # so its list decides all five and nothing more is asked after the generation
     hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", "1.20.0", HOOKS_1_20)
     ctx = context(tmp_path, runner=Runner())
     toolkit.start_hook_asks(ctx, toolkit.parse_version(CTK_1_17))
+    for early in list(ctx.early.values()):
+        early.result()
+    before = len(ctx.runner.calls)
     assert toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"), None) == 5
-    binary = str(tmp_path / "usr/bin/nvidia-cdi-hook")
-    assert asked_names(ctx, binary) == sorted(toolkit.HOOKS_SINCE_1_18)  # each once
+    assert len(ctx.runner.calls) == before == 4
     assert ctx.early == {}
+
+
+def test_a_1_17_binary_is_asked_after_the_generation_what_1_20_did_not_foresee(tmp_path):
+    hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", "1.17.8")
+    raw = json.loads(REAL_SPEC.read_text())
+    raw["containerEdits"]["hooks"] = [dict(h, path="/usr/bin/nvidia-cdi-hook")
+                                      for h in raw["containerEdits"]["hooks"]
+                                      if h["args"][1] in HOOKS_1_17]
+    ctx = context(tmp_path, runner=Runner())
+    toolkit.start_hook_asks(ctx, toolkit.parse_version(CTK_1_20))
+    assert toolkit.check_hooks(ctx, parse_spec(json.dumps(raw), source="t"), None) == 3
+    binary = str(tmp_path / "usr/bin/nvidia-cdi-hook")
+    assert asked_names(ctx, binary) == ["create-symlinks", "enable-cuda-compat",
+                                        "update-ldcache"]
+    assert listed(ctx, binary) == 1 and ctx.early == {}
 
 
 def test_an_early_refusal_fails_the_check_as_a_late_one_would(tmp_path):
@@ -326,18 +451,6 @@ def test_an_early_refusal_fails_the_check_as_a_late_one_would(tmp_path):
                                          "1.17.8\\) does not know"):
         toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"),
                             toolkit.parse_version(CTK_1_20))
-
-
-def test_an_early_refusal_of_a_hook_the_spec_does_not_name_is_dropped(tmp_path):
-    # 1.20.0 was foreseen, the binary is 1.17.8, and the spec names only what 1.17.8 knows
-    hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", "1.17.8")
-    raw = json.loads(REAL_SPEC.read_text())
-    raw["containerEdits"]["hooks"] = [dict(h, path="/usr/bin/nvidia-cdi-hook")
-                                      for h in raw["containerEdits"]["hooks"]
-                                      if h["args"][1] in HOOKS_1_17]
-    ctx = context(tmp_path, runner=Runner())
-    toolkit.start_hook_asks(ctx, toolkit.parse_version(CTK_1_20))
-    assert toolkit.check_hooks(ctx, parse_spec(json.dumps(raw), source="t"), None) == 3
 
 
 def test_a_hook_elsewhere_is_asked_after_the_generation(tmp_path):

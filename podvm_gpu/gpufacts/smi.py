@@ -39,7 +39,15 @@ MIG_FIELDS = ("index", "mig.mode.current")
 
 
 def query_gpu_argv(fields: tuple[str, ...]) -> list[str]:
-    """``nvidia-smi --query-gpu=<fields> --format=csv,noheader``."""
+    """``nvidia-smi --query-gpu=<fields> --format=csv,noheader``; ``fields`` a non-empty tuple
+    of nvidia-smi's query names.
+
+    Raises:
+        ValueError: no field (an empty ``--query-gpu=`` is a word each program's parser reads
+            its own way; the agent never writes one, issue 42).
+    """
+    if not fields:
+        raise ValueError("query_gpu_argv: no field to query")
     return ["nvidia-smi", f"--query-gpu={','.join(fields)}", CSV]
 
 

@@ -410,9 +410,10 @@ def answer(config_path: str, raw_argv: list[str], caller) -> tuple[int, float]:
     own = None
     if argv[0] == "nvidia-ctk":
         own = toolkit_ctk.ctk_answer(argv, toolkit["nvidia-ctk"])
-        if own is not None and own[0] == 0 and any(
+        if own is not None and own[0] == 0 and "--output=" not in argv and any(
                 len(r["argv"]) > 1 and argv_matches(r["argv"], argv) for r in rules):
-            own = None  # a rule of the case that names the call answers it
+            own = None  # a rule of the case that names the call answers it (not where the
+            # version's parser took the word after an empty --output= as its value: issue 42)
     elif argv[0] == "nvidia-cdi-hook" and find_rule(rules, argv, start_state["applied"]) is None:
         own = toolkit_ctk.hook_answer(argv, toolkit["nvidia-cdi-hook"])
     if own is not None:

@@ -13,7 +13,7 @@ from . import toolkit_ctk as tk
 
 REAL_SPEC = Path(__file__).resolve().parents[1] / \
     "data/real/h200-580/nvidia-ctk-1.20.0-cdi-generate.json"
-GENERATE = ["nvidia-ctk", "cdi", "generate", "--mode=nvml", "--format=json", "--output="]
+GENERATE = ["nvidia-ctk", "cdi", "generate", "--mode=nvml", "--format=json"]
 
 
 def hook_names(text: str) -> list[str]:
@@ -43,7 +43,7 @@ def test_1_17_8_refuses_the_flags_and_the_mode_of_1_18_as_the_real_build():
         1, 'level=error msg="flag provided but not defined: -disable-hook"\n')
     # the agent's IMEX argv: 1.17.8 has --class and refuses the mode (the real build, run)
     assert tk.ctk_answer(["nvidia-ctk", "cdi", "generate", "--mode=imex", "--class=imex-channel",
-                          "--format=json", "--output="], "1.17.8") == (
+                          "--format=json"], "1.17.8") == (
         1, "", 'level=error msg="invalid discovery mode: imex"\n')
     assert tk.ctk_answer(GENERATE + ["--enable-hook=chmod"], "1.17.8")[2].endswith(
         '"flag provided but not defined: -enable-hook"\n')
@@ -106,3 +106,51 @@ def test_the_stand_ins_answer_as_the_real_builds_did(name, version):
     assert answer[1].split("\n", 1)[0] == out.split("\n", 1)[0]
     if name.startswith("version") or name.startswith("hook-version"):  # whole but the commit
         assert answer[1].split("commit:")[0] == out.split("commit:")[0]
+
+
+# --- issue 42: each release's parser, and the hook binary's own list --------------------------
+
+HELP = Path(__file__).resolve().parents[1] / "data/real/nvidia-ctk-help"
+NEEDS = "flag needs an argument: --output="
+
+
+@pytest.mark.parametrize("version", ["1.18.2", "1.19.1"])
+def test_an_empty_output_last_is_refused_by_1_18_and_1_19(version):
+    rc, _out, err = tk.ctk_answer(GENERATE + ["--output="], version)
+    assert (rc, err) == (1, f'Incorrect Usage: {NEEDS}\n\nlevel=error msg="{NEEDS}"\n')
+
+
+def test_1_19_refuses_it_anywhere_and_1_18_takes_the_next_word(tmp_path, monkeypatch):
+    roots = ["--driver-root=/w", "--dev-root=/w"]
+    assert tk.ctk_answer(GENERATE + ["--output=", *roots], "1.19.1")[0] == 1
+    rc, _out, err = tk.ctk_answer(GENERATE + ["--output=", *roots], "1.18.2")
+    assert rc == 1 and "ERROR_LIBRARY_NOT_FOUND" in err
+    monkeypatch.chdir(tmp_path)
+    assert tk.ctk_answer(GENERATE + ["--output=", "--disable-hook=chmod"], "1.18.2") == (0, "", "")
+    assert (tmp_path / "--disable-hook=chmod.json").exists()  # as the real 1.18.2 did
+    for version in ("1.17.8", "1.20.0"):  # empty, the spec on stdout: a rule answers
+        assert tk.empty_output(GENERATE + ["--output=", *roots], version) is None
+    assert tk.ctk_answer(GENERATE + roots, "1.19.1") is None  # the agent's argv: no --output
+
+
+@pytest.mark.parametrize("version", ["1.17.8", "1.18.2", "1.19.1", "1.20.0"])
+def test_the_help_lists_the_real_builds_commands_in_their_shape(version):
+    rc, out, _err = tk.hook_answer(["nvidia-cdi-hook", "--help"], version)
+    real = (HELP / f"{version}-nvidia-cdi-hook--help.txt").read_text()
+    commands = [line for line in real.split("COMMANDS:\n")[1].split("\n\n")[0].splitlines()]
+    assert rc == 0 and out.split("COMMANDS:\n")[1].split("\n\n")[0].splitlines() == commands
+    assert f"VERSION:\n   {version}\n" in out
+    real_ctk = (HELP / f"{version}-nvidia-ctk-hook--help.txt").read_text()
+    rc, out, _err = tk.ctk_answer(["nvidia-ctk", "hook", "--help"], version)
+    assert out.split("COMMANDS:\n")[1].split("\n\n")[0] == \
+        real_ctk.split("COMMANDS:\n")[1].split("\n\n")[0]
+
+
+@pytest.mark.parametrize("version, rc", [("1.17.8", 3), ("1.18.2", 0), ("1.19.1", 0),
+                                         ("1.20.0", 0)])
+def test_a_hook_the_version_lacks_is_refused_before_1_18_and_warned_after(version, rc):
+    got = tk.hook_answer(["nvidia-cdi-hook", "update-application-profile", "--help"], version)
+    real = (HELP / f"{version}-nvidia-cdi-hook-update-application-profile--help.txt").read_text()
+    assert got[0] == rc
+    if version in ("1.18.2", "1.19.1"):
+        assert got[2] in real and "Unsupported CDI hook: update-application-profile" in real

@@ -15,12 +15,24 @@ from different toolkits). What each version does is what NVIDIA's real builds di
   that version writes: 1.17.8 none of ``disable-device-node-modification`` and
   ``update-application-profile``; each ``--disable-hook=<name>`` (``all``: every hook) takes
   its hooks out, as 1.18.0 and later do.
-- ``nvidia-cdi-hook <name> --help`` (and ``nvidia-ctk hook <name> --help``): exit 0 for a hook
-  the version knows, else exit 3 with ``No help topic for '<name>'`` on stderr; ``nvidia-cdi-hook
-  --version``: ``NVIDIA CDI Hook version <v>``. 1.17.8 knows ``update-ldcache``,
-  ``create-symlinks``, ``chmod``, ``enable-cuda-compat``; 1.20.0 adds
-  ``disable-device-node-modification`` and ``update-application-profile`` (their ``--help``
-  COMMANDS lists). A version between is taken as the nearer known one by 1.18.0.
+- an empty ``--output=`` glued to its flag, as each release's urfave/cli parses it (issue 42, the
+  real builds: ../shared/nvidia-ctk/README.md): 1.17 and 1.20 take it as empty (the spec on
+  stdout; a rule answers); 1.19 refuses it wherever it stands (``Incorrect Usage: flag needs an
+  argument: --output=`` and ``level=error msg="flag needs an argument: --output="`` on stderr,
+  exit 1); 1.18 refuses it last and otherwise takes the next argv word as the output path: a
+  ``--driver-root=``/``--dev-root=`` so taken leaves NVML looked for under ``/``
+  (``failed to initialize NVML: ERROR_LIBRARY_NOT_FOUND``, exit 1), any other word becomes a file
+  of that name (``.json`` appended under ``--format=json``) in the working folder, written with
+  nothing on stdout, exit 0.
+- ``nvidia-cdi-hook --help`` (and ``nvidia-ctk hook --help``): the version's COMMANDS list in the
+  real builds' shape (nvidia-cdi-hook's with its VERSION section; tests/data/real/
+  nvidia-ctk-help). ``<name> --help``: exit 0 for a hook the version has; for one it lacks,
+  before 1.18.0 exit 3 with ``No help topic for '<name>'`` on stderr, from 1.18.0
+  ``level=warning msg="Unsupported CDI hook: <name>"`` on stderr and exit 0.
+  ``nvidia-cdi-hook --version``: ``NVIDIA CDI Hook version <v>``. Which hook each version has
+  (:data:`HOOK_SINCE`): 1.17.8 ``update-ldcache``, ``create-symlinks``, ``chmod``,
+  ``enable-cuda-compat``; 1.18.0 adds ``disable-device-node-modification``; 1.20.0 adds
+  ``update-application-profile``; nvidia-ctk writes them all but ``chmod`` in its spec.
 
 In a world whose case names a toolkit and gives no ``usr/bin/nvidia-cdi-hook`` of its own, the
 harness puts a fake nvidia-cdi-hook there (world.py); other worlds keep the case's.
@@ -36,11 +48,33 @@ from . import effects as fx
 
 DEFAULT_VERSION = "1.20.0"
 SINCE = (1, 18, 0)  # IMEX mode, --disable-hook and --enable-hook arrived then
+# the version each hook arrived in ((1, 17, 0): 1.17 or before), as the real builds' --help
+# COMMANDS lists show (the agent's own table is podvm_gpu/steps/cdi/toolkit.py HOOK_SINCE: the
+# stand-in keeps its own, read from the real builds, not from the product)
+HOOK_SINCE = {"update-ldcache": (1, 17, 0), "create-symlinks": (1, 17, 0), "chmod": (1, 17, 0),
+              "enable-cuda-compat": (1, 17, 0), "disable-device-node-modification": (1, 18, 0),
+              "update-application-profile": (1, 20, 0)}
 HOOKS_1_17 = ("update-ldcache", "create-symlinks", "chmod", "enable-cuda-compat")
-HOOKS_1_20 = HOOKS_1_17 + ("disable-device-node-modification", "update-application-profile")
+HOOKS_1_20 = tuple(HOOK_SINCE)
+USAGE = {"update-ldcache": "Update ldcache in a container by running ldconfig",
+         "create-symlinks": "A hook to create symlinks in the container.",
+         "chmod": "Set the permissions of folders in the container by running chmod. The "
+                  "container root is prefixed to the specified paths.",
+         "enable-cuda-compat": "This hook ensures that the folder containing the CUDA compat "
+                               "libraries is added to the ldconfig search path if required.",
+         "disable-device-node-modification": "Ensure that the /proc/driver/nvidia/params file "
+                                             "present in the container does not allow device "
+                                             "node modifications.",
+         "update-application-profile": "Updates driver settings through \"application "
+                                       "profiles\". Currently, this hook sets "
+                                       "EGLVisibleDGPUDevices to restrict EGL/Vulkan GPU "
+                                       "visibility inside the container"}
 NEW_FLAGS = ("--disable-hook", "--enable-hook")
-COMMITS = {"1.17.8": "f202b80", "1.20.0": "1d1bd5a"}
+COMMITS = {"1.17.8": "f202b80", "1.18.2": "9e88ed3", "1.19.1": "09ceee5", "1.20.0": "1d1bd5a"}
 NO_TOPIC_RC = 3
+NEEDS_ARGUMENT = "flag needs an argument: --output="
+NO_NVML = ("failed to generate CDI spec: failed to create device CDI specs: failed to construct "
+           "device spec generators: failed to initialize NVML: ERROR_LIBRARY_NOT_FOUND")
 
 
 def versions(case_value) -> dict[str, str]:
@@ -76,8 +110,32 @@ def number(version: str) -> tuple[int, int, int]:
 
 
 def known_hooks(version: str) -> tuple[str, ...]:
-    """The hooks a version's binaries know (and its nvidia-ctk writes)."""
-    return HOOKS_1_20 if number(version) >= SINCE else HOOKS_1_17
+    """The hooks a version's binaries know (and its nvidia-ctk writes, ``chmod`` aside)."""
+    return tuple(name for name, since in HOOK_SINCE.items() if number(version) >= since)
+
+
+def empty_output(argv: list[str], version: str, cwd: str = ".") -> tuple[int, str, str] | None:
+    """What nvidia-ctk ``version`` does with an empty ``--output=`` in a ``cdi generate`` argv
+    (module docstring), or None when it takes it as empty (or there is none)."""
+    if "--output=" not in argv:
+        return None
+    minor = number(version)[:2]
+    at = argv.index("--output=")
+    refused = (1, "", f"Incorrect Usage: {NEEDS_ARGUMENT}\n\nlevel=error msg=\"{NEEDS_ARGUMENT}\"\n")
+    if minor == (1, 19) or (minor == (1, 18) and at == len(argv) - 1):
+        return refused
+    if minor != (1, 18):
+        return None
+    taken = argv[at + 1]
+    if taken.startswith(("--driver-root=", "--dev-root=")):
+        return 1, "", f'level=error msg="{NO_NVML}"\n'
+    name = taken if taken.endswith((".json", ".yaml")) or \
+        fx.option_value(argv, "--format") != "json" else taken + ".json"
+    import os
+
+    with open(os.path.join(cwd, name), "w") as out:
+        out.write("{}")
+    return 0, "", ""
 
 
 def ctk_answer(argv: list[str], version: str) -> tuple[int, str, str] | None:
@@ -89,7 +147,11 @@ def ctk_answer(argv: list[str], version: str) -> tuple[int, str, str] | None:
     if argv[1:] == ["--version"]:
         return 0, version_text("NVIDIA Container Toolkit CLI", version), ""
     if argv[1:2] == ["hook"] and len(argv) > 2:
-        return hook_help(argv[2], argv[3:], version)
+        return hook_help(argv[2], argv[3:], version, app=None)
+    if argv[1:3] == ["cdi", "generate"]:
+        said = empty_output(argv, version)
+        if said is not None:
+            return said
     if argv[1:3] == ["cdi", "generate"] and number(version) < SINCE:
         for flag in NEW_FLAGS:
             if fx.option_value(argv, flag) is not None:
@@ -110,11 +172,37 @@ def hook_answer(argv: list[str], version: str) -> tuple[int, str, str]:
     return 0, "", ""
 
 
-def hook_help(name: str, rest: list[str], version: str) -> tuple[int, str, str]:
-    """``<name> [...]`` of a hook binary: exit 3 ``No help topic`` for a name it does not know."""
+def hook_help(name: str, rest: list[str], version: str,
+              app: str | None = "NVIDIA CDI Hook") -> tuple[int, str, str]:
+    """``<name> [...]`` of a hook binary: ``--help`` its list (:func:`help_text`); for a name it
+    does not know exit 3 ``No help topic`` before 1.18.0, a warning and exit 0 from 1.18.0."""
+    if name in ("--help", "-h"):
+        return 0, help_text(version, app), ""
     if name not in known_hooks(version):
+        if number(version) >= SINCE:
+            return 0, "", f'level=warning msg="Unsupported CDI hook: {name}"\n'
         return NO_TOPIC_RC, "", f"No help topic for '{name}'\n"
     return 0, (f"NAME:\n   {name}\n" if "--help" in rest else ""), ""
+
+
+def help_text(version: str, app: str | None) -> str:
+    """``--help`` of ``nvidia-cdi-hook`` (``app`` its name: NAME, VERSION, COMMANDS) or of
+    ``nvidia-ctk hook`` (``app`` None: NAME, COMMANDS), as the real builds print them
+    (tests/data/real/nvidia-ctk-help)."""
+    names = known_hooks(version) + (("help, h",) if app or number(version) < SINCE else ())
+    width = max(len(n) for n in names) + 2
+    usage = {**USAGE, "help, h": "Shows a list of commands or help for one command"}
+    rows = "".join(f"   {n.ljust(width)}{usage[n]}\n" for n in names)
+    if app is None:
+        return ("NAME:\n   NVIDIA Container Toolkit CLI hook - A collection of hooks that may be "
+                "injected into an OCI spec\n\nUSAGE:\n   NVIDIA Container Toolkit CLI hook "
+                f"[command [command options]]\n\nCOMMANDS:\n{rows}\nOPTIONS:\n"
+                "   --help, -h  show help\n")
+    return (f"NAME:\n   {app} - Command to structure files for usage inside a container, called "
+            "as hooks from a container runtime, defined in a CDI yaml file\n\nUSAGE:\n   "
+            f"{app} [global options] [command [command options]]\n\nVERSION:\n   {version}\n"
+            f"commit: {COMMITS.get(version, 'unknown')}\n\nCOMMANDS:\n{rows}\nGLOBAL OPTIONS:\n"
+            "   --help, -h     show help\n   --version, -v  print the version\n")
 
 
 def version_text(app: str, version: str) -> str:

@@ -75,10 +75,11 @@ def make_channels(ctx: BootContext, channels) -> list[Node]:
 
 
 def generate_argv(ctx: BootContext) -> list[str]:
-    """``nvidia-ctk cdi generate --mode=imex --class=imex-channel --format=json --output=``,
-    with the roots when not ``/`` (the shape of the GPUs' generation, steps/cdi/step.py)."""
+    """``nvidia-ctk cdi generate --mode=imex --class=imex-channel --format=json`` (the spec on
+    stdout, no ``--output``: 1.18 and 1.19 parse an empty one differently, issue 42), with the
+    roots when not ``/`` (the shape of the GPUs' generation, steps/cdi/step.py)."""
     argv = ["nvidia-ctk", "cdi", "generate", "--mode=imex", "--class=imex-channel",
-            "--format=json", "--output="]
+            "--format=json"]
     if not ctx.root.is_host:
         argv += [f"--driver-root={ctx.root.path}", f"--dev-root={ctx.root.path}"]
     return argv

@@ -1,14 +1,17 @@
 """Step 9, ``cdi``: generate the CDI spec, validate it, install it atomically.
 
-``nvidia-ctk cdi generate --format=json --output=`` writes the spec on stdout (an output name
-without an extension would get ``.yaml`` appended, making a temporary name in ``/var/run/cdi`` a
-file CDI readers scan). JSON because the standard library reads it at once where PyYAML costs
-its import on every GPU boot; JSON is YAML, so the CDI readers take it from ``nvidia.yaml`` as
-it is, and a YAML answer is read too. The spec's content decides (contract section 8), not
-nvidia-ctk's exit code or its warnings: it prints many harmless ones, and exits 0 when it leaves
-out the uvm nodes or names a missing hook. Boot owns kind ``nvidia.com/gpu`` in
-``/var/run/cdi``: another file there that defines it would make kata-agent drop every device both
-define, so it is renamed aside.
+``nvidia-ctk cdi generate --format=json`` writes the spec on stdout: no ``--output`` at all
+(issue 42; an output name without an extension would get ``.yaml`` appended, making a temporary
+name in ``/var/run/cdi`` a file CDI readers scan, and an empty ``--output=`` is parsed
+differently by each release: 1.19.1 refuses it, ``flag needs an argument: --output=``, and
+1.18.2 takes the next argv word as the output path; ../shared/nvidia-ctk/README.md, the real
+builds). JSON because the standard library reads it at once where PyYAML costs its import on
+every GPU boot; JSON is YAML, so the CDI readers take it from ``nvidia.yaml`` as it is, and a
+YAML answer is read too. The spec's content decides (contract section 8), not nvidia-ctk's exit
+code or its warnings: it prints many harmless ones, and exits 0 when it leaves out the uvm nodes
+or names a missing hook. Boot owns kind ``nvidia.com/gpu`` in ``/var/run/cdi``: another file
+there that defines it would make kata-agent drop every device both define, so it is renamed
+aside.
 
 The step is in two parts (boot/pipeline.py): :func:`run` generates and validates, beside the fabric wait and the
 confidential-computing step; :func:`finish` installs, only once they have all succeeded. With
@@ -40,15 +43,16 @@ ESSENTIAL = r"libcuda\.so|libnvidia-ml\.so|/dev/nvidia|nvidia-cdi-hook|NVML|nvml
 
 
 def generate_argv(ctx: BootContext) -> list[str]:
-    """``nvidia-ctk cdi generate --mode=nvml --format=json --output=`` (spec on stdout), with the
-    roots when not ``/``.
+    """``nvidia-ctk cdi generate --mode=nvml --format=json`` (the spec on stdout: no ``--output``,
+    which 1.18 and 1.19 parse differently when empty; module docstring), with the roots when
+    not ``/``.
 
     ``--mode=nvml`` explicitly: without it the toolkit takes its mode from
     ``/etc/nvidia-container-runtime/config.toml``, and 1.18.0 with ``mode = "cdi"`` there fails
     with ``invalid discovery mode: cdi`` (NVIDIA/nvidia-container-toolkit#1376, fixed in #1377).
     A pod VM's GPUs are NVML devices whatever the runtime's config says. ``cdi.disable_hooks``
     adds ``--disable-hook=<name>`` each (steps/cdi/toolkit.py)."""
-    argv = ["nvidia-ctk", "cdi", "generate", "--mode=nvml", "--format=json", "--output=",
+    argv = ["nvidia-ctk", "cdi", "generate", "--mode=nvml", "--format=json",
             *toolkit.disable_hook_args(ctx.config)]
     if not ctx.root.is_host:
         argv += [f"--driver-root={ctx.root.path}", f"--dev-root={ctx.root.path}"]
@@ -104,8 +108,8 @@ def run(ctx: BootContext) -> Generated:
     mean a usable GPU) reads the GPUs: two independent NVML clients, both after persistenced, so
     the gate's queries cost the boot no time beyond the generation's. The gate starts once
     ``nvidia-ctk cdi generate`` is in flight: the generation is the boot's longest lane, and the
-    gate's process starts would otherwise delay its own (issue 38); so do the asks of the
-    hooks the spec will likely name (steps/cdi/toolkit.py ``start_hook_asks``). Nothing is written but
+    gate's process starts would otherwise delay its own (issue 38); so does the ask of the hook
+    binary's list (steps/cdi/toolkit.py ``start_hook_asks``). Nothing is written but
     the IMEX channel nodes (steps/cdi/imex.py), when ``imex.channels`` asks for them.
 
     Raises:
@@ -143,10 +147,11 @@ def run(ctx: BootContext) -> Generated:
 
 
 def generate(ctx: BootContext, on_start=None) -> Generated:
-    """Read nvidia-ctk's version and refuse what it lacks, generate and validate the spec, ask
-    the hook binary for each hook the spec names (steps/cdi/toolkit.py; see :func:`run`);
-    ``on_start`` is called once the generation is in flight (:meth:`Runner.run`), when the
-    asks of the hooks its version writes start too (toolkit.py ``start_hook_asks``)."""
+    """Read nvidia-ctk's version and refuse what it lacks, generate and validate the spec, check
+    each hook the spec names against its hook binary's own list (and, before 1.18.0, its
+    refusal by name: steps/cdi/toolkit.py ``check_hooks``); ``on_start`` is called once the
+    generation is in flight (:meth:`Runner.run`), when the hook binary's asks start too
+    (toolkit.py ``start_hook_asks``)."""
     driver = ctx.driver_version or "unknown"
     ctk = toolkit.read_version(ctx)
     toolkit.check_features(ctx, ctk)

@@ -9,15 +9,22 @@ bounded) before the generation, recorded in status.json (``nvidia_ctk_version``)
 the config asks for that the version lacks fails the step before nvidia-ctk runs, naming the
 feature and the version needed. An unreadable version is a warning and the features are tried.
 
-A spec names hooks that the node's hook binary must run at every container creation: a spec
-from a newer toolkit than the hook binary fails every container (``nvidia-cdi-hook
+A spec names hooks that the node's hook binary must run at every container creation, and a
+spec from a newer toolkit than the hook binary names hooks it lacks. Before 1.18.0 the binary
+refuses such a hook and every container fails (``nvidia-cdi-hook
 disable-device-node-modification`` on 1.17.8: exit 3, ``No help topic for
 'disable-device-node-modification'``; kata/runc: ``error running createContainer hook #5: exit
-status 3``, kubernetes-sigs/dra-driver-nvidia-gpu#568). So after the generation every hook name
-is asked of its binary once, ``<path> <name> --help`` (``<path> hook <name> --help`` when the
-hook runs as ``nvidia-ctk hook``), bounded; a refusal fails the step naming the hook, the hook
-binary's version and nvidia-ctk's. The binary is the one at the hook's path under the root (the
-spec's paths are the root's, section 8).
+status 3``, kubernetes-sigs/dra-driver-nvidia-gpu#568); from 1.18.0 it only warns
+(``level=warning msg="Unsupported CDI hook: <name>"``, exit 0, with or without ``--help``) and
+containers start without the hook's effect (issue 42, the real builds of 1.17.8, 1.18.2, 1.19.1
+and 1.20.0: ../shared/nvidia-ctk/README.md). So after the generation each hook binary the spec
+names (the one at the hook's path under the root: the spec's paths are the root's, section 8) is
+asked for its own list, ``<path> --help`` (``<path> hook --help`` when the hook runs as
+``nvidia-ctk hook``), whose COMMANDS section names every hook it has, and a hook not in the list
+fails the step naming the hook, the binary and its version (the ``VERSION`` of its help, or its
+``--version``). A binary before 1.18.0, or of a version that cannot be read, is also asked
+``<path> [hook] <name> --help`` for each name, as before issue 42: a refusal fails the step with
+the binary's own words. All bounded (the harmless-call time).
 """
 
 from __future__ import annotations
@@ -32,18 +39,23 @@ VERSION_ARGV = ["nvidia-ctk", "--version"]
 # urfave/cli's version line: "<app name> version <v>" (nvidia-ctk: "NVIDIA Container Toolkit
 # CLI", nvidia-cdi-hook: its own name); a build without the version injected says "unknown".
 _VERSION = re.compile(r"\bversion\s+v?(\d+)\.(\d+)\.(\d+)(\S*)")
-# What arrived in 1.18.0 (nvidia-ctk-real.md, 1.17.8 against 1.20.0): the feature's words for a
-# reason, by config key.
+# What arrived in 1.18.0 (the real 1.17.8 refuses both, 1.18.2 has both:
+# ../shared/nvidia-ctk/README.md): the feature's words for a reason, by config key.
 SINCE_1_18 = (1, 18, 0)
 FEATURES = {"imex.channels": "IMEX channels (cdi generate --mode=imex)",
             "cdi.disable_hooks": "cdi.disable_hooks (cdi generate --disable-hook)"}
-# The hooks a spec of nvidia-ctk 1.17 and of 1.18 or later names (1.20.0 on the real H200:
-# tests/data/real/h200-580/nvidia-ctk-1.20.0-cdi-generate.json; 1.17.8 writes neither of the two
-# that 1.18 brought, ../shared/nvidia-ctk-real.md), and where their binary usually is: asked
-# while the generation runs (:func:`start_hook_asks`).
-HOOKS_BEFORE_1_18 = ("create-symlinks", "enable-cuda-compat", "update-ldcache")
-HOOKS_SINCE_1_18 = HOOKS_BEFORE_1_18 + ("disable-device-node-modification",
-                                        "update-application-profile")
+# Which hooks each version's hook binary has, by the version each arrived in: its ``--help``
+# COMMANDS list (the real builds: 1.17.8 the first four, 1.18.2 and 1.19.1 add
+# disable-device-node-modification, 1.20.0 adds update-application-profile;
+# ../shared/nvidia-ctk/README.md). (1, 17, 0) stands for "1.17 or before", the oldest toolkit
+# the agent supports. nvidia-ctk writes each of them into its spec but chmod (the real 1.20.0
+# spec: tests/data/real/h200-580/nvidia-ctk-1.20.0-cdi-generate.json).
+HOOK_SINCE = {"update-ldcache": (1, 17, 0), "create-symlinks": (1, 17, 0), "chmod": (1, 17, 0),
+              "enable-cuda-compat": (1, 17, 0), "disable-device-node-modification": (1, 18, 0),
+              "update-application-profile": (1, 20, 0)}
+NOT_WRITTEN = ("chmod",)
+# Where the hook binary usually is: its list is asked while the generation runs
+# (:func:`start_hook_asks`).
 LIKELY_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
 # The binaries whose hooks the agent knows how to ask: args[0] of a hook, its name after them.
 HOOK_BINARIES = {"nvidia-cdi-hook": 1, "nvidia-ctk": 2}  # nvidia-ctk: ["nvidia-ctk", "hook", name]
@@ -182,19 +194,67 @@ def hooks_to_ask(spec) -> dict[tuple[str, str], list[str]]:
     return found
 
 
+def hooks_of(number: tuple[int, int, int]) -> tuple[str, ...]:
+    """The hooks a hook binary of version ``number`` (``(1, 19, 1)``) has (:data:`HOOK_SINCE`)."""
+    return tuple(name for name, since in HOOK_SINCE.items() if number >= since)
+
+
+def written_hooks(number: tuple[int, int, int]) -> tuple[str, ...]:
+    """The hooks a spec of nvidia-ctk ``number`` names by default (:data:`HOOK_SINCE` less
+    :data:`NOT_WRITTEN`)."""
+    return tuple(name for name in hooks_of(number) if name not in NOT_WRITTEN)
+
+
+# urfave/cli's help: a "COMMANDS:" heading, then one indented line per command ("   name, alias
+# <usage>"), ended by a blank line; "VERSION:" then the version on the next line (the
+# nvidia-cdi-hook --help of every real build; nvidia-ctk hook --help has no VERSION section).
+_HEADING = re.compile(r"^[A-Z][A-Z ]*:\s*$")
+_HELP_VERSION = re.compile(r"^VERSION:\s*\n\s+v?(\d+)\.(\d+)\.(\d+)(\S*)", re.MULTILINE)
+
+
+def parse_commands(help_text: str) -> tuple[str, ...] | None:
+    """The command names of a urfave/cli ``--help`` (its COMMANDS section: each line's first
+    word, aliases and ``help`` left out), or None when the text has no COMMANDS section."""
+    names: list[str] | None = None
+    for line in help_text.splitlines():
+        if names is None:
+            if line.strip() == "COMMANDS:":
+                names = []
+            continue
+        if not line.strip() or _HEADING.match(line):
+            break
+        first = line.split()[0].rstrip(",")
+        if first != "help":
+            names.append(first)
+    return tuple(names) if names is not None else None
+
+
+def help_version(help_text: str) -> Version | None:
+    """The version of a urfave/cli ``--help``'s VERSION section, None when it has none."""
+    m = _HELP_VERSION.search(help_text)
+    if m is None:
+        return None
+    number = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    return Version(".".join(map(str, number)) + m.group(4), number)
+
+
 def _ask_key(path: str, name: str) -> str:
     return f"hook {path} {name}"
 
 
+def _list_key(path: str, middle) -> str:
+    return f"hook list {path} {' '.join(middle)}".rstrip()
+
+
 def start_hook_asks(ctx: BootContext, version: Version | None) -> None:
-    """Ask the hook binary at its usual path (:data:`LIKELY_HOOK_PATH` under the root) for each
-    hook a spec of nvidia-ctk ``version`` names (:data:`HOOKS_SINCE_1_18` or
-    :data:`HOOKS_BEFORE_1_18`, less ``cdi.disable_hooks``), each on a thread of its own, while
-    the generation runs: the asks are the same calls :func:`check_hooks` makes after it, which
-    takes the answers of those the spec names and asks the rest itself (a hook elsewhere, a
-    name not foreseen). The cdi step is the boot's longest lane; this takes its hook asks off
-    it (issue 38). Nothing is decided here. Asks nothing when the version is unknown, every
-    hook is disabled (``cdi.disable_hooks: [all]``) or the binary is not there."""
+    """Ask the hook binary at its usual path (:data:`LIKELY_HOOK_PATH` under the root) for its
+    list (``--help``) on a thread of its own while the generation runs, and, for nvidia-ctk
+    ``version`` before 1.18.0, each hook its spec names (:func:`written_hooks`, less
+    ``cdi.disable_hooks``) by name: the same calls :func:`check_hooks` makes after it, which
+    takes the answers it needs and makes the rest itself (a hook elsewhere, a hook binary older
+    than nvidia-ctk). The cdi step is the boot's longest lane; this takes the asks off it
+    (issue 38). Nothing is decided here. Asks nothing when the version is unknown, every hook is
+    disabled (``cdi.disable_hooks: [all]``) or the binary is not there."""
     disabled = ctx.config.cdi.disable_hooks
     if version is None or "all" in disabled:  # --disable-hook=all: a spec without hooks
         return
@@ -202,82 +262,143 @@ def start_hook_asks(ctx: BootContext, version: Version | None) -> None:
     if not os.path.isfile(binary):
         return
     timeout = ctx.harmless_timeout("nvidia-ctk")
-    for name in HOOKS_SINCE_1_18 if version.number >= SINCE_1_18 else HOOKS_BEFORE_1_18:
+    ctx.early[_list_key(LIKELY_HOOK_PATH, [])] = _Early(ctx, [binary, "--help"], timeout)
+    if version.number >= SINCE_1_18:
+        return
+    for name in written_hooks(version.number):
         if name not in disabled:
             ctx.early[_ask_key(LIKELY_HOOK_PATH, name)] = _Early(ctx, [binary, name, "--help"],
                                                                  timeout)
 
 
+class _Listing:
+    """What a hook binary said of itself: ``names`` (its COMMANDS; None when unread),
+    ``version`` (None when unknown), ``error`` (the ``--help`` call's :class:`CommandError`)."""
+
+    def __init__(self, names=None, version=None, error=None):
+        self.names, self.version, self.error = names, version, error
+
+
+def _all_at_once(calls: list) -> list:
+    """Run each callable on a thread of its own and return their results in order, a
+    :class:`CommandError` as a result. Anything else raised (Cancelled: the boot is ending) is
+    raised here, in the caller's thread, never left in a helper thread."""
+    import threading
+
+    said: dict[int, object] = {}
+    raised: dict[int, BaseException] = {}
+
+    def one(index: int, call) -> None:
+        try:
+            said[index] = call()
+        except CommandError as err:
+            said[index] = err
+        except BaseException as err:  # re-raised below
+            raised[index] = err
+
+    threads = [threading.Thread(target=one, args=(i, call), name=f"hook-check-{i}", daemon=True)
+               for i, call in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if raised:
+        raise raised[min(raised)]
+    return [said[i] for i in range(len(calls))]
+
+
+def _list_binary(ctx: BootContext, path: str, middle: list[str], timeout: float) -> _Listing:
+    early = ctx.early.pop(_list_key(path, middle), None)
+    binary = ctx.root.resolve(path)
+    try:
+        done = early.result() if early is not None else \
+            ctx.runner.run([binary, *middle, "--help"], timeout=timeout)
+    except CommandError as err:
+        return _Listing(error=err)
+    version = help_version(done.stdout)
+    if version is None:  # nvidia-ctk hook --help has no VERSION section
+        try:
+            asked = ctx.runner.run([binary, "--version"], timeout=timeout)
+            version = parse_version(asked.stdout + asked.stderr)
+        except CommandError:
+            version = None
+    return _Listing(parse_commands(done.stdout), version)
+
+
+def _ask_name(ctx: BootContext, path: str, middle: list[str], name: str, timeout: float):
+    early = None if middle else ctx.early.pop(_ask_key(path, name), None)
+    if early is not None:  # asked while the generation ran (start_hook_asks)
+        return early.result()
+    return ctx.runner.run([ctx.root.resolve(path), *middle, name, "--help"], timeout=timeout)
+
+
+def _by_name_too(listing: _Listing) -> bool:
+    """Whether a binary is also asked name by name: before 1.18.0 (a refusal is its answer) or
+    of an unknown version, unless its list ask did not run or hung (asked again, it would too)."""
+    if listing.error is not None and (listing.error.timed_out or listing.error.returncode is None):
+        return False
+    return listing.version is None or listing.version.number < SINCE_1_18
+
+
+def _unchecked(name: str, path: str, err: CommandError) -> StepFailed:
+    said = f"did not answer in {err.timeout_s:g} s" if err.timed_out else err.tool_message()
+    return StepFailed(f"the spec's hook {name} could not be checked: {path} {said}; "
+                      "a container's creation runs it")
+
+
+def _advice(name: str, ctk: Version | None) -> str:
+    return (f"the spec comes from nvidia-ctk {ctk or '(version unknown)'}: install nvidia-ctk "
+            f"and nvidia-cdi-hook of one toolkit version, or add {name} to cdi.disable_hooks")
+
+
 def check_hooks(ctx: BootContext, spec, ctk: Version | None) -> int:
-    """Ask each hook binary, once per hook name, whether it knows the hook:
-    ``<root><path> [hook] <name> --help``, at most the harmless-call time each, all at once (a
-    Go binary's start is most of a call, and the cdi step is on the boot's critical path);
-    returns how many were asked. The first failure in the spec's order is the one reported.
+    """Ask each hook binary the spec names for its list of hooks (``<root><path> [hook]
+    --help``) and, when it is older than 1.18.0 or of an unknown version, for each hook by name
+    (``<root><path> [hook] <name> --help``); at most the harmless-call time each, each round all
+    at once (a Go binary's start is most of a call, and the cdi step is on the boot's critical
+    path); the asks made early (:func:`start_hook_asks`) are taken, not repeated. Returns how
+    many hook names were checked. The first failure in the spec's order is the one reported.
 
     Raises:
-        StepFailed: a binary refused a name (a non-zero exit: the real refusal is exit 3 with
-            ``No help topic for '<name>'``), naming the hook, the hook binary's version (its
-            ``--version``, bounded) and nvidia-ctk's; or an answer did not come in time, or the
-            binary could not run (a container's creation would hang or fail the same way).
+        StepFailed: a hook is not in its binary's COMMANDS list (1.18.0 and later: containers
+            would start without it), naming the hook, the binary, the binary's version and
+            nvidia-ctk's; or a binary before 1.18.0 refused a name (a non-zero exit: the real
+            refusal is exit 3 with ``No help topic for '<name>'``), naming the same; or an
+            answer did not come in time, or the binary could not run (a container's creation
+            would hang or fail the same way).
         Cancelled: the boot is ending (another step failed, a signal): raised here, in the
             step's thread, never left in a helper thread.
     """
-    import threading
-
     asks = list(hooks_to_ask(spec).items())
     timeout = ctx.harmless_timeout("nvidia-ctk")
-    failed: dict[int, CommandError] = {}
-    raised: dict[int, BaseException] = {}
-
-    def ask(index: int, argv: list[str], early) -> None:
-        try:
-            if early is not None:  # asked while the generation ran (start_hook_asks)
-                early.result()
-            else:
-                ctx.runner.run(argv, timeout=timeout)
-        except CommandError as err:
-            failed[index] = err
-        except BaseException as err:  # Cancelled (the boot is ending): re-raised below
-            raised[index] = err
-
-    threads = []
-    for index, ((path, name), middle) in enumerate(asks):
-        binary = ctx.root.resolve(path)
-        early = None if middle else ctx.early.pop(_ask_key(path, name), None)
-        thread = threading.Thread(target=ask, args=(index, [binary, *middle, name, "--help"],
-                                                    early),
-                                  name=f"hook-check-{index}", daemon=True)
-        thread.start()
-        threads.append(thread)
-    for thread in threads:
-        thread.join()
-    if raised:  # in the step's own thread, as a call of its own would raise it
-        raise raised[min(raised)]
-    if not failed:
-        return len(asks)
-    index = min(failed)
-    err = failed[index]
-    (path, name), _middle = asks[index]
-    if err.timed_out or err.returncode is None:
-        said = f"did not answer {name} --help in {err.timeout_s:g} s" \
-            if err.timed_out else err.tool_message()
-        raise StepFailed(f"the spec's hook {name} could not be checked: {path} {said}; "
-                         "a container's creation runs it") from err
-    hook_version = _hook_version(ctx, ctx.root.resolve(path), timeout)
-    raise StepFailed(
-        f"the spec names hook {name}, which {path} ({hook_version}) does not know "
-        f"({exit_text(err.returncode)}: {err.tool_message()}); the spec comes from "
-        f"nvidia-ctk {ctk or '(version unknown)'}: every container would fail at "
-        f"creation; install nvidia-ctk and nvidia-cdi-hook of one toolkit version, or "
-        f"add {name} to cdi.disable_hooks") from err
-
-
-def _hook_version(ctx: BootContext, binary: str, timeout: float) -> str:
-    """``<name> <version>`` of a hook binary (its ``--version``), or why it is unknown."""
-    base = os.path.basename(binary)
-    try:
-        done = ctx.runner.run([binary, "--version"], timeout=timeout)
-    except CommandError:
-        return f"{base}, version unknown"
-    version = parse_version(done.stdout + done.stderr)
-    return f"{base} {version}" if version else f"{base}, version unknown"
+    binaries = list(dict.fromkeys((path, tuple(middle)) for (path, _n), middle in asks))
+    listings = dict(zip(binaries, _all_at_once(
+        [lambda p=p, m=m: _list_binary(ctx, p, list(m), timeout) for p, m in binaries])))
+    by_name = [(path, name, middle) for (path, name), middle in asks
+               if _by_name_too(listings[(path, tuple(middle))])]
+    answers = dict(zip([(p, n) for p, n, _m in by_name], _all_at_once(
+        [lambda p=p, n=n, m=m: _ask_name(ctx, p, m, n, timeout) for p, n, m in by_name])))
+    for key in [k for k in ctx.early if k.startswith("hook ")]:  # foreseen, not named: dropped
+        ctx.early.pop(key)
+    for (path, name), middle in asks:
+        listing = listings[(path, tuple(middle))]
+        base = os.path.basename(path)
+        what = f"{base} {listing.version}" if listing.version else f"{base}, version unknown"
+        answer = answers.get((path, name))
+        if isinstance(answer, CommandError):
+            if answer.timed_out or answer.returncode is None:
+                raise _unchecked(name, path, answer) from answer
+            raise StepFailed(
+                f"the spec names hook {name}, which {path} ({what}) does not know "
+                f"({exit_text(answer.returncode)}: {answer.tool_message()}): every container "
+                f"would fail at creation; {_advice(name, ctk)}") from answer
+        if listing.error is not None and (listing.error.timed_out or
+                                          listing.error.returncode is None):
+            raise _unchecked(name, path, listing.error) from listing.error
+        if listing.names is not None and name not in listing.names:
+            raise StepFailed(
+                f"the spec names hook {name}, which {path} ({what}) does not have (its "
+                f"{' '.join([*middle, '--help'])} lists {', '.join(listing.names)}): "
+                f"containers would start without it (from 1.18.0 a hook binary only warns "
+                f"'Unsupported CDI hook' and exits 0); {_advice(name, ctk)}")
+    return len(asks)
