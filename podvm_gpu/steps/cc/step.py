@@ -159,6 +159,14 @@ def run(ctx: BootContext) -> str:
                                       "confidential (confidential_computing.allow_cc_off)"}
         raise Skipped(verdict.reason)
     label = verdict.reason
+    from podvm_gpu.steps.cc import multigpu
+
+    failure, warning = multigpu.judge_set(finding.multi_gpu, [g.device_id for g in ctx.gpus], tee,
+                                          cfg.allow_unsupported_multi_gpu)
+    if failure:  # before nvattest and the ready state (issue 45)
+        raise StepFailed(f"{failure}; {multigpu.FIX}")
+    if warning:
+        ctx.warn(f"confidential-computing: {warning}")
     state = ready_state(ctx)
     attested = before_ready_state(ctx, finding, state, tee)
     same = same_gpus(ctx, state)
