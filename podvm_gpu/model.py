@@ -154,6 +154,9 @@ class Status:
         self.attestation: dict | None = None  # podvm_gpu/steps/cc/attest/gate.py's record
         self.initdata: dict | None = None  # podvm_gpu/initdata.py's record, when configured
         self.binding: dict | None = None  # podvm_gpu/steps/cc/bind.py's record, at the end
+        # podvm_gpu/steps/cc/identity.py (issue 45): [{index, bus_id, uuid, ueid}] the GPUs the
+        # attestation's verdict covers
+        self.attested_gpus: list[dict] = []
 
     def to_dict(self) -> dict:
         return {
@@ -175,4 +178,5 @@ class Status:
             "attestation": self.attestation,
             "initdata": self.initdata,
             "binding": self.binding,
+            "attested_gpus": list(self.attested_gpus),
         }

@@ -82,7 +82,9 @@ class ConfidentialComputingConfig(Section):
     production confidentiality) is accepted with a warning instead of failing the boot;
     ``allow_cc_off``: a GPU that is not confidential (CC off, no Protected PCIe) in a
     confidential guest (TDX, SEV-SNP) is accepted with a warning instead of failing the boot
-    (and then not attested).
+    (and then not attested). ``allow_unsupported_multi_gpu``: several confidential GPUs in a
+    confidential guest in a set-up NVIDIA does not support (steps/cc/multigpu.py, issue 45)
+    are accepted with a warning on every boot instead of failing it.
     ``attestation``: ``auto`` (attest in a confidential guest, required there; elsewhere when
     ``nvattest`` is installed), ``required`` (everywhere) or ``off`` (never; a warning).
     ``attestation_timeout_s + attestation_per_device_s * devices`` bounds each ``nvattest``
@@ -101,6 +103,7 @@ class ConfidentialComputingConfig(Section):
 
     FIELDS = {"set_ready_state": (boolean, True), "allow_devtools": (boolean, False),
               "allow_cc_off": (boolean, False),
+              "allow_unsupported_multi_gpu": (boolean, False),
               "attestation": (attestation_mode, "auto"),
               "attestation_timeout_s": (seconds(0, False), 40.0),
               "attestation_per_device_s": (seconds(0, True), 10.0),

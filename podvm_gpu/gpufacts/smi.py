@@ -36,6 +36,9 @@ RESET_FIELDS = ("pci.bus_id", "reset_status.reset_required",
                 "reset_status.drain_and_reset_recommended")
 ACTION_FIELDS = ("pci.bus_id", "gpu_recovery_action")
 MIG_FIELDS = ("index", "mig.mode.current")
+# issue 45: the GPUs' identities, read before nvattest and again before -srs 1 (every build,
+# 535 to 580, answers these three fields: ../shared/nvidia-smi-real.md)
+IDENTITY_FIELDS = ("index", "pci.bus_id", "uuid")
 
 
 def query_gpu_argv(fields: tuple[str, ...]) -> list[str]:
@@ -86,6 +89,30 @@ def vbios_argv() -> list[str]:
     """``nvidia-smi --query-gpu=vbios_version --format=csv,noheader``: the VBIOS an NVAT 104
     (RIM not found) names, nvattest's JSON carrying no claims then (steps/cc/attest/gate.py)."""
     return query_gpu_argv(("vbios_version",))
+
+
+def identity_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=index,pci.bus_id,uuid --format=csv,noheader``: the GPU set
+    the confidential-computing step reads before nvattest and again right before ``-srs 1``
+    (steps/cc/identity.py, issue 45)."""
+    return query_gpu_argv(IDENTITY_FIELDS)
+
+
+def parse_identities(text: str) -> list[tuple[int, str, str]] | None:
+    """``(index, bus id, UUID)`` per row of :func:`identity_argv`'s answer, in its order; the
+    bus id as printed (``00000000:18:00.0``), the UUID as printed (``GPU-...``). None when a
+    row is not three fields, an index is not a number, or a value is missing (``[N/A]``, an
+    error text such as ``GPU is lost``): an identity is never guessed."""
+    rows = csv_rows(text or "", len(IDENTITY_FIELDS))
+    if rows is None:
+        return None
+    found = []
+    for index, bus, uuid in rows:
+        if not index.isdigit() or any(na(v) or v.startswith("[") or " " in v
+                                      for v in (bus, uuid)):  # [GPU is lost], [N/A], ...
+            return None
+        found.append((int(index), bus, uuid))
+    return found
 
 
 def mig_mode_argv() -> list[str]:

@@ -37,6 +37,9 @@ class BootContext:
         last_seen: step name -> what its wait saw last and for how long (``State In Progress,
             Status N/A on 8 GPU(s) for 12 s``): the pipeline names it when the boot budget
             ends the step (issue 33).
+        attested_gpus: the GPUs the attestation's verdict covers (steps/cc/identity.py's
+            ``GpuIdentity``: index, bus id, UUID, ueid), once it passed (issue 45); status.json
+            has them too.
         early: call name -> a call started before the step that reads it
             (podvm_gpu/steps/cdi/toolkit.py ``start_version_read``: nvidia-ctk's version,
             read while persistenced starts, issue 38; the likely hooks' asks).
@@ -57,6 +60,10 @@ class BootContext:
         self.stopped_because = ""
         self.last_seen: dict[str, str] = {}
         self.early: dict[str, object] = {}
+        # issue 45 (podvm_gpu/steps/cc/identity.py): the GPU set read before nvattest, and the
+        # identities the verdict covers once it passed (GpuIdentity each, index order)
+        self.gpus_before_attestation: list | None = None
+        self.attested_gpus: list = []
 
     def check_stop(self) -> None:
         """Raise :class:`Cancelled` when the steps in flight must stop (another failed, the

@@ -29,6 +29,10 @@ lines; and its refusals, whatever the case's rules say: ``-q -d FABRIC`` (no suc
 ``Field "X" is not a valid field to query.``, exit 2), except a ``gpu_recovery_action`` query a
 rule answers: that rule stands for an nvidia-smi 565+ (issue 28).
 
+The GPUs' identities (``--query-gpu=`` lists naming ``uuid``, issue 45): with no matching rule
+the harness answers for every bound GPU, its UUID made from its address (:func:`gpu_uuid`); a
+matching rule answers alone, stdout included (a case whose GPU changes its UUID).
+
 Health queries (``--query-remapped-rows=`` and ``--query-gpu=`` lists naming ``ecc.errors.*`` or
 ``retired_pages.*``): the world's GPUs are healthy unless the case says otherwise, so with no
 matching rule the harness answers for every bound GPU (no remapped rows, none pending, no
@@ -162,6 +166,8 @@ def owned_query(argv: list[str], state: dict) -> str | None:
         return "health"
     if fields and any(field.strip() in _QUERY_FIELDS for field in fields.split(",")):
         return "csv"
+    if fields and "uuid" in [field.strip() for field in fields.split(",")]:
+        return "identity"  # issue 45: the GPU set the CC step reads around nvattest
     if "-q" in argv or "--query" in argv:
         display = fx.option_value(argv, "-d") or fx.option_value(argv, "--display")
         if display is None:
@@ -175,6 +181,16 @@ def smi_bus_id(address: str) -> str:
     """nvidia-smi's form of a PCI address: ``0000:18:00.0`` -> ``00000000:18:00.0``."""
     domain, rest = address.split(":", 1)
     return f"{int(domain, 16):08X}:{rest.upper()}"
+
+
+def gpu_uuid(address: str) -> str:
+    """The UUID the world's GPU at ``address`` has (the same in every call): ``GPU-`` and a
+    UUID made from the address (``0000:18:00.0`` -> ``GPU-00000000-0000-4000-8000-000000180000``),
+    as nvidia-smi prints a UUID (nvidia-smi-real.md)."""
+    domain, bus, rest = address.split(":")
+    slot, function = rest.split(".")
+    tail = f"{int(domain, 16):04x}{int(bus, 16):02x}{int(slot, 16):02x}{int(function):02x}00"
+    return f"GPU-00000000-0000-4000-8000-{tail[-12:]}"
 
 
 def fabric_labels(world: dict, state: dict) -> tuple[str, str, str, str]:
@@ -267,7 +283,7 @@ def smi_answer(kind: str, argv: list[str], rule_stdout: str | None, world: World
         return NO_DEVICE_RC, "No devices were found\n"
     if kind == "csv":
         return 0, _query_csv(argv, gpus, selected, labels)
-    if kind == "health":
+    if kind in ("health", "identity"):
         return 0, _query_csv(argv, gpus, selected, labels,
                              fx.option_value(argv, "--query-remapped-rows"))
     lines = ["", "==============NVSMI LOG==============", "",
@@ -329,6 +345,8 @@ def _query_csv(argv: list[str], gpus: list[str], selected: list[str],
                 values.append(str(gpus.index(address)))
             elif field in ("pci.bus_id", "gpu_bus_id"):
                 values.append(smi_bus_id(address))
+            elif field in ("uuid", "gpu_uuid"):
+                values.append(gpu_uuid(address))
             elif field in HEALTHY or field.startswith("ecc.errors."):
                 values.append(HEALTHY.get(field, "0"))
             else:
@@ -464,9 +482,9 @@ def answer(config_path: str, raw_argv: list[str], caller) -> tuple[int, float]:
             log.write("harness-error", message=str(err))
     if rc == 0 and argv[:3] == ["nvidia-ctk", "cdi", "generate"] and not imex:
         stdout = toolkit_ctk.filter_spec(stdout, argv, toolkit["nvidia-ctk"])
-    if owned and rc == 0 and not (owned == "health" and rule):
+    if owned and rc == 0 and not (owned in ("health", "identity") and rule):
         rc, stdout = smi_answer(owned, argv, stdout if rule else None, world)
-    harness_out = owned and rule and owned != "health"
+    harness_out = owned and rule and owned not in ("health", "identity")
     how = (f"rule {index + 1}" if rule else "harness") + (", harness stdout" if harness_out else "")
     sys.stdout.write(stdout)
     sys.stderr.write(stderr)

@@ -59,14 +59,15 @@ def content(result: str, gpus: int, nvswitches: int, cc_mode: str | None, nonce:
                       "result": result, "version": CONTENT_VERSION})
 
 
-def attested_record(attestation: dict | None) -> dict | None:
+def attested_record(attestation: dict | None, gpus: list | None = None) -> dict | None:
     """The canonical record of what was attested (its SHA-256 goes into the event, the record
     into :data:`RECORD_PATH`): the nonce, nvattest's version, each device's claims as the
-    status records them and each run's code and claims' SHA-256. None without an attestation
-    that ran."""
+    status records them, each run's code and claims' SHA-256, and the GPUs' identities the
+    verdict covers (``attested_gpus``: status.json's, ``{index, bus_id, uuid, ueid}`` each,
+    issue 45). None without an attestation that ran."""
     if not isinstance(attestation, dict) or not attestation.get("runs"):
         return None
-    return {"nonce": attestation.get("nonce"),
+    return {"attested_gpus": list(gpus or []), "nonce": attestation.get("nonce"),
             "nvattest_version": attestation.get("nvattest_version"),
             "devices": attestation.get("devices", []),
             "runs": [{"device": r.get("device"), "code": r.get("code"),
@@ -264,7 +265,9 @@ def for_boot(root, status, mode: str, result: str, register=None) -> tuple[dict,
     finding = getattr(status, "confidential_computing", None)
     attestation = status.attestation if isinstance(status.attestation, dict) else {}
     try:
-        digest = _keep_record(root, attested_record(attestation) if result != NONE else None)
+        digest = _keep_record(root, attested_record(attestation, getattr(status, "attested_gpus",
+                                                                          None))
+                              if result != NONE else None)
         body = content(result, len(status.gpus), len(status.nvswitches),
                        getattr(finding, "label", None), attestation.get("nonce")
                        if result != NONE else None, digest)

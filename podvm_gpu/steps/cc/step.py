@@ -13,9 +13,10 @@ state where allowed.
    ``ok`` with a warning (the attestation flow sets it); a dev-tools GPU's is never set.
 4. Before ``-srs 1``: wait until the fabricmanager step has succeeded (it runs beside this step;
    the GPUs and NVSwitches of a fabric are attested and made ready together), then
-   :func:`before_ready_state`, the hook where attestation goes (issue 26), then
-   :func:`bind_pass` (an attestation that passed is bound into TDX RTMR3, issue 37), then
-   ``-srs 1`` and ``-grs`` again.
+   :func:`before_ready_state`, the hook where attestation goes (issue 26: the GPU set is read
+   right before nvattest, issue 45), then :func:`same_gpus` (the GPU set read again must be
+   the one attested, issue 45), then :func:`bind_pass` (an attestation that passed is bound
+   into TDX RTMR3, issue 37), then ``-srs 1`` and ``-grs`` again.
 
 ``-srs 1`` never runs for a dev-tools GPU nor for one that is not confidential.
 """
@@ -29,7 +30,8 @@ from podvm_gpu.steps.cc.query import conf_compute, guest, read_finding, ready_st
 from podvm_gpu.steps.cc.rows import IMAGE_ROWS, VM_ROWS
 from podvm_gpu.steps.context import BootContext
 
-__all__ = ["run", "plan", "plan_notes", "before_ready_state", "bind_pass", "VM_ROWS", "IMAGE_ROWS"]
+__all__ = ["run", "plan", "plan_notes", "before_ready_state", "same_gpus", "bind_pass", "VM_ROWS",
+           "IMAGE_ROWS"]
 
 
 def before_ready_state(ctx: BootContext, finding: classify.CcFinding, state: str = "not-ready",
@@ -57,10 +59,43 @@ def before_ready_state(ctx: BootContext, finding: classify.CcFinding, state: str
         StepFailed: the attestation failed, or was required and nvattest is unusable (the
             ready state found ``ready`` was set back to not-ready first).
     """
+    from podvm_gpu.steps.cc import identity
     from podvm_gpu.steps.cc.attest.gate import attest_before_ready
 
+    def before_run():  # the fabric first, then the GPU set the evidence must cover (issue 45)
+        wait_for_fabric(ctx)
+        try:
+            ctx.gpus_before_attestation = identity.read(ctx.runner, "before nvattest")
+        except StepFailed as err:
+            ctx.status.attestation = {"result": "failed", "reason": str(err)}
+            raise
+
     return attest_before_ready(ctx, state, tee, ppcie=finding.multi_gpu == classify.MGM_PPCIE,
-                               before_run=lambda: wait_for_fabric(ctx))
+                               before_run=before_run)
+
+
+def same_gpus(ctx: BootContext, state: str) -> str:
+    """After an attestation that passed, before the binding's ``pass`` and ``-srs 1``: the GPU
+    set read again must be the one read before nvattest, and the evidence must cover it
+    (podvm_gpu/steps/cc/identity.py, issue 45; after the fabric wait, which ran before
+    nvattest).
+
+    Returns:
+        What the step's message adds (``""`` when no attestation passed).
+
+    Raises:
+        StepFailed: a GPU changed (named: bus id, UUID, what changed), or the read failed; a
+            ready state found ``ready`` is set back to not-ready first.
+    """
+    attestation = ctx.status.attestation
+    before = getattr(ctx, "gpus_before_attestation", None)
+    if not (isinstance(attestation, dict) and attestation.get("result") == "passed") \
+            or before is None:
+        return ""
+    from podvm_gpu.steps.cc import identity
+
+    wait_for_fabric(ctx)  # ended before nvattest ran: the same answer, at once
+    return identity.confirm(ctx, before, state)
 
 
 def bind_pass(ctx: BootContext, state: str) -> str:
@@ -124,10 +159,19 @@ def run(ctx: BootContext) -> str:
                                       "confidential (confidential_computing.allow_cc_off)"}
         raise Skipped(verdict.reason)
     label = verdict.reason
+    from podvm_gpu.steps.cc import multigpu
+
+    failure, warning = multigpu.judge_set(finding.multi_gpu, [g.device_id for g in ctx.gpus], tee,
+                                          cfg.allow_unsupported_multi_gpu)
+    if failure:  # before nvattest and the ready state (issue 45)
+        raise StepFailed(f"{failure}; {multigpu.FIX}")
+    if warning:
+        ctx.warn(f"confidential-computing: {warning}")
     state = ready_state(ctx)
     attested = before_ready_state(ctx, finding, state, tee)
+    same = same_gpus(ctx, state)
     bound = bind_pass(ctx, state)
-    said = (f"; {attested}" if attested else "") + bound
+    said = (f"; {attested}" if attested else "") + same + bound
     if state == "ready":
         return f"{label}, ready state ready{said}"
     if verdict.outcome == classify.DEVTOOLS:
@@ -155,19 +199,22 @@ def plan(ctx: BootContext) -> list[list[str]]:
     (docs/interface.md 3.12) and ``-srs 1``, in the order the step makes them. What runs after
     the queries depends on their answers (a GPU that is not confidential ends the step before
     it, a ready state found ready skips ``-srs 1``): :func:`plan_notes` says so. The
-    attestation is listed unless the config turns it off, or nvattest is not installed and
-    nothing requires it (a regular VM: the boot warns); its nonce, fresh in each boot, is
-    :data:`NONCE_PLACEHOLDER`. ``-srs 1`` only with ``set_ready_state: true``."""
-    from podvm_gpu.gpufacts.smi import conf_compute_argv
+    attestation (between two reads of the GPU set, issue 45) is listed unless the config turns
+    it off, or nvattest is not installed and nothing requires it (a regular VM: the boot
+    warns); its nonce, fresh in each boot, is :data:`NONCE_PLACEHOLDER`. ``-srs 1`` only with
+    ``set_ready_state: true``."""
+    from podvm_gpu.gpufacts.smi import conf_compute_argv, identity_argv
 
     argvs = [conf_compute_argv(query) for query in classify.QUERIES]
     argvs.append(conf_compute_argv("-grs"))
     if _plans_attestation(ctx):
         from podvm_gpu.steps.cc.attest import run as nvattest
 
+        argvs.append(identity_argv())  # the GPU set before nvattest and after it (issue 45)
         argvs.append(["nvattest", "--log-level", "info", "version"])
         argvs.append(nvattest.command("gpu", NONCE_PLACEHOLDER, ctx.config.confidential_computing,
                                       ctx.root))
+        argvs.append(identity_argv())
     if ctx.config.confidential_computing.set_ready_state:
         argvs += [conf_compute_argv("-srs", "1"), conf_compute_argv("-grs")]
     return argvs
