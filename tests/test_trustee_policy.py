@@ -313,3 +313,13 @@ def test_the_documented_example_event_is_accepted_and_is_todays_content(tmp_path
     assert re.fullmatch(r"[\x20-\x7e]+", content)  # printable ASCII (the AAEL specification)
     assert attested(trustee_view([(domain, operation, content)]), tmp_path) is True
     assert attested(trustee_view([(domain, operation, content), ours("fail")]), tmp_path) is False
+
+
+@pytest.mark.parametrize("view", [{}, {"tdx": {}}, {"snp": {"report": {}}},
+                                  {"tdx": {"uefi_event_logs": []}},
+                                  {"tdx": {"uefi_event_logs": [{"index": 4}]}}],
+                         ids=["empty", "tdx-without-log", "sev-snp", "empty-log", "bare-entry"])
+def test_evidence_without_a_podvm_gpu_event_is_refused_never_an_error(view, tmp_path):
+    """Trustee evaluates the merged policy for every VM: an SEV-SNP or CPU VM's evidence must
+    give false, never an error of the whole evaluation under regorus."""
+    assert attested(view, tmp_path) is False
