@@ -106,8 +106,12 @@ def log_bytes(tmp_path) -> bytes:
     return (tmp_path / rtmr.EVENTLOG_PATH.lstrip("/")).read_bytes()
 
 
+GPU = {"bus_id": "00000000:1B:00.0", "uuid": "GPU-4a3c1f0e-7d2b-4c59-9e1a-2b6f0d8c3e71"}
+
+
 def body(result: str = "pass") -> str:
-    return bind.content(result, 1, 0, "on", "ab" * 32, "cd" * 32)
+    return bind.content(result, 1, 0, "on", "ab" * 32, "cd" * 32, devices=[GPU],
+                        architecture="Hopper", multi_gpu_mode="none")
 
 
 def test_bind_appends_one_entry_and_extends_rtmr3_with_its_digest(tmp_path):
@@ -123,7 +127,7 @@ def test_bind_appends_one_entry_and_extends_rtmr3_with_its_digest(tmp_path):
     data = log_bytes(tmp_path)
     assert data[:len(earlier)] == earlier  # appended, never rewritten
     records = rtmr.parse_records(data, False, "AAEL")
-    assert records[-1].text() == f"podvm-gpu GpuAttestation {body()}"
+    assert records[-1].text() == f"{bind.DOMAIN} GpuAttestation {body()}"
     assert register.value == hashlib.sha384(start + records[-1].digest).digest()
     assert got["digest"] == records[-1].digest.hex()
     # a relying party's replay of both logs gives the register
@@ -132,11 +136,45 @@ def test_bind_appends_one_entry_and_extends_rtmr3_with_its_digest(tmp_path):
     assert oct(os.stat(tmp_path / rtmr.EVENTLOG_PATH.lstrip("/")).st_mode & 0o777) == "0o644"
 
 
-def test_the_content_is_one_canonical_json_line():
+# issue 43 item 6, issue 45 item 2: the domain a URI, the content version 2 naming the GPUs
+KNOWN_DOMAIN = "urn:uuid:393acf0b-2e7d-4084-a54e-933012df6af5"
+KNOWN_CONTENT = ('{"architecture":"Hopper","cc_mode":"on","devices":[{"bus_id":"00000000:1B:00.0",'
+                 '"uuid":"GPU-4a3c1f0e-7d2b-4c59-9e1a-2b6f0d8c3e71"}],"gpus":1,'
+                 '"multi_gpu_mode":"none","nonce":"' + "ab" * 32 + '","nvswitches":0,'
+                 '"record_sha256":"' + "cd" * 32 + '","result":"pass","version":2}')
+# SHA-384 of the tagged event of that text (checked with openssl dgst -sha384)
+KNOWN_V2_DIGEST = ("1cf33868c37462f62bac0d5c8b0f6211cb2f4b7b53daac2e16685a6b2974713c"
+                   "aeb3253b2f0324359c88b271d903af23")
+
+
+def test_the_content_is_one_canonical_ascii_json_line_of_version_2():
     text = body()
-    assert text == ('{"cc_mode":"on","gpus":1,"nonce":"' + "ab" * 32 + '","nvswitches":0,'
-                    '"record_sha256":"' + "cd" * 32 + '","result":"pass","version":1}')
+    assert text == KNOWN_CONTENT
     assert json.loads(text)["result"] == "pass"
+    assert (bind.DOMAIN, bind.OPERATION, bind.CONTENT_VERSION) == (KNOWN_DOMAIN, "GpuAttestation", 2)
+    event = rtmr.tagged_event(bind.DOMAIN, bind.OPERATION, text)
+    assert event[8:] == f"{KNOWN_DOMAIN} GpuAttestation {KNOWN_CONTENT}".encode("ascii")
+    assert rtmr.digest(event).hex() == KNOWN_V2_DIGEST
+
+
+def test_the_domain_is_a_uri_and_the_content_printable_ascii():
+    """The AAEL specification: a domain RECOMMENDED to be a URI, every field printable
+    characters; a value that is not ASCII is escaped, never written as it is."""
+    from urllib.parse import urlsplit
+
+    assert urlsplit(bind.DOMAIN).scheme == "urn" and bind.DOMAIN.isascii()
+    said = bind.content("fail", 1, 0, "on", None, None,
+                        devices=[{"bus_id": "00000000:1B:00.0", "uuid": "GPU-\u00e9\n"}])
+    assert said.isascii() and said.isprintable()
+    assert json.loads(said)["devices"] == [{"bus_id": "00000000:1B:00.0", "uuid": "GPU-\u00e9\n"}]
+
+
+def test_the_devices_are_listed_by_bus_id():
+    said = json.loads(bind.content("pass", 2, 0, "on", None, None, devices=[
+        {"bus_id": "00000000:2A:00.0", "uuid": "GPU-b", "index": 1},
+        {"bus_id": "00000000:1B:00.0", "uuid": "GPU-a"}]))
+    assert said["devices"] == [{"bus_id": "00000000:1B:00.0", "uuid": "GPU-a"},
+                               {"bus_id": "00000000:2A:00.0", "uuid": "GPU-b"}]
 
 
 def test_a_rerun_appends_only_when_its_result_differs(tmp_path):
@@ -226,6 +264,65 @@ def test_for_boot_keeps_the_attested_record_whose_sha256_the_event_names(tmp_pat
     assert said["nonce"] == "ab" * 32 and said["result"] == "pass"
 
 
+def pci(address: str, device_id: str):
+    from podvm_gpu.model import PciDevice
+
+    return PciDevice(address, "10de", device_id, "030200", "nvidia", device_id)
+
+
+def bound_content(tmp_path, status) -> dict:
+    record, failure = bind.for_boot(Root(tmp_path), status, "auto", "pass", FakeRegister())
+    assert failure is None and record["state"] == "bound", record
+    [entry] = rtmr.parse_records(log_bytes(tmp_path), False, "AAEL")
+    domain, operation, content = entry.text().split(" ", 2)
+    assert (domain, operation) == (bind.DOMAIN, bind.OPERATION)
+    return json.loads(content)
+
+
+def test_for_boot_names_the_gpus_their_architecture_and_the_multi_gpu_mode(tmp_path):
+    """Issue 45 item 2, before the attestation records identities: the GPUs on PCI by bus id
+    (nvidia-smi's form), no UUID; the architecture of their PCI ids; -mgm's word."""
+    from podvm_gpu.steps.cc.classify import CcFinding
+
+    status = Status()
+    status.gpus = [pci("0000:2a:00.0", "2330"), pci("0000:1b:00.0", "2330")]
+    status.confidential_computing = CcFinding(mode="off", devtools=False,
+                                              multi_gpu="protected-pcie")
+    said = bound_content(tmp_path, status)
+    assert said["devices"] == [{"bus_id": "00000000:1B:00.0", "uuid": None},
+                               {"bus_id": "00000000:2A:00.0", "uuid": None}]
+    assert (said["architecture"], said["multi_gpu_mode"], said["cc_mode"], said["gpus"]) == \
+        ("Hopper", "protected-pcie", "ppcie", 2)
+
+
+@pytest.mark.parametrize("where", ["status", "attestation"])
+def test_for_boot_takes_the_attested_identities_where_the_boot_recorded_them(tmp_path, where):
+    """Issue 45 item 1 records ``attested_gpus`` (objects with .bus_id and .uuid, or their
+    dicts): the event names those, not the PCI scan."""
+    from types import SimpleNamespace
+
+    status = Status()
+    status.gpus = [pci("0000:1b:00.0", "2901"), pci("0000:2a:00.0", "2901")]
+    gpus = [SimpleNamespace(index=0, bus_id="00000000:1b:00.0", uuid="GPU-1", ueid="7"),
+            SimpleNamespace(index=1, bus_id="0000:2A:00.0", uuid="GPU-2", ueid=None)]
+    if where == "status":
+        status.attested_gpus = gpus
+    else:
+        status.attestation = {"attested_gpus": [vars(g) for g in gpus]}
+    said = bound_content(tmp_path, status)
+    assert said["devices"] == [{"bus_id": "00000000:1B:00.0", "uuid": "GPU-1"},
+                               {"bus_id": "00000000:2A:00.0", "uuid": "GPU-2"}]
+    assert said["architecture"] == "Blackwell"
+
+
+@pytest.mark.parametrize("ids, want", [(["2330", "2901"], None), (["2330", "ffff"], None),
+                                       (["2335", "2335"], "Hopper"), ([], None)])
+def test_the_architecture_is_the_gpus_one_known_architecture(ids, want):
+    status = Status()
+    status.gpus = [pci(f"0000:{i + 16:02x}:00.0", did) for i, did in enumerate(ids)]
+    assert bind.gpu_identities(status)[1] == want
+
+
 def test_for_boot_a_broken_binding_fails_the_boot_in_auto(tmp_path):
     register = FakeRegister(refuse=True)
     record, failure = bind.for_boot(Root(tmp_path), Status(), "auto", "none", register)
@@ -252,8 +349,9 @@ def row_world(tmp_path, binding: dict | None, register: bytes | None, log: bytes
 
 
 def test_the_row_passes_a_binding_whose_logs_still_replay_and_fails_one_that_does_not(tmp_path):
-    log = aael([f"podvm-gpu GpuAttestation {body('none')}"])
-    value = replayed([hashlib.sha384(tagged(f"podvm-gpu GpuAttestation {body('none')}")).digest()])
+    text = f"{bind.DOMAIN} GpuAttestation {body('none')}"
+    log = aael([text])
+    value = replayed([hashlib.sha384(tagged(text)).digest()])
     bound = rtmr.binding_record("bound", "none", None, True, "ab" * 48)
     row = bind.binding_row(row_world(tmp_path / "a", bound, value, log))
     assert (row.result, row.name) == ("pass", "binding") and "bound: none" in row.detail

@@ -97,6 +97,7 @@ def _binding_problems(world: World, status: dict, expect: dict) -> list[str]:
     import hashlib
 
     from podvm_gpu.host import rtmr
+    from podvm_gpu.steps.cc import bind
 
     record = status.get("binding")
     if not isinstance(record, dict):
@@ -107,7 +108,7 @@ def _binding_problems(world: World, status: dict, expect: dict) -> list[str]:
     for key, want in expect.items():
         if key == "events":
             said = [json.loads(r.text().split(" ", 2)[2])["result"] for r in records
-                    if (r.text() or "").startswith("podvm-gpu GpuAttestation ")]
+                    if (r.text() or "").startswith(f"{bind.DOMAIN} {bind.OPERATION} ")]
             if said != want:
                 problems.append(f"eventlog's podvm-gpu results {said}, expected {want}")
         elif key == "extended":

@@ -2,14 +2,19 @@
 log and the same digest extended into TDX RTMR3 (issue 37; docs/interface.md 3.14).
 
 A relying party (Trustee's attestation service) replays the CC event log against the RTMRs
-and lets its policy read each event; docs/trustee/podvm-gpu.rego requires the first RTMR3
-event to be this agent's ``pass`` and no event of it to say ``fail``.
+and lets its policy read each event; docs/trustee/podvm-gpu.rego requires every RTMR3 event
+before this agent's first to come from a listed domain, that first event to be its ``pass``,
+no event of it to say ``fail``, and every tagged RTMR3 event's text to match its digest.
 
-The event: domain :data:`DOMAIN`, operation :data:`OPERATION`, content one canonical JSON line
-(sorted keys, no spaces, UTF-8): ``{"cc_mode", "gpus", "nonce", "nvswitches", "record_sha256",
-"result", "version"}``; ``result`` is ``pass`` (written by the confidential-computing step
+The event: domain :data:`DOMAIN` (a URI, as the AAEL specification recommends), operation
+:data:`OPERATION`, content one canonical JSON line (RFC 8785 for these values: sorted keys, no
+spaces, ASCII only), version :data:`CONTENT_VERSION`: ``{"architecture", "cc_mode", "devices",
+"gpus", "multi_gpu_mode", "nonce", "nvswitches", "record_sha256", "result", "version"}``
+(:func:`content`); ``result`` is ``pass`` (written by the confidential-computing step
 between the attestation's verdict and ``-srs 1``), ``fail`` (a boot that ends failed) or
 ``none`` (a boot that ends ready or no-gpu without an attestation that passed: a TDX CPU VM).
+Version 1 (issue 37) had domain ``podvm-gpu`` and neither ``architecture``, ``devices`` nor
+``multi_gpu_mode``: the policy accepts neither that domain nor anything but these events.
 
 Exactly, or not at all (:func:`bind`): the register's value must replay from the firmware's
 index-4 records and AA's log before anything is written (else ``broken``); the entry is appended
@@ -32,9 +37,12 @@ import os
 
 from podvm_gpu.host import rtmr
 
-DOMAIN = "podvm-gpu"
+# The AAEL domain of this agent's events (docs/interface.md 3.14): a UUID URN (RFC 9562), the
+# one URN form that needs no registration and names nothing it does not own; fixed for every
+# VM and version. Version 1's domain was "podvm-gpu" (not a URI; no policy accepts it now).
+DOMAIN = "urn:uuid:393acf0b-2e7d-4084-a54e-933012df6af5"
 OPERATION = "GpuAttestation"
-CONTENT_VERSION = 1
+CONTENT_VERSION = 2
 RECORD_PATH = "/run/podvm-gpu/attested.json"  # the preimage of record_sha256
 PASS, FAIL, NONE = "pass", "fail", "none"
 BOUND, UNBOUND, BROKEN, OFF = "bound", "unbound", "broken", "off"
@@ -45,18 +53,77 @@ class BindError(Exception):
 
 
 def canonical(value) -> str:
-    """One canonical JSON line: sorted keys, no spaces, UTF-8 (not ASCII-escaped)."""
+    """One canonical JSON line: sorted keys, no spaces, non-ASCII escaped (the AAEL
+    specification allows printable characters only; for ASCII strings, integers, null and
+    lists this is RFC 8785's form)."""
     import json
 
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def content(result: str, gpus: int, nvswitches: int, cc_mode: str | None, nonce: str | None,
-            record_sha256: str | None) -> str:
-    """The event's content: one canonical JSON line (module docstring)."""
-    return canonical({"cc_mode": cc_mode, "gpus": gpus, "nonce": nonce,
+            record_sha256: str | None, *, devices: list[dict] | None = None,
+            architecture: str | None = None, multi_gpu_mode: str | None = None) -> str:
+    """The event's content, version :data:`CONTENT_VERSION` (docs/interface.md 3.14).
+
+    Args:
+        result: ``pass``, ``fail`` or ``none``.
+        gpus, nvswitches: how many the boot found on PCI.
+        cc_mode: status.json's ``confidential_computing.mode`` (``on``, ``ppcie``, ...) or None.
+        nonce: the attestation's nonce (64 hex) or None.
+        record_sha256: SHA-256 (64 hex) of :data:`RECORD_PATH`, or None.
+        devices: the GPUs the verdict is about, ``[{"bus_id": <nvidia-smi's form>, "uuid":
+            <GPU-...> or None}]`` (:func:`gpu_identities`); kept sorted by bus id.
+        architecture: the GPUs' one architecture (podvm_gpu/pci_ids.py), or None.
+        multi_gpu_mode: ``conf-compute -mgm``'s word (``none``, ``protected-pcie``,
+            ``not-offered``, another lower-cased as printed) or None.
+
+    Returns:
+        One canonical JSON line (:func:`canonical`).
+    """
+    listed = sorted(({"bus_id": d.get("bus_id"), "uuid": d.get("uuid")} for d in devices or ()),
+                    key=lambda d: str(d["bus_id"]))
+    return canonical({"architecture": architecture, "cc_mode": cc_mode, "devices": listed,
+                      "gpus": gpus, "multi_gpu_mode": multi_gpu_mode, "nonce": nonce,
                       "nvswitches": nvswitches, "record_sha256": record_sha256,
                       "result": result, "version": CONTENT_VERSION})
+
+
+def gpu_identities(status) -> tuple[list[dict], str | None]:
+    """What the event names of the GPUs (issue 45 item 2): their identities and their one
+    architecture.
+
+    Identities: the boot's ``attested_gpus`` where the attestation recorded them (issue 45
+    item 1: objects or dicts with ``bus_id`` and ``uuid``, on the status or its attestation
+    record), else the GPUs on PCI by bus id (nvidia-smi's form, gpufacts/words.py) with no UUID
+    (the CC step reads none). The architecture is :func:`podvm_gpu.pci_ids.architecture` of
+    every GPU's device id when they all have the same one, else None (an unlisted id or a mixed
+    set: a policy that requires an architecture refuses it).
+
+    Args:
+        status: the boot's :class:`~podvm_gpu.model.Status` (``gpus``, and ``attested_gpus``
+            or ``attestation["attested_gpus"]`` when there).
+
+    Returns:
+        ``([{"bus_id", "uuid"}], architecture or None)``.
+    """
+    from podvm_gpu.gpufacts.words import bus_id
+    from podvm_gpu.pci_ids import architecture
+
+    attestation = status.attestation if isinstance(status.attestation, dict) else {}
+    found = getattr(status, "attested_gpus", None) or attestation.get("attested_gpus")
+    if found:
+        devices = [{"bus_id": bus_id(b) if isinstance(b := _field(g, "bus_id"), str) else None,
+                    "uuid": _field(g, "uuid")} for g in found]
+    else:
+        devices = [{"bus_id": bus_id(g.pci_address), "uuid": None} for g in status.gpus]
+    kinds = {architecture(g.device_id) for g in status.gpus}
+    return devices, (kinds.pop() if len(kinds) == 1 else None)
+
+
+def _field(item, name: str):
+    """An attribute of an object, or a key of a dict."""
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
 
 
 def attested_record(attestation: dict | None, gpus: list | None = None) -> dict | None:
@@ -268,9 +335,11 @@ def for_boot(root, status, mode: str, result: str, register=None) -> tuple[dict,
         digest = _keep_record(root, attested_record(attestation, getattr(status, "attested_gpus",
                                                                           None))
                               if result != NONE else None)
+        devices, arch = gpu_identities(status)
         body = content(result, len(status.gpus), len(status.nvswitches),
                        getattr(finding, "label", None), attestation.get("nonce")
-                       if result != NONE else None, digest)
+                       if result != NONE else None, digest, devices=devices,
+                       architecture=arch, multi_gpu_mode=getattr(finding, "multi_gpu", None))
         return bind(root, result, body, register), None
     except BindError as err:
         return record(BROKEN, result, str(err)), f"binding broken: {err}"
@@ -291,7 +360,7 @@ def plan_note(root, mode: str) -> str:
         return f"binding: nothing is bound: {rtmr.UNBOUND_REASON}" + (
             "; confidential_computing.bind: required: a boot here ends failed for it"
             if mode == "required" else "")
-    return (f"binding: at its end the boot binds its result into RTMR3: one {DOMAIN} "
+    return (f"binding: at its end the boot binds its result into RTMR3: one podvm-gpu "
             f"{OPERATION} event (result pass after an attestation that passed, fail when the "
             f"boot ends failed, else none) appended to {rtmr.EVENTLOG_PATH}, its digest "
             f"extended into {rtmr.RTMR3_PATH}")
