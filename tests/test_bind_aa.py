@@ -12,7 +12,7 @@ import os
 
 import pytest
 from aa_standin import AAWriter, StandIn
-from rtmr_fake import FakeRegister, ccel, replayed, tagged
+from rtmr_fake import FakeRegister, aael, ccel, replayed, tagged
 
 from podvm_gpu.host import aa, rtmr
 from podvm_gpu.host.fs import Root
@@ -201,3 +201,76 @@ def test_the_watchers_revocation_goes_through_the_agent(tmp_path):
     assert len(agent.requests) == 1
     assert json.loads(agent.requests[0]["fields"][3][0])["result"] == "fail"
     assert path.read_bytes() == register.value  # podvm-gpu did not extend the file itself
+
+
+# ---- the crash window (issue 43 item 5) and `podvm-gpu binding`
+
+
+def killed_between_append_and_extend(tmp_path):
+    """A child binds pass with an extend that SIGKILLs it: the record is fsynced, RTMR3 never
+    saw it. Returns the root and the register file (under the root) the child used."""
+    import signal
+    import subprocess
+    import sys
+
+    root, register = booted(tmp_path, with_pass=False)
+    reg = tmp_path / rtmr.RTMR3_PATH.lstrip("/")
+    reg.parent.mkdir(parents=True)
+    reg.write_bytes(register.value)
+    child = (
+        "import os, signal, sys\n"
+        "from podvm_gpu.host import rtmr\n"
+        "from podvm_gpu.host.fs import Root\n"
+        "from podvm_gpu.steps.cc import bind\n"
+        "rtmr.Register.extend = lambda self, d: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "bind.bind(Root(sys.argv[1]), 'pass', sys.argv[2])\n")
+    done = subprocess.run([sys.executable, "-c", child, str(tmp_path), body()], timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    return root, reg
+
+
+def test_a_kill_between_the_fsync_and_the_extend_is_repaired(tmp_path):
+    from podvm_gpu.steps.cc.writer import repair
+
+    root, reg = killed_between_append_and_extend(tmp_path)
+    value = reg.read_bytes()
+    records = rtmr.parse_records(open(log_path(tmp_path), "rb").read(), False, "AAEL")
+    assert bind.last_result(records) == "pass"  # logged, never extended
+    firmware = rtmr.parse_records(ccel([(4, 0x0D, FIRMWARE)]), True, "CCEL")
+    assert rtmr.replay(firmware + records) != value
+    said = repair(root, bind._read_log, bind.is_ours)
+    assert said.startswith("binding repaired: 1 podvm-gpu record(s)")
+    assert os.path.getsize(log_path(tmp_path)) == 0
+    assert rtmr.replay(firmware) == value
+    assert repair(root, bind._read_log, bind.is_ours) is None  # nothing left to repair
+    # and a bind after it is no longer blamed on "something extended RTMR3"
+    got = bind.bind(root, "pass", body(), FakeRegister(value))
+    assert got["state"] == "bound" and got["appended"] is True
+
+
+def test_no_repair_while_the_agent_answers_nor_of_another_domains_record(tmp_path):
+    from podvm_gpu.steps.cc.writer import RepairError, repair
+
+    root, reg = killed_between_append_and_extend(tmp_path)
+    before = open(log_path(tmp_path), "rb").read()
+    with StandIn(socket_path(tmp_path), "ok"):
+        with pytest.raises(RepairError, match="attestation-agent answers"):
+            repair(root, bind._read_log, bind.is_ours)
+    assert open(log_path(tmp_path), "rb").read() == before
+    with open(log_path(tmp_path), "ab") as f:  # another domain's record after ours
+        f.write(aael(["other.example op x"]))
+    with pytest.raises(RepairError, match="without logging"):
+        repair(root, bind._read_log, bind.is_ours)
+
+
+def test_the_binding_command_prints_the_records_and_the_replay(tmp_path, capsys):
+    from podvm_gpu.cli import main
+
+    root, reg = killed_between_append_and_extend(tmp_path)
+    assert main(["binding", "--root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "1 podvm-gpu record(s)" in out and "MISMATCH" in out and "pass" in out
+    assert main(["binding", "--repair", "--json", "--root", str(tmp_path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["repaired"].startswith("binding repaired") and doc["matches"] is True
+    assert doc["records"] == [] and doc["register"] == reg.read_bytes().hex()
