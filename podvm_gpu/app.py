@@ -27,6 +27,9 @@ COMMANDS = {
     "watch": "After a boot that ended ready with GPUs: watch them (kernel log, recovery action, "
              "memory health, fabric, daemons) and take a GPU that fails out of the CDI spec "
              "(podvm-gpu-watch.service). Exit 0: nothing to watch, a finding applied, stopped.",
+    "binding": "The RTMR event log's podvm-gpu records and their replay against RTMR3; with "
+               "--repair, cut off records a killed run never extended (AA's drop-in). Exit 0 "
+               "the logs replay to RTMR3 (or no register), 1 they do not.",
     "config": "Validate the config file and print the settings in force; with --compile also "
               "write its compiled form (image builds: boot then skips PyYAML). Exit 0 valid, 1 not.",
 }
@@ -77,6 +80,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     sub["watch"].add_argument("--clear", action="store_true",
                               help="remove a standing finding (/run/podvm-gpu/watch.json); "
                                    "then run the boot again")
+    sub["binding"].add_argument("--repair", action="store_true",
+                                help="cut off the log's trailing podvm-gpu records RTMR3 never "
+                                     "saw (never while the attestation-agent runs)")
     sub["metrics"].add_argument("--serve", action="store_true",
                                 help="serve over HTTP at the config's metrics.listen")
     sub["metrics"].add_argument("--listen", metavar="ADDR:PORT",

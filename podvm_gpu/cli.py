@@ -360,6 +360,10 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
 
         return run_watch(options["root_dir"], options["config"], options["json_out"],
                          options.get("clear", False))
+    if command == "binding":
+        from podvm_gpu.steps.cc.show import run_binding
+
+        return run_binding(options["root_dir"], options["json_out"], options.get("repair", False))
     if command == "config":
         from podvm_gpu.config.command import run_config
 

@@ -378,7 +378,19 @@ def test_watch_unit_runs_after_a_final_boot_restarts_and_has_no_network():
     assert service["PrivateNetwork"] == ["yes"] and service["RestrictAddressFamilies"] == ["AF_UNIX"]
     # what the work needs: the kernel log, the spec and run folders, the NVIDIA nodes
     assert service.get("ProtectKernelLogs", ["no"]) == ["no"]
-    assert service["ReadWritePaths"] == ["-/run/podvm-gpu", "-/run/cdi"]
+    # and the binding's revocation (issue 43 item 4): AA's socket needs no right (a path
+    # socket, AF_UNIX); the direct write (no agent, or NOT_ENABLED) its log and RTMR3's file
+    assert service["ReadWritePaths"] == ["-/run/podvm-gpu", "-/run/cdi", "-/run/attestation-agent",
+                                         "-/sys/devices/virtual/misc/tdx_guest/measurements"]
+    from podvm_gpu.host import aa, rtmr
+
+    assert rtmr.EVENTLOG_PATH.startswith("/run/attestation-agent/")
+    assert aa.SOCKET_PATH.startswith("/run/") and "AF_UNIX" in service["RestrictAddressFamilies"]
+    text = (SYSTEMD / "podvm-gpu-watch.service").read_text()
+    for right in ("attestation-agent.sock", "NOT_ENABLED", "ProtectKernelTunables="):
+        assert right in text, f"the unit says why: {right}"
+    agent = parse_unit(SYSTEMD / "attestation-agent.service.d" / "10-podvm-gpu.conf")
+    assert agent["Service"]["ExecStartPre"] == ["-/opt/podvm-gpu/bin/podvm-gpu binding --repair"]
     assert "char-nvidia* rw" in service["DeviceAllow"] and "/dev/kmsg rw" in service["DeviceAllow"]
     assert set(service["CapabilityBoundingSet"]) == {"CAP_SYSLOG", "CAP_SYS_ADMIN",
                                                      "CAP_DAC_READ_SEARCH"}

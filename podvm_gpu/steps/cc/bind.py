@@ -52,6 +52,17 @@ class BindError(Exception):
     """The binding is broken; the message names the file and the cause."""
 
 
+class AgentRefused(BindError):
+    """The attestation-agent was reached and did not extend (writer.py): nothing written, the
+    logs still replay, an earlier event stands; fails a boot only with ``bind: required``."""
+
+
+def is_ours(entry) -> bool:
+    """Whether a log record is one of this agent's events (its domain and operation)."""
+    text = entry.text()
+    return bool(text) and text.split(" ", 2)[:2] == [DOMAIN, OPERATION]
+
+
 def canonical(value) -> str:
     """One canonical JSON line: sorted keys, no spaces, non-ASCII escaped (the AAEL
     specification allows printable characters only; for ASCII strings, integers, null and
@@ -205,6 +216,14 @@ def bind(root, result: str, body: str, register=None) -> dict:
         return record(BOUND, result, "the log's last podvm-gpu event already says " + result)
     event = rtmr.tagged_event(DOMAIN, OPERATION, body)
     digest = rtmr.digest(event)
+    from podvm_gpu.steps.cc import writer
+
+    try:  # the agent runs: it writes (3.14)
+        if writer.through_agent(root, DOMAIN, OPERATION, body):
+            return record(BOUND, result, "extended and logged by the attestation-agent "
+                          "(ExtendRuntimeMeasurement)", True, digest.hex())
+    except writer.AgentRefused as err:
+        raise AgentRefused(str(err)) from None
     size = _append(root, log_path, rtmr.entry(event))
     try:
         wrote = register.extend(digest)
@@ -319,8 +338,9 @@ def for_boot(root, status, mode: str, result: str, register=None) -> tuple[dict,
         result: ``pass``, ``fail`` or ``none``.
         register: the register seam (:func:`bind`).
 
-    A broken binding fails the boot in ``auto`` too: every attestation of the VM fails then.
-    ``unbound`` fails it only with ``required``.
+    A broken binding fails the boot in ``auto`` too: every attestation of the VM fails then;
+    but the attestation-agent refusing the event (writer.py's ``AgentRefused``: nothing
+    written, the logs still replay) and ``unbound`` fail it only with ``required``.
     """
     if mode == OFF:
         return record(OFF, reason="confidential_computing.bind: off"), None
@@ -341,8 +361,9 @@ def for_boot(root, status, mode: str, result: str, register=None) -> tuple[dict,
                        if result != NONE else None, digest, devices=devices,
                        architecture=arch, multi_gpu_mode=getattr(finding, "multi_gpu", None))
         return bind(root, result, body, register), None
-    except BindError as err:
-        return record(BROKEN, result, str(err)), f"binding broken: {err}"
+    except BindError as err:  # AA refusing fails the boot only when required (3.14)
+        fails = mode == "required" or not isinstance(err, AgentRefused)
+        return record(BROKEN, result, str(err)), f"binding broken: {err}" if fails else None
 
 
 def plan_note(root, mode: str) -> str:
@@ -381,6 +402,12 @@ def at_end(run, state: str, reason: str | None) -> tuple[str, str | None]:
         cannot bind. Never raises: an error is a broken binding.
     """
     status, failed = run.status, state == "failed"
+    from podvm_gpu.steps.cc.writer import repair_said
+
+    said = repair_said(run.root, _read_log, is_ours)  # a record this run appended but never extended (3.14)
+    if said:
+        run.log(4, said)
+        status.warnings.append(said)
     done = status.binding
     if done is not None and not (failed and done.get("state") == BOUND and
                                  done.get("result") == PASS):
