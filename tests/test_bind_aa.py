@@ -16,6 +16,7 @@ from rtmr_fake import FakeRegister, aael, ccel, replayed, tagged
 
 from podvm_gpu.host import aa, rtmr
 from podvm_gpu.host.fs import Root
+from podvm_gpu.model import PciDevice
 from podvm_gpu.steps.cc import bind
 
 FIRMWARE = b"something the firmware measured into rtmr3"
@@ -78,11 +79,11 @@ def test_with_the_agent_answering_ok_it_writes_and_podvm_gpu_writes_neither(tmp_
     assert (call["service"], call["method"], call["stream"], call["type"]) == \
         (aa.SERVICE, aa.METHOD, 1, 1)
     fields = call["fields"]
-    assert [fields[n][0].decode() for n in (1, 2, 3)] == ["podvm-gpu", "GpuAttestation",
+    assert [fields[n][0].decode() for n in (1, 2, 3)] == [bind.DOMAIN, "GpuAttestation",
                                                           body("fail")]
     assert 4 not in fields  # RegisterIndex never sent: 3 or 4 would land in RTMR1
     assert call["timeout_nano"] > 0
-    assert got["digest"] == hashlib.sha384(tagged(f"podvm-gpu GpuAttestation {body('fail')}")).hexdigest()
+    assert got["digest"] == hashlib.sha384(tagged(f"{bind.DOMAIN} GpuAttestation {body('fail')}")).hexdigest()
 
 
 def test_the_agent_not_enabled_means_the_direct_write(tmp_path):
@@ -126,7 +127,8 @@ def test_the_agent_refusing_is_broken_naming_it_and_nothing_is_written(tmp_path,
 
 
 class _Status:
-    gpus, nvswitches, attestation, confidential_computing = [object()], [], {}, None
+    gpus = [PciDevice("0000:1b:00.0", "10de", "2335", "030200", "nvidia", "H200")]
+    nvswitches, attestation, confidential_computing = [], {}, None
 
 
 @pytest.mark.parametrize("mode, fails", [("auto", False), ("required", True)])
@@ -162,7 +164,7 @@ def test_the_agents_writer_and_a_rerun_keep_a_log_that_parses(tmp_path):
     assert got["state"] == "bound"
     records = rtmr.parse_records(open(log_path(tmp_path), "rb").read(), False, "AAEL")
     assert [r.text().split(" ")[0] for r in records] == [
-        "podvm-gpu", "podvm-gpu", "github.com/confidential-containers"]
+        bind.DOMAIN, bind.DOMAIN, "github.com/confidential-containers"]
     assert bind.last_result(records) == "fail"
     assert replays(tmp_path, register)
 
