@@ -203,6 +203,7 @@ class Watcher:
         self.klog: KernelLog | None = None
         self._saved_seq, self._saved_at = None, 0.0
         self._signalled = 0
+        self.xids_seen: set[int] = set()  # Xid codes read so far: their follow-ons are no news
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -344,7 +345,7 @@ class Watcher:
             self.state["kmsg_seq"] = record.seq
             if not record.kernel:
                 continue
-            found = verdicts.judge_record(record.message)
+            found = verdicts.judge_record(record.message, self.xids_seen)
             if found:
                 self._verdicts(found, [], source=f"kernel log record {record.seq}",
                                quote=record.message)
