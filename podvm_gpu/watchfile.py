@@ -25,7 +25,7 @@ def new_state(boot_started_at: str | None) -> dict:
     """An empty document for the boot that started at ``boot_started_at`` (status.json's)."""
     return {"version": VERSION, "boot_started_at": boot_started_at, "kmsg_seq": None,
             "started_at": None, "updated_at": None, "finding": None, "warnings": [],
-            "warnings_dropped": 0}
+            "warnings_dropped": 0, "nvml_hung": None}
 
 
 def load(root: Root) -> dict | None:
@@ -49,6 +49,9 @@ def load(root: Root) -> dict | None:
             isinstance(w, dict) and isinstance(w.get("text"), str)
             and isinstance(w.get("count"), int) for w in warnings):
         doc["warnings"] = []  # counts of ours only: anything else starts again from none
+    if not (isinstance(doc.get("nvml_hung"), dict)
+            and isinstance(doc["nvml_hung"].get("what"), str)):
+        doc["nvml_hung"] = None  # the NVML refusal the watcher's runner holds (issue 46)
     if not isinstance(doc.get("warnings_dropped"), int):
         doc["warnings_dropped"] = 0
     if not isinstance(doc.get("kmsg_seq"), int) or isinstance(doc.get("kmsg_seq"), bool):

@@ -230,6 +230,7 @@ class Watcher:
                         self._verdicts(*self.polls.get_nowait())
                     except queue.Empty:
                         break
+                    self._note_nvml()
             return self._apply()
         except Stop:
             self.log(self.log.INFO, "watch: stopped by a signal; position kept")
@@ -429,12 +430,24 @@ class Watcher:
                 found += self._daemons_gone()
             except Exception as err:  # a poll that breaks is a warning, never a verdict
                 found, unread = [], [f"a poll failed: {type(err).__name__}: {err}"]
-            if found or unread:
-                self.polls.put((found, unread))
+            if found or unread or self.runner.nvml_hung or self.state.get("nvml_hung"):
+                self.polls.put((found, unread))  # (a hang's end too: _note_nvml)
                 try:
                     os.write(self._wake_w, b"p")
                 except OSError:
                     pass
+
+    def _note_nvml(self) -> None:
+        """watch.json's ``nvml_hung`` (check's watch row, ``podvm_gpu_watch_nvml_hung``): the
+        runner's refusal of NVML clients since one hung (host/proc.py: it ends when a later
+        one exits 0, tried every NVML_RETRY_S), or None. A hang is a warning, never a finding."""
+        from podvm_gpu.host.proc import NVML_RETRY_S
+
+        hung = self.runner.nvml_hung or None
+        if (self.state.get("nvml_hung") or {}).get("what") != hung:
+            self.state["nvml_hung"] = {"what": hung, "since": now_iso(),
+                                       "retry_after_s": NVML_RETRY_S} if hung else None
+            self._save()
 
     def _daemons_now(self) -> dict[str, int]:
         return daemons.running(self.root)
