@@ -76,7 +76,8 @@ RECOVER_IMEX, BUS_RESET, SYSTEM_REBOOT = "Recover IMEX Domain", "Bus Reset", "Sy
 # nvidia-ml-py 13.x for 5-7); NVIDIA/DCGM#263 shows a real nvidia-smi printing "1, Reset".
 ACTIONS = (
     Action(0, NONE, ("none",), FINE),
-    Action(1, GPU_RESET, ("gpureset", "reset"), RESET),
+    # "[GPU requires reset]" as a value of any column (open-gpu-kernel-modules#1045)
+    Action(1, GPU_RESET, ("gpureset", "reset", "gpurequiresreset"), RESET),
     Action(2, NODE_REBOOT, ("nodereboot", "reboot"), FATAL),
     Action(3, DRAIN_P2P, ("drainp2p",), NOTE),
     Action(4, DRAIN_AND_RESET, ("drainandreset",), RESET),

@@ -162,7 +162,12 @@ def watch_families(watch: dict | None) -> list[Metric]:
                   "because one hung (watch.json's nvml_hung; a warning: its polls are not made "
                   "until a retry exits 0), else 0.",
                   1 if isinstance(watch.get("nvml_hung"), dict) else 0)
-    return [found, hung, _gauge("podvm_gpu_watch_warnings", "Warnings the watcher raised since it "
+    from podvm_gpu.watchfile import repeated
+
+    coalesced = _gauge("podvm_gpu_watch_warnings_repeated", "Warnings the watcher coalesced "
+                       "into an earlier identical one (a flood of one kernel record: counted, "
+                       "with first and last times in watch.json, said once).", repeated(watch))
+    return [found, hung, coalesced, _gauge("podvm_gpu_watch_warnings", "Warnings the watcher raised since it "
                           "started (repeats counted; Xid 13 and the like, facts it could not "
                           "read).", warned + (_number(watch.get("warnings_dropped")) or 0))]
 

@@ -382,10 +382,14 @@ class Watcher:
 
     def _warn(self, text: str) -> None:
         text = " ".join(text.split())[:400]
-        if watch_state.add_warning(self.state, text):
+        if watch_state.add_warning(self.state, text, now_iso()):
             self.log(self.log.WARNING, f"watch: {text}")
             self._save()
             self._status_warning(f"watch: {text}")
+            return
+        flood = watch_state.flood_note(self.state, text)  # at 10, 100, 1000, ... repeats
+        if flood:
+            self.log(self.log.WARNING, f"watch: {flood}")
 
     def _status_warning(self, text: str) -> None:
         """Add ``text`` to status.json's warnings, under the boot's lock (a boot running again
