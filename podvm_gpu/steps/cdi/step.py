@@ -215,7 +215,8 @@ def finish(ctx: BootContext, generated: Generated) -> str:
     except OSError as err:
         raise StepFailed(f"cannot install {CDI_SPEC_PATH}: {err.strerror or err}") from err
     names = spec.device_names()
-    ctx.status.cdi = {"path": CDI_SPEC_PATH, "kind": spec.kind, "devices": names}
+    ctx.status.cdi = {"path": CDI_SPEC_PATH, "kind": spec.kind, "devices": names,
+                      "cdi_version": spec.cdi_version}
     done = f"{CDI_SPEC_PATH}: {len(names)} devices (cdiVersion {spec.cdi_version})"
     if imex_done:
         done = f"{done}; {imex_done}"
