@@ -366,8 +366,13 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
         return run_binding(options["root_dir"], options["json_out"], options.get("repair", False))
     if command == "config":
         from podvm_gpu.config.command import run_config
+        from podvm_gpu.host.fs import Root
+        from podvm_gpu.units import budget_warning
 
-        return run_config(**options)
+        # the installed unit's start time-out against budget_s (issue 46): units.py sits
+        # beside config in the layers, so the command is handed the rule
+        return run_config(**options, also=lambda settings: budget_warning(
+            Root(options["root_dir"]), settings.budget_s))
     from podvm_gpu.status import run_status
 
     del options["config"]

@@ -166,3 +166,66 @@ def ordered_before(root: Root, unit: str) -> tuple[bool, str]:
     if AGENT_UNIT in other.get("After", []):
         return True, f"{unit} has After={AGENT_UNIT}"
     return False, f"neither {AGENT_UNIT} Before={unit} nor {unit} After={AGENT_UNIT}"
+
+
+# systemd.time(7)'s time span units, in seconds
+_SPAN_UNITS = {"usec": 1e-6, "us": 1e-6, "msec": 1e-3, "ms": 1e-3, "": 1.0, "s": 1.0,
+               "sec": 1.0, "second": 1.0, "seconds": 1.0, "m": 60.0, "min": 60.0,
+               "minute": 60.0, "minutes": 60.0, "h": 3600.0, "hr": 3600.0, "hour": 3600.0,
+               "hours": 3600.0, "d": 86400.0, "day": 86400.0, "days": 86400.0,
+               "w": 604800.0, "week": 604800.0, "weeks": 604800.0}
+
+
+def timespan_s(text: str) -> float | None:
+    """A systemd time span in seconds (systemd.time(7): ``270``, ``5min``, ``4min 30s``,
+    ``infinity``; a plain number is seconds); ``math.inf`` for ``infinity`` and ``0`` (a start
+    time-out of 0 is none); None for a text that is not one."""
+    import math
+    import re
+
+    text = text.strip().lower()
+    if text == "infinity":
+        return math.inf
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)\s*", text)
+    if not parts or "".join(n + u for n, u in parts) != re.sub(r"\s+", "", text):
+        return None
+    if any(unit not in _SPAN_UNITS for _n, unit in parts):
+        return None
+    total = sum(float(n) * _SPAN_UNITS[unit] for n, unit in parts)
+    return math.inf if total == 0 else total
+
+
+def start_timeout(root: Root, unit: str) -> tuple[float | None, str]:
+    """The unit's start time-out after its drop-ins, ``(seconds, where)``: the last
+    ``TimeoutStartSec=`` or ``TimeoutSec=`` assignment of ``[Service]`` (the last one wins;
+    an empty one resets it), ``where`` the file that set it. ``(None, "")`` when none is set
+    (a ``Type=oneshot`` unit then has no start time-out, systemd.service(5)) or the value is
+    not a time span."""
+    value, where = None, ""
+    for path, text, _why in _unit_files(root, unit):
+        if text is None:
+            continue
+        section = None
+        for raw in text.splitlines():
+            line = raw.strip()
+            if line.startswith("[") and line.endswith("]"):
+                section = line[1:-1]
+            elif section == "Service" and "=" in line and line[0] not in "#;":
+                key, found = (p.strip() for p in line.split("=", 1))
+                if key in ("TimeoutStartSec", "TimeoutSec"):
+                    value, where = (found or None), path
+    seconds = timespan_s(value) if value else None
+    return seconds, (where if seconds is not None else "")
+
+
+def budget_warning(root: Root, budget_s: float) -> str | None:
+    """A warning when the config's ``budget_s`` runs past podvm-gpu.service's start time-out:
+    systemd then stops the boot before its budget ends (issue 46); None when it fits or the
+    unit sets none."""
+    limit, where = start_timeout(root, AGENT_UNIT)
+    if limit is None or budget_s <= limit:
+        return None
+    return (f"budget_s {budget_s:g} s is above {AGENT_UNIT}'s TimeoutStartSec {limit:g} s "
+            f"({where}): systemd stops the boot at {limit:g} s, before its budget ends and "
+            "before it writes its status; raise TimeoutStartSec (a drop-in) to at least "
+            f"budget_s + 30 s, or lower budget_s")

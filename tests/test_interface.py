@@ -622,3 +622,15 @@ def test_the_cpu_fast_paths_budget_is_the_config_models_default():
     from podvm_gpu.config.model import Config
 
     assert DEFAULT_BUDGET_S == Config().budget_s == Config.FIELDS["budget_s"][1]
+
+
+def test_the_status_records_the_installed_specs_cdi_version(p02_boot):
+    """Issue 46 item 8: podman before 5 cannot read a 0.7.0 spec; status.json says which one
+    the VM has (``cdi.cdi_version``), the spec's own ``cdiVersion``."""
+    _seen, final = p02_boot
+    [rule] = [r for r in p02().tools if r["argv"][:3] == ["nvidia-ctk", "cdi", "generate"]]
+    generated = re.search(r"Generated CDI spec with version ([0-9.]+)", rule["stderr"]).group(1)
+    assert final["cdi"]["cdi_version"] == generated
+    bad = copy.deepcopy(final)
+    bad["cdi"]["cdi_version"] = "0.7"
+    assert problems(bad, STATUS_SCHEMA), "the schema takes a version of two parts"

@@ -484,3 +484,38 @@ def test_decompression_failure_is_read_from_the_kernel_line():
     (f,) = _kmsg.findings(["decompression failed with status 6"])
     assert f.kind == "decompress-failed" and "status 6" in f.summary
     assert _kmsg.findings(["modprobe: ERROR: could not insert 'nvidia': Invalid argument"]) == []
+
+
+# --- the Xid table (podvm_gpu/xids.py, issue 46 item 3) --------------------------------------
+
+def test_nvlink5_xids_are_fatal_by_their_word_in_the_boots_findings():
+    from podvm_gpu.host import kmsg
+
+    log = ["NVRM: Xid (PCI:0019:01:00): 149, NETIR_LINK_EVT Nonfatal XC0 i0 Link 00 (0x025001c6 "
+           "0x0)", "NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Fatal XC0 i0 Link 13 (0x4 0x0)"]
+    found = kmsg.findings(log)
+    assert [(f.code, f.fatal) for f in found] == [(149, False), (145, True)]
+    assert [(pci, code, fatal) for pci, code, fatal in kmsg.xid_events(log)] == [
+        ("0019:01:00", 149, False), ("0018:01:00", 145, True)]
+
+
+def test_the_same_nvlink5_code_fatal_after_nonfatal_is_a_second_finding():
+    from podvm_gpu.host import kmsg
+
+    line = "NVRM: Xid (PCI:0019:01:00): 149, NETIR_LINK_EVT {} XC0 i0 Link 00 (0x0)"
+    found = kmsg.findings([line.format("Nonfatal"), line.format("Fatal")])
+    assert [f.fatal for f in found] == [False, True]
+
+
+def test_a_follow_on_is_counted_once_as_its_causes_follow_on_not_as_a_new_xid():
+    from podvm_gpu.host import kmsg
+
+    log = ["NVRM: Xid (PCI:0019:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x0)",
+           "NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by "
+           "previous Xid 149",
+           "NVRM: Xid (PCI:0000:dd:00): 45, pid=7, name=python3, Ch 00000002 caused by previous "
+           "Xid 62"]
+    assert kmsg.xid_records(log) == [("0019:01:00", 149), ("0000:dd:00", 45)]
+    assert [f.code for f in kmsg.findings(log)] == [149, 45]
+    assert [code for _usec, _pci, code in kmsg.timed_xids([(3, m, i) for i, m in
+                                                           enumerate(log)])] == [149, 45]

@@ -117,3 +117,27 @@ def test_on_root_slash_a_binary_no_package_lists_is_asked_its_version(tmp_path):
     assert toolkit_image._asked(FakeImage(tmp_path), str(tool)) == "1.19.0"
     tool.write_text("#!/bin/sh\necho 'stand-in: not for running' >&2\nexit 1\n")
     assert toolkit_image._asked(FakeImage(tmp_path), str(tool)) is None
+
+
+# --- CDI versions against podman (issue 46 item 8) ------------------------------------------
+
+@pytest.mark.parametrize("ctk, podman, warns", [
+    ("1.19.1", "4.3.1+ds1-8+deb12u1", True),  # Debian 12's podman and a 0.7.0 writer
+    ("1.19.1", "5.4.2+ds1-2", False),  # podman 5 reads 0.7.0
+    ("1.20.0", "4.3.1+ds1-8+deb12u1", False),  # 1.20.0 wrote 0.5.0 on the real H200
+    ("1.18.2", "4.3.1+ds1-8+deb12u1", False),  # not in the table: no claim
+    ("1.19.1", None, False),  # no podman: kata-agent's CDI crate reads 0.7.0
+])
+def test_podman_before_5_warns_only_for_a_toolkit_seen_writing_0_7_0(tmp_path, ctk, podman,
+                                                                      warns):
+    extra = "\n" + stanza("podman", podman) if podman else ""
+    root = image(tmp_path, {"nvidia-container-toolkit-base": (f"{ctk}-1", BASE)},
+                 extra_status=extra)
+    row = toolkit_image.image_row(FakeImage(root))
+    said = "cdiVersion 0.7.0 (the toolkit version table)" in row.detail
+    assert said == warns, row
+    if warns:
+        assert row.result == "warn" and "podman 4.3.1+ds1 (dpkg) is older than 5" in row.detail
+        assert "install podman 5 or later" in row.hint
+    else:
+        assert "podman" not in row.detail, row

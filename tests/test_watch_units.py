@@ -197,3 +197,75 @@ def test_boot_on_a_vm_whose_gpu_left_pci_fails_while_a_finding_stands(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and json.loads(
         (tmp_path / "run/podvm-gpu/status.json").read_text())["state"] == "no-gpu", done.stderr
+
+
+# --- NVLink 5 Xids by their word, follow-ons (issue 46 item 3; the records' shapes from
+# NVSentinel#748, gpud PRs #1160/#1174, open-gpu-kernel-modules#1150) ---------------------------
+
+NETIR_NONFATAL = ("NVRM: Xid (PCI:0019:01:00): 149, NETIR_LINK_EVT Nonfatal XC0 i0 Link 00 "
+                  "(0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)")
+RLW_FATAL = ("NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Fatal XC0 i0 Link 13 "
+             "(0x00000004 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)")
+
+
+def test_an_nvlink5_xid_that_says_nonfatal_is_a_warning_whatever_its_code():
+    [v] = verdicts.judge_record(NETIR_NONFATAL)
+    assert (v.level, v.gpu) == (verdicts.WARN, "0019:01:00")
+    assert "Xid 149 (NVLink NETIR_LINK_EVT Nonfatal)" in v.what
+
+
+def test_an_nvlink5_xid_that_says_fatal_is_a_finding_whatever_its_code():
+    [v] = verdicts.judge_record(RLW_FATAL)
+    assert (v.level, v.gpu) == (verdicts.FATAL, "0018:01:00")
+    assert "Xid 145 (NVLink RLW_RXPIPE Fatal)" in v.what
+
+
+@pytest.mark.parametrize("code", range(144, 151))
+def test_the_word_decides_for_every_code_144_to_150(code):
+    fatal = NETIR_NONFATAL.replace("149,", f"{code},").replace("Nonfatal", "Fatal")
+    assert [v.level for v in verdicts.judge_record(fatal)] == [verdicts.FATAL]
+    nonfatal = NETIR_NONFATAL.replace("149,", f"{code},")
+    assert [v.level for v in verdicts.judge_record(nonfatal)] == [verdicts.WARN]
+    neither = f"NVRM: Xid (PCI:0019:01:00): {code}, NETIR_LINK_EVT XC0 i0 Link 00 (0x0)"
+    assert [v.level for v in verdicts.judge_record(neither)] == [verdicts.WARN]
+
+
+def test_fatal_only_counts_as_the_word_after_the_code():
+    # a word elsewhere (a process name) is not the driver's severity
+    message = "NVRM: Xid (PCI:0019:01:00): 149, pid=1, name=Fatal, Ch 00000001"
+    assert [v.level for v in verdicts.judge_record(message)] == [verdicts.WARN]
+    # another code's record saying Fatal keeps its code's verdict
+    assert [v.level for v in verdicts.judge_record(
+        "NVRM: Xid (PCI:0019:01:00): 31, RLW_RXPIPE Fatal XC0")] == [verdicts.WARN]
+
+
+FOLLOW_ON = ("NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by "
+             "previous Xid 149")
+
+
+def test_a_follow_on_of_an_xid_seen_is_no_verdict_of_its_own():
+    seen: set[int] = set()
+    [first] = verdicts.judge_record(NETIR_NONFATAL, seen)
+    assert first.level == verdicts.WARN and seen == {149}
+    assert verdicts.judge_record(FOLLOW_ON, seen) == []
+    assert seen == {149}  # counted as 149's follow-on: not as 45, not again as 149
+
+
+def test_a_follow_on_of_an_xid_never_seen_is_its_own_code():
+    seen: set[int] = set()
+    [v] = verdicts.judge_record(FOLLOW_ON, seen)
+    assert v.level == verdicts.WARN and "Xid 45 on GPU 0000:dc:00" in v.what
+    assert seen == {45}
+
+
+def test_the_watcher_carries_the_codes_it_has_read_from_record_to_record():
+    from podvm_gpu.watch.command import Watcher
+    from podvm_gpu.watch.kernel_log import Record
+
+    warned = []
+    watcher = Watcher.__new__(Watcher)
+    watcher.finding, watcher.state, watcher.xids_seen = None, {"kmsg_seq": 0}, set()
+    watcher._verdicts = lambda found, unread, **kw: warned.extend(v.what for v in found)
+    watcher._records([Record(1, 4, NETIR_NONFATAL, 10, True), Record(2, 4, FOLLOW_ON, 11, True),
+                      Record(3, 4, FOLLOW_ON.replace("149", "79"), 12, True)])
+    assert len(warned) == 2 and "Xid 149" in warned[0] and "Xid 45" in warned[1], warned

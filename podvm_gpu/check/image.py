@@ -82,6 +82,10 @@ def unit_row(image: Image) -> Check:
     if not wants:
         return Check("unit", FAIL, f"{unit} installed but not enabled",
                      f"systemctl enable {units.AGENT_UNIT} in the image")
+    late = units.budget_warning(root, image.config.budget_s)
+    if late:  # issue 46: systemd would cut the boot before its budget ends
+        return Check("unit", WARN, f"{unit}, enabled by {', '.join(wants)}; {late}",
+                     "raise TimeoutStartSec in a drop-in of the unit, or lower budget_s")
     return Check("unit", PASS, f"{unit}, enabled by {', '.join(wants)}")
 
 

@@ -58,6 +58,13 @@ def watch_unit_check(root: Root, vm: bool) -> Check:
     said = f"watching since {doc.get('started_at')}, " + (
         f"kernel log record {seq}" if isinstance(seq, int) and seq >= 0 else
         "kernel log from its start (no record read yet)")
+    hung = doc.get("nvml_hung")
+    if hung:  # a warning: a hang is never a finding (interface.md 4.5)
+        return Check(name, WARN, f"{said}; NVML clients refused since {hung.get('since')}: an "
+                     f"earlier one {hung['what']} (tried again after "
+                     f"{hung.get('retry_after_s')} s; one that exits 0 ends it)",
+                     "the GPU may be stuck in the driver: dmesg | grep -i nvrm; if it stays, "
+                     "replace the VM")
     if warned:
         return Check(name, WARN, f"{said}; {len(warned)} warning(s): {warned[0]['text']}",
                      f"{watchfile.WATCH_PATH} lists them")

@@ -39,6 +39,7 @@ class Facts:
         fabric: the fabric kind PCI shows now (:func:`podvm_gpu.steps.fabric.fabric_kind.detect`, the boot's
             reader), None without a GPU or when it cannot be read; boot_fabric: status.json's
             ``fabric`` object of the last boot, or None.
+        confidential: whether the guest is a TEE (host/tee.py's evidence); None: not read.
     """
 
     def __init__(self, root: Root, config: Config, runner: Runner):
@@ -57,6 +58,9 @@ class Facts:
         self.fabric = safely(lambda: fabric_kind.detect([s.pci_address for s in self.nvswitches],
                                                         gpus=self.gpus),
                              None) if self.gpus else None
+        # a TEE's evidence (host/tee.py): the reset advice is "replace the VM" there; None
+        # when it cannot be read (then both are said)
+        self.confidential = safely(lambda: _confidential(root), None)
         booted = safely(lambda: (read_status(root) or {}).get("fabric"), None)
         self.boot_fabric = booted if isinstance(booted, dict) else None
 
@@ -81,6 +85,12 @@ class Facts:
         if not self.loaded:
             return Check(name, SKIP, "nvidia module not loaded (see modules)")
         return None
+
+
+def _confidential(root: Root) -> bool:
+    from podvm_gpu.host import tee
+
+    return tee.detect(root).kind is not None
 
 
 def boot_failed_at(root: Root) -> str | None:

@@ -7,12 +7,14 @@ import sys
 
 
 def run_config(root_dir: str, config: str | None, json_out: bool = False,
-               compile_: bool = False) -> int:
+               compile_: bool = False, also=None) -> int:
     """``podvm-gpu config``: validate, print the settings in force, optionally compile.
 
     The verdict is boot's: a file boot refuses (another user could change it: its owner, its
     mode, a folder on its way) is invalid here too, exit 1. With no file at the default path
     the defaults are in force: said so, exit 0 (``--compile`` has nothing to compile: 1).
+    ``also``: called with the settings of a valid config, returns a warning or None (cli.py
+    hands it the installed unit's start time-out against ``budget_s``); said on stderr.
     """
     from podvm_gpu.config.load import DEFAULT_PATH, compile_config, config_location, load_config
     from podvm_gpu.errors import ConfigError
@@ -37,6 +39,9 @@ def run_config(root_dir: str, config: str | None, json_out: bool = False,
         else:
             print(f"podvm-gpu: error: {err}", file=sys.stderr)
         return 1
+    said = also(settings) if also is not None else None
+    if said:
+        print(f"podvm-gpu: warning: {said}", file=sys.stderr)
     if json_out:
         print(dumps({"config": path, "valid": True, "present": present, "compiled": compiled,
                      "settings": settings.to_dict()}))

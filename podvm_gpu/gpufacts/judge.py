@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import re
 
-from podvm_gpu.gpufacts.words import FAIL, OK, WARN, na
+from podvm_gpu.gpufacts.words import FAIL, OK, WARN, bus_id, na
 
 # what a finding asks for
 FINE, NOTE, RESET, FATAL = "fine", "note", "reset", "fatal"
@@ -76,7 +76,8 @@ RECOVER_IMEX, BUS_RESET, SYSTEM_REBOOT = "Recover IMEX Domain", "Bus Reset", "Sy
 # nvidia-ml-py 13.x for 5-7); NVIDIA/DCGM#263 shows a real nvidia-smi printing "1, Reset".
 ACTIONS = (
     Action(0, NONE, ("none",), FINE),
-    Action(1, GPU_RESET, ("gpureset", "reset"), RESET),
+    # "[GPU requires reset]" as a value of any column (open-gpu-kernel-modules#1045)
+    Action(1, GPU_RESET, ("gpureset", "reset", "gpurequiresreset"), RESET),
     Action(2, NODE_REBOOT, ("nodereboot", "reboot"), FATAL),
     Action(3, DRAIN_P2P, ("drainp2p",), NOTE),
     Action(4, DRAIN_AND_RESET, ("drainandreset",), RESET),
@@ -117,6 +118,47 @@ _ACTION_SAYS = {
 def action_says(action: Action) -> str:
     """What the action asks for, in words (``GPU reset needed``); ``""`` for None."""
     return _ACTION_SAYS.get(action.name, "")
+
+
+# --- how to reset a GPU --------------------------------------------------------------------
+
+PERSISTENCED_UNIT = "podvm-gpu-persistenced.service"  # host/daemons.py's transient unit
+REPLACE_VM = "in a confidential guest: replace the VM (its GPU is not reset from inside it)"
+_BUS_IN = re.compile(r"(?<![0-9A-Fa-f])([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
+                     r"(?:\.[0-7])?)(?![0-9A-Fa-f])")
+
+
+def buses_in(lines) -> list[str]:
+    """The GPUs' bus ids (:func:`~podvm_gpu.gpufacts.words.bus_id`'s form) named in ``lines``
+    (strings: verdict lines, a kernel record), each once, in order."""
+    found: list[str] = []
+    for line in lines:
+        for m in _BUS_IN.finditer(line):
+            bus = bus_id(m.group(1))
+            if bus not in found:
+                found.append(bus)
+    return found
+
+
+def reset_advice(buses=(), confidential: bool | None = None) -> str:
+    """The one sentence every site that advises a GPU reset gives (issue 46 item 6): a reset is
+    refused while persistence holds the GPU (``GPU 00000000:1A:00.0: In use by another client``,
+    exit 255, until ``nvidia-smi -pm 0``: NVSentinel PR #1692), and a confidential guest's GPU is
+    replaced with its VM, not reset.
+
+    Args:
+        buses: the GPUs' PCI addresses (any form :func:`bus_id` reads); none: ``<bus id>``.
+        confidential: True in a confidential guest (only "replace the VM" is said), False
+            outside one, None when not known (both are said).
+    """
+    if confidential:
+        return "replace the VM: a confidential guest's GPU is not reset from inside it"
+    targets = [bus_id(bus) for bus in buses] or ["<bus id>"]
+    said = (f"reset the GPU: stop {PERSISTENCED_UNIT} (or nvidia-smi -pm 0: a reset is refused "
+            "while persistence holds the GPU), then "
+            + " and ".join(f"nvidia-smi -r -i {bus}" for bus in dict.fromkeys(targets))
+            + " with no process using it, or restart the VM on its host")
+    return said if confidential is False else f"{said}; {REPLACE_VM}"
 
 
 # --- the fabric's health summary ------------------------------------------------------------

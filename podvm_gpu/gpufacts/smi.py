@@ -25,7 +25,7 @@ import collections
 import re
 
 from podvm_gpu.gpufacts import judge
-from podvm_gpu.gpufacts.words import GPU_LOST, csv_rows, csv_value, na
+from podvm_gpu.gpufacts.words import GPU_LOST, GPU_REQUIRES_RESET, csv_rows, csv_value, na
 
 CSV = "--format=csv,noheader"
 FABRIC_FIELDS = ("pci.bus_id", "fabric.state", "fabric.status")
@@ -380,6 +380,8 @@ def smi_facts(runner, timeout: float) -> dict:
     def value(text: str, convert):
         if text.strip() == GPU_LOST:
             return None
+        if text.strip() == GPU_REQUIRES_RESET:
+            return unread(GPU_REQUIRES_RESET)
         if na(text):
             return unread("N/A")
         converted = convert(text)
@@ -410,6 +412,10 @@ def smi_facts(runner, timeout: float) -> dict:
     for bus, action in rows or []:
         if action != GPU_LOST:
             put(bus, recovery_action=value(action, _action_value))
+    for name in ("remap", "ecc", "action"):  # in any column: the recovery action GPU Reset
+        for row in answers[name][0] or []:
+            if GPU_REQUIRES_RESET in (v.strip() for v in row[1:]):
+                put(row[0], recovery_action=read(_action_value(GPU_REQUIRES_RESET)))
     for state in answers["fabric"][0] or []:
         if not state.lost:
             put(state.gpu, fabric_state=read(state.state) if state.supported else unread("N/A"),

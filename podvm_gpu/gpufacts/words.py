@@ -34,6 +34,9 @@ def worst(*verdicts: str) -> str:
 
 # --- values ---------------------------------------------------------------------------------
 
+# a value of a GPU the driver wants reset (open-gpu-kernel-modules#1045, after Blackwell's Xid
+# 62/45 -> 119 -> 154 loop): the recovery action GPU Reset (gpufacts/judge.py action_of)
+GPU_REQUIRES_RESET = "[GPU requires reset]"
 GPU_LOST = "[GPU is lost]"  # a --query-gpu/--query-remapped-rows value for a GPU lost after its handle
 
 

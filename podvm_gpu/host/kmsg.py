@@ -15,6 +15,7 @@ import os
 import re
 import stat
 
+from podvm_gpu import xids
 from podvm_gpu.host.fs import Root
 
 KMSG_PATH = "/dev/kmsg"
@@ -194,19 +195,20 @@ class Finding(collections.namedtuple("Finding", "kind summary message code", def
 
     @property
     def fatal(self) -> bool:
-        """True when the GPU cannot be used until it is reset (or the VM replaced)."""
-        return self.kind in FATAL_KINDS or self.kind == "xid" and self.code in FATAL_XIDS
+        """True when the GPU cannot be used until it is reset (or the VM replaced): a fatal
+        kind, or an Xid the table of podvm_gpu/xids.py calls fatal (its code, or for NVLink 5
+        codes 144-150 the record's own ``Fatal``)."""
+        return self.kind in FATAL_KINDS or self.kind == "xid" and xids.fatal(self.code,
+                                                                             self.message)
 
     def describe(self) -> str:
         return f'{self.summary} (kernel: "{self.message}")'
 
 
-# Xid codes after which a GPU stays unusable until it is reset, from NVIDIA's Xid catalog
-# (docs.nvidia.com/deploy/xid-errors). Others (13, 31, 43, 45, ...) are errors of one application
-# and only become warnings.
-FATAL_XIDS = {48: "double-bit ECC error", 62: "internal micro-controller halt",
-              79: "GPU has fallen off the bus", 95: "uncontained ECC error",
-              119: "GSP RPC timeout", 120: "GSP error", 140: "unrecovered ECC error"}
+# Xid codes after which a GPU stays unusable until it is reset: the one Xid table's
+# (podvm_gpu/xids.py, NVIDIA's Xid catalog). Others (13, 31, 43, 45, ...) are errors of one
+# application and only become warnings; NVLink 5's 144-150 are fatal when their record says so.
+FATAL_XIDS = xids.FATAL_XIDS
 FATAL_KINDS = frozenset({"fell-off-bus", "needs-reset", "gsp-firmware", "bar"})
 # The driver loaded but cannot attach (initialise) a GPU: every NVML client then fails ("No
 # devices were found", "nvidia-persistenced failed to initialize"), so the log, not the client,
@@ -330,7 +332,8 @@ KINDS = tuple(dict.fromkeys(kind for kind, _pattern, _template in _PATTERNS))
 
 
 def xid_records(messages: list[str]) -> list[tuple[str, int]]:
-    """``(pci, code)`` of every Xid record in the kernel log, oldest first, repeats included.
+    """``(pci, code)`` of every Xid record in the kernel log, oldest first, repeats included,
+    follow-ons of an Xid already seen left out (:func:`podvm_gpu.xids.counted_code`).
 
     Args:
         messages: records as :func:`read_kernel_log` returns them.
@@ -338,35 +341,49 @@ def xid_records(messages: list[str]) -> list[tuple[str, int]]:
     ``pci`` is as the driver prints it, ``0000:01:00`` (domain:bus:device, no function). Unlike
     :func:`findings`, a repeated Xid counts each time (the metrics count them).
     """
-    records = []
-    for msg in messages:
-        if "Xid" in msg:
-            m = XID_PATTERN.search(msg)
-            if m:
-                records.append((m.group("pci").lower(), int(m.group("code"))))
-    return records
+    return [(pci, code) for pci, code, _fatal in xid_events(messages)]
+
+
+def xid_events(messages: list[str]) -> list[tuple[str, int, bool]]:
+    """``(pci, code, fatal)`` of every Xid record counted (as :func:`xid_records`), ``fatal``
+    by the Xid table (podvm_gpu/xids.py: the code, or an NVLink 5 record's own word)."""
+    return [(pci, code, fatal) for _usec, pci, code, fatal in _xids(
+        (msg, None) for msg in messages)]
 
 
 def timed_xids(records: list[tuple[int, str, int | None]]) -> list[tuple[int | None, str, int]]:
     """``(usec, pci, code)`` of every Xid record of :func:`read_timed_records`, oldest first,
-    repeats included (as :func:`xid_records`, with the record's time)."""
+    repeats included, follow-ons of an Xid already seen left out (as :func:`xid_records`, with
+    the record's time)."""
+    return [(usec, pci, code) for usec, pci, code, _fatal in _xids(
+        (msg, usec) for _level, msg, usec in records)]
+
+
+def _xids(pairs) -> list[tuple[int | None, str, int, bool]]:
+    seen: set[int] = set()
     found = []
-    for _level, msg, usec in records:
+    for msg, usec in pairs:
         if "Xid" in msg:
             m = XID_PATTERN.search(msg)
             if m:
-                found.append((usec, m.group("pci").lower(), int(m.group("code"))))
+                code = xids.counted_code(int(m.group("code")), msg, seen)
+                if code is not None:
+                    found.append((usec, m.group("pci").lower(), code, xids.fatal(code, msg)))
     return found
 
 
-def findings(messages: list[str]) -> list[Finding]:
+def findings(messages: list[str], xids_seen: set[int] | None = None) -> list[Finding]:
     """The GPU-related problems in the (joined) kernel log, oldest first, without duplicates.
 
     Normal lines (taint notices, "module verification failed" on an unsigned but accepted module)
     yield nothing: the log explains a failure, it does not create one (contract section 9).
+    An Xid record that says it was ``caused by previous Xid N`` of an Xid seen before it (in
+    ``messages``, or in ``xids_seen``: the codes of earlier records, which this call adds to;
+    the watcher judges one record at a time) is that Xid's follow-on, no finding of its own.
     """
     found: list[Finding] = []
     seen: set[str] = set()
+    codes_seen = set() if xids_seen is None else xids_seen
     for msg in join_nvrm(messages):
         lower = msg.lower()
         if not any(word in lower for word in _KEYWORDS):
@@ -380,8 +397,12 @@ def findings(messages: list[str]) -> list[Finding]:
             fields = {k: (v or "?").rstrip(".") for k, v in m.groupdict().items()}
             summary = template.format(**fields)
             code = int(fields["code"]) if kind == "xid" else None
-            if code in FATAL_XIDS:
-                summary = summary.replace(f"Xid {code}", f"Xid {code} ({FATAL_XIDS[code]})")
+            if code is not None:
+                if xids.counted_code(code, msg, codes_seen) is None:
+                    break  # a follow-on of an Xid already judged
+                said = xids.label(code, msg) if code not in xids.WARN_XIDS else None
+                if said:
+                    summary = summary.replace(f"Xid {code}", f"Xid {code} ({said})")
             if summary not in seen:
                 seen.add(summary)
                 found.append(Finding(kind, summary, msg.strip(), code))

@@ -21,6 +21,14 @@ DEFAULT_TIMEOUT_S = 30.0
 # before the process holding it counts as kept running by the tool.
 HELD_OPEN_GRACE_S = 0.5
 _POLL_S = 0.05
+# How long a killed tool is waited for before it is left to a thread to reap: a process that
+# SIGKILL does not end sleeps in the kernel (state D: nvidia-smi stuck in the driver on B200 open
+# modules 570/580, open-gpu-kernel-modules#971), and waiting for it would block the caller for good.
+REAP_BOUND_S = 2.0
+# How long an NVML client's timeout refuses the next ones (they wait on the same driver lock);
+# after it one call goes through, and one that exits 0 ends the refusal at once (issue 46).
+NVML_RETRY_S = 300.0
+STATE_D = "in the kernel (state D)"
 
 
 def nvml_client(argv: list[str]) -> bool:
@@ -114,7 +122,11 @@ class Runner:
         self.trust_tool_paths = trust_tool_paths
         self.calls: list[list[str]] = []
         self.cancelled = ""  # why calls are refused and the ones in flight were ended
-        self.nvml_hung = ""  # the NVML client that timed out: no further one is started
+        # the NVML client that timed out: no further one is started for NVML_RETRY_S seconds
+        # (nvml_hung_at, monotonic), or until one exits 0
+        self.nvml_hung = ""
+        self.nvml_hung_at = 0.0
+        self.unreaped = 0  # killed tools that did not exit within REAP_BOUND_S (left to threads)
         self._live: set[subprocess.Popen] = set()
         self.spawns = 0  # tool calls started so far (:meth:`wait_for_spawn`)
         self._spawned = threading.Condition()
@@ -221,10 +233,10 @@ class Runner:
         tool = argv[0]
         if self.cancelled:
             raise Cancelled(self.cancelled)
-        if self.nvml_hung and nvml_client(argv):
+        if self.nvml_refusing() and nvml_client(argv):
             raise CommandError(argv, None, message=f"{' '.join(argv[:3])}: not run: an earlier "
                                f"NVML client {self.nvml_hung}, and every NVML client waits on "
-                               "the same driver lock")
+                               f"the same driver lock (tried again {NVML_RETRY_S:g} s after it)")
         limit = self.timeout_for(tool, timeout)
         wanted = timeout if timeout is not None else self.timeouts.get(tool, DEFAULT_TIMEOUT_S)
         self.calls.append(list(argv))
@@ -256,18 +268,24 @@ class Runner:
         except subprocess.TimeoutExpired:
             stuck = _in_kernel(proc.pid)
             _kill_group(proc)
-            out, err = _drain(proc)
+            out, err, reaped = _drain(proc)
+            if not reaped:
+                self.unreaped += 1
             if self.cancelled:
                 raise Cancelled(self.cancelled) from None
+            where = f" {STATE_D}" if stuck or not reaped else ""
+            if not reaped:
+                where += f", not ended by SIGKILL within {REAP_BOUND_S:g} s (reaped on a thread)"
             if nvml_client(argv) and limit >= wanted:
-                where = " in the kernel (state D)" if stuck else ""
-                self.nvml_hung = self.nvml_hung or \
-                    f"({' '.join(argv[:3])}) timed out after {limit:g} s{where}"
+                self.nvml_hung = f"({' '.join(argv[:3])}) timed out after {limit:g} s{where}"
+                self.nvml_hung_at = time.monotonic()
             raise CommandError(argv, None, out, err, timed_out=True, timeout_s=limit,
-                               budget_spent=limit < wanted) from None
+                               budget_spent=limit < wanted, message=(
+                                   f"{' '.join(argv[:4])}: timed out after {limit:g} s{where}"
+                                   if where else None)) from None
         except BaseException:  # the budget's timer, or a signal: leave no client behind
             _kill_group(proc)
-            proc.wait()
+            _reap(proc)
             raise
         finally:
             self._live.discard(proc)
@@ -278,6 +296,8 @@ class Runner:
                 f"{' '.join(argv[:3])} {_exited(proc.returncode)}, but a process it started "
                 f"kept its output open (ended after {held:.1f} s)"))
         done = Completed(list(argv), proc.returncode, out, err, time.monotonic() - started)
+        if self.nvml_hung and nvml_client(argv) and proc.returncode == 0:
+            self.nvml_hung = ""  # the driver answers again: NVML clients run again
         if check and proc.returncode != 0:
             raise CommandError(argv, proc.returncode, out, err)
         return done
@@ -303,10 +323,15 @@ class Runner:
                     exited_at = now
                 if exited_at is not None and now - exited_at >= HELD_OPEN_GRACE_S:
                     _kill_group(proc)
-                    out, err = _drain(proc)
+                    out, err, _reaped = _drain(proc)
                     return out, err, now - exited_at
                 if now >= end and exited_at is None:
                     raise
+
+    def nvml_refusing(self) -> bool:
+        """Whether NVML clients are refused now: one timed out less than :data:`NVML_RETRY_S`
+        seconds ago and none exited 0 since."""
+        return bool(self.nvml_hung) and time.monotonic() - self.nvml_hung_at < NVML_RETRY_S
 
     def spawn(self, argv: list[str], log_path: str) -> subprocess.Popen:
         """Start a daemon (``nvidia-persistenced``, ``nv-fabricmanager``) and return at once.
@@ -370,16 +395,30 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def _drain(proc: subprocess.Popen) -> tuple[str, str]:
-    """Collect what a killed process printed, without hanging on a grandchild holding the pipe."""
+def _drain(proc: subprocess.Popen) -> tuple[str, str, bool]:
+    """Collect what a killed process printed, without hanging on a grandchild holding the pipe
+    nor on a process SIGKILL does not end: ``(stdout, stderr, reaped)``, ``reaped`` False when
+    it had not exited after :data:`REAP_BOUND_S` (it is in the kernel, state D; a thread of its
+    own reaps it when it leaves)."""
     try:
-        return proc.communicate(timeout=1)
+        out, err = proc.communicate(timeout=1)
+        return out, err, True
     except subprocess.TimeoutExpired:
         for stream in (proc.stdout, proc.stderr):
             if stream:
                 stream.close()
-        proc.wait()
-        return "", ""
+        return "", "", _reap(proc)
+
+
+def _reap(proc: subprocess.Popen) -> bool:
+    """Wait for a killed ``proc`` at most :data:`REAP_BOUND_S`; True when it exited, else False
+    and a daemon thread waits for it (no zombie is left when it ends, and no caller blocks)."""
+    try:
+        proc.wait(timeout=REAP_BOUND_S)
+        return True
+    except subprocess.TimeoutExpired:
+        threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+        return False
 
 
 def side_by_side(calls: list) -> list[tuple[object, BaseException | None]]:

@@ -154,7 +154,8 @@ class Exporter:
         records = kmsg.read_timed_records(self.root)
         messages = [message for _level, message, _usec in records]
         found = kmsg.findings(messages)
-        xids = kmsg.xid_records(messages)
+        events = kmsg.xid_events(messages)
+        xids = [(pci, code) for pci, code, _fatal in events]
         out += fam.kernel_families(len(messages), [f.kind for f in found],
                                    sum(f.fatal for f in found), xids)
         if not with_nvml:
@@ -177,8 +178,8 @@ class Exporter:
         pod = read_pod_labels(self.root)  # never apf.json itself: metrics/pod.py
         out += fam.dcgm_families(reading, self.hostname, last_xid, profile, pod)
         fatal: dict[str, list[int]] = {}
-        for pci, code in xids:
-            if code in kmsg.FATAL_XIDS:
+        for pci, code, is_fatal in events:
+            if is_fatal:
                 fatal.setdefault(fam.pci_bus_id(pci), []).append(code)
         counts = hfam.xid_counts(kmsg.timed_xids(records), kernel_clock_usec(self.root))
         out += hfam.health_families(

@@ -158,7 +158,16 @@ def watch_families(watch: dict | None) -> list[Metric]:
     found.add_metric([str(finding.get("gpu") or "") if finding else ""], 1 if finding else 0)
     warned = sum(_number(w.get("count")) or 0 for w in _entries(watch.get("warnings"))
                  if isinstance(w, dict))
-    return [found, _gauge("podvm_gpu_watch_warnings", "Warnings the watcher raised since it "
+    hung = _gauge("podvm_gpu_watch_nvml_hung", "1 while the watcher refuses NVML clients "
+                  "because one hung (watch.json's nvml_hung; a warning: its polls are not made "
+                  "until a retry exits 0), else 0.",
+                  1 if isinstance(watch.get("nvml_hung"), dict) else 0)
+    from podvm_gpu.watchfile import repeated
+
+    coalesced = _gauge("podvm_gpu_watch_warnings_repeated", "Warnings the watcher coalesced "
+                       "into an earlier identical one (a flood of one kernel record: counted, "
+                       "with first and last times in watch.json, said once).", repeated(watch))
+    return [found, hung, coalesced, _gauge("podvm_gpu_watch_warnings", "Warnings the watcher raised since it "
                           "started (repeats counted; Xid 13 and the like, facts it could not "
                           "read).", warned + (_number(watch.get("warnings_dropped")) or 0))]
 

@@ -35,7 +35,8 @@ COUNTERS = frozenset({"DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_XID_ERRORS_COUNT"}
 # none a rate or a use that could time the GPU's work)
 FAMILIES = (*sorted(COUNTERS), "DCGM_FI_DEV_CC_MODE", "DCGM_FI_DEV_GPU_RECOVERY_ACTION")
 XID_WINDOW_MS = 300000  # dcgm-exporter's --xid-count-window-size default
-# Xids after which the GPU is unusable until it is reset (host/kmsg.py FATAL_XIDS) fail ALL;
+# Xids after which the GPU is unusable until it is reset (podvm_gpu/xids.py: the fatal codes,
+# NVLink 5's by their record's word) fail ALL;
 # Xid 95 is DCGM's uncontained error, the others have no DCGM_FR_ code of their own
 # recovery action names: the one table (gpufacts/judge.py ACTIONS, 0-7)
 ACTION_NAMES = {a.number: a.name for a in judge.ACTIONS}

@@ -50,8 +50,12 @@ def pci_row(facts) -> Check:
         return missing
     fatal = [f for f in kmsg.findings(kmsg.since_driver_load(facts.messages)) if f.fatal]
     if fatal:
+        from podvm_gpu.gpufacts import judge
+
+        buses = judge.buses_in([fatal[0].message, fatal[0].summary])
         return Check("pci", FAIL, f"{len(facts.gpus)} GPU(s) on PCI, but {fatal[0].describe()}",
-                     "the GPU needs a reset (nvidia-smi -r) or the VM a new host")
+                     "the GPU needs a reset or the VM a new host: " + judge.reset_advice(
+                         buses, getattr(facts, "confidential", None)))
     return Check("pci", PASS, f"{len(facts.gpus)} GPU(s) ({names}) at "
                  f"{', '.join(g.pci_address for g in facts.gpus)}; "
                  f"{len(facts.nvswitches)} NVSwitch(es)")

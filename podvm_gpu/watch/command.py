@@ -203,6 +203,7 @@ class Watcher:
         self.klog: KernelLog | None = None
         self._saved_seq, self._saved_at = None, 0.0
         self._signalled = 0
+        self.xids_seen: set[int] = set()  # Xid codes read so far: their follow-ons are no news
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -229,6 +230,7 @@ class Watcher:
                         self._verdicts(*self.polls.get_nowait())
                     except queue.Empty:
                         break
+                    self._note_nvml()
             return self._apply()
         except Stop:
             self.log(self.log.INFO, "watch: stopped by a signal; position kept")
@@ -344,7 +346,7 @@ class Watcher:
             self.state["kmsg_seq"] = record.seq
             if not record.kernel:
                 continue
-            found = verdicts.judge_record(record.message)
+            found = verdicts.judge_record(record.message, self.xids_seen)
             if found:
                 self._verdicts(found, [], source=f"kernel log record {record.seq}",
                                quote=record.message)
@@ -380,10 +382,14 @@ class Watcher:
 
     def _warn(self, text: str) -> None:
         text = " ".join(text.split())[:400]
-        if watch_state.add_warning(self.state, text):
+        if watch_state.add_warning(self.state, text, now_iso()):
             self.log(self.log.WARNING, f"watch: {text}")
             self._save()
             self._status_warning(f"watch: {text}")
+            return
+        flood = watch_state.flood_note(self.state, text)  # at 10, 100, 1000, ... repeats
+        if flood:
+            self.log(self.log.WARNING, f"watch: {flood}")
 
     def _status_warning(self, text: str) -> None:
         """Add ``text`` to status.json's warnings, under the boot's lock (a boot running again
@@ -428,12 +434,24 @@ class Watcher:
                 found += self._daemons_gone()
             except Exception as err:  # a poll that breaks is a warning, never a verdict
                 found, unread = [], [f"a poll failed: {type(err).__name__}: {err}"]
-            if found or unread:
-                self.polls.put((found, unread))
+            if found or unread or self.runner.nvml_hung or self.state.get("nvml_hung"):
+                self.polls.put((found, unread))  # (a hang's end too: _note_nvml)
                 try:
                     os.write(self._wake_w, b"p")
                 except OSError:
                     pass
+
+    def _note_nvml(self) -> None:
+        """watch.json's ``nvml_hung`` (check's watch row, ``podvm_gpu_watch_nvml_hung``): the
+        runner's refusal of NVML clients since one hung (host/proc.py: it ends when a later
+        one exits 0, tried every NVML_RETRY_S), or None. A hang is a warning, never a finding."""
+        from podvm_gpu.host.proc import NVML_RETRY_S
+
+        hung = self.runner.nvml_hung or None
+        if (self.state.get("nvml_hung") or {}).get("what") != hung:
+            self.state["nvml_hung"] = {"what": hung, "since": now_iso(),
+                                       "retry_after_s": NVML_RETRY_S} if hung else None
+            self._save()
 
     def _daemons_now(self) -> dict[str, int]:
         return daemons.running(self.root)

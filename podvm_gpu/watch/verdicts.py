@@ -4,9 +4,10 @@ means (issue 34: "verdicts from one table shared with boot").
 
 Every rule here is the boot's, called, not copied:
 
-- the kernel log: :mod:`podvm_gpu.host.kmsg` (its record patterns, ``FATAL_XIDS`` and
-  ``FATAL_KINDS``); the Xid codes that are one application's error are warnings
-  (``WARN_XIDS``: NVIDIA's Xid catalog, docs.nvidia.com/deploy/xid-errors);
+- the kernel log: :mod:`podvm_gpu.host.kmsg` (its record patterns and ``FATAL_KINDS``) and the
+  one Xid table, :mod:`podvm_gpu.xids` (fatal codes, the codes that are one application's error
+  and only warnings, NVLink 5's 144-150 judged by their record's ``Fatal``/``Nonfatal``, a
+  ``caused by previous Xid N`` record counted as N's follow-on);
 - Xid 154 (the driver changed a GPU's recovery action) is read over its hex code, not its label,
   which differs by branch (``... changed from 0x0 (None) to 0x1 (PF FLR)`` on 610): the code is
   NVML's ``NVML_GPU_RECOVERY_ACTION_*`` number (:data:`podvm_gpu.gpufacts.judge.ACTIONS`);
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import re
 
+from podvm_gpu import xids
 from podvm_gpu.gpufacts import judge
 from podvm_gpu.gpufacts.words import bus_id
 from podvm_gpu.host import kmsg
@@ -31,10 +33,7 @@ from podvm_gpu.steps.fabric import parse as fabric_parse
 
 FATAL, RESET, WARN = "fatal", "reset", "warn"
 # Xid codes of one application's error (a page fault, an illegal instruction, ...): warnings
-WARN_XIDS = {13: "graphics engine exception", 31: "GPU memory page fault",
-             43: "GPU stopped processing", 63: "ECC page retirement or row remapping recorded",
-             64: "ECC page retirement or row remapper recording failure",
-             92: "high single-bit ECC error rate"}
+WARN_XIDS = xids.WARN_XIDS
 RECOVERY_XID = 154
 # The NVIDIA modules' own records (host/kmsg.py's list of them): "NVRM: ...", "nvidia: ...",
 # "nvidia-uvm: ...", "nvidia 0000:01:00.0: ..." (dev_err), "nvidia-modeset: ...", "nvidia-nvlink: ..."
@@ -57,8 +56,13 @@ class Verdict(tuple):
     what = property(lambda self: self[2])
 
 
-def judge_record(message: str) -> list[Verdict]:
+def judge_record(message: str, xids_seen: set[int] | None = None) -> list[Verdict]:
     """What one kernel record (its message, without the prefix) says about the GPUs.
+
+    Args:
+        message: the record; xids_seen: the Xid codes of the records judged before (added to
+            here), so that a ``caused by previous Xid N`` record of an N seen is N's follow-on
+            and no verdict of its own (None: nothing seen before).
 
     Returns an empty list for a record that says nothing about them (most of the log).
     """
@@ -66,9 +70,11 @@ def judge_record(message: str) -> list[Verdict]:
     if "Xid" in message:
         m = kmsg.XID_PATTERN.search(message)
         if m and int(m.group("code")) == RECOVERY_XID:
+            if xids_seen is not None:
+                xids_seen.add(RECOVERY_XID)
             verdict = _recovery_xid(m.group("pci").lower(), message)
             return [verdict] if verdict else []
-    for finding in kmsg.findings([message]):
+    for finding in kmsg.findings([message], xids_seen):
         gpu = None
         if finding.kind == "xid":
             m = kmsg.XID_PATTERN.search(finding.message)

@@ -99,13 +99,17 @@ def query(ctx: BootContext, argv: list[str], width: int, what: str,
 
 
 def judge_lost(rows: list[list[str]], verdict: Verdict) -> list[list[str]]:
-    """Rows of ``[GPU is lost]`` into ``verdict.fatal`` (by their place in NVML's list); the
-    others returned."""
+    """Rows of ``[GPU is lost]`` into ``verdict.fatal`` (by their place in NVML's list), rows of
+    ``[GPU requires reset]`` into ``verdict.reset`` (the recovery action GPU Reset: gpufacts/
+    judge.py); the others returned."""
     kept = []
     for n, row in enumerate(rows):
         if any(v.strip() == words.GPU_LOST for v in row):
             verdict.fatal.append(f"GPU #{n} of NVML's list is lost (nvidia-smi printed "
                                  f"{words.GPU_LOST}): it fell off the bus or needs a reset")
+        elif any(v.strip() == words.GPU_REQUIRES_RESET for v in row):
+            verdict.reset.append(f"GPU {row[0].strip()}: GPU reset needed (nvidia-smi printed "
+                                 f"{words.GPU_REQUIRES_RESET}: the recovery action GPU Reset)")
         else:
             kept.append(row)
     return kept

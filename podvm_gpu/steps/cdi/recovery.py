@@ -175,8 +175,8 @@ def check_row(facts, ask):
         verdict = judge.reset_verdict(facts.config.health.reset_pending_warns)
         return Check(name, words.CHECK_STATE[verdict], said + (
             " (a warning: health.reset_pending_warns)" if verdict == words.WARN else ""),
-            "reset the GPU (nvidia-smi -r with no process using it, or restart the VM on its "
-            "host)")
+            judge.reset_advice(judge.buses_in(found.reset), getattr(facts, "confidential",
+                                                                     None)))
     if found.warn or found.unread:
         return Check(name, WARN, said, "run " + " ".join(action_argv()).replace(
             ",noheader", "") + f" by hand; {doc_ref('operating.md', 'Recovery action')} says "

@@ -220,7 +220,8 @@ def finish(ctx: BootContext, generated: Generated) -> str:
     except OSError as err:
         raise StepFailed(f"cannot install {CDI_SPEC_PATH}: {err.strerror or err}") from err
     names = spec.device_names()
-    ctx.status.cdi = {"path": CDI_SPEC_PATH, "kind": spec.kind, "devices": names}
+    ctx.status.cdi = {"path": CDI_SPEC_PATH, "kind": spec.kind, "devices": names,
+                      "cdi_version": spec.cdi_version}
     done = f"{CDI_SPEC_PATH}: {len(names)} devices (cdiVersion {spec.cdi_version})"
     if imex_done:
         done = f"{done}; {imex_done}"
@@ -320,8 +321,7 @@ def row_remapper_row(facts) -> Check:
         warns = outcome == verdict.RESET_WARNS
         return Check("row-remapper", WARN if warns else FAIL, "; ".join(verdict.reset) +
                      (" (a warning: health.reset_pending_warns)" if warns else ""),
-                     "reset the GPU (nvidia-smi -r with no process using it, or restart the VM "
-                     "on its host); the remap takes effect then")
+                     _reset_advice(facts, verdict.reset) + "; the remap takes effect then")
     if verdict.unread:
         return Check("row-remapper", WARN, "; ".join(verdict.unread) + ": not read as a value",
                      "run nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.pending,"
@@ -361,14 +361,22 @@ def memory_errors_row(facts) -> Check:
             if not verdict.fatal else words.FAIL
         return Check(name, words.CHECK_STATE[state], "; ".join(verdict.fatal + verdict.reset) + (
             " (a warning: health.reset_pending_warns)" if state == words.WARN else ""),
-            "reset the GPU (nvidia-smi -r with no process using it, or restart the VM on its "
-            "host); the retirement takes effect and the volatile count starts again then")
+            _reset_advice(facts, verdict.fatal + verdict.reset) + "; the retirement takes "
+            "effect and the volatile count starts again then")
     if verdict.unread:  # as the row-remapper row says a value it cannot read
         return Check(name, WARN, "; ".join(verdict.unread) + ": not read as a value", hand)
     if all(line.endswith("ECC N/A") for line in verdict.read):
         return Check(name, SKIP, "no ECC counters (N/A on every GPU: ECC off, or GPUs without "
                      "it): " + ", ".join(bus for bus, _count, _pending in rows))
     return Check(name, PASS, "; ".join(verdict.read))
+
+
+def _reset_advice(facts, lines: list[str]) -> str:
+    """gpufacts/judge.py's reset sentence for the GPUs ``lines`` name, in check's guest
+    (``facts.confidential``: True, False or None when not known)."""
+    from podvm_gpu.gpufacts import judge
+
+    return judge.reset_advice(judge.buses_in(lines), getattr(facts, "confidential", None))
 
 
 def recovery_action_row(facts) -> Check:

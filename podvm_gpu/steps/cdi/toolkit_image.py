@@ -9,6 +9,15 @@ the image, in nspawn) a binary no package installed is asked its ``--version`` (
 Binaries of two toolkit versions warn (a spec of the newer nvidia-ctk can name hooks the older
 hook binary refuses, and the boot then fails: steps/cdi/toolkit.py); so does a version below
 1.18.0 with ``imex.channels`` or ``cdi.disable_hooks`` set. Versions not known are a ``skip``.
+
+CDI versions (issue 46): podman before 5 cannot read a spec of ``cdiVersion`` 0.7.0
+(``unresolvable CDI devices nvidia.com/gpu=0``, nvidia-container-toolkit#1940). The image is not
+run, so which version its nvidia-ctk writes comes from :data:`SPEC_VERSIONS`, the versions seen
+written by each toolkit version (nvidia-ctk writes the lowest version its spec's content needs, so
+it is a version seen, not a rule); podman's from dpkg's ``podman`` package. A warning only when
+both are known: podman older than 5 and a toolkit whose spec was seen at 0.7.0 or newer; a version
+not in the table, or no podman (kata-agent reads with its own CDI crate, which reads 0.7.0), says
+nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +34,11 @@ DPKG_INFO = "/var/lib/dpkg/info"
 DPKG_STATUS = "/var/lib/dpkg/status"
 STATUS_LIMIT = 64 << 20  # a dpkg status of a full desktop is a few MB
 BINARIES = ("nvidia-ctk", "nvidia-cdi-hook")
+# nvidia-ctk version -> the cdiVersion its `cdi generate --mode=nvml` spec was seen with:
+# 1.17.8 and 1.20.0 from their real binaries (docs/compatibility.md; 1.20.0 on a real H200,
+# tests/data/real/h200-580), 1.19.1 as reported (nvidia-container-toolkit#1940)
+SPEC_VERSIONS = {"1.17.8": "0.5.0", "1.19.1": "0.7.0", "1.20.0": "0.5.0"}
+PODMAN_READS_0_7 = 5  # podman's major version from which its CDI library reads 0.7.0
 _UPSTREAM = re.compile(r"^(?:\d+:)?(\d+\.\d+\.\d+[^-\s]*)")
 
 
@@ -109,11 +123,38 @@ def image_row(image) -> Check:
                         "before generating")
         hints.append("install nvidia-container-toolkit 1.18.0 or later, or unset "
                      f"{', '.join(lacking)}")
+    podman = podman_problem(packages, seen.get("nvidia-ctk"))
+    if podman:
+        problems.append(podman[0])
+        hints.append(podman[1])
     if problems:
         return Check(ROW, WARN, f"{detail}: {'; '.join(problems)}", "; ".join(hints))
     if len(seen) < len(BINARIES):
         return Check(ROW, SKIP, f"{detail}: versions not compared")
     return Check(ROW, PASS, detail)
+
+
+def podman_problem(packages: dict[str, str], ctk: str | None) -> tuple[str, str] | None:
+    """``(problem, hint)`` when dpkg's podman is older than 5 and nvidia-ctk ``ctk`` (its
+    version) was seen writing a spec of cdiVersion 0.7.0 or newer (:data:`SPEC_VERSIONS`); None
+    when either is not known or they fit.
+
+    Args:
+        packages: :func:`installed_versions`; ctk: nvidia-ctk's upstream version or None.
+    """
+    spec = SPEC_VERSIONS.get(ctk or "")
+    podman = upstream(packages.get("podman", ""))
+    if spec is None or podman is None:
+        return None
+    major = int(podman.split(".")[0])
+    if major >= PODMAN_READS_0_7 or tuple(int(x) for x in spec.split(".")) < (0, 7, 0):
+        return None
+    return (f"podman {podman} (dpkg) is older than {PODMAN_READS_0_7} and nvidia-ctk {ctk} was "
+            f"seen writing specs of cdiVersion {spec} (the toolkit version table): podman "
+            "refuses them (unresolvable CDI devices nvidia.com/gpu=0, "
+            "nvidia-container-toolkit#1940)",
+            f"install podman {PODMAN_READS_0_7} or later, or an nvidia-container-toolkit whose "
+            "specs podman reads (1.20.0 wrote 0.5.0)")
 
 
 def _asked(image, path: str) -> str | None:
