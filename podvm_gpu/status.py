@@ -13,7 +13,7 @@ import time
 
 from podvm_gpu.host.fs import TMP_SUFFIX, Root, atomic_write, ensure_dir, read_bounded
 from podvm_gpu.jsontext import dumps
-from podvm_gpu.model import State, Status, now_iso, shown  # noqa: F401 (status.shown)
+from podvm_gpu.model import State, Status, now_iso, shown, shown_all  # noqa: F401 (status.shown)
 
 STATUS_PATH = "/run/podvm-gpu/status.json"
 LOCK_PATH = "/run/podvm-gpu/boot.lock"  # boot's flock; readers only look it up (boot_lock_held)
@@ -48,7 +48,8 @@ class StatusFile:
             # resolved on every write: a link planted meanwhile is followed chroot-style only
             self.path = self.root.resolve(STATUS_PATH, follow_last=False)
             ensure_dir(os.path.dirname(self.path))
-            atomic_write(self.path, dumps(status.to_dict()) + "\n")
+            # every string shown (issue 47): no reader refuses what boot wrote
+            atomic_write(self.path, dumps(shown_all(status.to_dict())) + "\n")
 
     def finish(self, status: Status, state: State, reason: str | None) -> None:
         """Set the final state, reason and finish time, then write."""

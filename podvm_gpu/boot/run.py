@@ -454,8 +454,9 @@ def report(status: Status, json_out: bool) -> None:
     try:
         if json_out:
             from podvm_gpu.jsontext import dumps
+            from podvm_gpu.model import shown_all
 
-            print(dumps(status.to_dict()), flush=True)
+            print(dumps(shown_all(status.to_dict())), flush=True)
             return
         if status.state == State.READY and status.cdi:
             detail = f"{len(status.gpus)} GPU(s), CDI spec {status.cdi['path']}"
