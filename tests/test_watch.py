@@ -418,6 +418,31 @@ def test_persistenced_gone_on_a_regular_vm_is_started_again_and_warned():
         assert len(starts) == 2  # the boot's and the watcher's
 
 
+def test_a_persistenced_that_refuses_an_option_is_started_again_without_it_by_the_watcher():
+    """Issue 44 item 4 (in issue 47's session): nvidia-persistenced 535.171.04 prints
+    ``unrecognized option: "--uvm-persistence-mode"`` and exits 0 without starting (S18); it
+    dies after a ready boot, and the watcher starts it again without that option, as boot does
+    (one start in host/daemons.py): the spec stays ready."""
+    with World(case("S18", "watch:\n  interval_s: 0.3\n")) as world:
+        ready_world(world)
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            pid = kill_persistenced(world)
+            back = wait_until(lambda: any(f"nvidia-persistenced (pid {pid}) is gone; started "
+                                          "again" in w for w in status(world)["warnings"]),
+                              REACT_S + 15, proc)
+            assert back, (status(world), stderr_of(world))
+            assert proc.poll() is None and status(world)["state"] == "ready"
+            assert spec(world)["devices"][0]["name"] != UNAVAILABLE_DEVICE
+        finally:
+            stop(proc)
+        starts = [c.argv[1:] for c in world.calls() if c.argv[0] == "nvidia-persistenced"]
+        # the boot's refused start and its retry, then the watcher's: the same two
+        assert starts == [["--persistence-mode", "--uvm-persistence-mode"],
+                          ["--persistence-mode"]] * 2, starts
+
+
 def test_persistenced_gone_in_a_confidential_guest_is_a_finding():
     srs_0 = rule(["nvidia-smi", "conf-compute", "-srs", "0"], "")
     with World(case("S77", "watch:\n  interval_s: 0.3\n", rules=[srs_0])) as world:
