@@ -293,6 +293,25 @@ def test_a_boot_run_again_while_a_finding_stands_ends_failed_naming_it():
             third.status["reason"]
 
 
+def test_a_dry_run_while_a_finding_stands_says_so_and_exits_1():
+    """Issue 47 item 6: ``boot --dry-run`` planned a full boot and exited 0 where the real boot
+    fails ``watch: a finding of the watcher stands``: it says that and exits 1."""
+    from podvm_gpu.host.fs import Root
+    from podvm_gpu.watchfile import VERSION, save
+
+    with World(case("P02", HOUR)) as world:
+        ready_world(world)
+        save(Root(world.layout.root), {"version": VERSION, "finding": {
+            "reason": "watch: GPU 0000:00:04.0: Xid 79 (fallen off the bus)"}})
+        for extra in ([], ["--json"]):
+            argv = [a for a in world.product_argv("boot") if a != "--json"]
+            done = subprocess.run([*argv, "--dry-run", *extra], capture_output=True, text=True,
+                                  timeout=60, env=world._env(), cwd=world.layout.dir)
+            assert done.returncode == 1, (done.stdout, done.stderr)
+            assert "a finding of the watcher stands" in done.stdout, done.stdout
+            assert "Xid 79" in done.stdout and "nvidia-ctk" not in done.stdout, done.stdout
+
+
 @pytest.mark.parametrize("name", ["P01"])
 def test_nothing_to_watch_on_a_cpu_vm_exits_0_at_once(name):
     with World(case(name)) as world:
