@@ -700,3 +700,20 @@ def test_another_roots_nvml_is_never_loaded_and_nvml_up_says_why(gpu_root, tmp_p
     assert reason["reason"] == "foreign-root", reason
     assert "root /" in reason["message"], reason
     assert calls(log) == []  # the fake was never loaded: none of its calls ran
+
+
+def test_an_unloadable_library_is_named_once_in_the_message(tmp_path, monkeypatch):
+    """Issue 47 item 14: ``.../libnvidia-ml.so.X: .../libnvidia-ml.so.X: file too short``."""
+    import types
+
+    from podvm_gpu.gpufacts.nvml import TEST_FOREIGN_NVML, NvmlReader
+    from podvm_gpu.host.fs import Root
+
+    lib = tmp_path / "usr/lib/libnvidia-ml.so.550.54.15"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"\x7fELF")
+    monkeypatch.setenv(TEST_FOREIGN_NVML, "1")
+    found = types.SimpleNamespace(path="/usr/lib/libnvidia-ml.so.550.54.15")
+    reading = NvmlReader(Root(tmp_path), 10, find=(lambda root: found, lambda root: None)).read("full")
+    assert reading.reason == "library-unloadable", reading
+    assert reading.message.count(str(lib)) == 1, reading.message
