@@ -667,3 +667,13 @@ def test_a_section_given_as_null_is_said_to_be_null_not_empty(config_file, secti
                             f"{section} out, or write {section}: {{}}, for its defaults)"), message
     os.unlink(PATH)
     assert load_config(config_file(f"{section}: {{}}\n")) == Config()
+
+
+def test_the_watch_interval_has_a_floor_of_a_tenth_of_a_second(config_file):
+    """Issue 47 item 16: ``watch.interval_s: 0.001`` ran nvidia-smi back to back."""
+    assert "watch.interval_s: must be at least 0.1" in load_error(
+        "watch:\n  interval_s: 0.001\n", config_file)
+
+
+def test_the_watch_interval_floor_itself_is_taken(config_file):
+    assert load_config(config_file("watch:\n  interval_s: 0.1\n")).watch.interval_s == 0.1
