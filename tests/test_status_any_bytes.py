@@ -89,3 +89,27 @@ def test_every_reader_accepts_the_status_boot_wrote_whatever_bytes_a_file_name_h
         spec.decode("utf-8")
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def _failed_by_the_watcher(root: str) -> None:
+    from podvm_gpu.model import State, Status
+    from podvm_gpu.status import StatusFile
+
+    StatusFile(Root(root)).finish(Status(), State.FAILED,
+                                  "watch: GPU 0000:00:04.0: Xid 79 (fallen off the bus)")
+
+
+def test_after_watch_clear_the_status_row_says_to_run_the_boot_again(tmp_path):
+    """Issue 47 item 8: after ``watch --clear`` (no watch.json) check still said "replace the
+    VM"; it says to run the boot again, as ``--clear`` itself prints."""
+    from podvm_gpu.watchfile import VERSION, save
+
+    _failed_by_the_watcher(str(tmp_path))
+    save(Root(str(tmp_path)), {"version": VERSION, "finding": {"reason": "watch: x"}})
+    standing = status_row(types.SimpleNamespace(root=Root(str(tmp_path))))
+    assert "replace the VM" in standing.hint
+    os.unlink(tmp_path / "run/podvm-gpu/watch.json")
+    cleared = status_row(types.SimpleNamespace(root=Root(str(tmp_path))))
+    assert cleared.result == "fail"
+    assert "cleared" in cleared.detail and "run the boot again" in cleared.hint, cleared
+    assert "replace the VM" not in cleared.hint
