@@ -117,3 +117,13 @@ def test_on_root_slash_a_binary_no_package_lists_is_asked_its_version(tmp_path):
     assert toolkit_image._asked(FakeImage(tmp_path), str(tool)) == "1.19.0"
     tool.write_text("#!/bin/sh\necho 'stand-in: not for running' >&2\nexit 1\n")
     assert toolkit_image._asked(FakeImage(tmp_path), str(tool)) is None
+
+
+def test_a_missing_hook_is_said_once(tmp_path):
+    """Issue 47 item 13: ``no nvidia-cdi-hook: no nvidia-cdi-hook: the hooks ... name it``."""
+    root = image(tmp_path, {"nvidia-container-toolkit-base": ("1.20.0-1", BASE[:1])},
+                 binaries=("nvidia-ctk",))
+    row = toolkit_image.image_row(FakeImage(root))
+    assert row.result == WARN, row
+    assert row.detail.count("no nvidia-cdi-hook") == 1, row.detail
+    assert "the hooks of nvidia-ctk's specs name it" in row.detail
