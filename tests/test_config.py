@@ -677,3 +677,14 @@ def test_the_watch_interval_has_a_floor_of_a_tenth_of_a_second(config_file):
 
 def test_the_watch_interval_floor_itself_is_taken(config_file):
     assert load_config(config_file("watch:\n  interval_s: 0.1\n")).watch.interval_s == 0.1
+
+
+@pytest.mark.parametrize("text, words", [
+    ("budget_S: 30\n", "budget_S: unknown key (did you mean budget_s?)"),
+    ("watch:\n  intervall_s: 3\n", "watch.intervall_s: unknown key (did you mean interval_s?)"),
+    ("metrics:\n  profil: full\n", "metrics.profil: unknown key (did you mean profile?)"),
+    ("zzzzzz: 1\n", "zzzzzz: unknown key")])
+def test_an_unknown_key_suggests_the_nearest_known_one(config_file, text, words):
+    """Issue 47 item 20: ``budget_S: unknown key`` gave no suggestion; none where none is near."""
+    said = load_error(text, config_file)
+    assert said.endswith(words), said
