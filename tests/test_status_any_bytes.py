@@ -113,3 +113,14 @@ def test_after_watch_clear_the_status_row_says_to_run_the_boot_again(tmp_path):
     assert cleared.result == "fail"
     assert "cleared" in cleared.detail and "run the boot again" in cleared.hint, cleared
     assert "replace the VM" not in cleared.hint
+
+
+def test_status_on_a_root_boot_refused_says_so(tmp_path):
+    """Issue 47 item 19: on a root boot refused (mode 0777) ``status`` said "boot has not run";
+    it says that boot refused the root, as check's row does."""
+    root = tmp_path / "root"
+    root.mkdir()
+    root.chmod(0o777)
+    rc, out = _quiet(lambda: run_status(str(root)))
+    assert rc == 3
+    assert "boot refuses to write under" in out and "has not run" not in out, out
