@@ -146,3 +146,18 @@ def test_the_terminals_width_is_used_when_columns_is_unset(failed_root, umockdev
     assert lines and lines[0].split() == ["result", "check", "detail"], lines
     assert max(len(line) for line in lines) <= 72, "\n".join(lines)
     assert max(len(line) for line in lines) > 60, "not the terminal's width"
+
+
+def test_a_failed_query_row_names_the_command_to_run_by_hand():
+    """Issue 47 item 15: ``fabricmanager``, ``confidential-computing`` said "run the command by
+    hand" without naming the command."""
+    from podvm_gpu.check import isolated
+    from podvm_gpu.errors import CommandError
+
+    def query():
+        raise CommandError(["nvidia-smi", "conf-compute", "-f"], None,
+                           message="nvidia-smi: not found on PATH")
+
+    row = isolated("confidential-computing", query)
+    assert row.result == "fail" and "not found on PATH" in row.detail, row
+    assert "nvidia-smi conf-compute -f" in row.hint, row
