@@ -688,3 +688,11 @@ def test_an_unknown_key_suggests_the_nearest_known_one(config_file, text, words)
     """Issue 47 item 20: ``budget_S: unknown key`` gave no suggestion; none where none is near."""
     said = load_error(text, config_file)
     assert said.endswith(words), said
+
+
+def test_a_nul_byte_in_the_config_is_said_in_the_agents_words_with_line_and_column(config_file):
+    """Issue 47 item 23: PyYAML's ``... not allowed in "<unicode string>", position 13``."""
+    said = load_error("budget_s: 30\nx\x00: 1\n", config_file)
+    assert said.endswith("not valid YAML: a NUL character (\\x00) at line 2, column 2: YAML "
+                         "takes no control characters"), said
+    assert "unicode string" not in said and "position" not in said
