@@ -462,6 +462,23 @@ def test_a_persistenced_that_refuses_an_option_is_started_again_without_it_by_th
                           ["--persistence-mode"]] * 2, starts
 
 
+def test_a_watcher_started_after_persistenced_died_warns_at_its_start():
+    """Issue 47 item 21: a watcher started while the boot's nvidia-persistenced is already dead
+    said nothing (it watches only the daemons that ran at its start, 4.5): it warns."""
+    with World(case("P02", HOUR)) as world:
+        ready_world(world)
+        kill_persistenced(world)
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            said = wait_until(lambda: [w for w in status(world)["warnings"]
+                                       if "nvidia-persistenced" in w], 10, proc)
+            assert said and "not running at the watcher's start" in said[0], \
+                (status(world)["warnings"], stderr_of(world))
+        finally:
+            stop(proc)
+
+
 def test_persistenced_gone_in_a_confidential_guest_is_a_finding():
     srs_0 = rule(["nvidia-smi", "conf-compute", "-srs", "0"], "")
     with World(case("S77", "watch:\n  interval_s: 0.3\n", rules=[srs_0])) as world:

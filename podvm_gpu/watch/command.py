@@ -283,6 +283,7 @@ class Watcher:
         self._records([r for r in after[1] if r.seq > position])
         self._pids = self._daemons_now()
         self._save()
+        self._daemons_missing_at_start()
         how = "" if self.klog is None or self.klog.event_driven else \
             " (no inotify: the file is looked at once a second)"
         # -1: the log held no record when the watcher started (a position, not a record)
@@ -351,7 +352,8 @@ class Watcher:
 
     def _verdicts(self, found, unread, source: str = "poll", quote: str = "") -> None:
         for line in unread:
-            self._warn(f"{line}; not read as a verdict")
+            self._warn(f"a poll could not read a fact ({line}): nothing was judged from it "
+                       "this time; the next poll reads it again")
         for v in found:
             if self.finding is not None:
                 return
@@ -434,6 +436,17 @@ class Watcher:
                     os.write(self._wake_w, b"p")
                 except OSError:
                     pass
+
+    def _daemons_missing_at_start(self) -> None:
+        """Warn when the boot's nvidia-persistenced is not running as the watcher starts: only
+        the daemons that run at its start are watched (4.5), so it would go unsaid (issue 47)."""
+        steps = [s for s in self.doc.get("steps") or [] if isinstance(s, dict)]
+        if "nvidia-persistenced" not in self._pids and any(
+                s.get("name") == "persistenced" and s.get("result") == "ok" for s in steps):
+            self._warn("nvidia-persistenced, which the boot started, is not running at the "
+                       "watcher's start: it is not watched nor started again; see its log "
+                       "/run/podvm-gpu/nvidia-persistenced.log, then systemctl restart "
+                       "podvm-gpu podvm-gpu-watch")
 
     def _daemons_now(self) -> dict[str, int]:
         return daemons.running(self.root)
