@@ -384,3 +384,27 @@ def test_a_running_state_without_its_lock_file_is_one_no_boot_will_finish(tmp_pa
                            env={**os.environ, "PATH": empty_path})
     row = next(c for c in json.loads(check.stdout)["checks"] if c["name"] == "status")
     assert row["result"] == "fail" and "no boot holds" in row["detail"], row
+
+
+def test_a_dry_run_that_could_not_write_the_root_says_so_and_exits_1(tmp_path, monkeypatch,
+                                                                     capsys):
+    """Issue 47 item 22: run as a user who cannot write the root, ``boot --dry-run`` said it
+    "would write the unavailable spec and the status"; the boot then failed Permission denied.
+    (The user is stood in for by ``os.access`` saying no for the root's folders.)"""
+    import os
+
+    from podvm_gpu.boot import run_boot
+
+    real_access = os.access
+
+    def access(path, mode, *args, **kwargs):
+        if mode & os.W_OK and os.fspath(path).startswith(str(tmp_path)):
+            return False
+        return real_access(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "access", access)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    code = run_boot(str(tmp_path), dry_run=True)
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "cannot write" in out and "would write the unavailable spec" not in out, out

@@ -306,7 +306,30 @@ class Run:
             print(f"dry run: boot would write nothing: {refusal}")
         return 1
 
+    def unwritable(self) -> str | None:
+        """Why a boot run by this user could not write its files under the root (the deepest
+        existing folder of the status file's and the spec's is not writable: ``os.access``), or
+        None. ``boot --dry-run`` says it rather than promise the writes (issue 47 item 22)."""
+        import os
+
+        from podvm_gpu.cdi import SPEC_PATH
+        from podvm_gpu.status import STATUS_PATH
+
+        for host_dir in (os.path.dirname(STATUS_PATH), os.path.dirname(SPEC_PATH)):
+            try:
+                folder = self.root.resolve(host_dir)
+            except OSError as err:
+                return f"{host_dir}: {err}"
+            while not os.path.isdir(folder) and folder != os.path.dirname(folder):
+                folder = os.path.dirname(folder)
+            if not os.access(folder, os.W_OK | os.X_OK):
+                return f"cannot write under {folder} (for {host_dir}) as uid {os.getuid()}"
+        return None
+
     def _dry_run_end(self, state: str, reason: str) -> int:
+        cannot = self.unwritable()
+        if cannot:
+            return self.dry_run_refusal(f"{state}: {reason}; but {cannot}")
         if self.json_out:
             from podvm_gpu.jsontext import dumps
 
