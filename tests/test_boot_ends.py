@@ -408,3 +408,21 @@ def test_a_dry_run_that_could_not_write_the_root_says_so_and_exits_1(tmp_path, m
     out = capsys.readouterr().out
     assert code == 1, out
     assert "cannot write" in out and "would write the unavailable spec" not in out, out
+
+
+def test_the_lock_wait_is_its_own_line_not_detect_time(tmp_path, podvm, empty_path):
+    """Issue 47 item 9: a second boot counted its wait for the lock in detect's time
+    (``detect failed in 7.341 s``): the wait is its own line and figure."""
+    import fcntl
+    import threading
+
+    lock = tmp_path / "run/podvm-gpu/boot.lock"
+    lock.parent.mkdir(parents=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    threading.Timer(1.5, lambda: os.close(fd)).start()
+    done = boot(podvm, tmp_path, empty_path)
+    assert done.returncode == 0, done.stderr
+    detect = status_of(tmp_path)["steps"][0]
+    assert detect["name"] == "detect" and detect["duration_s"] < 1.0, detect
+    assert "got /run/podvm-gpu/boot.lock after" in done.stderr, done.stderr

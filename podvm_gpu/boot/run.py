@@ -168,6 +168,7 @@ class Run:
         self.metrics = None  # the config's metrics settings, when there is a config
         self.budget_s = 240.0  # the config's budget_s once read (boot/__init__.py)
         self.locked = False  # boot.lock is held (boot/__init__.py)
+        self.lock_wait_s = 0.0  # how long it waited for the lock: not detect's time (issue 47)
         self.bind_mode, self._bind_tried = "auto", False  # confidential_computing.bind; ran
         # the ending under way (:meth:`end`, :meth:`end_ready`): its state and reason, for
         # :meth:`last_resort` should the ending itself raise; None before it begins
