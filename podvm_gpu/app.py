@@ -23,10 +23,14 @@ COMMANDS = {
     "check": "Read-only diagnosis of a running VM (or, with --image, of an image root): exit 0 "
              "when no check failed, 1 when one did.",
     "metrics": "Boot and GPU metrics in the Prometheus text format, once, over HTTP (--serve, "
-               "--listen) or as a node-exporter textfile (--textfile).",
+               "--listen) or as a node-exporter textfile (--textfile). Exit 0 printed, written "
+               "or served until stopped; 1 the server cannot serve (address, web config) or "
+               "nothing to serve; 2 a bad config or usage; 130 Ctrl-C.",
     "watch": "After a boot that ended ready with GPUs: watch them (kernel log, recovery action, "
              "memory health, fabric, daemons) and take a GPU that fails out of the CDI spec "
-             "(podvm-gpu-watch.service). Exit 0: nothing to watch, a finding applied, stopped.",
+             "(podvm-gpu-watch.service). Exit 0: nothing to watch, a finding applied, stopped "
+             "(SIGTERM, Ctrl-C); 1 an error (systemd restarts it); 2 a bad config (not "
+             "restarted).",
     "binding": "The RTMR event log's podvm-gpu records and their replay against RTMR3; with "
                "--repair, cut off records a killed run never extended (AA's drop-in). Exit 0 "
                "the logs replay to RTMR3 (or no register), 1 they do not.",

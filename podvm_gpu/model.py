@@ -25,8 +25,33 @@ _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f)}
 def shown(text: str) -> str:
     """``text`` for a terminal, the journal, the console and a reason: control characters (ESC,
     BEL, NUL, newlines: C0 and DEL) as ``\\xNN``, so a status file or a config key cannot move
-    the cursor or clear the screen of the engineer reading it, nor put a NUL in a spec."""
-    return text.translate(_CONTROL)
+    the cursor or clear the screen of the engineer reading it, nor put a NUL in a spec; a lone
+    surrogate (a file name's byte that is not UTF-8, as ``os.fsdecode`` gives it: U+DC80-U+DCFF)
+    as ``\\xNN`` of the original byte, any other lone surrogate as ``\\uXXXX``, so the text is
+    UTF-8 that every reader of status.json and the spec takes (issue 47)."""
+    text = text.translate(_CONTROL)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join(_surrogate(c) if "\ud800" <= c <= "\udfff" else c for c in text)
+    return text
+
+
+def _surrogate(c: str) -> str:
+    code = ord(c)
+    return f"\\x{code - 0xdc00:02x}" if 0xdc80 <= code <= 0xdcff else f"\\u{code:04x}"
+
+
+def shown_all(value):
+    """``value`` (status.json's document: dicts, lists, strings, numbers) with :func:`shown`
+    applied to every string in it, keys included; other values as they are."""
+    if isinstance(value, str):
+        return shown(value)
+    if isinstance(value, dict):
+        return {shown(k) if isinstance(k, str) else k: shown_all(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [shown_all(v) for v in value]
+    return value
 
 
 class State:

@@ -217,22 +217,3 @@ def daemon_pid(root: Root, pid_file: str, comm: str) -> int | None:
     pid = int(text)
     name = (root.read_text(f"/proc/{pid}/comm") or "").strip()
     return pid if name and name[:15] == comm[:15] else None
-
-
-# --- nvidia-persistenced --help ----------------------------------------------------------
-
-# An option line of the help text: two spaces, then options separated by ", ", each maybe with
-# an argument ("-u USERNAME, --user=USERNAME", "--persistence-mode, --no-persistence-mode").
-_UNRECOGNIZED = re.compile(r'unrecognized option: "(-[^"\s]+)"')
-
-
-def unrecognized_option(said: str) -> str | None:
-    """The option an installed ``nvidia-persistenced`` refused, from what it printed, or None.
-
-    nvidia-persistenced 535.171.04 (Debian 12) does not offer ``--uvm-persistence-mode``: given
-    it, the daemon prints ``nvidia-persistenced: unrecognized option: "--uvm-persistence-mode"``
-    and ``ERROR: Invalid commandline, ...`` on stderr and exits 0 without starting
-    (tests/data/nvidia-535.261.03/plain/nvidia-persistenced-agent-default-args).
-    """
-    m = _UNRECOGNIZED.search(said or "")
-    return m.group(1) if m else None

@@ -13,7 +13,7 @@ import time
 
 from podvm_gpu.host.fs import TMP_SUFFIX, Root, atomic_write, ensure_dir, read_bounded
 from podvm_gpu.jsontext import dumps
-from podvm_gpu.model import State, Status, now_iso, shown  # noqa: F401 (status.shown)
+from podvm_gpu.model import State, Status, now_iso, shown, shown_all  # noqa: F401 (status.shown)
 
 STATUS_PATH = "/run/podvm-gpu/status.json"
 LOCK_PATH = "/run/podvm-gpu/boot.lock"  # boot's flock; readers only look it up (boot_lock_held)
@@ -48,7 +48,8 @@ class StatusFile:
             # resolved on every write: a link planted meanwhile is followed chroot-style only
             self.path = self.root.resolve(STATUS_PATH, follow_last=False)
             ensure_dir(os.path.dirname(self.path))
-            atomic_write(self.path, dumps(status.to_dict()) + "\n")
+            # every string shown (issue 47): no reader refuses what boot wrote
+            atomic_write(self.path, dumps(shown_all(status.to_dict())) + "\n")
 
     def finish(self, status: Status, state: State, reason: str | None) -> None:
         """Set the final state, reason and finish time, then write."""
@@ -409,6 +410,20 @@ def wait_for_final(root: Root, timeout_s: float, poll_s: float = 0.02) -> dict |
         time.sleep(min(poll_s, remaining))
 
 
+def _why_none(root: Root) -> str:
+    """Why there is no status file: boot refuses to write under the root (the words of check's
+    status row, issue 47 item 19), or it has not run."""
+    from podvm_gpu.host.fs import untrusted_dirs
+
+    try:
+        refused = untrusted_dirs(root, (os.path.dirname(STATUS_PATH), "/var/run/cdi"))
+    except OSError:
+        refused = None
+    if refused:
+        return f"boot refuses to write under {root.path}: {refused}"
+    return "podvm-gpu boot has not run"
+
+
 def run_status(root_dir: str, json_out: bool = False, wait: bool = False,
                timeout: float = 300.0) -> int:
     """``podvm-gpu status``: print the state (and reason, warnings) or, with ``json_out``, one
@@ -433,7 +448,7 @@ def run_status(root_dir: str, json_out: bool = False, wait: bool = False,
     if json_out:
         print(json.dumps(doc if doc is not None else {"state": None}, indent=2))
     elif doc is None:
-        print("no status yet: podvm-gpu boot has not run")
+        print(f"no status yet: {_why_none(root)}")
     else:
         reason = doc.get("reason")
         if doc.get("state") == State.RUNNING and orphaned(root, doc):

@@ -5,6 +5,9 @@
 # the image build itself needs no access to PyPI.
 #
 # usage: make-bundle.sh OUTDIR [SOURCE_DIR]
+#   OUTDIR      a folder that does not exist, is empty, or holds a bundle this script made
+#               (its marker file .podvm-gpu-bundle): only then is it replaced. Any other
+#               non-empty folder is refused and left as it is.
 #   SOURCE_DIR  the podvm-gpu source tree (default: the tree this script is in)
 # environment:
 #   PYTHON                   interpreter that runs pip here (default python3)
@@ -19,8 +22,23 @@ src=${2:-$here/..}
 python=${PYTHON:-python3}
 pip="$python -m pip --disable-pip-version-check"
 
-rm -rf "$out"
+marker=.podvm-gpu-bundle
+if [ -e "$out" ] || [ -L "$out" ]; then
+    if [ ! -d "$out" ] || [ -L "$out" ]; then
+        echo "make-bundle.sh: $out is not a folder; refusing to replace it" >&2
+        exit 1
+    fi
+    if [ -f "$out/$marker" ]; then
+        rm -rf "$out"
+    elif [ -n "$(ls -A "$out")" ]; then
+        echo "make-bundle.sh: $out is not empty and not a bundle make-bundle.sh made (no" \
+            "$marker in it); refusing to delete it: name a new or empty folder" >&2
+        exit 1
+    fi
+fi
 mkdir -p "$out/wheels"
+# the marker: a later run may replace this folder (Packer re-running on its bundle_dir)
+echo "made by podvm-gpu systemd/make-bundle.sh; a later run replaces this folder" > "$out/$marker"
 # The agent itself is pure Python: one wheel fits every image.
 $pip wheel --quiet --no-deps --wheel-dir "$out/wheels" "$src"
 agent_wheel=$(ls "$out"/wheels/podvm_gpu-*.whl)

@@ -384,3 +384,45 @@ def test_a_running_state_without_its_lock_file_is_one_no_boot_will_finish(tmp_pa
                            env={**os.environ, "PATH": empty_path})
     row = next(c for c in json.loads(check.stdout)["checks"] if c["name"] == "status")
     assert row["result"] == "fail" and "no boot holds" in row["detail"], row
+
+
+def test_a_dry_run_that_could_not_write_the_root_says_so_and_exits_1(tmp_path, monkeypatch,
+                                                                     capsys):
+    """Issue 47 item 22: run as a user who cannot write the root, ``boot --dry-run`` said it
+    "would write the unavailable spec and the status"; the boot then failed Permission denied.
+    (The user is stood in for by ``os.access`` saying no for the root's folders.)"""
+    import os
+
+    from podvm_gpu.boot import run_boot
+
+    real_access = os.access
+
+    def access(path, mode, *args, **kwargs):
+        if mode & os.W_OK and os.fspath(path).startswith(str(tmp_path)):
+            return False
+        return real_access(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "access", access)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    code = run_boot(str(tmp_path), dry_run=True)
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "cannot write" in out and "would write the unavailable spec" not in out, out
+
+
+def test_the_lock_wait_is_its_own_line_not_detect_time(tmp_path, podvm, empty_path):
+    """Issue 47 item 9: a second boot counted its wait for the lock in detect's time
+    (``detect failed in 7.341 s``): the wait is its own line and figure."""
+    import fcntl
+    import threading
+
+    lock = tmp_path / "run/podvm-gpu/boot.lock"
+    lock.parent.mkdir(parents=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    threading.Timer(1.5, lambda: os.close(fd)).start()
+    done = boot(podvm, tmp_path, empty_path)
+    assert done.returncode == 0, done.stderr
+    detect = status_of(tmp_path)["steps"][0]
+    assert detect["name"] == "detect" and detect["duration_s"] < 1.0, detect
+    assert "got /run/podvm-gpu/boot.lock after" in done.stderr, done.stderr

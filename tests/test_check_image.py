@@ -503,3 +503,12 @@ def test_an_image_kernel_without_a_firmware_loader_fails_the_firmware_row(tmp_pa
     config.write_text("CONFIG_MODULES=y\nCONFIG_FW_LOADER=y\n")
     code, checks = check_image(root)
     assert checks["firmware"]["result"] == "pass", checks["firmware"]
+
+
+def test_an_image_without_any_kernel_or_module_skips_module_compression(tmp_path):
+    """Issue 47 item 12: it passed ("no nvidia module is xz-compressed") as if it had looked."""
+    root = tmp_path / "empty"
+    (root / "usr/bin").mkdir(parents=True)
+    _, checks = check_image(root)
+    assert checks["module-compression"]["result"] == "skip", checks["module-compression"]
+    assert checks["firmware"]["result"] == "skip"

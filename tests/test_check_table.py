@@ -146,3 +146,33 @@ def test_the_terminals_width_is_used_when_columns_is_unset(failed_root, umockdev
     assert lines and lines[0].split() == ["result", "check", "detail"], lines
     assert max(len(line) for line in lines) <= 72, "\n".join(lines)
     assert max(len(line) for line in lines) > 60, "not the terminal's width"
+
+
+def test_a_failed_query_row_names_the_command_to_run_by_hand():
+    """Issue 47 item 15: ``fabricmanager``, ``confidential-computing`` said "run the command by
+    hand" without naming the command."""
+    from podvm_gpu.check import isolated
+    from podvm_gpu.errors import CommandError
+
+    def query():
+        raise CommandError(["nvidia-smi", "conf-compute", "-f"], None,
+                           message="nvidia-smi: not found on PATH")
+
+    row = isolated("confidential-computing", query)
+    assert row.result == "fail" and "not found on PATH" in row.detail, row
+    assert "nvidia-smi conf-compute -f" in row.hint, row
+
+
+def test_the_readme_says_where_the_table_stops_fitting_the_terminal(monkeypatch):
+    """Issue 47 item 10: at ``COLUMNS=60`` the VM table is 66 wide (the longest check name and
+    a detail column of 30, interface.md 1.4); the README's "fits the terminal" says where that
+    stops, held here to the real rows' names."""
+    from pathlib import Path
+
+    from podvm_gpu.check.vm import rows as vm_rows
+
+    real = [Check(name, PASS, "y" * 100) for name in vm_rows()]  # broken: lines fill the column
+    narrowest = max(len(line) for line in table(20, monkeypatch, real))
+    assert max(len(line) for line in table(narrowest, monkeypatch, real)) <= narrowest
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert f"down to {narrowest} columns" in readme

@@ -168,3 +168,25 @@ def test_the_attestation_row_after_a_boot_that_failed_at_modules_is_not_reached(
     assert rows["attestation"]["result"] == "skip", rows["attestation"]
     assert rows["attestation"]["detail"] == \
         "not reached: the last boot failed at modules (see status)"
+
+
+XID_79 = "NVRM: Xid (PCI:0000:00:04): 79, pid=123, GPU has fallen off the bus."
+
+
+def test_a_ready_boot_whose_only_gpu_left_pci_fails_naming_the_gpu_and_the_xid():
+    """Issue 47 item 1: a ready boot's root (status ready, one GPU, ready spec), the GPU no longer
+    on PCI, Xid 79 in the kernel log: check exits 1, ``pci`` names the gone GPU and the Xid,
+    ``cdi-spec`` fails the ready spec that names GPUs none of which is on PCI."""
+    with World(case("P02")) as world:
+        assert world.run("boot").rc == 0
+        world._config["pci"] = []  # hot-removed: the next run's PCI tree has no GPU
+        with open(world.path("/dev/kmsg"), "a") as kmsg:
+            kmsg.write(f"3,9000,900000000,-;{XID_79}\n")
+        run = world.run("check")
+    assert run.rc == 1, run.stdout
+    rows = {row["name"]: row for row in json.loads(run.stdout)["checks"]}
+    pci = rows["pci"]
+    assert pci["result"] == "fail", pci
+    assert "0000:00:04.0" in pci["detail"] and "Xid 79" in pci["detail"], pci
+    assert rows["cdi-spec"]["result"] == "fail", rows["cdi-spec"]
+    assert "none of which is on PCI" in rows["cdi-spec"]["detail"], rows["cdi-spec"]

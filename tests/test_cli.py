@@ -819,3 +819,16 @@ def test_a_dry_run_that_would_wait_in_vain_for_gpus_ends_as_that_boot_would(tmp_
     assert dry.returncode == real.returncode, dry.stdout
     assert dry.stdout.startswith("dry run: failed: detect: ") and "would wait up to 1 s" in \
         dry.stdout, dry.stdout
+
+
+@pytest.mark.parametrize("command, exits", [
+    ("watch", ["Exit 0", "1 an error", "2 a bad config"]),
+    ("metrics", ["Exit 0", "1 ", "2 a bad config"])])
+def test_watch_and_metrics_help_list_their_exit_codes(command, exits):
+    """Issue 47 item 18: ``watch --help`` listed exit 0 only; ``metrics --help`` none."""
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu", command, "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    for words in exits:
+        assert words in text, (words, text)

@@ -667,3 +667,32 @@ def test_a_section_given_as_null_is_said_to_be_null_not_empty(config_file, secti
                             f"{section} out, or write {section}: {{}}, for its defaults)"), message
     os.unlink(PATH)
     assert load_config(config_file(f"{section}: {{}}\n")) == Config()
+
+
+def test_the_watch_interval_has_a_floor_of_a_tenth_of_a_second(config_file):
+    """Issue 47 item 16: ``watch.interval_s: 0.001`` ran nvidia-smi back to back."""
+    assert "watch.interval_s: must be at least 0.1" in load_error(
+        "watch:\n  interval_s: 0.001\n", config_file)
+
+
+def test_the_watch_interval_floor_itself_is_taken(config_file):
+    assert load_config(config_file("watch:\n  interval_s: 0.1\n")).watch.interval_s == 0.1
+
+
+@pytest.mark.parametrize("text, words", [
+    ("budget_S: 30\n", "budget_S: unknown key (did you mean budget_s?)"),
+    ("watch:\n  intervall_s: 3\n", "watch.intervall_s: unknown key (did you mean interval_s?)"),
+    ("metrics:\n  profil: full\n", "metrics.profil: unknown key (did you mean profile?)"),
+    ("zzzzzz: 1\n", "zzzzzz: unknown key")])
+def test_an_unknown_key_suggests_the_nearest_known_one(config_file, text, words):
+    """Issue 47 item 20: ``budget_S: unknown key`` gave no suggestion; none where none is near."""
+    said = load_error(text, config_file)
+    assert said.endswith(words), said
+
+
+def test_a_nul_byte_in_the_config_is_said_in_the_agents_words_with_line_and_column(config_file):
+    """Issue 47 item 23: PyYAML's ``... not allowed in "<unicode string>", position 13``."""
+    said = load_error("budget_s: 30\nx\x00: 1\n", config_file)
+    assert said.endswith("not valid YAML: a NUL character (\\x00) at line 2, column 2: YAML "
+                         "takes no control characters"), said
+    assert "unicode string" not in said and "position" not in said

@@ -65,3 +65,32 @@ def test_a_hint_names_the_installed_copy_else_the_source_tree_s(tmp_path, monkey
     assert row.doc_ref("operating.md", "Recovery action") == \
         f'{REPO / "docs/operating.md"}, "Recovery action"'
     assert row.doc_ref("nothing.md", "X") == "podvm-gpu's nothing.md, \"X\""
+
+
+def test_operating_md_lists_every_check_row_of_a_running_vm_in_its_order():
+    """Issue 47 item 7: the list "stable for --json consumers" lacked fabric, binding and watch;
+    it is held to the rows the code gives (podvm_gpu/check/vm.py ``rows()``)."""
+    import re
+
+    from podvm_gpu.check.vm import rows
+
+    text = (REPO / "docs/operating.md").read_text()
+    start = text.index("The names are stable for `--json` consumers")
+    listed = re.findall(r"`([a-z][a-z-]*)`", text[start:text.index("(plus", start)])
+    assert listed == list(rows())
+
+
+def test_the_check_json_example_counts_are_a_cpu_vms(tmp_path, podvm, empty_path):
+    """Issue 47 item 11: interface.md 5.2's example said ``"skip": 11``; it is held to what
+    ``check --json`` gives on a CPU VM's root after its boot."""
+    import json
+    import re
+
+    boot = podvm(["boot", "--root", str(tmp_path)], env={"PATH": empty_path})
+    assert boot.returncode == 0, boot.stderr
+    done = podvm(["check", "--root", str(tmp_path), "--json"], env={"PATH": empty_path})
+    summary = json.loads(done.stdout)["summary"]
+    text = (REPO / "docs/interface.md").read_text()
+    section = text[text.index("### 5.2 `--json`"):text.index("## 6. check --image")]
+    example = json.loads("{" + re.search(r'("summary": \{[^}]*\})', section).group(1) + "}")
+    assert example["summary"] == summary

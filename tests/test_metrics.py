@@ -682,3 +682,38 @@ def test_the_reason_label_escapes_control_characters_as_status_and_check_do():
                 if f.name == "podvm_gpu_boot_reason")
     assert info.samples[0].labels["reason"] == "modules: \\x1b[2J\\x07boom"
     assert "\x1b" not in render(boot_families({"state": "failed", "reason": reason}, None)).decode()
+
+
+def test_another_roots_nvml_is_never_loaded_and_nvml_up_says_why(gpu_root, tmp_path):
+    """Issue 47 item 3: ``metrics --root DIR`` loads no libnvidia-ml.so.1 from DIR (foreign code,
+    and another root's NVML talks to this machine's driver anyway): NVML families say why. Run
+    without the test-only opening (``PODVM_GPU_TEST_FOREIGN_NVML``) metrics_env gives."""
+    log = tmp_path / "nvml.log"
+    desc = describe(tmp_path / "desc", [gpu(0)], log=log)
+    env = {k: v for k, v in metrics_env(desc).items() if k != "PODVM_GPU_TEST_FOREIGN_NVML"}
+    done = subprocess.run([sys.executable, "-m", "podvm_gpu.metrics", "--root", str(gpu_root)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    families = {f.name: f for f in text_string_to_metric_families(done.stdout)}
+    assert one(families, "podvm_gpu_nvml_up") == 0
+    reason = families["podvm_gpu_nvml_error_info"].samples[0].labels
+    assert reason["reason"] == "foreign-root", reason
+    assert "root /" in reason["message"], reason
+    assert calls(log) == []  # the fake was never loaded: none of its calls ran
+
+
+def test_an_unloadable_library_is_named_once_in_the_message(tmp_path, monkeypatch):
+    """Issue 47 item 14: ``.../libnvidia-ml.so.X: .../libnvidia-ml.so.X: file too short``."""
+    import types
+
+    from podvm_gpu.gpufacts.nvml import TEST_FOREIGN_NVML, NvmlReader
+    from podvm_gpu.host.fs import Root
+
+    lib = tmp_path / "usr/lib/libnvidia-ml.so.550.54.15"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"\x7fELF")
+    monkeypatch.setenv(TEST_FOREIGN_NVML, "1")
+    found = types.SimpleNamespace(path="/usr/lib/libnvidia-ml.so.550.54.15")
+    reading = NvmlReader(Root(tmp_path), 10, find=(lambda root: found, lambda root: None)).read("full")
+    assert reading.reason == "library-unloadable", reading
+    assert reading.message.count(str(lib)) == 1, reading.message

@@ -105,6 +105,7 @@ def test_the_network_facing_exporter_never_opens_apf_json(tmp_path, fake_nvml_li
     write_apf(root, APF)
     assert pod_labels(root).returncode == 0
     monkeypatch.setenv("FAKE_NVML_DESCRIPTION", str(describe(tmp_path / "desc", [gpu(0)])))
+    monkeypatch.setenv("PODVM_GPU_TEST_FOREIGN_NVML", "1")  # the fake under a temporary root
     opened = []
     real_open = os.open
 

@@ -17,10 +17,9 @@ import pytest
 from boot.nvidia_image import kernel_module
 from boot.real import captured
 
-from podvm_gpu import readers
 from podvm_gpu.errors import CommandError
 from podvm_gpu.gpufacts import words
-from podvm_gpu.host import kmsg
+from podvm_gpu.host import daemons, kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.steps.modules import step as modules
 
@@ -174,9 +173,9 @@ def test_real_535_171_persistenced_names_the_option_it_refuses_and_exits_0():
     persistenced step then leaves out (steps/persistenced.py)."""
     rejected = captured.run("plain", "nvidia-persistenced-agent-default-args")
     assert rejected.rc == 0, "535.171.04 exits 0 on an unknown option, without starting"
-    assert readers.unrecognized_option(rejected.stderr) == "--uvm-persistence-mode"
+    assert daemons.unrecognized_option(rejected.stderr) == "--uvm-persistence-mode"
     assert "--uvm-persistence-mode" not in captured.run("plain", "nvidia-persistenced-help").stdout
-    assert readers.unrecognized_option(captured.run("plain", "nvidia-persistenced-help").stdout) \
+    assert daemons.unrecognized_option(captured.run("plain", "nvidia-persistenced-help").stdout) \
         is None
 
 

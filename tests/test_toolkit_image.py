@@ -141,3 +141,13 @@ def test_podman_before_5_warns_only_for_a_toolkit_seen_writing_0_7_0(tmp_path, c
         assert "install podman 5 or later" in row.hint
     else:
         assert "podman" not in row.detail, row
+
+
+def test_a_missing_hook_is_said_once(tmp_path):
+    """Issue 47 item 13: ``no nvidia-cdi-hook: no nvidia-cdi-hook: the hooks ... name it``."""
+    root = image(tmp_path, {"nvidia-container-toolkit-base": ("1.20.0-1", BASE[:1])},
+                 binaries=("nvidia-ctk",))
+    row = toolkit_image.image_row(FakeImage(root))
+    assert row.result == WARN, row
+    assert row.detail.count("no nvidia-cdi-hook") == 1, row.detail
+    assert "the hooks of nvidia-ctk's specs name it" in row.detail

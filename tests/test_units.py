@@ -9,6 +9,7 @@ cycles and still exits 0, so every test asserts on stderr (TESTING-NOTES.md).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -419,3 +420,33 @@ def test_pod_labels_unit_runs_once_after_process_user_data_and_before_the_export
     assert "podvm-gpu-pod-labels.service" in metrics["After"]  # ordering only, as the test above
     preset = (SYSTEMD / "podvm-gpu.preset").read_text().splitlines()
     assert "enable podvm-gpu-pod-labels.service" in preset
+
+
+def _make_bundle(out, **env):
+    return subprocess.run(["sh", str(SYSTEMD / "make-bundle.sh"), str(out)], capture_output=True,
+                          text=True, timeout=60, env={"PATH": os.environ["PATH"], **env})
+
+
+def test_make_bundle_refuses_a_folder_it_did_not_make_and_keeps_what_is_there(tmp_path):
+    """Issue 47 item 4: the script began with ``rm -rf OUTDIR``; a folder with files and no
+    marker is refused, untouched."""
+    out = tmp_path / "srv-build"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    done = _make_bundle(out, PYTHON="false")
+    assert done.returncode != 0
+    assert "not a bundle make-bundle.sh made" in done.stderr, done.stderr
+    assert (out / "notes.txt").read_text() == "mine\n"
+
+
+def test_make_bundle_replaces_its_own_earlier_bundle_and_uses_an_empty_folder(tmp_path):
+    """The marker the script writes lets it replace its own bundle (Packer re-running on its
+    earlier ``bundle_dir``); an empty folder is used. ``PYTHON=false`` ends it at the first pip
+    call, after the folder was prepared."""
+    out = tmp_path / "bundle"
+    out.mkdir()
+    _make_bundle(out, PYTHON="false")
+    assert (out / ".podvm-gpu-bundle").is_file()
+    (out / "old.whl").write_text("")
+    _make_bundle(out, PYTHON="false")
+    assert not (out / "old.whl").exists() and (out / ".podvm-gpu-bundle").is_file()

@@ -293,6 +293,25 @@ def test_a_boot_run_again_while_a_finding_stands_ends_failed_naming_it():
             third.status["reason"]
 
 
+def test_a_dry_run_while_a_finding_stands_says_so_and_exits_1():
+    """Issue 47 item 6: ``boot --dry-run`` planned a full boot and exited 0 where the real boot
+    fails ``watch: a finding of the watcher stands``: it says that and exits 1."""
+    from podvm_gpu.host.fs import Root
+    from podvm_gpu.watchfile import VERSION, save
+
+    with World(case("P02", HOUR)) as world:
+        ready_world(world)
+        save(Root(world.layout.root), {"version": VERSION, "finding": {
+            "reason": "watch: GPU 0000:00:04.0: Xid 79 (fallen off the bus)"}})
+        for extra in ([], ["--json"]):
+            argv = [a for a in world.product_argv("boot") if a != "--json"]
+            done = subprocess.run([*argv, "--dry-run", *extra], capture_output=True, text=True,
+                                  timeout=60, env=world._env(), cwd=world.layout.dir)
+            assert done.returncode == 1, (done.stdout, done.stderr)
+            assert "a finding of the watcher stands" in done.stdout, done.stdout
+            assert "Xid 79" in done.stdout and "nvidia-ctk" not in done.stdout, done.stdout
+
+
 @pytest.mark.parametrize("name", ["P01"])
 def test_nothing_to_watch_on_a_cpu_vm_exits_0_at_once(name):
     with World(case(name)) as world:
@@ -416,6 +435,48 @@ def test_persistenced_gone_on_a_regular_vm_is_started_again_and_warned():
             stop(proc)
         starts = [c for c in world.calls() if c.argv[0] == "nvidia-persistenced"]
         assert len(starts) == 2  # the boot's and the watcher's
+
+
+def test_a_persistenced_that_refuses_an_option_is_started_again_without_it_by_the_watcher():
+    """Issue 44 item 4 (in issue 47's session): nvidia-persistenced 535.171.04 prints
+    ``unrecognized option: "--uvm-persistence-mode"`` and exits 0 without starting (S18); it
+    dies after a ready boot, and the watcher starts it again without that option, as boot does
+    (one start in host/daemons.py): the spec stays ready."""
+    with World(case("S18", "watch:\n  interval_s: 0.3\n")) as world:
+        ready_world(world)
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            pid = kill_persistenced(world)
+            back = wait_until(lambda: any(f"nvidia-persistenced (pid {pid}) is gone; started "
+                                          "again" in w for w in status(world)["warnings"]),
+                              REACT_S + 15, proc)
+            assert back, (status(world), stderr_of(world))
+            assert proc.poll() is None and status(world)["state"] == "ready"
+            assert spec(world)["devices"][0]["name"] != UNAVAILABLE_DEVICE
+        finally:
+            stop(proc)
+        starts = [c.argv[1:] for c in world.calls() if c.argv[0] == "nvidia-persistenced"]
+        # the boot's refused start and its retry, then the watcher's: the same two
+        assert starts == [["--persistence-mode", "--uvm-persistence-mode"],
+                          ["--persistence-mode"]] * 2, starts
+
+
+def test_a_watcher_started_after_persistenced_died_warns_at_its_start():
+    """Issue 47 item 21: a watcher started while the boot's nvidia-persistenced is already dead
+    said nothing (it watches only the daemons that ran at its start, 4.5): it warns."""
+    with World(case("P02", HOUR)) as world:
+        ready_world(world)
+        kill_persistenced(world)
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            said = wait_until(lambda: [w for w in status(world)["warnings"]
+                                       if "nvidia-persistenced" in w], 10, proc)
+            assert said and "not running at the watcher's start" in said[0], \
+                (status(world)["warnings"], stderr_of(world))
+        finally:
+            stop(proc)
 
 
 def test_persistenced_gone_in_a_confidential_guest_is_a_finding():

@@ -190,11 +190,12 @@ def run_pipeline(run: Run, config: Config | None) -> int:
 
     ctx.fabric = run.status.fabric = fabric_kind.detect([s.pci_address for s in switches],
                                                         gpus=gpus)
-    if run.dry_run:
-        return _dry_run(run, ctx)
     standing = _standing_finding(run)
-    if standing:
-        return run.fail(standing)
+    if standing:  # the dry run says it too, as for a bad config (issue 47 item 6)
+        return run.dry_run_refusal(standing) if run.dry_run else run.fail(standing)
+    if run.dry_run:
+        cannot = run.unwritable()  # the boot would fail writing its status (issue 47 item 22)
+        return run.dry_run_refusal(cannot) if cannot else _dry_run(run, ctx)
     # a GPU boot's threads hand the interpreter over within 1 ms, not 5 (Python's default):
     # the main thread, woken by a tool's end, no longer waits on an importing thread (issue 38)
     sys.setswitchinterval(0.001)

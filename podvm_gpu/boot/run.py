@@ -168,6 +168,7 @@ class Run:
         self.metrics = None  # the config's metrics settings, when there is a config
         self.budget_s = 240.0  # the config's budget_s once read (boot/__init__.py)
         self.locked = False  # boot.lock is held (boot/__init__.py)
+        self.lock_wait_s = 0.0  # how long it waited for the lock: not detect's time (issue 47)
         self.bind_mode, self._bind_tried = "auto", False  # confidential_computing.bind; ran
         # the ending under way (:meth:`end`, :meth:`end_ready`): its state and reason, for
         # :meth:`last_resort` should the ending itself raise; None before it begins
@@ -306,7 +307,30 @@ class Run:
             print(f"dry run: boot would write nothing: {refusal}")
         return 1
 
+    def unwritable(self) -> str | None:
+        """Why a boot run by this user could not write its files under the root (the deepest
+        existing folder of the status file's and the spec's is not writable: ``os.access``), or
+        None. ``boot --dry-run`` says it rather than promise the writes (issue 47 item 22)."""
+        import os
+
+        from podvm_gpu.cdi import SPEC_PATH
+        from podvm_gpu.status import STATUS_PATH
+
+        for host_dir in (os.path.dirname(STATUS_PATH), os.path.dirname(SPEC_PATH)):
+            try:
+                folder = self.root.resolve(host_dir)
+            except OSError as err:
+                return f"{host_dir}: {err}"
+            while not os.path.isdir(folder) and folder != os.path.dirname(folder):
+                folder = os.path.dirname(folder)
+            if not os.access(folder, os.W_OK | os.X_OK):
+                return f"cannot write under {folder} (for {host_dir}) as uid {os.getuid()}"
+        return None
+
     def _dry_run_end(self, state: str, reason: str) -> int:
+        cannot = self.unwritable()
+        if cannot:
+            return self.dry_run_refusal(f"{state}: {reason}; but {cannot}")
         if self.json_out:
             from podvm_gpu.jsontext import dumps
 
@@ -454,8 +478,9 @@ def report(status: Status, json_out: bool) -> None:
     try:
         if json_out:
             from podvm_gpu.jsontext import dumps
+            from podvm_gpu.model import shown_all
 
-            print(dumps(status.to_dict()), flush=True)
+            print(dumps(shown_all(status.to_dict())), flush=True)
             return
         if status.state == State.READY and status.cdi:
             detail = f"{len(status.gpus)} GPU(s), CDI spec {status.cdi['path']}"

@@ -30,7 +30,10 @@ def render_unavailable_spec(state: str, reason: str) -> str:
         state: ``no-gpu`` or ``failed``.
         reason: the status reason; folded to one line.
     """
-    reason_line = " ".join(str(reason).split())  # errors.one_line's fold, kept off the fast path
+    from podvm_gpu.model import shown
+
+    # errors.one_line's fold, kept off the fast path; shown: no lone surrogate in the spec
+    reason_line = shown(" ".join(str(reason).split()))
     spec = {"cdiVersion": UNAVAILABLE_CDI_VERSION, "kind": KIND,
             "devices": [{"name": UNAVAILABLE_DEVICE, "containerEdits": {
                 "env": [f"PODVM_GPU_STATE={state}", f"PODVM_GPU_REASON={reason_line}"]}}]}

@@ -42,8 +42,12 @@ def isolated(name: str, check) -> Check:
     try:
         return check()
     except CommandError as err:
+        import shlex
+
+        argv = [str(a) for a in getattr(err, "argv", None) or []]
+        command = shlex.join(argv) if argv else "the command"  # named (issue 47 item 15)
         return Check(name, FAIL, f"query failed: {err}",
-                     "run the command by hand to see why it fails or hangs")
+                     f"run {command} by hand to see why it fails or hangs")
     except Exception as err:  # one broken check must not hide the others
         return broken(name, err)
 

@@ -121,6 +121,12 @@ def status_row(facts: "Facts") -> Check:
     state, reason = doc.get("state"), doc.get("reason")
     if state == State.FAILED and (reason or "").startswith("watch: "):
         # the watcher's finding (issue 34): a boot run again fails on it; it is no boot's fault
+        from podvm_gpu.watchfile import standing_finding
+
+        if not standing_finding(facts.root):  # watch --clear took it back (issue 47 item 8)
+            return Check("status", FAIL, f"the watcher's finding was cleared: {reason}",
+                         "run the boot again (systemctl restart podvm-gpu podvm-gpu-watch) to install "
+                         "a spec")
         return Check("status", FAIL, f"a GPU failed after boot: {reason}", "replace the VM "
                      "(the watcher took the GPUs out of the spec; see the watch row)")
     if state == State.FAILED:

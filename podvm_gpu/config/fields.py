@@ -39,6 +39,17 @@ def _kind(value: object) -> str:
                                                                         type(value).__name__)
 
 
+def unknown_key(key: object, known) -> str:
+    """The message for an unknown ``key``: ``unknown key``, with the nearest of ``known`` (the
+    section's keys; difflib's close matches, cutoff 0.6) when one is near (issue 47 item 20):
+    ``unknown key (did you mean budget_s?)``."""
+    import difflib
+
+    near = difflib.get_close_matches(str(key), [str(k) for k in known], n=1) \
+        if isinstance(key, str) else []
+    return f"unknown key (did you mean {near[0]}?)" if near else "unknown key"
+
+
 def seconds(minimum: float, inclusive: bool):
     """A validator of a number of seconds in ``minimum`` (exclusive unless ``inclusive``) to
     ``MAX_SECONDS``; returns it as a float."""
@@ -369,7 +380,7 @@ class Section:
         for key, value in raw.items():
             where = [*loc, key]
             if key not in cls.FIELDS:
-                errors.append(Invalid(where, "unknown key"))
+                errors.append(Invalid(where, unknown_key(key, cls.FIELDS)))
                 continue
             check, default = cls.FIELDS[key]
             if value is None and default is None:

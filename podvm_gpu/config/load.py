@@ -55,12 +55,29 @@ def parse_yaml(text: str, path: str) -> object:
         what = re.sub(r'\bin "<unicode string>", line', "at line", " ".join(str(err).split()))
         if isinstance(err, RecursionError) or "nesting depth" in what:
             what = "nested too deeply"
+        elif isinstance(err, yaml.reader.ReaderError) and isinstance(err.position, int):
+            what = _special(text, err.position, err.character)
         raise ConfigError(f"{path}: not valid YAML: {what[:300]}") from None
     finally:
         loader.dispose()
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _special(text: str, position: int, character) -> str:
+    """PyYAML's ReaderError (``special characters are not allowed in "<unicode string>",
+    position 13``) in the agent's words, with the line and column (issue 47 item 23)."""
+    from podvm_gpu.model import shown
+
+    line = text.count("\n", 0, position) + 1
+    column = position - (text.rfind("\n", 0, position) + 1) + 1
+    char = chr(character) if isinstance(character, int) else str(character)
+    name = "a NUL character" if char == "\x00" else "a character"
+    why = "YAML takes no control characters" if shown(char) != char else \
+        "YAML does not allow it"
+    return (f"{name} ({shown(char) if shown(char) != char else repr(char)}) at line {line}, "
+            f"column {column}: {why}")
 
 
 def _refuse_duplicate_keys(root, path: str) -> None:

@@ -148,7 +148,9 @@ class MetricsSettings:
             raise MetricsConfigError("metrics", "must be a mapping")
         for key in section:
             if key not in cls.__slots__:
-                raise MetricsConfigError(f"metrics.{key}", "unknown key")
+                from podvm_gpu.config.fields import unknown_key
+
+                raise MetricsConfigError(f"metrics.{key}", unknown_key(key, cls.__slots__))
         return cls(**section)
 
     def to_dict(self) -> dict:

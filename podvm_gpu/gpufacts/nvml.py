@@ -34,6 +34,7 @@ so a scrape must not be the first client. pynvml is imported only when there is 
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -64,6 +65,12 @@ class _GpuDown(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
+
+
+# Test-only and explicit (docs/metrics.md, docs/testing.md): with "1", NVML is loaded from a
+# root other than / (the fake NVML of tests/fake_nvml under temporary roots). Production never
+# sets it; without it another root's library is never loaded (issue 47 item 3).
+TEST_FOREIGN_NVML = "PODVM_GPU_TEST_FOREIGN_NVML"
 
 
 class NvmlReader:
@@ -144,6 +151,11 @@ class NvmlReader:
     def _find_library(self) -> NvmlReading | None:
         """Find the library (its real path in ``self._library``); else the reading that says why
         there is none, without importing pynvml."""
+        if not self.root.is_host and os.environ.get(TEST_FOREIGN_NVML) != "1":
+            return NvmlReading(False, "foreign-root", "NVML is loaded only with root /: the "
+                               f"libnvidia-ml.so.1 of {self.root.path} is code this machine did "
+                               "not install, and another root's NVML would talk to this "
+                               "machine's driver anyway")
         try:
             find_nvml, find_nvml_elsewhere = self.find
             lib = find_nvml(self.root)
@@ -185,7 +197,10 @@ class NvmlReader:
                 # handle in its module global nvmlLib and loads nothing while it is set).
                 pynvml.nvmlLib = call("dlopen libnvidia-ml.so.1", ctypes.CDLL, library)
             except OSError as err:
-                return NvmlReading(False, "library-unloadable", f"{library}: {err}")
+                # dlopen's message names the library already (issue 47 item 14)
+                said = str(err)
+                return NvmlReading(False, "library-unloadable",
+                                   said if library in said else f"{library}: {said}")
             self._pynvml = pynvml
         nv = self._pynvml
         if not self._initialised:

@@ -359,6 +359,66 @@ def start_daemon(runner: Runner, argv: list[str], log_path: str,
     return UnitDaemon(runner, spec, since, since_us)
 
 
+# What nvidia-persistenced prints for an option it does not offer.
+_UNRECOGNIZED = re.compile(r'unrecognized option: "(-[^"\s]+)"')
+
+
+def unrecognized_option(said: str) -> str | None:
+    """The option an installed ``nvidia-persistenced`` refused, from what it printed, or None.
+
+    nvidia-persistenced 535.171.04 (Debian 12) does not offer ``--uvm-persistence-mode``: given
+    it, the daemon prints ``nvidia-persistenced: unrecognized option: "--uvm-persistence-mode"``
+    and ``ERROR: Invalid commandline, ...`` on stderr and exits 0 without starting
+    (tests/data/nvidia-535.261.03/plain/nvidia-persistenced-agent-default-args).
+    """
+    m = _UNRECOGNIZED.search(said or "")
+    return m.group(1) if m else None
+
+
+class RefusedStart(Exception):
+    """A daemon's first process exited 0 and no daemon runs: it refused to start (an option it
+    does not know, with nvidia-persistenced 535.171.04). ``said`` is its last words."""
+
+    def __init__(self, message: str, said: str = ""):
+        super().__init__(message)
+        self.said = said
+
+
+def start_persistenced(start, args: list[str], settle, warn) -> tuple[object, list[str]]:
+    """Start nvidia-persistenced with the config's ``args``; when the installed daemon refuses
+    an option of them (it names it and exits 0: :func:`unrecognized_option`),
+    start it again without that one, once per option. The one start of boot's persistenced step
+    and the watcher's restart (issue 44 item 4).
+
+    Args:
+        start: ``argv -> Daemon`` (:func:`start_daemon` with the caller's runner and log).
+        args: ``persistenced.args`` of the config (not changed).
+        settle: ``Daemon -> result``: waits for the started daemon; raises
+            :class:`RefusedStart` when it exited 0 without starting.
+        warn: called with one line for each option dropped.
+
+    Returns:
+        ``(settle's result, [options dropped])``.
+
+    Raises:
+        RefusedStart: a refusal that names no option of ``args`` (or one already dropped).
+        Whatever ``start`` and ``settle`` raise.
+    """
+    args, dropped = list(args), []
+    while True:
+        daemon = start(["nvidia-persistenced", *args])
+        try:
+            return settle(daemon), dropped
+        except RefusedStart as err:
+            option = unrecognized_option(err.said)
+            if option is None or option not in args:
+                raise
+            args.remove(option)
+            dropped.append(option)
+            warn(f"persistenced: the installed nvidia-persistenced does not offer {option} "
+                 f"(it said: {err.said}); started without it")
+
+
 def socket_answers(path: str, timeout_s: float = 0.2) -> bool:
     """True when the UNIX stream socket at ``path`` (a host path) accepts a connection within
     ``timeout_s`` seconds: a daemon that serves it is up (NVLSM's fm_sm_ipc.socket); a socket

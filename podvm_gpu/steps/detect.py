@@ -33,22 +33,20 @@ def _not_arrived(facts) -> Check | None:
 
 
 def pci_row(facts) -> Check:
+    """The ``pci`` row (contract 5.1). A GPU that a boot found and that is gone from PCI, and a
+    fatal Xid since the driver loaded, fail before "no GPU on PCI" may skip as a CPU VM: a
+    single-GPU VM whose GPU fell off the bus has no GPU on PCI either (issue 47)."""
     missing = _not_arrived(facts)
-    if not facts.gpus:
-        if missing:
-            return missing
-        extra = f"; {len(facts.nvswitches)} NVSwitch(es)" if facts.nvswitches else ""
-        return Check("pci", SKIP, f"{NO_GPU} ({facts.scanned} devices scanned{extra}): "
-                     "a CPU VM, GPU requests get the unavailable spec")
-    names = ", ".join(sorted({g.name for g in facts.gpus}))
-    at_boot = {g.get("pci_address") for g in (read_status(facts.root) or {}).get("gpus") or []}
-    gone = sorted(at_boot - {g.pci_address for g in facts.gpus})
+    at_boot = {g.get("pci_address") for g in (read_status(facts.root) or {}).get("gpus") or []
+               if isinstance(g, dict)}
+    gone = sorted(str(a) for a in at_boot - {g.pci_address for g in facts.gpus} if a)
+    fatal = [f for f in kmsg.findings(kmsg.since_driver_load(facts.messages)) if f.fatal]
     if gone:
-        return Check("pci", FAIL, f"GPU(s) {', '.join(gone)} found at boot are gone from PCI",
-                     "the GPU fell off the bus or was hot-removed: replace the VM")
+        seen = f"; {fatal[0].describe()}" if fatal else ""
+        return Check("pci", FAIL, f"GPU(s) {', '.join(gone)} found at boot are gone from PCI"
+                     f"{seen}", "the GPU fell off the bus or was hot-removed: replace the VM")
     if missing:
         return missing
-    fatal = [f for f in kmsg.findings(kmsg.since_driver_load(facts.messages)) if f.fatal]
     if fatal:
         from podvm_gpu.gpufacts import judge
 
@@ -56,6 +54,11 @@ def pci_row(facts) -> Check:
         return Check("pci", FAIL, f"{len(facts.gpus)} GPU(s) on PCI, but {fatal[0].describe()}",
                      "the GPU needs a reset or the VM a new host: " + judge.reset_advice(
                          buses, getattr(facts, "confidential", None)))
+    if not facts.gpus:
+        extra = f"; {len(facts.nvswitches)} NVSwitch(es)" if facts.nvswitches else ""
+        return Check("pci", SKIP, f"{NO_GPU} ({facts.scanned} devices scanned{extra}): "
+                     "a CPU VM, GPU requests get the unavailable spec")
+    names = ", ".join(sorted({g.name for g in facts.gpus}))
     return Check("pci", PASS, f"{len(facts.gpus)} GPU(s) ({names}) at "
                  f"{', '.join(g.pci_address for g in facts.gpus)}; "
                  f"{len(facts.nvswitches)} NVSwitch(es)")

@@ -16,8 +16,8 @@ import os
 import time
 
 from podvm_gpu.errors import StepFailed, ended_text
-from podvm_gpu.host.daemons import Daemon
-from podvm_gpu.readers import PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET, daemon_pid, unrecognized_option
+from podvm_gpu.host.daemons import Daemon, RefusedStart, start_persistenced
+from podvm_gpu.readers import PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET, daemon_pid
 from podvm_gpu.row import FAIL, PASS, WARN, Check
 from podvm_gpu.steps.context import BootContext
 
@@ -80,7 +80,7 @@ def look(root) -> Seen:
     return Seen(root.exists(PERSISTENCED_SOCKET), _pid_of(root))
 
 
-class NotStarted(StepFailed):
+class NotStarted(StepFailed, RefusedStart):
     """The daemon's first process exited 0 but no daemon runs: it refused to start (an option
     it does not know, with nvidia-persistenced 535.171.04). ``said`` is its last words."""
 
@@ -164,22 +164,14 @@ def run(ctx: BootContext) -> str:
     if pid is not None:
         wait_for(ctx, ready, None, "nvidia-persistenced", wait_s, rule, running=running)
         return f"already running (pid {pid})"
-    args, dropped = list(cfg.args), []
-    while True:
-        daemon = ctx.start_daemon(["nvidia-persistenced", *args], LOG_PATH)
-        try:
-            wait_for(ctx, ready, daemon, "nvidia-persistenced", wait_s, rule, running=running)
-            break
-        except NotStarted as err:
-            # The installed daemon lacks an option of the config's (535.171.04 has no
-            # --uvm-persistence-mode) and said so: start it again without that one, once each.
-            option = unrecognized_option(err.said)
-            if option is None or option not in args:
-                raise
-            args.remove(option)
-            dropped.append(option)
-            ctx.warn(f"persistenced: the installed nvidia-persistenced does not offer {option} "
-                     f"(it said: {err.said}); started without it")
+    def settle(daemon: Daemon) -> Daemon:
+        wait_for(ctx, ready, daemon, "nvidia-persistenced", wait_s, rule, running=running)
+        return daemon
+
+    # one start with boot and the watcher (host/daemons.py): an option the installed daemon
+    # refuses (535.171.04 has no --uvm-persistence-mode) is dropped, warned
+    daemon, dropped = start_persistenced(lambda argv: ctx.start_daemon(argv, LOG_PATH),
+                                         cfg.args, settle, ctx.warn)
     took = time.monotonic() - started
     without = f", without {', '.join(dropped)} (not offered)" if dropped else ""
     return f"started ({daemon.where}{without}), ready in {took:.2f} s (wait up to {wait_s:g} s)"

@@ -14,8 +14,9 @@ from podvm_gpu.host.fs import Root
 from podvm_gpu.model import State, now_iso, shown
 from podvm_gpu.status import read_status
 from podvm_gpu.watch import daemons, verdicts
-from podvm_gpu.watch.act import LOCK_WAIT_S, apply_finding, watched, write_status
+from podvm_gpu.watch.act import apply_finding, watched, write_status
 from podvm_gpu.watch.kernel_log import BOOT_READY, KernelLog
+from podvm_gpu.watch.once import apply_pending, clear_finding, read_config, refused_root, say
 
 SAVE_EVERY_S = 10.0  # the position in watch.json: at most this old while records arrive
 RETRY_S = 5.0  # a finding not applied yet (the lock held by a boot, a spec write refused)
@@ -71,115 +72,32 @@ def run_watch(root_dir: str, config: str | None = None, json_out: bool = False,
         return clear_finding(root, log, json_out)
     doc = read_status(root)
     pending = watch_state.load(root)
-    cfg, config_error = _config(root, config)
+    cfg, config_error = read_config(root, config)
     if pending and pending.get("finding") and not pending["finding"].get("applied") \
             and watched(doc, pending.get("boot_started_at")):
         if config_error:
             log(log.ERR, f"{config_error}; the finding kept in {watch_state.WATCH_PATH} is "
                          "applied with the defaults")
-        return 1 if _refused(root, log) else _apply_pending(root, cfg, doc, pending, log,
+        return 1 if refused_root(root, log) else apply_pending(root, cfg, doc, pending, log,
                                                             json_out)
     if config_error:
         log(log.ERR, f"{config_error}; not watching: fix it (podvm-gpu config says what is "
                      f"wrong), then start {watch_state.WATCH_UNIT} again")
         if json_out:
-            _say(True, {"watching": False, "error": config_error}, "")
+            say(True, {"watching": False, "error": config_error}, "")
         return BAD_CONFIG
     why = nothing_to_watch(root, doc)
     if why:
-        _say(json_out, {"watching": False, "why": why}, f"nothing to watch: {why}")
+        say(json_out, {"watching": False, "why": why}, f"nothing to watch: {why}")
         return 0
-    if _refused(root, log):
+    if refused_root(root, log):
         return 1
     watcher = Watcher(root, cfg, doc, log)
     code = watcher.run()
     if watcher.finding:
-        _say(json_out, {"watching": False, "finding": watcher.finding},
+        say(json_out, {"watching": False, "finding": watcher.finding},
              f"failed: {watcher.finding['reason']}")
     return code
-
-
-def _refused(root: Root, log) -> bool:
-    """True (said) when a folder on the way to the run or spec folder is one another user could
-    change: boot refuses such a root, and the watcher writes there as root too."""
-    from podvm_gpu.boot.run import untrusted_root
-
-    refused = untrusted_root(root)
-    if refused:
-        log(log.ERR, f"watch: refusing to write under this root: {refused}")
-    return bool(refused)
-
-
-def _apply_pending(root: Root, cfg, doc: dict, pending: dict, log, json_out: bool) -> int:
-    """A watcher stopped between keeping a finding and applying it: apply it now, with the
-    config ``cfg``."""
-    from podvm_gpu.config.model import timeouts_for
-    from podvm_gpu.host.proc import Runner
-
-    finding = pending["finding"]
-    runner = Runner(cfg.tools, timeouts_for(cfg), trust_tool_paths=True)
-    confidential = (doc.get("confidential_computing") or {}).get("confidential") is True
-    applied = apply_finding(root, cfg, runner, finding, confidential, doc.get("started_at"), log)
-    try:
-        watch_state.save(root, pending)
-    except OSError as err:
-        log(log.WARNING, f"watch: cannot write {watch_state.WATCH_PATH}: {err.strerror or err}")
-    _say(json_out, {"watching": False, "finding": finding}, f"failed: {finding['reason']}")
-    return 0 if applied else 1
-
-
-def _say(json_out: bool, doc: dict, line: str) -> None:
-    if json_out:
-        import json
-
-        print(json.dumps(doc, indent=2))
-    else:
-        print(shown(line))
-
-
-def _config(root: Root, path: str | None):
-    """The config as boot reads it (``--config`` or the root's file; boot's trust), and None;
-    or the defaults and the error, one line naming the file and what is wrong."""
-    from podvm_gpu.config.load import config_location, load_config
-    from podvm_gpu.config.model import Config
-    from podvm_gpu.errors import ConfigError
-
-    try:
-        where, required = config_location(root, path)
-        return load_config(where, required=required, trusted=True), None
-    except (ConfigError, OSError) as err:
-        return Config(), str(err)
-
-
-def clear_finding(root: Root, log, json_out: bool = False) -> int:
-    """``podvm-gpu watch --clear``: remove watch.json (and with it the finding), under the boot's
-    lock; the spec and status stay as the finding left them until boot runs again. Exit 0, or 1
-    when the lock or the file cannot be had."""
-    from podvm_gpu.status import acquire_lock
-
-    try:
-        fd = acquire_lock(root, LOCK_WAIT_S, log)
-    except OSError as err:
-        log(log.ERR, f"watch --clear: cannot take the boot's lock: {err.strerror or err}")
-        return 1
-    if fd is None:
-        log(log.ERR, "watch --clear: a boot holds /run/podvm-gpu/boot.lock; try again")
-        return 1
-    try:
-        finding = watch_state.standing_finding(root)
-        try:
-            watch_state.remove(root)
-        except OSError as err:
-            log(log.ERR, f"watch --clear: cannot remove {watch_state.WATCH_PATH}: "
-                         f"{err.strerror or err}")
-            return 1
-    finally:
-        os.close(fd)
-    said = (f"cleared: {finding['reason']}; run the boot again (systemctl restart podvm-gpu "
-            "podvm-gpu-watch) to install a spec" if finding else "no finding stands")
-    log(log.INFO, f"watch --clear: {said}")
-    _say(json_out, {"cleared": finding}, said)
-    return 0
 
 
 class Watcher:
@@ -285,6 +203,7 @@ class Watcher:
         self._records([r for r in after[1] if r.seq > position])
         self._pids = self._daemons_now()
         self._save()
+        self._daemons_missing_at_start()
         how = "" if self.klog is None or self.klog.event_driven else \
             " (no inotify: the file is looked at once a second)"
         # -1: the log held no record when the watcher started (a position, not a record)
@@ -353,7 +272,8 @@ class Watcher:
 
     def _verdicts(self, found, unread, source: str = "poll", quote: str = "") -> None:
         for line in unread:
-            self._warn(f"{line}; not read as a verdict")
+            self._warn(f"a poll could not read a fact ({line}): nothing was judged from it "
+                       "this time; the next poll reads it again")
         for v in found:
             if self.finding is not None:
                 return
@@ -452,6 +372,17 @@ class Watcher:
             self.state["nvml_hung"] = {"what": hung, "since": now_iso(),
                                        "retry_after_s": NVML_RETRY_S} if hung else None
             self._save()
+
+    def _daemons_missing_at_start(self) -> None:
+        """Warn when the boot's nvidia-persistenced is not running as the watcher starts: only
+        the daemons that run at its start are watched (4.5), so it would go unsaid (issue 47)."""
+        steps = [s for s in self.doc.get("steps") or [] if isinstance(s, dict)]
+        if "nvidia-persistenced" not in self._pids and any(
+                s.get("name") == "persistenced" and s.get("result") == "ok" for s in steps):
+            self._warn("nvidia-persistenced, which the boot started, is not running at the "
+                       "watcher's start: it is not watched nor started again; see its log "
+                       "/run/podvm-gpu/nvidia-persistenced.log, then systemctl restart "
+                       "podvm-gpu podvm-gpu-watch")
 
     def _daemons_now(self) -> dict[str, int]:
         return daemons.running(self.root)

@@ -10,6 +10,8 @@ from podvm_gpu.watch.verdicts import FATAL, WARN, Verdict
 
 TRIES = 3  # restarts of nvidia-persistenced on a VM whose GPUs are not confidential
 BACK_S = 10.0  # how long a restarted daemon has to name itself in its pid file
+# an exit 0 with no daemon this long is a refusal to start (steps/persistenced.py's grace)
+STARTED_GRACE_S = 0.5
 
 
 def running(root) -> dict[str, int]:
@@ -40,10 +42,11 @@ def gone(root, pids: dict[str, int], confidential: bool, runner, config, stoppin
             continue
         said = f"{name} (pid {pid}) is gone"
         if name == "nvidia-persistenced" and not confidential:
-            back = restart_persistenced(root, runner, config, stopping)
+            back, dropped = restart_persistenced(root, runner, config, stopping)
             if back is not None:
                 pids[name] = back
-                out.append(Verdict(WARN, None, f"{said}; started again (pid {back})"))
+                without = f" without {', '.join(dropped)} (not offered)" if dropped else ""
+                out.append(Verdict(WARN, None, f"{said}; started again (pid {back}){without}"))
                 continue
             said += f"; not back after {TRIES} starts"
         elif confidential:
@@ -52,25 +55,41 @@ def gone(root, pids: dict[str, int], confidential: bool, runner, config, stoppin
     return out
 
 
-def restart_persistenced(root, runner, config, stopping) -> int | None:
-    """Start nvidia-persistenced again as the boot starts it (host/daemons.py); its pid once it
-    names itself, or None after the bounded tries."""
+def restart_persistenced(root, runner, config, stopping) -> tuple[int | None, list[str]]:
+    """Start nvidia-persistenced again as the boot starts it (the one start of host/daemons.py,
+    which drops an option the installed daemon refuses); its pid once it names itself, or None
+    after the bounded tries, and the options dropped."""
     from podvm_gpu import readers
     from podvm_gpu.errors import CommandError
-    from podvm_gpu.host.daemons import start_daemon
+    from podvm_gpu.host.daemons import RefusedStart, start_daemon, start_persistenced
 
     log_path = root.resolve("/run/podvm-gpu/nvidia-persistenced.log", follow_last=False)
-    for _ in range(TRIES):
-        try:
-            if os.path.lexists(log_path):
-                os.unlink(log_path)
-            start_daemon(runner, ["nvidia-persistenced", *config.persistenced.args], log_path)
-        except (CommandError, OSError, KeyError):
-            continue
-        end = time.monotonic() + BACK_S
+
+    def start(argv: list[str]):
+        if os.path.lexists(log_path):
+            os.unlink(log_path)
+        return start_daemon(runner, argv, log_path)
+
+    def settle(daemon) -> int | None:
+        end, exited_0 = time.monotonic() + BACK_S, None
         while time.monotonic() < end and not stopping.is_set():
             pid = readers.daemon_pid(root, readers.PERSISTENCED_PID, readers.PERSISTENCED_COMM)
             if pid is not None:
                 return pid
+            if daemon.exit_status() == 0:  # a forking daemon's first process exits 0 too
+                exited_0 = exited_0 or time.monotonic()
+                if time.monotonic() - exited_0 >= STARTED_GRACE_S:
+                    raise RefusedStart("nvidia-persistenced exited 0 without starting",
+                                       daemon.last_words())
             time.sleep(0.2)
-    return None
+        return None
+
+    for _ in range(TRIES):
+        try:
+            pid, dropped = start_persistenced(start, config.persistenced.args, settle,
+                                              lambda line: None)
+        except (CommandError, OSError, KeyError, RefusedStart):
+            continue
+        if pid is not None:
+            return pid, dropped
+    return None, []

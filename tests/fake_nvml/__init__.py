@@ -207,6 +207,9 @@ def metrics_env(description: Path | None, **extra: str) -> dict[str, str]:
     """The environment for a ``python -m podvm_gpu.metrics`` child that loads the fake."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("PODVM_GPU_ROOT", "PODVM_GPU_CONFIG", "FAKE_NVML_DESCRIPTION")}
+    # the test-only opening (podvm_gpu/gpufacts/nvml.py TEST_FOREIGN_NVML): the fake lives under
+    # a temporary root, which production never loads NVML from (issue 47 item 3)
+    env["PODVM_GPU_TEST_FOREIGN_NVML"] = "1"
     if description is not None:
         env["FAKE_NVML_DESCRIPTION"] = str(description)
     env.update(extra)

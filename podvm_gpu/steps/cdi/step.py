@@ -263,6 +263,9 @@ def cdi_spec_row(facts) -> Check:
                          "spec, so GPU requests fail at once")
         return Check("cdi-spec", FAIL, f"{CDI_SPEC_PATH} is the unavailable spec: GPU setup "
                      "failed", "see the status check and podvm-gpu status")
+    if not facts.gpus:  # issue 47: the GPUs it was written for left PCI (hot-removed, Xid 79)
+        return Check("cdi-spec", FAIL, f"{CDI_SPEC_PATH} is a ready spec naming {len(names)} "
+                     "device(s), none of which is on PCI", "see the pci check: replace the VM")
     problems = check_ready_spec(spec, facts.root, facts.minors,
                                 readers.kernel_module_version(facts.root))
     if problems:

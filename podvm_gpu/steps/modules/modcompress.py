@@ -28,7 +28,7 @@ import struct
 import zlib
 
 from podvm_gpu.host.fs import Root, open_regular
-from podvm_gpu.row import FAIL, PASS, WARN, Check
+from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check
 
 XZ_MAGIC = b"\xfd7zXZ\x00"
 # Check IDs of the .xz format (section 2.1.1.2); the others are reserved.
@@ -109,6 +109,10 @@ def compression_image_row(image) -> Check:
     """``module-compression``: per kernel, each nvidia ``.ko.xz``'s check type against what that
     kernel's decompressor takes (see the module docstring)."""
     root = image.root
+    if not any(res.file for found in image.found.values() for res in found.values()):
+        # no kernel, or no nvidia module file for any: nothing looked at, not a pass (issue 47)
+        return Check("module-compression", SKIP, "no nvidia module in the image to judge "
+                     "(see modules)", "fix the modules row first")
     bad, unknown, fine, unreadable = [], [], [], []
     for release in image.kernels:
         resolved = [res.file for res in image.found.get(release, {}).values()]
