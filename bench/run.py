@@ -400,8 +400,10 @@ def node_of(argv: list[str], set_seen: bool) -> str | None:
         if args[1:] and args[1] in _CC_QUERIES:
             return "cc-queries"
         return "cc-set" if set_seen or args[1:2] == ["-srs"] else "cc-state"
-    if tool == "nvattest" or tool == "nvidia-smi" and args[:1] == ["--query-gpu=vbios_version"]:
-        return "attestation"  # the VBIOS an NVAT 104 names is read in the attestation (issue 37)
+    if tool == "nvattest" or tool == "nvidia-smi" and args[:1] in (
+            ["--query-gpu=vbios_version"], ["--query-gpu=index,pci.bus_id,uuid"]):
+        return "attestation"  # the VBIOS an NVAT 104 names (issue 37), the GPU set before and
+        # after nvattest (steps/cc/identity.py, issue 45) are read in the attestation
     if tool == "nvidia-smi" and args and args[0].startswith(_HEALTH):
         return "health"
     return None
