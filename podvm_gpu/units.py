@@ -57,8 +57,9 @@ _NO_RESET = frozenset({"After", "Before", "Wants", "Requires", "Requisite", "Bin
                        "Upholds", "Conflicts", "WantedBy", "RequiredBy"})
 
 
-def _settings(text: str, section: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
+def _assignments(text: str, section: str):
+    """Each ``(key, value)`` assignment of ``section`` in a unit file's text, in order, both
+    stripped; comments (``#``, ``;``) and other sections left out."""
     current = None
     for raw in text.splitlines():
         line = raw.strip()
@@ -66,13 +67,18 @@ def _settings(text: str, section: str) -> dict[str, list[str]]:
             continue
         if line.startswith("[") and line.endswith("]"):
             current = line[1:-1]
-            continue
-        if current == section and "=" in line:
+        elif current == section and "=" in line:
             key, value = (p.strip() for p in line.split("=", 1))
-            if value == "" and key not in _NO_RESET:
-                out[key] = []  # an empty assignment resets a list setting
-            elif value:
-                out.setdefault(key, []).extend(value.split())
+            yield key, value
+
+
+def _settings(text: str, section: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for key, value in _assignments(text, section):
+        if value == "" and key not in _NO_RESET:
+            out[key] = []  # an empty assignment resets a list setting
+        elif value:
+            out.setdefault(key, []).extend(value.split())
     return out
 
 
@@ -131,15 +137,9 @@ def exec_start(root: Root, unit: str) -> list[str] | None:
 
     lines: list[str] = []
     for text in _unit_texts(root, unit):
-        current = None
-        for raw in text.splitlines():
-            line = raw.strip()
-            if line.startswith("[") and line.endswith("]"):
-                current = line[1:-1]
-            elif current == "Service" and "=" in line and line[0] not in "#;":
-                key, value = (p.strip() for p in line.split("=", 1))
-                if key == "ExecStart":
-                    lines = lines + [value] if value else []
+        for key, value in _assignments(text, "Service"):
+            if key == "ExecStart":
+                lines = lines + [value] if value else []
     if not lines:
         return None
     try:
@@ -203,17 +203,9 @@ def start_timeout(root: Root, unit: str) -> tuple[float | None, str]:
     not a time span."""
     value, where = None, ""
     for path, text, _why in _unit_files(root, unit):
-        if text is None:
-            continue
-        section = None
-        for raw in text.splitlines():
-            line = raw.strip()
-            if line.startswith("[") and line.endswith("]"):
-                section = line[1:-1]
-            elif section == "Service" and "=" in line and line[0] not in "#;":
-                key, found = (p.strip() for p in line.split("=", 1))
-                if key in ("TimeoutStartSec", "TimeoutSec"):
-                    value, where = (found or None), path
+        for key, found in _assignments(text or "", "Service"):
+            if key in ("TimeoutStartSec", "TimeoutSec"):
+                value, where = (found or None), path
     seconds = timespan_s(value) if value else None
     return seconds, (where if seconds is not None else "")
 

@@ -141,6 +141,21 @@ def extended(old: bytes, data: bytes) -> bytes:
     return hashlib.sha384(old + data).digest()
 
 
+def cut_log(path: str, size: int) -> None:
+    """Truncate the event log at host ``path`` to ``size`` bytes and fsync it (an entry taken
+    back, or the crash window's records cut off); a link at ``path`` is refused.
+
+    Raises:
+        OSError: it cannot be opened (``ELOOP`` for a link), truncated or synced.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def parse_records(data: bytes, spec_header: bool, name: str) -> list[Record]:
     """The TCG2 records of a log.
 

@@ -313,12 +313,7 @@ def _append(root, path: str, data: bytes) -> int:
 def _truncate(path: str, size: int) -> str:
     """Take an appended entry back; what the reason says of it."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            os.ftruncate(fd, size)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        rtmr.cut_log(path, size)
     except OSError as err:
         return (f"the entry could NOT be taken back from {rtmr.EVENTLOG_PATH} "
                 f"({err.strerror or errno.errorcode.get(err.errno, err)}): the log no longer "

@@ -25,8 +25,6 @@ so. It runs at the end of every boot (bind.py's ``at_end``) and in AA's drop-in
 
 from __future__ import annotations
 
-import os
-
 from podvm_gpu.host import aa, rtmr
 
 
@@ -122,12 +120,7 @@ def _cut(root, offset: int, count: int) -> str:
     """Truncate AA's log to ``offset`` and fsync it; the line that says so."""
     path = root.resolve(rtmr.EVENTLOG_PATH)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            os.ftruncate(fd, offset)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        rtmr.cut_log(path, offset)
     except OSError as err:
         raise RepairError(f"cannot cut {rtmr.EVENTLOG_PATH} back to {offset} bytes: "
                           f"{err.strerror or err}") from None
