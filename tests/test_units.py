@@ -423,7 +423,12 @@ def test_the_revocation_boots_drop_in_gives_the_watcher_no_right_the_shipped_uni
     folder = aa.SOCKET_PATH.split("/attestation-agent/")[0]  # /run/confidential-containers
     assert service["BindReadOnlyPaths"] == [f"{folder}:{fake_root}{folder}"], service
     standin = (BOOT / "units/watch-aa/attestation-agent.service").read_text()
-    assert f" {aa.SOCKET_PATH} ok " in standin, "the stand-in listens on the agent's real path"
+    assert f" {aa.SOCKET_PATH} ${{AA_STANDIN_ANSWER}} " in standin, "the agent's real path"
+    assert "Environment=AA_STANDIN_ANSWER=ok" in standin
+    shim = parse_unit(BOOT / "units/watch-aa/podvm-gpu-watch-60-rtmr.conf")  # not_enabled's
+    assert set(shim) == {"Service"} and set(shim["Service"]) == {"Environment"}, shim
+    assert {e.split("=", 1)[0] for e in shim["Service"]["Environment"]} == {
+        "LD_PRELOAD", "FAKE_RTMR_PATH"}
 
 
 def test_every_install_path_ships_the_watch_unit_enabled():
