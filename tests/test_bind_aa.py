@@ -184,7 +184,7 @@ def test_the_direct_write_behind_the_agents_back_is_what_breaks_the_log(tmp_path
 
 
 def test_the_watchers_revocation_goes_through_the_agent(tmp_path):
-    from podvm_gpu.watch.act import revoke_binding
+    from podvm_gpu.ending import revoke
 
     root, register = booted(tmp_path)
     doc = {"binding": bind.record("bound", "pass", None, True, "00"), "gpus": [{}],
@@ -196,7 +196,7 @@ def test_the_watchers_revocation_goes_through_the_agent(tmp_path):
             path = tmp_path / rtmr.RTMR3_PATH.lstrip("/")
             path.parent.mkdir(parents=True)
             path.write_bytes(register.value)
-            assert revoke_binding(root, doc) is None
+            assert revoke(root, doc) is None
     finally:
         writer.close()
     assert doc["binding"]["state"] == "bound" and doc["binding"]["result"] == "fail"
