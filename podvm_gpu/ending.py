@@ -96,7 +96,7 @@ def finish(root: Root, state: str, reason: str | None, write, log, *,
            unavailable_spec: bool = True, keep_spec: bool = False, line: str = "",
            retold: bool = False) -> tuple[str, str | None, bool]:
     """End: the spec taken away (:func:`withdraw_spec`, unless ``keep_spec``: a ready boot's
-    spec stays), the log line of a failure, the final status (``write``), the console line.
+    spec stays), the final status (``write``), the journal line of a failure, the console line.
 
     A spec that cannot be written makes the end ``failed`` with the write error named (``;
     cdi: cannot write /var/run/cdi/nvidia.yaml: <error>``), and the status is still written;
@@ -127,12 +127,13 @@ def finish(root: Root, state: str, reason: str | None, write, log, *,
         except OSError as err:
             written, state = False, State.FAILED
             reason = cut_reason(reason, f"; cdi: cannot write {SPEC_PATH}: {oserror(err)}")
-    if state == State.FAILED:
-        log(log.ERR, f"failed: {reason}")
     try:
-        reason = write(state, reason) or reason
+        reason, failure = write(state, reason) or reason, None
     except OSError as err:
         failure = f"status: cannot write {STATUS_PATH}: {oserror(err)}"
+    if state == State.FAILED:  # the reason as written: the journal's one line
+        log(log.ERR, f"failed: {reason}")
+    if failure:
         if failure not in (reason or ""):  # the first write may have failed the same way
             log(log.ERR, f"failed: {failure}")
             reason = cut_reason(reason, f"; {failure}") if reason else failure

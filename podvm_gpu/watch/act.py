@@ -61,8 +61,6 @@ def apply_finding(root: Root, config, runner, finding: dict, confidential: bool,
                 finding["ready_state"] = ready_state_off(runner) or NOT_READY
             tail = "".join(f"; {p}" for p in (finding.get("ready_state"), ending.revoke(
                 root, doc, config.confidential_computing.bind)) if p and p != NOT_READY)
-            if tail:
-                log(log.ERR, tail.removeprefix("; "))
             doc.update(state=state, cdi=None, finished_at=finding["at"],
                        reason=cut_reason(said, tail))
             write_status(root, doc)
