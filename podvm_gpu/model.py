@@ -42,6 +42,23 @@ def _surrogate(c: str) -> str:
     return f"\\x{code - 0xdc00:02x}" if 0xdc80 <= code <= 0xdcff else f"\\u{code:04x}"
 
 
+def cut_reason(text: str, tail: str = "") -> str:
+    """The one cut of a reason (and of a step's message, a warning): ``text`` and ``tail``
+    folded to one line (whitespace runs as one space), :func:`shown`, at most
+    :data:`REASON_MAX` characters. ``tail`` (what went wrong after the reason was made, with
+    its ``; `` joint: ``; cdi: cannot write ...``) is kept whole, up to ``REASON_MAX - 200``
+    characters, and ``text`` is cut before it, ending `` ...`` when cut.
+
+    Args:
+        text: the reason; tail: the clauses appended to it, or ``""``.
+    """
+    tail = shown(" ".join(tail.split()))[:REASON_MAX - 200]
+    head, room = shown(" ".join(str(text).split())), REASON_MAX - len(tail)
+    if len(head) > room:
+        head = head[:room - 4].rstrip() + " ..."
+    return head + tail
+
+
 def shown_all(value):
     """``value`` (status.json's document: dicts, lists, strings, numbers) with :func:`shown`
     applied to every string in it, keys included; other values as they are."""

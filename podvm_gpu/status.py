@@ -17,7 +17,7 @@ from podvm_gpu.model import State, Status, now_iso, shown, shown_all  # noqa: F4
 
 STATUS_PATH = "/run/podvm-gpu/status.json"
 LOCK_PATH = "/run/podvm-gpu/boot.lock"  # boot's flock; readers only look it up (boot_lock_held)
-_INFO = 6  # boot/run.py Log.INFO
+_INFO = 6  # journal.py Log.INFO
 
 
 class StatusFile:
@@ -45,11 +45,7 @@ class StatusFile:
         if not self.enabled:
             return
         with self._lock:
-            # resolved on every write: a link planted meanwhile is followed chroot-style only
-            self.path = self.root.resolve(STATUS_PATH, follow_last=False)
-            ensure_dir(os.path.dirname(self.path))
-            # every string shown (issue 47): no reader refuses what boot wrote
-            atomic_write(self.path, dumps(shown_all(status.to_dict())) + "\n")
+            self.path = write_status(self.root, status.to_dict())
 
     def finish(self, status: Status, state: State, reason: str | None) -> None:
         """Set the final state, reason and finish time, then write."""
@@ -57,6 +53,22 @@ class StatusFile:
         status.reason = reason
         status.finished_at = now_iso()
         self.write(status)
+
+
+def write_status(root: Root, doc: dict) -> str:
+    """The one writer of status.json (boot's :class:`StatusFile` and the watcher's finding,
+    podvm_gpu/ending.py): replace it with ``doc`` atomically (mode 0644; its folder made 0755),
+    every string shown (issue 47: no reader refuses what was written); the caller holds the
+    boot's lock. Returns the file's real path.
+
+    Raises:
+        OSError: the run directory cannot be resolved, made or written.
+    """
+    # resolved on every write: a link planted meanwhile is followed chroot-style only
+    path = root.resolve(STATUS_PATH, follow_last=False)
+    ensure_dir(os.path.dirname(path))
+    atomic_write(path, dumps(shown_all(doc)) + "\n")
+    return path
 
 
 def acquire_lock(root: Root, timeout_s: float, log) -> int | None:

@@ -71,19 +71,9 @@ def save(root: Root, doc: dict) -> None:
     Raises:
         OSError: the run directory cannot be made or written.
     """
-    write_json(root, WATCH_PATH, doc)
-
-
-def write_json(root: Root, host_path: str, doc: dict) -> None:
-    """Replace ``host_path`` under ``root`` with ``doc`` as JSON, atomically (mode 0644; its
-    folder made 0755): watch.json, and status.json when the watcher's finding changes it.
-
-    Raises:
-        OSError: the folder cannot be made or the file written.
-    """
     from podvm_gpu.jsontext import dumps
 
-    path = root.resolve(host_path, follow_last=False)
+    path = root.resolve(WATCH_PATH, follow_last=False)
     ensure_dir(os.path.dirname(path))
     atomic_write(path, dumps(doc) + "\n")
 

@@ -184,7 +184,7 @@ def test_the_direct_write_behind_the_agents_back_is_what_breaks_the_log(tmp_path
 
 
 def test_the_watchers_revocation_goes_through_the_agent(tmp_path):
-    from podvm_gpu.watch.act import revoke_binding
+    from podvm_gpu.ending import revoke
 
     root, register = booted(tmp_path)
     doc = {"binding": bind.record("bound", "pass", None, True, "00"), "gpus": [{}],
@@ -196,13 +196,45 @@ def test_the_watchers_revocation_goes_through_the_agent(tmp_path):
             path = tmp_path / rtmr.RTMR3_PATH.lstrip("/")
             path.parent.mkdir(parents=True)
             path.write_bytes(register.value)
-            assert revoke_binding(root, doc) is None
+            assert revoke(root, doc) is None
     finally:
         writer.close()
     assert doc["binding"]["state"] == "bound" and doc["binding"]["result"] == "fail"
     assert len(agent.requests) == 1
     assert json.loads(agent.requests[0]["fields"][3][0])["result"] == "fail"
     assert path.read_bytes() == register.value  # podvm-gpu did not extend the file itself
+
+
+def test_the_watchers_revocation_is_the_binding_s_own_event(tmp_path):
+    """Issue 44 item 2: the watcher's fail event is bind.py's (for_boot's content from
+    status.json's document), not one rebuilt beside it: the GPUs' identities, architecture,
+    multi-GPU mode and the attested record's digest, as a failed boot's."""
+    from podvm_gpu.ending import revoke
+
+    root, register = booted(tmp_path)
+    attested = [{"index": 0, "bus_id": "00000000:18:00.0", "uuid": "GPU-1", "ueid": None}]
+    attestation = {"nonce": "ab" * 32, "nvattest_version": "1.1.0", "devices": [],
+                   "runs": [{"device": "gpu", "code": 0, "claims_sha256": "00"}]}
+    doc = {"binding": bind.record("bound", "pass", None, True, "00"),
+           "gpus": [{"pci_address": "0000:18:00.0", "device_id": "2335"}], "nvswitches": [],
+           "attestation": attestation, "attested_gpus": attested,
+           "confidential_computing": {"mode": "on", "multi_gpu_mode": "none"}}
+    writer = AAWriter(log_path(tmp_path), FakeRegister(register.value))
+    try:
+        with StandIn(socket_path(tmp_path), "ok", writer) as agent:
+            path = tmp_path / rtmr.RTMR3_PATH.lstrip("/")
+            path.parent.mkdir(parents=True)
+            path.write_bytes(register.value)
+            assert revoke(root, doc) is None
+    finally:
+        writer.close()
+    said = json.loads(agent.requests[0]["fields"][3][0])
+    record = bind.canonical(bind.attested_record(attestation, attested))
+    assert said == json.loads(bind.content(
+        "fail", 1, 0, "on", "ab" * 32, hashlib.sha256(record.encode()).hexdigest(),
+        devices=[{"bus_id": "00000000:18:00.0", "uuid": "GPU-1"}], architecture="Hopper",
+        multi_gpu_mode="none"))
+    assert doc["binding"]["result"] == "fail"
 
 
 # ---- the crash window (issue 43 item 5) and `podvm-gpu binding`

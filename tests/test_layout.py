@@ -30,9 +30,9 @@ MAX_LINES = 500
 # What `podvm-gpu boot` imports of the package on a CPU VM: the run, the fast path, PCI and
 # VMBus from sysfs, the status file, the unavailable spec and the spec directories.
 FAST_PATH = {"podvm_gpu", "podvm_gpu.cli", "podvm_gpu.boot", "podvm_gpu.boot.run",
-             "podvm_gpu.cdi", "podvm_gpu.cdi.unavailable", "podvm_gpu.host", "podvm_gpu.host.fs",
-             "podvm_gpu.host.rtmr", "podvm_gpu.host.sysfs", "podvm_gpu.jsontext", "podvm_gpu.model",
-             "podvm_gpu.status"}
+             "podvm_gpu.cdi", "podvm_gpu.cdi.unavailable", "podvm_gpu.ending", "podvm_gpu.host",
+             "podvm_gpu.host.fs", "podvm_gpu.host.rtmr", "podvm_gpu.host.sysfs",
+             "podvm_gpu.journal", "podvm_gpu.jsontext", "podvm_gpu.model", "podvm_gpu.status"}
 
 
 def module_name(path: Path) -> str:
@@ -170,9 +170,9 @@ LAYERS = {
     "errors": 0, "record": 0, "jsontext": 0, "model": 0, "pci_ids": 0, "xids": 0,
     "host": 1,
     "config": 2, "cdi": 2, "status": 2, "readers": 2, "gpufacts": 2, "units": 2, "kata": 2, "row": 2,
-    "watchfile": 2,
+    "watchfile": 2, "journal": 2,
     "steps": 3, "initdata": 3,
-    "check": 4, "metrics": 4,
+    "check": 4, "metrics": 4, "ending": 4,
     "boot": 5,
     "watch": 6,
     "app": 7,
@@ -374,3 +374,44 @@ def test_the_parser_rule_finds_a_second_parser():
               'def parse(line):\n    head, sep, message = line.partition(";")\n')
 
     assert len(parses_kmsg_records(second)) == 2
+
+
+def test_the_watcher_imports_nothing_of_boot():
+    """Issue 44 item 2: the watcher takes GPUs away through the one ending (podvm_gpu/ending.py),
+    below both; it imports nothing of ``podvm_gpu.boot`` (it took ``untrusted_root``, ``Log``
+    and ``tell_console`` from boot/run.py)."""
+    known = modules()
+    climbing = sorted(f"{name} imports {target}" for name, path in known.items()
+                      if unit(name) == "watch"
+                      for target in imports_of(name, path, known) if unit(target) == "boot")
+
+    assert climbing == []
+
+
+def status_writers() -> list[str]:
+    """The functions of the package that name ``STATUS_PATH`` and write a file (an atomic write,
+    a JSON write, a file opened for writing, a rename): status.json's writers."""
+    writes = {"atomic_write", "write_json", "write_text", "write_bytes", "replace", "rename"}
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+                n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+            calls = {c.func.id if isinstance(c.func, ast.Name) else c.func.attr
+                     for c in ast.walk(node) if isinstance(c, ast.Call)
+                     and isinstance(c.func, (ast.Name, ast.Attribute))}
+            opened = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                         and c.func.id == "open" and any(isinstance(a, ast.Constant) and
+                                                         "w" in str(a.value) for a in c.args[1:])
+                         for c in ast.walk(node))
+            if "STATUS_PATH" in names and (calls & writes or opened):
+                found.append(f"{name}.{node.name}")
+    return found
+
+
+def test_status_json_has_one_writer():
+    """Issue 44 item 2: one writer of status.json (status.py ``write_status``); boot's
+    StatusFile and the watcher's finding (podvm_gpu/ending.py) both write through it."""
+    assert status_writers() == ["podvm_gpu.status.write_status"]

@@ -498,3 +498,15 @@ def test_the_issues_ready_document_is_unreadable_to_status_and_check(vm_root, ca
 
     row = status_row(Facts())
     assert (row.result, row.detail.split(": ", 1)[0]) == ("fail", "unreadable"), row
+
+
+def test_a_reason_is_cut_once_and_what_went_wrong_after_is_kept_whole():
+    """Issue 44 item 2: model.cut_reason is the one cut (boot's end, the watcher's finding, a
+    step's message): one line, shown, at most REASON_MAX, the appended clauses kept whole."""
+    from podvm_gpu.model import REASON_MAX, cut_reason
+
+    tail = "; cdi: cannot write /var/run/cdi/nvidia.yaml: No space left on device"
+    cut = cut_reason("x" * 2000, tail)
+    assert len(cut) == REASON_MAX and cut.endswith("x ..." + tail)
+    assert cut_reason("a\n  b\x1b") == "a b\\x1b" and cut_reason("short", tail) == "short" + tail
+    assert len(cut_reason("y" * 2000)) == REASON_MAX and cut_reason("y" * 2000).endswith(" ...")

@@ -15,7 +15,8 @@ import _signal
 import os
 import time
 
-from podvm_gpu.boot.run import BudgetExpired, Interrupted, Log, Run, Signals, oserror, untrusted_root
+from podvm_gpu.boot.run import BudgetExpired, Interrupted, Log, Run, Signals
+from podvm_gpu.ending import oserror, untrusted_root
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.sysfs import channels_without_pci, scan_nvidia
 from podvm_gpu.model import State, Step, StepResult

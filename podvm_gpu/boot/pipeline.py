@@ -62,10 +62,10 @@ import time
 from podvm_gpu import steps as step_list
 from podvm_gpu.boot.run import BudgetExpired, Interrupted, Log, Run
 from podvm_gpu.config.model import Config, timeouts_for
-from podvm_gpu.errors import Cancelled, CommandError, StepFailed, exit_text, one_line
+from podvm_gpu.errors import Cancelled, CommandError, StepFailed, exit_text
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.proc import Runner
-from podvm_gpu.model import REASON_MAX, Step, StepResult
+from podvm_gpu.model import Step, StepResult, cut_reason
 from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.context import BootContext
 
@@ -396,7 +396,7 @@ class Steps:
             step.message = f"internal error: {type(err).__name__}: {err}"
             self.run.log(Log.ERR, traceback.format_exc().replace("\n", " | "))
         step.duration_s = earlier + time.monotonic() - t0
-        step.message = one_line(step.message, REASON_MAX)
+        step.message = cut_reason(step.message)
         if step.result != StepResult.RUNNING:
             self.run.log.step(step)
         self.write()
@@ -435,9 +435,9 @@ def _standing_finding(run: Run) -> str | None:
     if not finding:
         return None
     said = finding["reason"].removeprefix("watch: ")
-    return (f"watch: a finding of the watcher stands: {said}; the boot does not bring the GPU "
-            "back: replace the VM, or clear it with podvm-gpu watch --clear and run the boot "
-            "again")[:REASON_MAX]
+    return cut_reason(f"watch: a finding of the watcher stands: {said}; the boot does not "
+                      "bring the GPU back: replace the VM, or clear it with podvm-gpu watch "
+                      "--clear and run the boot again")
 
 
 def _fail(run: Run, reason: str) -> int:

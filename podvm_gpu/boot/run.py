@@ -1,6 +1,7 @@
 """What one boot run is, below both the CPU fast path (:mod:`podvm_gpu.boot`) and the GPU
 pipeline (:mod:`podvm_gpu.boot.pipeline`): its log, its signals, its lock, the console line and
-the one way it ends.
+the one way it ends (the ending itself, the spec, the status and the console line, is
+:mod:`podvm_gpu.ending`'s, which the watcher's finding calls too).
 
 Every boot that gets its lock ends in a final state written to status.json, whatever happens:
 a step's failure, the budget, a bug, SIGTERM or SIGINT (systemd's stop, shutdown,
@@ -16,16 +17,16 @@ from __future__ import annotations
 
 import _signal
 import os
-import sys
 import time
 
+from podvm_gpu import ending
 from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
 from podvm_gpu.host import rtmr
-from podvm_gpu.host.fs import TMP_SUFFIX, Root, untrusted_dirs
-from podvm_gpu.model import REASON_MAX, State, Status, Step, StepResult, shown
+from podvm_gpu.host.fs import Root
+from podvm_gpu.journal import Log, tell_console
+from podvm_gpu.model import State, Status, Step, StepResult, cut_reason
 from podvm_gpu.status import STATUS_PATH, StatusFile
 
-KMSG_PATH = "/dev/kmsg"
 # The signals that end a boot `failed` (3.5): systemd's stop and Ctrl-C, and those whose default
 # action would kill it mid-write, leaving `running` and temporary files (a hang-up, a stray
 # kill -USR1, a SIGALRM from outside; the GPU path's budget timer tells its own SIGALRM apart)
@@ -36,39 +37,6 @@ _SIGNAL_WHY = {_signal.SIGINT: "Ctrl-C, or kill -INT",
                _signal.SIGTERM: "the unit was stopped, the VM is shutting down, or "
                                 "TimeoutStartSec= passed",
                _signal.SIGHUP: "the terminal hung up, or kill -HUP"}
-# syslog facility daemon (3) with level err (3) or notice (5): what /dev/kmsg takes from a
-# program (a record without a facility gets "user"); the console prints err even with "quiet".
-_KMSG_PRIORITY = {State.FAILED: (3 << 3) | 3, State.READY: (3 << 3) | 5,
-                  State.NO_GPU: (3 << 3) | 5}
-_KMSG_MAX = 900  # a kernel record holds about 1 KiB
-
-
-class Log:
-    """One line per event on stderr, which systemd sends to the journal.
-
-    Under systemd (``JOURNAL_STREAM`` set) each line starts with a syslog priority prefix
-    (``<3>`` error, ``<4>`` warning, ``<6>`` info) that journald turns into the entry's priority;
-    in a terminal the prefix is left out.
-    """
-
-    ERR, WARNING, INFO = 3, 4, 6
-
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
-        self.prefix = bool(os.environ.get("JOURNAL_STREAM"))
-
-    def __call__(self, priority: int, text: str) -> None:
-        label = {3: "error: ", 4: "warning: "}.get(priority, "")
-        head = f"<{priority}>" if self.prefix else ""
-        try:  # control characters (a config's ESC or NUL) escaped: one line, no terminal codes
-            print(f"{head}podvm-gpu: {label}{shown(text)}", file=self.stream, flush=True)
-        except (OSError, ValueError):
-            pass  # a closed stderr must not fail the boot
-
-    def step(self, step: Step) -> None:
-        priority = self.ERR if step.result == StepResult.FAILED else self.INFO
-        message = f": {step.message}" if step.message else ""
-        self(priority, f"{step.name} {step.result} in {step.duration_s:.3f} s{message}")
 
 
 class Interrupted(BaseException):
@@ -195,9 +163,7 @@ class Run:
         state, reason = self.bind_end(state, reason)
         # one line, and no control character (ESC, NUL) for the console, the journal, the
         # spec's environment or a terminal: escaped as \xNN
-        reason = shown(" ".join(reason.split()))
-        if len(reason) > REASON_MAX:
-            reason = reason[:REASON_MAX - 4].rstrip() + " ..."
+        reason = cut_reason(reason)
         if self.dry_run:
             return self._dry_run_end(state, reason)
         self.finishing()
@@ -206,11 +172,10 @@ class Run:
             # document still has its detect step (4.1: steps start with detect)
             self.status.steps.append(Step("detect", StepResult.SKIPPED,
                                           "not run: the boot ended before its first step"))
-        try:
-            self._publish_unavailable(state, reason)
-        except OSError as err:
-            state, reason = State.FAILED, f"{reason}; cdi: cannot write {CDI_SPEC_PATH}: " \
-                                          f"{oserror(err)}"
+        from podvm_gpu import cdi
+
+        self.status.warnings.extend(cdi.disable_duplicates(self.root))
+        self.status.cdi = None  # the ready spec, if one was installed, is replaced or removed
         return self._final(state, reason)
 
     def end_ready(self) -> int:
@@ -226,7 +191,7 @@ class Run:
         names = ", ".join(sorted({g.name for g in gpus}))
         self.log(Log.INFO, f"ready in {time.monotonic() - self.started:.3f} s: "
                            f"{len(gpus)} GPU(s) ({names})")
-        return self._final(State.READY, None)
+        return self._final(State.READY, None, keep_spec=True)
 
     def bind_end(self, state: str, reason: str | None) -> tuple[str, str | None]:
         """The end's binding once (bind.py's ``at_end``; no register: one ``stat``)."""
@@ -239,42 +204,24 @@ class Run:
         from podvm_gpu.steps.cc.bind import at_end
         return at_end(self, state, reason)
 
-    def _publish_unavailable(self, state: str, reason: str) -> None:
-        from podvm_gpu import cdi
-        from podvm_gpu.cdi.unavailable import remove_spec, write_unavailable_spec
-
-        self.status.warnings.extend(cdi.disable_duplicates(self.root))
-        self.status.cdi = None  # the ready spec, if one was installed, is replaced or removed
-        if self.write_spec:
-            write_unavailable_spec(self.root, state, reason)
-        else:
-            remove_spec(self.root)
-
-    def _final(self, state: str, reason: str | None) -> int:
+    def _final(self, state: str, reason: str | None, keep_spec: bool = False) -> int:
+        state, reason, _written = ending.finish(
+            self.root, state, reason, self._write_final, self.log, keep_spec=keep_spec,
+            unavailable_spec=self.write_spec, line=self._ready_line())
         if state == State.FAILED:
-            self.log(Log.ERR, f"failed: {reason}")
-            for step in self.status.steps:  # a final document has no running step (4.3)
-                if step.result == StepResult.RUNNING:
-                    step.result, step.message = StepResult.FAILED, reason or ""
-                    step.duration_s = time.monotonic() - step.started
-        try:
-            self.status_file.finish(self.status, state, reason)
-        except OSError as err:
-            failure = f"status: cannot write {STATUS_PATH}: {oserror(err)}"
-            if failure not in (reason or ""):  # the first write may have failed the same way
-                self.log(Log.ERR, f"failed: {failure}")
-                reason = f"{reason}; {failure}" if reason else failure
-            state = State.FAILED
-            try:  # the spec must not say ready (or no-gpu) for a boot that failed
-                self._publish_unavailable(state, reason)
-            except OSError:
-                pass
-            self.status.state, self.status.reason = state, reason
-        tell_console(self.root, state, reason or self._ready_line())
+            self.status.state, self.status.reason, self.status.cdi = state, reason, None
         if self.metrics is not None and self.metrics.textfile:
             self._write_metrics_textfile()
         report(self.status, self.json_out)
         return 0 if state in (State.READY, State.NO_GPU) else 1
+
+    def _write_final(self, state: str, reason: str | None) -> None:
+        if state == State.FAILED:
+            for step in self.status.steps:  # a final document has no running step (4.3)
+                if step.result == StepResult.RUNNING:
+                    step.result, step.message = StepResult.FAILED, reason or ""
+                    step.duration_s = time.monotonic() - step.started
+        self.status_file.finish(self.status, state, reason)
 
     def _write_metrics_textfile(self) -> None:
         """The boot's metrics for node-exporter's textfile collector (config metrics.textfile),
@@ -311,12 +258,7 @@ class Run:
         """Why a boot run by this user could not write its files under the root (the deepest
         existing folder of the status file's and the spec's is not writable: ``os.access``), or
         None. ``boot --dry-run`` says it rather than promise the writes (issue 47 item 22)."""
-        import os
-
-        from podvm_gpu.cdi import SPEC_PATH
-        from podvm_gpu.status import STATUS_PATH
-
-        for host_dir in (os.path.dirname(STATUS_PATH), os.path.dirname(SPEC_PATH)):
+        for host_dir in (os.path.dirname(STATUS_PATH), os.path.dirname(CDI_SPEC_PATH)):
             try:
                 folder = self.root.resolve(host_dir)
             except OSError as err:
@@ -382,9 +324,7 @@ class Run:
                 reason = f"{self.running_step().name}: {what}" if self.status.steps \
                     else f"detect: {what}"
             reason = self.bind_end(State.FAILED, reason)[1] or reason  # a fail event (3.14)
-            reason = shown(" ".join(reason.split()))
-            if len(reason) > REASON_MAX:
-                reason = reason[:REASON_MAX - 4].rstrip() + " ..."
+            reason = cut_reason(reason)
         except BaseException:
             reason = "status: the boot's ending failed"
         try:
@@ -394,12 +334,7 @@ class Run:
         if self.dry_run or (self.ending is None and not self.status.steps):
             return 1
         try:
-            from podvm_gpu.cdi.unavailable import remove_spec, write_unavailable_spec
-
-            if self.write_spec:
-                write_unavailable_spec(self.root, State.FAILED, reason)
-            else:
-                remove_spec(self.root)
+            ending.withdraw_spec(self.root, State.FAILED, reason, self.write_spec)
         except BaseException as spec_err:  # the status must still be written
             self.log(Log.ERR, f"cdi: cannot write {CDI_SPEC_PATH}: {type(spec_err).__name__}: "
                               f"{spec_err}")
@@ -429,48 +364,6 @@ class Run:
         step.result = StepResult.FAILED
         step.message = f"internal error: {type(err).__name__}: {err}"
         return self.fail(f"{step.name}: {step.message}")
-
-
-def oserror(err: OSError) -> str:
-    """An OS error in words with the file it is about: the target of a rename (an atomic
-    write's), never its temporary name (``.status.json.<pid>.tmp``), which no reader knows."""
-    name = getattr(err, "filename2", None) or err.filename
-    if name and os.path.basename(str(name)).startswith(".") and str(name).endswith(TMP_SUFFIX):
-        name = None
-    return f"{err.strerror or err}" + (f" ({name})" if name else "")
-
-
-def tell_console(root: Root, state: str, reason: str) -> None:
-    """Write the final state line to the kernel log (``<root>/dev/kmsg``), which the console
-    prints: ``podvm-gpu[PID]: failed: <reason>``.
-
-    Only into a character device (the real kernel log) or a FIFO (tests read one), opened
-    without blocking and without following a link; a write to /dev/kmsg never waits for the
-    console. Nothing is raised: the line is a courtesy, the status file is the record. The
-    kernel log reader (host/kmsg.py) skips records that do not come from the kernel, so the
-    agent never reads its own lines back as evidence.
-    """
-    try:
-        fd = os.open(root.resolve(KMSG_PATH, follow_last=False),
-                     os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError:
-        return
-    try:
-        mode = os.fstat(fd).st_mode
-        if (mode & 0o170000) in (0o020000, 0o010000):  # S_IFCHR, S_IFIFO
-            text = shown(" ".join(f"podvm-gpu[{os.getpid()}]: {state}: {reason}".split()))
-            os.write(fd, f"<{_KMSG_PRIORITY.get(state, 29)}>{text[:_KMSG_MAX]}\n".encode(
-                "utf-8", errors="replace"))
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def untrusted_root(root: Root) -> str | None:
-    """Why boot must not write under ``root``: :func:`podvm_gpu.host.fs.untrusted_dirs` for
-    the folders of the status file and the spec (``check``'s status row asks the same)."""
-    return untrusted_dirs(root, (os.path.dirname(STATUS_PATH), os.path.dirname(CDI_SPEC_PATH)))
 
 
 def report(status: Status, json_out: bool) -> None:

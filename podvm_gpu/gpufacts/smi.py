@@ -25,7 +25,7 @@ import collections
 import re
 
 from podvm_gpu.gpufacts import judge
-from podvm_gpu.gpufacts.words import GPU_LOST, GPU_REQUIRES_RESET, csv_rows, csv_value, na
+from podvm_gpu.gpufacts.words import GPU_LOST, GPU_REQUIRES_RESET, csv_rows, csv_value, na, said, status_text
 
 CSV = "--format=csv,noheader"
 FABRIC_FIELDS = ("pci.bus_id", "fabric.state", "fabric.status")
@@ -134,6 +134,30 @@ def conf_compute_argv(*args: str) -> list[str]:
     """``nvidia-smi conf-compute <args>`` (``-f``, ``-d``, ``-e``, ``-mgm``, ``-grs``; ``-srs
     1``/``-srs 0``, the only setting the agent makes, in the confidential-computing step)."""
     return ["nvidia-smi", "conf-compute", *args]
+
+
+def ready_state_off(runner) -> str | None:
+    """``nvidia-smi conf-compute -srs 0``: the confidential GPUs' ready state set back to
+    not-ready (system-wide), once: a lost GPU makes it exit 15, which is said, not retried
+    (the attestation gate's failed attestation, and the GPUs taken away in a confidential
+    guest: podvm_gpu/ending.py).
+
+    Args:
+        runner: a :class:`~podvm_gpu.host.proc.Runner`.
+
+    Returns:
+        None when it was set; else the one wording of what happened, ``nvidia-smi conf-compute
+        -srs 0: exit 15 (GPU is lost): <what it printed>`` (or ``...: not run (<why>)``).
+    """
+    from podvm_gpu.errors import CommandError, one_line
+
+    try:
+        done = runner.run(conf_compute_argv("-srs", "0"), check=False)
+    except CommandError as err:
+        return f"nvidia-smi conf-compute -srs 0: not run ({one_line(err, 200)})"
+    if done.returncode == 0:
+        return None
+    return f"nvidia-smi conf-compute -srs 0: {status_text(done.returncode)}: {said(done.output)}"
 
 
 # --- parsers -------------------------------------------------------------------------------

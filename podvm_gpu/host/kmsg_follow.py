@@ -16,7 +16,7 @@ How new records are waited for depends on what the path is:
 
 Records a program wrote (syslog facility other than kernel) are skipped, as host/kmsg.py skips
 them, except that :meth:`KernelLog.read` reports the boot's own final ``ready`` line
-(boot/run.py ``tell_console``): that record is the position the boot reached.
+(podvm_gpu/journal.py ``tell_console``): that record is the position the boot reached.
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ import os
 import time
 
 from podvm_gpu.config.model import Config
-from podvm_gpu.errors import Cancelled, StepFailed, one_line
+from podvm_gpu.errors import Cancelled, StepFailed
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.host.wait import until
-from podvm_gpu.model import REASON_MAX, PciDevice, Status
+from podvm_gpu.model import PciDevice, Status, cut_reason
 
 # A call whose failure the boot survives (an optional module, a version or state probe) may
 # take at most this long, whatever the tool's timeout: a hang there must not spend the budget
@@ -107,7 +107,7 @@ class BootContext:
 
     def warn(self, text: str) -> None:
         """Add a one-line warning to the status (cut as a reason is: model.REASON_MAX)."""
-        line = one_line(text, REASON_MAX)
+        line = cut_reason(text)
         if line not in self.status.warnings:
             self.status.warnings.append(line)
 

@@ -15,7 +15,7 @@ from podvm_gpu.host.kmsg_follow import BOOT_READY, KernelLog
 from podvm_gpu.model import State, now_iso, shown
 from podvm_gpu.status import read_status
 from podvm_gpu.watch import daemons, verdicts
-from podvm_gpu.watch.act import apply_finding, watched, write_status
+from podvm_gpu.watch.act import apply_finding, watched
 from podvm_gpu.watch.once import apply_pending, clear_finding, read_config, refused_root, say
 
 SAVE_EVERY_S = 10.0  # the position in watch.json: at most this old while records arrive
@@ -64,7 +64,7 @@ def run_watch(root_dir: str, config: str | None = None, json_out: bool = False,
     Args:
         root_dir: the root (contract section 1); config: ``--config`` or None.
     """
-    from podvm_gpu.boot.run import Log
+    from podvm_gpu.journal import Log
 
     root = Root(root_dir)
     log = Log()
@@ -314,7 +314,7 @@ class Watcher:
     def _status_warning(self, text: str) -> None:
         """Add ``text`` to status.json's warnings, under the boot's lock (a boot running again
         owns the file meanwhile: then the warning stays in watch.json only)."""
-        from podvm_gpu.status import acquire_lock
+        from podvm_gpu.status import acquire_lock, write_status
 
         try:
             fd = acquire_lock(self.root, 0.5, lambda *a: None)

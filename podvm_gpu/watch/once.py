@@ -15,7 +15,7 @@ from podvm_gpu.watch.act import LOCK_WAIT_S, apply_finding
 def refused_root(root: Root, log) -> bool:
     """True (said) when a folder on the way to the run or spec folder is one another user could
     change: boot refuses such a root, and the watcher writes there as root too."""
-    from podvm_gpu.boot.run import untrusted_root
+    from podvm_gpu.ending import untrusted_root
 
     refused = untrusted_root(root)
     if refused:

@@ -136,7 +136,7 @@ def test_a_spec_folder_that_refuses_the_write_is_said_and_tried_again():
             folder.rename(aside)
             folder.write_text("not a folder\n")  # every write under it fails: ENOTDIR
             append_kmsg(world, XID_79)
-            said = wait_until(lambda: "the spec could not be replaced" in
+            said = wait_until(lambda: "cdi: cannot write /var/run/cdi/nvidia.yaml" in
                               (status(world)["reason"] or ""), 10, proc)
             assert said, stderr_of(world)
             assert status(world)["state"] == "failed" and status(world)["cdi"] is None
@@ -151,5 +151,5 @@ def test_a_spec_folder_that_refuses_the_write_is_said_and_tried_again():
             if aside.exists() and not folder.exists():
                 aside.rename(folder)
         assert "PODVM_GPU_STATE=failed" in spec_env(world)
-        assert "could not be replaced" not in status(world)["reason"]
+        assert "cdi: cannot write" not in status(world)["reason"]
         shutil.rmtree(aside, ignore_errors=True)

@@ -404,20 +404,31 @@ def at_end(run, state: str, reason: str | None) -> tuple[str, str | None]:
         run.log(4, said)
         status.warnings.append(said)
     done = status.binding
-    if done is not None and not (failed and done.get("state") == BOUND and
-                                 done.get("result") == PASS):
+    if done is not None and not (failed and passed(done)):
         return state, reason
-    try:
-        status.binding, failure = for_boot(run.root, status, run.bind_mode,
-                                           FAIL if failed else NONE)
-    except Exception as err:  # a bug must not keep the boot from its end
-        failure = f"binding broken: internal error: {type(err).__name__}: {err}"
-        status.binding = record(BROKEN, reason=failure)
+    failure = settle(run.root, status, run.bind_mode, failed)
     if failure is None:
         return state, reason
-    failure = f"confidential-computing: {failure}"
     run.log(3, failure)
     return "failed", (f"{reason}; {failure}" if failed and reason else failure)
+
+
+def passed(done) -> bool:
+    """Whether a binding record is a bound ``pass`` (what a failed end revokes)."""
+    return isinstance(done, dict) and done.get("state") == BOUND and done.get("result") == PASS
+
+
+def settle(root, status, mode: str, failed: bool) -> str | None:
+    """:func:`for_boot` with ``fail`` (``failed``) or ``none`` at an end (:func:`at_end`, and
+    the watcher's revocation, podvm_gpu/ending.py ``revoke``); sets ``status.binding``.
+    Returns the reason's clause (``confidential-computing: binding ...``) when the end must
+    fail for it, else None. Never raises: an error is a broken binding."""
+    try:
+        status.binding, failure = for_boot(root, status, mode, FAIL if failed else NONE)
+    except Exception as err:  # a bug must not keep the end from its end
+        failure = f"binding broken: internal error: {type(err).__name__}: {err}"
+        status.binding = record(BROKEN, reason=failure)
+    return f"confidential-computing: {failure}" if failure else None
 
 
 def _keep_record(root, attested: dict | None) -> str | None:

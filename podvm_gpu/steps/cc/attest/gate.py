@@ -26,7 +26,7 @@ import os
 import time
 
 from podvm_gpu.errors import CommandError, StepFailed, one_line
-from podvm_gpu.gpufacts.smi import conf_compute_argv, vbios_argv
+from podvm_gpu.gpufacts.smi import ready_state_off, vbios_argv
 from podvm_gpu.row import doc_ref
 from podvm_gpu.steps.cc.attest import run as nvattest
 from podvm_gpu.steps.cc.attest import verdict as v
@@ -286,15 +286,9 @@ def _unready(ctx, state: str) -> str:
     """
     if state != "ready":
         return ""
-    try:
-        done = ctx.runner.run(conf_compute_argv("-srs", "0"), check=False)
-        said = "" if done.returncode == 0 else \
-            f"exit {done.returncode}: {one_line(done.output, 200)}"
-    except CommandError as err:
-        said = one_line(str(err), 200)
+    said = ready_state_off(ctx.runner)
     if said:
-        return ("; the ready state found ready could NOT be set back to not-ready (nvidia-smi "
-                f"conf-compute -srs 0 {said})")
+        return f"; the ready state found ready could NOT be set back to not-ready ({said})"
     ctx.warn("confidential-computing: attestation failed; the ready state found ready was set "
              "back to not-ready (nvidia-smi conf-compute -srs 0)")
     return "; the ready state found ready was set back to not-ready"
