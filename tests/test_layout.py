@@ -357,7 +357,7 @@ def parses_kmsg_records(source: str) -> list[str]:
 def test_only_host_kmsg_parses_a_kernel_log_record():
     """Issue 44 item 3: one record parser (``host/kmsg.py`` ``parse_line``) for every reader of
     the kernel log (boot's, check's, the once-per-boot reader, the watcher's follower); the
-    log's readers live in ``host/`` (``boot/run.py`` only writes the console line to it)."""
+    log's readers live in ``host/`` (``journal.py`` only writes the console line to it)."""
     home = PACKAGE / "host" / "kmsg.py"
     others = {str(path.relative_to(PACKAGE)): parses_kmsg_records(path.read_text())
               for path in PACKAGE.rglob("*.py") if path != home}
@@ -366,7 +366,7 @@ def test_only_host_kmsg_parses_a_kernel_log_record():
 
     assert {name: found for name, found in others.items() if found} == {}
     assert parses_kmsg_records(home.read_text()), "the one parser moved: update this rule"
-    assert naming == ["boot/run.py"], "a reader of the kernel log outside host/"
+    assert naming == ["journal.py"], "a reader of the kernel log outside host/"
 
 
 def test_the_parser_rule_finds_a_second_parser():
