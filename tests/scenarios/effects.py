@@ -15,6 +15,7 @@ import json
 import os
 import re
 import stat
+import time
 
 from . import testbed
 
@@ -238,6 +239,7 @@ def initial_state(pci: list[dict], pci_late: list[dict] = ()) -> dict:
         "arrived": [],  # addresses of pci_late devices in the testbed (all of them after boot)
         "arrivals": [],  # [{"address", "at_s", "testbeds", "monitors"}] each live arrival
         "applied": [],  # effect marks, see effect_mark
+        "marked_at": {},  # mark -> time.time() its first application began
         "fabric": None,  # a FABRIC_STATES key once a fabric effect applied
         "cc_ready_state": None,
         "daemons": [],  # [{"tool": ..., "pid": ...}] stand-ins started by daemon_ready / fabric
@@ -320,10 +322,14 @@ class Effects:
         """
         name = effect_name(effect)
         method = "_register_char_device_effect" if name == "register_char_device" else "_" + name
+        began = time.time()
         getattr(self, method)(effect[name], effect)
         mark = effect_mark(effect)
         if mark not in self.state["applied"]:
             self.state["applied"].append(mark)
+            # issue 46: when the effect began (the call log's clock); the ordering check reads
+            # persistenced's readiness from here (tests/scenarios/order.py)
+            self.state.setdefault("marked_at", {})[mark] = began
         return mark
 
     # -- modules ------------------------------------------------------------------------------
