@@ -85,3 +85,4 @@ def test_the_cc_identity_read_fails_when_nvml_lists_fewer_than_the_driver(tmp_pa
     with pytest.raises(StepFailed, match=r"NVML lists 1 of the 2 GPU\(s\).*before nvattest; "
                                          r"not listed: 00000000:2A:00\.0\).*early client"):
         identity.read(one, "before nvattest", root)
+
