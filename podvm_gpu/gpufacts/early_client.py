@@ -11,8 +11,9 @@ unit of the image, ``/etc/modules-load.d`` loading nvidia-drm: ``check --image``
 
 Two signs, each failing the boot with :data:`podvm_gpu.host.kmsg.EARLY_CLIENT`'s words:
 
-- the kernel's line (host/kmsg.py kind ``early-client``, fatal): read once persistenced is ready
-  (:func:`after_persistenced`, steps/persistenced.py) and at the boot's end (boot/pipeline.py);
+- the kernel's line (host/kmsg.py kind ``early-client``, fatal): read when the modules step ends
+  (its fatal findings), once persistenced is ready (:func:`after_persistenced`,
+  steps/persistenced.py) and at the boot's end (boot/pipeline.py);
 - NVML listing fewer GPUs than the driver attached (:func:`fewer_in_nvml`): where the boot reads
   NVML's GPU list (the confidential-computing step's identity read, the fabric step's count).
 """
