@@ -60,7 +60,7 @@ def test_an_image_with_driver_units_and_tools_passes(tmp_path):
         "unit": "pass", "kata-agent-ordering": "pass", "kata-agent-cdi": "skip",
         "tools": "pass", "modules": "pass",
         "versions": "pass", "firmware": "pass", "module-compression": "pass",
-        "cdi-refresh-units": "pass", "watch": "pass", "trust": "pass", "fabric": "skip",
+        "cdi-refresh-units": "pass", "early-gpu-clients": "pass", "watch": "pass", "trust": "pass", "fabric": "skip",
         "attestation-agent-ordering": "skip", "config-compiled": "skip", "attestation": "warn",
         "toolkit": "skip"}  # stand-in binaries no dpkg package lists: versions unknown
     assert VERSION in checks["versions"]["detail"]
@@ -130,6 +130,22 @@ def test_enabled_refresh_units_fail_the_image(tmp_path):
     code, checks = check_image(root)
     assert code == 1
     assert checks["cdi-refresh-units"]["result"] == "fail"
+
+
+def test_a_modules_load_file_loading_nvidia_drm_fails_an_image_serving_confidential_vms(tmp_path):
+    # issue 46: systemd-modules-load loads the driver before the agent's persistenced
+    root = make_image(tmp_path)
+    (root / "etc/modules-load.d").mkdir(parents=True)
+    (root / "etc/modules-load.d/nvidia-drm.conf").write_text("# KMS\nnvidia-drm\n")
+    code, checks = check_image(root)
+    assert checks["early-gpu-clients"]["result"] == "warn"
+    assert "/etc/modules-load.d/nvidia-drm.conf loads nvidia_drm" in \
+        checks["early-gpu-clients"]["detail"]
+    config = root / "etc/podvm-gpu/config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("confidential_computing:\n  image_serves: true\n")
+    code, checks = check_image(root)
+    assert code == 1 and checks["early-gpu-clients"]["result"] == "fail"
 
 
 def test_a_config_others_may_write_fails_the_image_and_one_owned_by_the_builder_warns(tmp_path):

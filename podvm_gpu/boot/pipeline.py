@@ -233,7 +233,12 @@ def run_pipeline(run: Run, config: Config | None) -> int:
         ctx.runner.cancel("the boot's steps ended")
     if reason is not None:
         return _fail(run, reason)
-    for finding in kmsg.findings(kmsg.read_kernel_log(run.root)):
+    messages = kmsg.read_kernel_log(run.root)
+    early = next((f for f in kmsg.findings(kmsg.since_driver_load(messages))
+                  if f.kind == "early-client"), None)
+    if early is not None:  # issue 46: NVML lost GPUs while the boot ran (gpufacts/early_client.py)
+        return _fail(run, f"kernel log: {early.describe()}")
+    for finding in kmsg.findings(messages):
         ctx.warn(f"kernel log: {finding.describe()}")
     return run.end_ready()
 

@@ -9,6 +9,7 @@ import os
 
 from podvm_gpu import steps, units
 from podvm_gpu.check import FAIL, PASS, SKIP, WARN, Check, isolated
+from podvm_gpu.check.early import early_clients_check
 from podvm_gpu.check.units import (
     UNREAD_HINT,
     kata_cdi_check,
@@ -202,6 +203,8 @@ HEAD_ROWS = {
 }
 TAIL_ROWS = {
     "cdi-refresh-units": lambda image: refresh_units_check(image.root),
+    "early-gpu-clients": lambda image: early_clients_check(
+        image.root, image.config.confidential_computing.image_serves),
     "watch": lambda image: watch_unit_check(image.root, vm=False),
     "trust": trust_row,
     "config-compiled": compiled_config_row,

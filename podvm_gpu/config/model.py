@@ -94,7 +94,8 @@ class ConfidentialComputingConfig(Section):
     (nvattest.md 7.1, 8 in the shared notes). ``relying_party_policy``, ``rim_dir`` (with it
     ``--rim-store dir``), ``rim_url``, ``ocsp_url``: passed to nvattest (an OCSP/RIM proxy:
     docs/operating.md). ``image_serves``: this image serves confidential GPU VMs: ``check
-    --image`` fails instead of warning when nvattest is missing; with
+    --image`` fails instead of warning when nvattest is missing, and when something opens a GPU
+    before the agent (check/early.py); with
     ``image_serves_protected_pcie`` (the image serves 8-GPU HGX VMs in Protected PCIe mode)
     libnvidia-nscq is required too, and only then; boot reads neither. ``bind``: the GPUs'
     verdict bound into TDX RTMR3 with an event in the attestation-agent's log

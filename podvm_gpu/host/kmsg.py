@@ -242,7 +242,8 @@ class Finding(collections.namedtuple("Finding", "kind summary message code", def
         kind: ``xid``, ``fell-off-bus``, ``gsp-firmware``, ``bar``, ``needs-reset``,
             ``open-module-unsupported``, ``unsupported-pci-id``, ``bound-elsewhere``,
             ``api-mismatch``, ``lockdown``, ``no-device``, ``cc-not-enabled``, ``lkca-stubs``,
-            ``swiotlb-full``, ``dma-mapping``, ``cannot-attach``, ``decompress-failed``.
+            ``swiotlb-full``, ``dma-mapping``, ``early-client``, ``cannot-attach``,
+            ``decompress-failed``.
         summary: one line naming the facts (Xid code and PCI address, versions, ...).
         message: the joined kernel message, quoted as it was.
         code: the Xid code for ``xid``, else None.
@@ -266,7 +267,13 @@ class Finding(collections.namedtuple("Finding", "kind summary message code", def
 # (podvm_gpu/xids.py, NVIDIA's Xid catalog). Others (13, 31, 43, 45, ...) are errors of one
 # application and only become warnings; NVLink 5's 144-150 are fatal when their record says so.
 FATAL_XIDS = xids.FATAL_XIDS
-FATAL_KINDS = frozenset({"fell-off-bus", "needs-reset", "gsp-firmware", "bar"})
+FATAL_KINDS = frozenset({"fell-off-bus", "needs-reset", "gsp-firmware", "bar", "early-client"})
+# The words every reason about a driver an early client re-initialised carries (issue 46 item 2;
+# the kernel's line above, or NVML seeing fewer GPUs than /proc/driver/nvidia/gpus:
+# podvm_gpu/gpufacts/early_client.py).
+EARLY_CLIENT = ("the driver was re-initialised by an early client (a GPU client opened the "
+                "GPUs before nvidia-persistenced; NVML then lists fewer GPUs than the driver "
+                "attached)")
 # The driver loaded but cannot attach (initialise) a GPU: every NVML client then fails ("No
 # devices were found", "nvidia-persistenced failed to initialize"), so the log, not the client,
 # names the cause. Most specific first; ``cannot-attach`` (RmInitAdapter failed) is the rest.
@@ -370,6 +377,13 @@ _PATTERNS: list[tuple[str, _Lazy, str]] = [
      "used)"),
     ("dma-mapping", _Lazy(r"Failed to create a DMA mapping", re.I, ("dma mapping",)),
      "the driver could not create a DMA mapping"),
+    # A GPU client (an NVML program, nvidia-drm's load) opened the GPUs before nvidia-persistenced
+    # in a confidential multi-GPU guest: the driver loads and re-initialises, logs this assertion
+    # and NVML then lists fewer GPUs than /proc/driver/nvidia/gpus (NVIDIA/nvtrust#109: "only 1
+    # GPU shows up in nvidia-smi, while all have entries in /proc/driver/nvidia/gpus/*/information";
+    # persistenced "needs to be the first entity to load the GPU kernel driver").
+    ("early-client", _Lazy(r"pVGpu != NULL @ objvgpu\.c:\d{1,6}", 0, ("objvgpu.c",)),
+     EARLY_CLIENT),
     ("cannot-attach", _Lazy(r"(?:GPU (?P<pci>[0-9A-Fa-f:.]{7,16}): )?RmInitAdapter failed! "
                             r"\((?P<code>0x[0-9A-Fa-f]{1,8}:0x[0-9A-Fa-f]{1,8}:\d{1,6})\)", 0,
                             ("rminitadapter failed",)),

@@ -16,6 +16,7 @@ import os
 import time
 
 from podvm_gpu.errors import StepFailed, ended_text
+from podvm_gpu.gpufacts import early_client
 from podvm_gpu.host.daemons import Daemon, RefusedStart, start_persistenced
 from podvm_gpu.readers import PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET, daemon_pid
 from podvm_gpu.row import FAIL, PASS, WARN, Check
@@ -163,6 +164,7 @@ def run(ctx: BootContext) -> str:
     started = time.monotonic()
     if pid is not None:
         wait_for(ctx, ready, None, "nvidia-persistenced", wait_s, rule, running=running)
+        early_client.after_persistenced(root)
         return f"already running (pid {pid})"
     def settle(daemon: Daemon) -> Daemon:
         wait_for(ctx, ready, daemon, "nvidia-persistenced", wait_s, rule, running=running)
@@ -173,6 +175,7 @@ def run(ctx: BootContext) -> str:
     daemon, dropped = start_persistenced(lambda argv: ctx.start_daemon(argv, LOG_PATH),
                                          cfg.args, settle, ctx.warn)
     took = time.monotonic() - started
+    early_client.after_persistenced(root)  # issue 46: a driver an early client re-initialised
     without = f", without {', '.join(dropped)} (not offered)" if dropped else ""
     return f"started ({daemon.where}{without}), ready in {took:.2f} s (wait up to {wait_s:g} s)"
 

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import stat
+import time
 
 from . import testbed
 
@@ -43,6 +44,8 @@ EFFECTS = {
     "cc_ready_state": ({"ready", "not-ready"}, set()),
     # the harness's own (issue 28): a character major the driver registers in /proc/devices
     "register_char_device": ({"nvidia-caps-imex-channels"}, {"major"}),
+    # issue 46 (harness only): one kernel-log record appended after the effects before it
+    "kernel_log": (None, set()),
 }
 FLAVOURS = ("open", "proprietary")
 
@@ -229,6 +232,30 @@ def validate_effect(effect: object) -> None:
         raise EffectError("load_module: version must be a string (quote it), major an integer")
 
 
+_ERROR_WORDS = re.compile(r"\b(errors?|fail(s|ed|ure)?|cannot|unable|timeout|timed out)\b", re.I)
+_LEVEL = re.compile(r"<([0-7])>")
+
+
+def kmsg_level(line: str) -> tuple[int, str]:
+    """A ``kernel_log`` line's level and message: a leading ``<0>``..``<7>`` gives the level
+    (EFFECTS.md, "Files and symlinks"); without one, :func:`kmsg_priority` guesses it."""
+    m = _LEVEL.match(line)
+    if m:
+        return int(m.group(1)), line[m.end():]
+    return kmsg_priority(line), line
+
+
+def kmsg_priority(message: str) -> int:
+    """Syslog level of a kernel-log line: 3 (err) for Xid and error words, 4 (warning) for taint
+    notices, 6 (info) otherwise. Taint comes first: 'module verification failed ... tainting
+    kernel' is a notice in the kernel, not an error."""
+    if "NVRM: Xid" in message:
+        return 3
+    if "taint" in message.lower():
+        return 4
+    return 3 if _ERROR_WORDS.search(message) else 6
+
+
 def initial_state(pci: list[dict], pci_late: list[dict] = ()) -> dict:
     """The state of a new world: bindings as the case's ``pci`` and ``pci_late`` give them,
     nothing applied yet, no late device arrived."""
@@ -238,6 +265,7 @@ def initial_state(pci: list[dict], pci_late: list[dict] = ()) -> dict:
         "arrived": [],  # addresses of pci_late devices in the testbed (all of them after boot)
         "arrivals": [],  # [{"address", "at_s", "testbeds", "monitors"}] each live arrival
         "applied": [],  # effect marks, see effect_mark
+        "marked_at": {},  # mark -> time.time() its first application began
         "fabric": None,  # a FABRIC_STATES key once a fabric effect applied
         "cc_ready_state": None,
         "daemons": [],  # [{"tool": ..., "pid": ...}] stand-ins started by daemon_ready / fabric
@@ -320,10 +348,14 @@ class Effects:
         """
         name = effect_name(effect)
         method = "_register_char_device_effect" if name == "register_char_device" else "_" + name
+        began = time.time()
         getattr(self, method)(effect[name], effect)
         mark = effect_mark(effect)
         if mark not in self.state["applied"]:
             self.state["applied"].append(mark)
+            # issue 46: when the effect began (the call log's clock); the ordering check reads
+            # persistenced's readiness from here (tests/scenarios/order.py)
+            self.state.setdefault("marked_at", {})[mark] = began
         return mark
 
     # -- modules ------------------------------------------------------------------------------
@@ -517,6 +549,21 @@ class Effects:
 
     def _cc_ready_state(self, value: str, effect: dict) -> None:
         self.state["cc_ready_state"] = value
+
+    def _kernel_log(self, line: str, effect: dict) -> None:
+        """Append one record to ``dev/kmsg`` (issue 46): the level as a case's ``kernel_log``
+        line gets it, the next sequence number, and the time since the world was made
+        (``world.json`` ``created``) on the record clock of ``kernel_log`` (which starts at
+        1 s), never before the last record."""
+        level, message = kmsg_level(line)
+        kmsg = self.path("/dev/kmsg")
+        lines = _read(kmsg).splitlines()
+        last = lines[-1].split(";", 1)[0].split(",") if lines else None
+        seq = int(last[1]) + 1 if last else 0
+        usec = 1_000_000 + int((time.time() - float(self.world.get("created", time.time()))) * 1e6)
+        usec = max(usec, int(last[2]) + 1 if last else 0)
+        with open(kmsg, "a") as f:
+            f.write(f"{level},{seq},{usec},-;{message}\n")
 
 
 def _gpu_information(dev: dict, minor: int) -> str:

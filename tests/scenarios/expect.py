@@ -7,7 +7,8 @@ section 5: no effect applied by its tool calls, no file under the root created, 
 removed), holds no row whose detail says the check itself failed (it raised), and its rows
 make a table no wider than 80 and 100 columns (the product's renderer); after a
 boot no other spec in ``/var/run/cdi`` defines kind ``nvidia.com/gpu`` (section 3, step 9).
-A fake tool that could not apply an effect fails the test too.
+No run opens a GPU between the first ``modprobe nvidia`` and persistenced's readiness
+(the ordering rule, issue 46: :mod:`scenarios.order`). A fake tool that could not apply an effect fails the test too.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from referencing.jsonschema import DRAFT7
 from schemas import STATUS_SCHEMA
 from schemas import problems as schema_problems
 
+from . import order
 from .fake_tool import argv_matches
 from .world import CDI_PATH, DATA, Call, Run, World
 
@@ -85,7 +87,7 @@ def judge_boot(world: World, run: Run, expect: dict) -> list[str]:
             problems.append(f"spec lacks cdi_devices {missing} (has {sorted(names)})")
     for tool in expect.get("not_killed") or []:
         problems += _killed(run, tool)
-    return problems
+    return problems + order.world_problems(world, run.calls)
 
 
 def _binding_problems(world: World, status: dict, expect: dict) -> list[str]:
@@ -239,7 +241,7 @@ def judge_check(world: World, run: Run, expect: dict) -> list[str]:
                  for call in run.calls if call.applied]
     if run.root_changes:
         problems.append(f"check is read-only but changed under the root: {run.root_changes[:10]}")
-    return problems
+    return problems + order.world_problems(world, run.calls)
 
 
 def _table_problems(rows: list[dict]) -> list[str]:

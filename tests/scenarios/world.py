@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -35,6 +34,7 @@ from podvm_gpu.host.rtmr import RTMR3_PATH
 
 from . import effects as fx
 from . import fake_server, testbed, toolkit_ctk
+from .effects import kmsg_level, kmsg_priority  # noqa: F401 (the harness unit tests import them here)
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
@@ -66,7 +66,6 @@ BOOT_EXPECT_KEYS = {"state", "exit", "reason_contains", "max_wall_s", "not_calle
 CHECK_EXPECT_KEYS = {"exit", "fails", "warns", "passes", "skips"}
 EXPECT_KEYS = {"boot": BOOT_EXPECT_KEYS, "rerun": BOOT_EXPECT_KEYS, "check": CHECK_EXPECT_KEYS}
 CDI_EXPECTATIONS = ("ready-spec", "unavailable", "absent")
-_ERROR_WORDS = re.compile(r"\b(errors?|fail(s|ed|ure)?|cannot|unable|timeout|timed out)\b", re.I)
 
 # The nvattest stand-in (tests/nvattest_standin.py), on PATH only in a world whose case has an
 # ``nvattest`` plan: each call is logged like a fake tool's, then the stand-in answers.
@@ -293,29 +292,6 @@ def _rule(rule: dict, problems: list[str]) -> dict:
             "keep_output_s": float(rule.get("keep_output_s", 0))}
 
 
-_LEVEL = re.compile(r"<([0-7])>")
-
-
-def kmsg_level(line: str) -> tuple[int, str]:
-    """A ``kernel_log`` line's level and message: a leading ``<0>``..``<7>`` gives the level
-    (EFFECTS.md, "Files and symlinks"); without one, :func:`kmsg_priority` guesses it."""
-    m = _LEVEL.match(line)
-    if m:
-        return int(m.group(1)), line[m.end():]
-    return kmsg_priority(line), line
-
-
-def kmsg_priority(message: str) -> int:
-    """Syslog level of a kernel-log line: 3 (err) for Xid and error words, 4 (warning) for taint
-    notices, 6 (info) otherwise. Taint comes first: 'module verification failed ... tainting
-    kernel' is a notice in the kernel, not an error."""
-    if "NVRM: Xid" in message:
-        return 3
-    if "taint" in message.lower():
-        return 4
-    return 3 if _ERROR_WORDS.search(message) else 6
-
-
 def kmsg_records(messages: list[str]) -> str:
     """The text of ``/dev/kmsg``: one ``<prio>,<seq>,<usec>,-;<message>`` record a line."""
     records = (kmsg_level(line) for line in messages)
@@ -459,7 +435,8 @@ class World:
                         "pci_late": case.pci_late, "vmbus": case.vmbus,
                         "fixture_dirs": case.fixture_dirs, "python": sys.executable,
                         "json_specs": json_specs(case),
-                        "toolkit": case.toolkit or toolkit_ctk.versions(None)}
+                        "toolkit": case.toolkit or toolkit_ctk.versions(None),
+                        "created": time.time()}  # the kernel_log effect's record clock
         Path(layout.config).write_text(json.dumps(self._config, indent=1))
         Path(layout.state).write_text(json.dumps(fx.initial_state(case.pci, case.pci_late),
                                                  indent=1))

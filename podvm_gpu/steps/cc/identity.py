@@ -57,16 +57,19 @@ class GpuIdentity(collections.namedtuple("GpuIdentity", "index bus_id uuid ueid"
         return {"index": self.index, "bus_id": self.bus_id, "uuid": self.uuid, "ueid": self.ueid}
 
 
-def read(runner, when: str) -> list[GpuIdentity]:
+def read(runner, when: str, root=None) -> list[GpuIdentity]:
     """The GPU set as nvidia-smi lists it now, in index order (``ueid`` None).
 
     Args:
         runner: the boot's runner (``run(argv, check=False)``; nvidia-smi's timeout).
         when: what the reason says of the moment (``before nvattest``).
+        root: the boot's root; given, the list must hold every GPU of
+            ``/proc/driver/nvidia/gpus`` (gpufacts/early_client.py, issue 46).
 
     Raises:
-        StepFailed: nvidia-smi could not be run, failed, printed no identity for a GPU, or
-            listed a bus id or UUID twice (the reason quotes its answer).
+        StepFailed: nvidia-smi could not be run, failed, printed no identity for a GPU, listed
+            a bus id or UUID twice (the reason quotes its answer), or listed fewer GPUs than
+            the driver attached (a driver an early client re-initialised).
     """
     try:
         done = runner.run(smi.identity_argv(), check=False)
@@ -86,6 +89,12 @@ def read(runner, when: str) -> list[GpuIdentity]:
         if twice is not None:
             raise StepFailed(f"cannot read the GPUs' identities {when}: {_COMMAND} lists "
                              f"{field} {twice} twice")
+    if root is not None:
+        from podvm_gpu.gpufacts.early_client import fewer_in_nvml
+
+        fewer = fewer_in_nvml(root, [gpu.bus_id for gpu in found], f"{_COMMAND} {when}")
+        if fewer:
+            raise StepFailed(fewer)
     return found
 
 
@@ -171,7 +180,7 @@ def confirm(ctx, before: list[GpuIdentity], state: str) -> str:
     failure = evidence_failure(gpus, record.get("devices") or [])
     if failure is None:
         try:
-            failure = changed(before, read(ctx.runner, "before the ready state"))
+            failure = changed(before, read(ctx.runner, "before the ready state", ctx.root))
         except StepFailed as err:
             failure = str(err)
         if failure is not None:

@@ -65,7 +65,7 @@ def before_ready_state(ctx: BootContext, finding: classify.CcFinding, state: str
     def before_run():  # the fabric first, then the GPU set the evidence must cover (issue 45)
         wait_for_fabric(ctx)
         try:
-            ctx.gpus_before_attestation = identity.read(ctx.runner, "before nvattest")
+            ctx.gpus_before_attestation = identity.read(ctx.runner, "before nvattest", ctx.root)
         except StepFailed as err:
             ctx.status.attestation = {"result": "failed", "reason": str(err)}
             raise

@@ -124,8 +124,13 @@ def nvml_count(ctx: BootContext, states: list[FabricState]) -> None:
         return
     few = ", ".join(missing[:6]) + (", ..." if len(missing) > 6 else "")
     fabric = summarize(states) if states else "no fabric state reported"
+    # issue 46: GPUs the driver attached but NVML does not list: a driver an early client
+    # re-initialised (gpufacts/early_client.py), not a GPU the driver could not take
+    from podvm_gpu.gpufacts.early_client import fewer_in_nvml
+
+    reinit = fewer_in_nvml(ctx.root, seen, "the fabric query") if seen else None
     raise StepFailed(f"NVML sees {ctx.gpu_count - len(missing)} of the {ctx.gpu_count} GPU(s) "
-                     f"on PCI; not seen: {few}; fabric: {fabric}")
+                     f"on PCI; not seen: {few}; fabric: {fabric}" + (f"; {reinit}" if reinit else ""))
 
 
 def seen(ctx: BootContext, states: list[FabricState]) -> str:

@@ -272,6 +272,8 @@ def run(ctx: BootContext) -> str:
     if fatal and "firmware loader" not in (cause or ""):  # issue 28: the loader is the cause
         # Every NVML client would stall or fail on such a GPU; stop before persistenced starts
         # and the waits begin (field case C26).
+        if fatal[0].kind == "early-client":  # issue 46: no reset brings the lost GPUs back
+            raise StepFailed(fatal[0].describe())
         raise StepFailed(f"the kernel log reports a GPU error that needs a GPU reset: "
                          f"{fatal[0].describe()}")
     if cause:
