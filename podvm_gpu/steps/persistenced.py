@@ -4,7 +4,8 @@ It comes before every NVML client (fabric-manager polling, nvidia-smi, CDI gener
 it each client initialises and tears down the GPUs again, which is slow and, in confidential-
 computing mode, harmful. Ready means its socket exists; running means its pid file names a pid
 whose ``/proc/<pid>/comm`` is the daemon's. The wait is ``ready_timeout_s + per_gpu_s * GPUs``
-because initialisation time grows with the GPU count. Ready also needs the daemon running: a
+because initialisation time grows with the GPU count; ``per_gpu_s`` unset follows the slowest
+architecture present (gpufacts/attach.py: Blackwell 35 s, Hopper and older 15 s). Ready also needs the daemon running: a
 socket left by an earlier daemon does not count. The daemon runs in a unit of its own under
 systemd (host/daemons.py), so it outlives the boot whatever the boot's outcome; a daemon still
 initialising when the wait ends is left running: it is never killed mid-way.
@@ -16,6 +17,7 @@ import os
 import time
 
 from podvm_gpu.errors import StepFailed, ended_text
+from podvm_gpu.gpufacts.attach import DEFAULT_RATE_S, rate_for
 from podvm_gpu.host.daemons import Daemon, RefusedStart, start_persistenced
 from podvm_gpu.readers import PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET, daemon_pid
 from podvm_gpu.row import FAIL, PASS, WARN, Check
@@ -150,8 +152,10 @@ def run(ctx: BootContext) -> str:
     root = ctx.root
     socket = root.resolve(PERSISTENCED_SOCKET)
     cfg = ctx.config.persistenced
-    wait_s = cfg.ready_timeout_s + cfg.per_gpu_s * ctx.gpu_count
-    rule = f"{cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x {ctx.gpu_count} GPU(s)"
+    rate = rate_for(ctx.gpus, cfg.per_gpu_s)
+    wait_s = cfg.ready_timeout_s + rate.attach_s
+    rule = f"{cfg.ready_timeout_s:g} s + {rate.per_gpu_s:g} s x {ctx.gpu_count} GPU(s)" + (
+        "" if rate.explicit or rate.per_gpu_s == DEFAULT_RATE_S else f", {rate.source}")
     pid = _pid_of(root)
 
     def ready() -> bool:

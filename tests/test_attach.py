@@ -1,0 +1,92 @@
+"""persistenced's attach budget (issue 46 item 1, podvm_gpu/gpufacts/attach.py): the per-GPU rate
+follows the slowest architecture present (Blackwell 35 s, Hopper and older 15 s, an unlisted
+NVIDIA id the slowest known), an explicit ``persistenced.per_gpu_s`` wins, and the shipped
+defaults for 8 x B300 are held against budget_s, the unit's TimeoutStartSec and
+cloud-api-adaptor's 300 s."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from podvm_gpu import units
+from podvm_gpu.config.load import parse_config
+from podvm_gpu.config.model import Config
+from podvm_gpu.gpufacts import attach
+from podvm_gpu.host.fs import Root
+from podvm_gpu.model import PciDevice
+from podvm_gpu.pci_ids import device_name
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def gpus(device_id: str, count: int, start: int = 0x18) -> list[PciDevice]:
+    return [PciDevice(f"0000:{start + i:02x}:00.0", "10de", device_id, "030200", None,
+                      device_name(device_id)) for i in range(count)]
+
+
+def shipped_unit_timeout(tmp_path) -> float:
+    """TimeoutStartSec of the repository's podvm-gpu.service, read as check reads units."""
+    lib = tmp_path / "usr/lib/systemd/system"
+    lib.mkdir(parents=True)
+    shutil.copy(REPO / "systemd/podvm-gpu.service", lib)
+    seconds, _where = units.start_timeout(Root(str(tmp_path)), units.AGENT_UNIT)
+    return seconds
+
+
+@pytest.mark.parametrize(("world", "rate", "source"), [
+    (gpus("2335", 8), 15.0, "Hopper"),                      # H200: as before issue 46
+    (gpus("3182", 8), 35.0, "Blackwell"),                   # B300
+    (gpus("2901", 4), 35.0, "Blackwell"),                   # B200
+    (gpus("20b2", 2), 15.0, "Ampere"),
+    (gpus("2335", 4) + gpus("3182", 1, 0x80), 35.0, "Blackwell"),  # the slowest present decides
+    (gpus("2fff", 2), 35.0, "unknown NVIDIA id 10de:2fff"),  # not listed: the slowest known
+    (gpus("2335", 7) + gpus("2ffe", 1, 0x80), 35.0, "unknown NVIDIA id 10de:2ffe"),
+])
+def test_the_rate_follows_the_slowest_architecture_present(world, rate, source):
+    got = attach.rate_for(world, Config().persistenced.per_gpu_s)
+    assert (got.per_gpu_s, got.explicit, got.gpus) == (rate, False, len(world))
+    assert got.source.startswith(source), got.source
+    assert got.attach_s == rate * len(world)
+
+
+def test_the_slowest_known_rate_is_blackwells_and_an_unknown_id_takes_it():
+    assert attach.SLOWEST_RATE_S == attach.RATES_S["Blackwell"] == 35.0
+    assert attach.architecture_rate("2fff") == (attach.SLOWEST_RATE_S, "unknown")
+    assert attach.architecture_rate("0x2330") == (15.0, "Hopper")
+
+
+@pytest.mark.parametrize("per_gpu_s", [0, 5, 60])
+def test_an_explicit_per_gpu_s_wins_over_the_architecture(per_gpu_s):
+    config = parse_config(f"persistenced:\n  per_gpu_s: {per_gpu_s}\n", "config.yaml")
+    got = attach.rate_for(gpus("3182", 8), config.persistenced.per_gpu_s)
+    assert (got.per_gpu_s, got.explicit, got.source) == (per_gpu_s, True, "persistenced.per_gpu_s")
+
+
+def test_per_gpu_s_is_unset_by_default_and_null_is_taken():
+    assert Config().persistenced.per_gpu_s is None
+    assert parse_config("persistenced: {per_gpu_s: null}\n", "c.yaml").persistenced.per_gpu_s \
+        is None
+
+
+def test_shipped_defaults_for_8_b300_against_budget_unit_and_cloud_api_adaptor(tmp_path):
+    """The numbers of issue 46: 8 x B300 attach in about 280 s; the shipped wait is 30 s + 35 s x
+    8 = 310 s, above budget_s (240 s), the unit's TimeoutStartSec (270 s) and cloud-api-adaptor's
+    300 s, so the boot says so at once (attach.check_fits) instead of waiting 240 s for nothing."""
+    config = Config()
+    world = gpus("3182", 8)
+    rate = attach.rate_for(world, config.persistenced.per_gpu_s)
+    wait_s = config.persistenced.ready_timeout_s + rate.attach_s
+    unit_s = shipped_unit_timeout(tmp_path)
+    assert (rate.per_gpu_s, rate.attach_s, wait_s) == (35.0, 280.0, 310.0)
+    assert (config.budget_s, unit_s, attach.CLOUD_API_ADAPTOR_WAIT_S) == (240.0, 270.0, 300.0)
+    assert rate.attach_s > config.budget_s and wait_s > unit_s and wait_s > 300
+    # within the shipped budget 6 Blackwell GPUs fit; with budget_s raised as far as
+    # cloud-api-adaptor's 300 s allows (TimeoutStartSec = budget_s + 30 s = 300 s), 7 (docs/interface.md 3.4)
+    assert attach.fits(rate, config.budget_s) == 6
+    assert attach.fits(rate, attach.CLOUD_API_ADAPTOR_WAIT_S - 30) == 7
+    # Hopper as before: 8 x H200 wait 150 s, inside all three
+    hopper = attach.rate_for(gpus("2335", 8), config.persistenced.per_gpu_s)
+    assert config.persistenced.ready_timeout_s + hopper.attach_s == 150.0
