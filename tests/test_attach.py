@@ -90,3 +90,76 @@ def test_shipped_defaults_for_8_b300_against_budget_unit_and_cloud_api_adaptor(t
     # Hopper as before: 8 x H200 wait 150 s, inside all three
     hopper = attach.rate_for(gpus("2335", 8), config.persistenced.per_gpu_s)
     assert config.persistenced.ready_timeout_s + hopper.attach_s == 150.0
+
+
+class NoRunner:
+    """A runner the step must not reach: the fit is decided before the daemon starts."""
+
+    timeouts: dict = {}
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the runner was used ({name}) although the attach cannot fit")
+
+
+def boot_context(tmp_path, world, config_text=""):
+    import time
+
+    from podvm_gpu.model import Status
+    from podvm_gpu.steps.context import BootContext
+
+    config = parse_config(config_text, "config.yaml") if config_text else Config()
+    return BootContext(Root(str(tmp_path)), config, NoRunner(), Status(),
+                       time.monotonic() + config.budget_s, gpus=world)
+
+
+def test_beyond_what_fits_the_step_fails_at_once_naming_gpus_rate_and_settings(tmp_path):
+    """8 x B300 with the shipped settings: 280 s of attach in a 240 s budget fails before the
+    daemon starts, naming the GPUs, the rate, what fits and the three settings to raise."""
+    import time
+
+    from podvm_gpu.errors import StepFailed
+    from podvm_gpu.steps import persistenced
+
+    ctx = boot_context(tmp_path, gpus("3182", 8))
+    started = time.monotonic()
+    with pytest.raises(StepFailed) as failed:
+        persistenced.run(ctx)
+    reason = str(failed.value)
+    assert time.monotonic() - started < 2
+    for words in ("8 x B300 (10de:3182)", "35 s per GPU", "Blackwell", "280 s expected",
+                  "budget_s 240 s", "6 such GPUs fit", "cloud-api-adaptor's pod-VM timeout",
+                  "budget_s to at least 290 s", "TimeoutStartSec", "persistenced.per_gpu_s"):
+        assert words in reason, (words, reason)
+
+
+@pytest.mark.parametrize(("world", "left_s", "fails"), [
+    (gpus("3182", 6), 238.0, False),   # 210 s of attach in what a 240 s budget leaves
+    (gpus("3182", 7), 238.0, True),    # 245 s
+    (gpus("3182", 7), 270.0, False),   # budget_s 270 (TimeoutStartSec 300, cloud-api-adaptor's)
+    (gpus("2335", 8), 238.0, False),   # 8 x H200, 120 s
+    (gpus("2335", 8), 4.0, False),     # 15 s a GPU is an upper bound, not checked (C19, C43)
+    (gpus("2fff", 8), 238.0, True),    # unknown ids take Blackwell's rate
+])
+def test_what_fits_the_budget_left(world, left_s, fails):
+    from podvm_gpu.errors import StepFailed
+
+    rate = attach.rate_for(world, None)
+    if fails:
+        with pytest.raises(StepFailed, match="such GPUs fit"):
+            attach.check_fits(rate, world, left_s, 240.0)
+    else:
+        attach.check_fits(rate, world, left_s, 240.0)
+
+
+def test_an_explicit_rate_is_held_only_when_slower_than_hoppers():
+    from podvm_gpu.errors import StepFailed
+
+    world = gpus("3182", 8)
+    fast = attach.rate_for(world, parse_config("persistenced: {per_gpu_s: 5}\n", "c.yaml")
+                           .persistenced.per_gpu_s)
+    attach.check_fits(fast, world, 200.0, 240.0)
+    attach.check_fits(fast, world, 30.0, 240.0)  # at most 15 s a GPU: an upper bound, as before
+    slow = attach.rate_for(world, parse_config("persistenced: {per_gpu_s: 40}\n", "c.yaml")
+                           .persistenced.per_gpu_s)
+    with pytest.raises(StepFailed, match=r"40 s per GPU \(persistenced\.per_gpu_s\)"):
+        attach.check_fits(slow, world, 238.0, 240.0)

@@ -17,7 +17,7 @@ import os
 import time
 
 from podvm_gpu.errors import StepFailed, ended_text
-from podvm_gpu.gpufacts.attach import DEFAULT_RATE_S, rate_for
+from podvm_gpu.gpufacts.attach import DEFAULT_RATE_S, check_fits, rate_for
 from podvm_gpu.host.daemons import Daemon, RefusedStart, start_persistenced
 from podvm_gpu.readers import PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET, daemon_pid
 from podvm_gpu.row import FAIL, PASS, WARN, Check
@@ -168,6 +168,9 @@ def run(ctx: BootContext) -> str:
     if pid is not None:
         wait_for(ctx, ready, None, "nvidia-persistenced", wait_s, rule, running=running)
         return f"already running (pid {pid})"
+    # an attach longer than the budget left could only time out: say so now, before the daemon
+    # starts (docs/interface.md 3.4, "Attach budget"; issue 46)
+    check_fits(rate, ctx.gpus, ctx.remaining(), ctx.config.budget_s)
     def settle(daemon: Daemon) -> Daemon:
         wait_for(ctx, ready, daemon, "nvidia-persistenced", wait_s, rule, running=running)
         return daemon
