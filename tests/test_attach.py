@@ -163,3 +163,66 @@ def test_an_explicit_rate_is_held_only_when_slower_than_hoppers():
                            .persistenced.per_gpu_s)
     with pytest.raises(StepFailed, match=r"40 s per GPU \(persistenced\.per_gpu_s\)"):
         attach.check_fits(slow, world, 238.0, 240.0)
+
+
+B300_LINE = "NVRM: {gpu} kbifCacheVFInfo_GB100: Unable to read NV_PF0_INITIAL_AND_TOTAL_VFS"
+
+
+def test_the_attach_marks_and_their_intervals_per_gpu_instance():
+    """kata-containers#13270's lines, about 34 s apart; others are not marks."""
+    records = [(6, "NVRM: loading NVIDIA UNIX Open Kernel Module", 1_000_000),
+               (3, B300_LINE.format(gpu="GPU0"), 7_000_000),
+               (3, B300_LINE.format(gpu="GPU1"), 41_250_000),
+               (6, "nvidia-uvm: Loaded the UVM driver", 41_300_000),
+               (3, B300_LINE.format(gpu="GPU2"), 75_000_000)]
+    assert attach.attach_marks(records) == [("GPU0", 7_000_000), ("GPU1", 41_250_000),
+                                            ("GPU2", 75_000_000)]
+    marks = attach.AttachMarks(attach.rate_for(gpus("3182", 4), None), records[:2])
+    assert marks.last_progress is None
+    assert not marks.update(records[:3][:2], 5.0)  # nothing new: no progress
+    assert marks.update(records, 9.0) and marks.last_progress == 9.0
+    doc = marks.to_dict()
+    assert (doc["per_gpu_s"], doc["rate_source"], doc["gpus"], doc["expected_s"]) == (
+        35.0, "Blackwell", 4, 140.0)
+    assert doc["marks"] == [{"gpu": "GPU0", "at_s": 7.0, "interval_s": None},
+                            {"gpu": "GPU1", "at_s": 41.25, "interval_s": 34.25},
+                            {"gpu": "GPU2", "at_s": 75.0, "interval_s": 33.75}]
+    from podvm_gpu.model import Status
+    from tests.schemas import problems
+
+    status = Status().to_dict()
+    status["attach"] = doc
+    assert [p for p in problems(status) if not p.startswith("$.steps")] == []
+    status["attach"] = {**doc, "marks": [{"gpu": "gpu0", "at_s": 7.0, "interval_s": None}]}
+    assert any(p.startswith("$.attach") for p in problems(status))
+
+
+def test_each_mark_is_progress_the_wait_ends_on_no_progress_not_only_a_total(tmp_path):
+    """The total (0.3 s here) passes while marks still come (at 0.2, 0.5, 0.8 s): the wait
+    goes on until no mark came for stall_s (0.4 s), then times out saying so."""
+    import time
+
+    from podvm_gpu.errors import StepFailed
+    from podvm_gpu.steps.persistenced import wait_for
+
+    ctx = boot_context(tmp_path, gpus("3182", 4))
+    started = time.monotonic()
+
+    def progress():
+        now = time.monotonic() - started
+        seen = [t for t in (0.2, 0.5, 0.8) if t <= now]
+        return started + seen[-1] if seen else None
+
+    with pytest.raises(StepFailed) as failed:
+        wait_for(ctx, lambda: False, None, "nvidia-persistenced", 0.3, "rule",
+                 progress=progress, stall_s=0.4)
+    took = time.monotonic() - started
+    assert 1.1 <= took < 2.5, took
+    assert "then while attach marks kept coming (no progress for 0.4 s ends it)" in \
+        str(failed.value)
+    # without marks the total ends it
+    started = time.monotonic()
+    with pytest.raises(StepFailed, match=r"timed out after 0\.3 s .*\(wait rule\)"):
+        wait_for(ctx, lambda: False, None, "nvidia-persistenced", 0.3, "rule",
+                 progress=lambda: None, stall_s=0.4)
+    assert time.monotonic() - started < 1.0

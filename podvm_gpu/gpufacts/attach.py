@@ -161,25 +161,31 @@ def attach_marks(records: list[tuple[int, str, int | None]]) -> list[tuple[str, 
 
 
 class AttachMarks:
-    """The attach marks seen during one wait, and status.json's ``attach`` record.
+    """The attach marks of one boot's kernel log, and status.json's ``attach`` record.
 
     Args:
         rate: this boot's rate (:class:`Rate`).
-        before: how many marks the kernel log held before the daemon started (those are
-            earlier attaches: a rerun's, or GPU0's harmless early line, nvrc#159).
+        records: the kernel log's records when the wait begins (``kmsg.read_timed_records``):
+            marks already there (GPU0's harmless early line, nvrc#159; a rerun's) are kept in
+            the record but are no progress.
+
+    Attributes:
+        marks: ``(GPU instance, usec)`` of every mark so far, oldest first.
+        last_progress: ``time.monotonic()`` when the last new mark was seen, or None.
     """
 
-    def __init__(self, rate: Rate, before: int = 0):
+    def __init__(self, rate: Rate, records=()):
         self.rate = rate
-        self.before = before
-        self.marks: list[tuple[str, int | None]] = []
+        self.marks: list[tuple[str, int | None]] = attach_marks(records)
+        self.last_progress: float | None = None
 
-    def update(self, records) -> bool:
-        """Take the kernel log's records; True when a new mark came (progress)."""
-        marks = attach_marks(records)[self.before:]
+    def update(self, records, now: float) -> bool:
+        """Take the kernel log's records as of ``now`` (``time.monotonic()``); True when a new
+        mark came (progress)."""
+        marks = attach_marks(records)
         if len(marks) <= len(self.marks):
             return False
-        self.marks = marks
+        self.marks, self.last_progress = marks, now
         return True
 
     def to_dict(self) -> dict:

@@ -17,7 +17,8 @@ import os
 import time
 
 from podvm_gpu.errors import StepFailed, ended_text
-from podvm_gpu.gpufacts.attach import DEFAULT_RATE_S, check_fits, rate_for
+from podvm_gpu.gpufacts.attach import DEFAULT_RATE_S, AttachMarks, check_fits, rate_for
+from podvm_gpu.host import kmsg
 from podvm_gpu.host.daemons import Daemon, RefusedStart, start_persistenced
 from podvm_gpu.readers import PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET, daemon_pid
 from podvm_gpu.row import FAIL, PASS, WARN, Check
@@ -31,6 +32,8 @@ POLL_S = 0.002
 # waits for its child's initialisation); a daemon whose child writes its pid file a moment after
 # gets this long before an exit 0 with no daemon counts as a refusal to start.
 STARTED_GRACE_S = 0.5
+# the kernel log is read for attach marks (gpufacts/attach.py) at most this often during the wait
+MARK_POLL_S = 0.5
 LOG_PATH = "/run/podvm-gpu/nvidia-persistenced.log"
 
 
@@ -92,14 +95,18 @@ class NotStarted(StepFailed, RefusedStart):
 
 
 def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: float,
-             rule: str, running=lambda: None) -> None:
-    """Poll ``ready()`` until it is true, the daemon exits with an error, or ``wait_s`` passes.
+             rule: str, running=lambda: None, progress=None, stall_s: float = 0.0) -> None:
+    """Poll ``ready()`` until it is true, the daemon exits with an error, or ``wait_s`` passes
+    with no progress in the last ``stall_s`` seconds.
 
     Args:
         ready: a callable that returns True once the daemon is ready.
         daemon: the started daemon (its exit ends the wait at once when non-zero) or None.
         what: the daemon's name for messages; rule: how the wait was computed, for messages.
         running: a callable that returns the daemon's pid from its pid file, or None.
+        progress: a callable that returns the ``time.monotonic()`` of the last progress (an
+            attach mark, gpufacts/attach.py) or None; with it the wait goes on past ``wait_s``
+            while the last progress is less than ``stall_s`` seconds old (cut to the budget).
 
     Raises:
         NotStarted: the daemon's first process exited 0 and no daemon runs (a forking daemon's
@@ -127,11 +134,22 @@ def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: 
                              + (f": {said}" if said else ""))
         return False
 
+    started = time.monotonic()
     waited = ctx.wait(look, wait_s, POLL_S)
+    segment = wait_s
+    while not waited.held and progress is not None and waited.limit_s >= segment:
+        last = progress()  # the wait is "no progress for stall_s", not only a total
+        more = (last + stall_s - time.monotonic()) if last is not None else 0.0
+        if more <= 0 or ctx.remaining() <= 0:
+            break
+        segment = more
+        waited = ctx.wait(look, segment, POLL_S)
     if waited.held:
         return
-    limit = waited.limit_s
-    cut = " (cut to the boot budget)" if limit < wait_s else ""
+    limit = round(time.monotonic() - started, 1) if segment != wait_s else waited.limit_s
+    cut = " (cut to the boot budget)" if waited.limit_s < segment else ""
+    if segment != wait_s:
+        cut += f", then while attach marks kept coming (no progress for {stall_s:g} s ends it)"
     pid = running()
     if pid is not None:
         state = f"left running (pid {pid})"
@@ -156,9 +174,21 @@ def run(ctx: BootContext) -> str:
     wait_s = cfg.ready_timeout_s + rate.attach_s
     rule = f"{cfg.ready_timeout_s:g} s + {rate.per_gpu_s:g} s x {ctx.gpu_count} GPU(s)" + (
         "" if rate.explicit or rate.per_gpu_s == DEFAULT_RATE_S else f", {rate.source}")
+    stall_s = cfg.ready_timeout_s + rate.per_gpu_s  # no attach mark for this long ends the wait
     pid = _pid_of(root)
+    marks = AttachMarks(rate, kmsg.read_timed_records(root))
+    ctx.status.attach = marks.to_dict()
+    seen_at = [time.monotonic()]
+
+    def progress():
+        return marks.last_progress
 
     def ready() -> bool:
+        now = time.monotonic()
+        if now - seen_at[0] >= MARK_POLL_S:  # the kernel log's attach marks, twice a second
+            seen_at[0] = now
+            if marks.update(kmsg.read_timed_records(root), now):
+                ctx.status.attach = marks.to_dict()
         return Seen(os.path.exists(socket), lambda: _pid_of(root)).ready
 
     def running():
@@ -166,13 +196,16 @@ def run(ctx: BootContext) -> str:
 
     started = time.monotonic()
     if pid is not None:
-        wait_for(ctx, ready, None, "nvidia-persistenced", wait_s, rule, running=running)
+        wait_for(ctx, ready, None, "nvidia-persistenced", wait_s, rule, running=running,
+                 progress=progress, stall_s=stall_s)
         return f"already running (pid {pid})"
     # an attach longer than the budget left could only time out: say so now, before the daemon
     # starts (docs/interface.md 3.4, "Attach budget"; issue 46)
     check_fits(rate, ctx.gpus, ctx.remaining(), ctx.config.budget_s)
+
     def settle(daemon: Daemon) -> Daemon:
-        wait_for(ctx, ready, daemon, "nvidia-persistenced", wait_s, rule, running=running)
+        wait_for(ctx, ready, daemon, "nvidia-persistenced", wait_s, rule, running=running,
+                 progress=progress, stall_s=stall_s)
         return daemon
 
     # one start with boot and the watcher (host/daemons.py): an option the installed daemon
