@@ -199,6 +199,9 @@ class Status:
         # podvm_gpu/steps/cc/identity.py (issue 45): [{index, bus_id, uuid, ueid}] the GPUs the
         # attestation's verdict covers
         self.attested_gpus: list[dict] = []
+        # podvm_gpu/gpufacts/attach.py (issue 46): persistenced's rate and the kernel log's
+        # attach marks with their intervals, once the persistenced step began
+        self.attach: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -221,4 +224,5 @@ class Status:
             "initdata": self.initdata,
             "binding": self.binding,
             "attested_gpus": list(self.attested_gpus),
+            "attach": self.attach,
         }

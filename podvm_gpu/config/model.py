@@ -31,13 +31,15 @@ from podvm_gpu.config.fields import (
 class PersistencedConfig(Section):
     """nvidia-persistenced: the readiness wait is ``ready_timeout_s + per_gpu_s * GPUs`` seconds.
 
-    The default (30 s + 15 s a GPU, 150 s for 8 GPUs) follows the field reports of 8-GPU
-    machines needing about 150 s; ending the wait never kills the daemon. ``args`` are the
-    daemon's options.
+    ``per_gpu_s`` unset (null, the default) follows the slowest architecture present
+    (gpufacts/attach.py, issue 46): 15 s for Hopper and older (30 s + 15 s a GPU, 150 s for 8 GPUs:
+    the field reports of 8-GPU machines needing about 150 s), 35 s for Blackwell, 35 s for an
+    NVIDIA id pci_ids.py does not list; a number set here wins. Ending the wait never kills the
+    daemon. ``args`` are the daemon's options.
     """
 
     FIELDS = {"ready_timeout_s": (seconds(0, False), 30.0),
-              "per_gpu_s": (seconds(0, True), 15.0),
+              "per_gpu_s": (seconds(0, True), None),
               "args": (string_list, ("--persistence-mode", "--uvm-persistence-mode"))}
     __slots__ = tuple(FIELDS)
 

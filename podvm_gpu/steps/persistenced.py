@@ -4,7 +4,8 @@ It comes before every NVML client (fabric-manager polling, nvidia-smi, CDI gener
 it each client initialises and tears down the GPUs again, which is slow and, in confidential-
 computing mode, harmful. Ready means its socket exists; running means its pid file names a pid
 whose ``/proc/<pid>/comm`` is the daemon's. The wait is ``ready_timeout_s + per_gpu_s * GPUs``
-because initialisation time grows with the GPU count. Ready also needs the daemon running: a
+because initialisation time grows with the GPU count; ``per_gpu_s`` unset follows the slowest
+architecture present (gpufacts/attach.py: Blackwell 35 s, Hopper and older 15 s). Ready also needs the daemon running: a
 socket left by an earlier daemon does not count. The daemon runs in a unit of its own under
 systemd (host/daemons.py), so it outlives the boot whatever the boot's outcome; a daemon still
 initialising when the wait ends is left running: it is never killed mid-way.
@@ -17,6 +18,8 @@ import time
 
 from podvm_gpu.errors import StepFailed, ended_text
 from podvm_gpu.gpufacts import early_client
+from podvm_gpu.gpufacts.attach import DEFAULT_RATE_S, AttachMarks, check_fits, rate_for
+from podvm_gpu.host import kmsg
 from podvm_gpu.host.daemons import Daemon, RefusedStart, start_persistenced
 from podvm_gpu.readers import PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET, daemon_pid
 from podvm_gpu.row import FAIL, PASS, WARN, Check
@@ -30,6 +33,8 @@ POLL_S = 0.002
 # waits for its child's initialisation); a daemon whose child writes its pid file a moment after
 # gets this long before an exit 0 with no daemon counts as a refusal to start.
 STARTED_GRACE_S = 0.5
+# the kernel log is read for attach marks (gpufacts/attach.py) at most this often during the wait
+MARK_POLL_S = 0.5
 LOG_PATH = "/run/podvm-gpu/nvidia-persistenced.log"
 
 
@@ -91,14 +96,18 @@ class NotStarted(StepFailed, RefusedStart):
 
 
 def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: float,
-             rule: str, running=lambda: None) -> None:
-    """Poll ``ready()`` until it is true, the daemon exits with an error, or ``wait_s`` passes.
+             rule: str, running=lambda: None, progress=None, stall_s: float = 0.0) -> None:
+    """Poll ``ready()`` until it is true, the daemon exits with an error, or ``wait_s`` passes
+    with no progress in the last ``stall_s`` seconds.
 
     Args:
         ready: a callable that returns True once the daemon is ready.
         daemon: the started daemon (its exit ends the wait at once when non-zero) or None.
         what: the daemon's name for messages; rule: how the wait was computed, for messages.
         running: a callable that returns the daemon's pid from its pid file, or None.
+        progress: a callable that returns the ``time.monotonic()`` of the last progress (an
+            attach mark, gpufacts/attach.py) or None; with it the wait goes on past ``wait_s``
+            while the last progress is less than ``stall_s`` seconds old (cut to the budget).
 
     Raises:
         NotStarted: the daemon's first process exited 0 and no daemon runs (a forking daemon's
@@ -126,11 +135,22 @@ def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: 
                              + (f": {said}" if said else ""))
         return False
 
+    started = time.monotonic()
     waited = ctx.wait(look, wait_s, POLL_S)
+    segment = wait_s
+    while not waited.held and progress is not None and waited.limit_s >= segment:
+        last = progress()  # the wait is "no progress for stall_s", not only a total
+        more = (last + stall_s - time.monotonic()) if last is not None else 0.0
+        if more <= 0 or ctx.remaining() <= 0:
+            break
+        segment = more
+        waited = ctx.wait(look, segment, POLL_S)
     if waited.held:
         return
-    limit = waited.limit_s
-    cut = " (cut to the boot budget)" if limit < wait_s else ""
+    limit = round(time.monotonic() - started, 1) if segment != wait_s else waited.limit_s
+    cut = " (cut to the boot budget)" if waited.limit_s < segment else ""
+    if segment != wait_s:
+        cut += f", then while attach marks kept coming (no progress for {stall_s:g} s ends it)"
     pid = running()
     if pid is not None:
         state = f"left running (pid {pid})"
@@ -151,11 +171,25 @@ def run(ctx: BootContext) -> str:
     root = ctx.root
     socket = root.resolve(PERSISTENCED_SOCKET)
     cfg = ctx.config.persistenced
-    wait_s = cfg.ready_timeout_s + cfg.per_gpu_s * ctx.gpu_count
-    rule = f"{cfg.ready_timeout_s:g} s + {cfg.per_gpu_s:g} s x {ctx.gpu_count} GPU(s)"
+    rate = rate_for(ctx.gpus, cfg.per_gpu_s)
+    wait_s = cfg.ready_timeout_s + rate.attach_s
+    rule = f"{cfg.ready_timeout_s:g} s + {rate.per_gpu_s:g} s x {ctx.gpu_count} GPU(s)" + (
+        "" if rate.explicit or rate.per_gpu_s == DEFAULT_RATE_S else f", {rate.source}")
+    stall_s = cfg.ready_timeout_s + rate.per_gpu_s  # no attach mark for this long ends the wait
     pid = _pid_of(root)
+    marks = AttachMarks(rate, kmsg.read_timed_records(root))
+    ctx.status.attach = marks.to_dict()
+    seen_at = [time.monotonic()]
+
+    def progress():
+        return marks.last_progress
 
     def ready() -> bool:
+        now = time.monotonic()
+        if now - seen_at[0] >= MARK_POLL_S:  # the kernel log's attach marks, twice a second
+            seen_at[0] = now
+            if marks.update(kmsg.read_timed_records(root), now):
+                ctx.status.attach = marks.to_dict()
         return Seen(os.path.exists(socket), lambda: _pid_of(root)).ready
 
     def running():
@@ -163,11 +197,17 @@ def run(ctx: BootContext) -> str:
 
     started = time.monotonic()
     if pid is not None:
-        wait_for(ctx, ready, None, "nvidia-persistenced", wait_s, rule, running=running)
+        wait_for(ctx, ready, None, "nvidia-persistenced", wait_s, rule, running=running,
+                 progress=progress, stall_s=stall_s)
         early_client.after_persistenced(root)
         return f"already running (pid {pid})"
+    # an attach longer than the budget left could only time out: say so now, before the daemon
+    # starts (docs/interface.md 3.4, "Attach budget"; issue 46)
+    check_fits(rate, ctx.gpus, ctx.remaining(), ctx.config.budget_s)
+
     def settle(daemon: Daemon) -> Daemon:
-        wait_for(ctx, ready, daemon, "nvidia-persistenced", wait_s, rule, running=running)
+        wait_for(ctx, ready, daemon, "nvidia-persistenced", wait_s, rule, running=running,
+                 progress=progress, stall_s=stall_s)
         return daemon
 
     # one start with boot and the watcher (host/daemons.py): an option the installed daemon

@@ -297,6 +297,40 @@ def locked_state(layout: Layout):
             os.replace(tmp, layout.state)
 
 
+_KMSG_HEAD = re.compile(r"(\d+),(\d+),(\d+),")
+_KMSG_LEVEL = re.compile(r"<([0-7])>")
+
+
+def kernel_clock(layout: Layout) -> tuple[int, int]:
+    """The world's ``/dev/kmsg`` as it ends now: ``(last seq, last usec)`` (``(-1, 1000000)``
+    for an empty log), for records a fake appends (:func:`append_kernel_log`)."""
+    path = chroot_resolve(layout.root, "/dev/kmsg")
+    seq, usec = -1, 1_000_000
+    with open(path) as f:
+        for line in f:
+            m = _KMSG_HEAD.match(line)
+            if m:
+                seq, usec = int(m.group(2)), int(m.group(3))
+    return seq, usec
+
+
+def append_kernel_log(layout: Layout, line: str, usec: int) -> None:
+    """Append one record to the world's ``/dev/kmsg`` (rule key ``kernel_log_during``): the
+    next seq, the time stamp ``usec``, the level of the line's ``<n>`` prefix (required: the
+    harness's guess from the words lives in world.py, which a fake does not import).
+
+    Raises:
+        EffectError: the line has no ``<0>``..``<7>`` prefix.
+    """
+    m = _KMSG_LEVEL.match(line)
+    if m is None:
+        raise EffectError(f"kernel_log_during line {line!r} must begin with its level, <0>..<7>")
+    seq, _usec = kernel_clock(layout)
+    path = chroot_resolve(layout.root, "/dev/kmsg")
+    with open(path, "a") as f:
+        f.write(f"{m.group(1)},{seq + 1},{usec},-;{line[m.end():]}\n")
+
+
 def char_majors(root: str) -> dict[str, int]:
     """The character part of the root's ``/proc/devices``: name -> major."""
     majors: dict[str, int] = {}

@@ -174,6 +174,31 @@ def _attestation_problems(world: World, status: dict, expect: dict | None) -> li
     return problems
 
 
+def attach_problems(attach: dict | None, want: dict) -> list[str]:
+    """``expect.<phase>.attach`` (issue 46): ``per_gpu_s`` and ``gpus`` equal status.json's
+    ``attach``; ``marks`` its number of marks, their ``gpu`` names ``GPU0``.. in order;
+    ``interval_min_s``/``interval_max_s`` bound every interval but the first (null);
+    ``null`` in the case: status.json's ``attach`` is null."""
+    if want is None:
+        return [] if attach is None else [f"status.json attach {attach!r}, expected null"]
+    if not isinstance(attach, dict):
+        return [f"status.json attach {attach!r}, expected {want!r}"]
+    problems = [f"status.json attach.{key} {attach.get(key)!r}, expected {want[key]!r}"
+                for key in ("per_gpu_s", "gpus", "rate_source") if key in want
+                and attach.get(key) != want[key]]
+    marks = attach.get("marks") or []
+    if "marks" in want and [m.get("gpu") for m in marks] != [f"GPU{i}" for i in range(want["marks"])]:
+        problems.append(f"status.json attach marks {marks!r}, expected GPU0..GPU{want['marks'] - 1}")
+    intervals = [m.get("interval_s") for m in marks]
+    if marks and intervals[0] is not None:
+        problems.append(f"the first attach mark has an interval {intervals[0]!r}, expected null")
+    low, high = want.get("interval_min_s"), want.get("interval_max_s")
+    for i, value in enumerate(intervals[1:], 1):
+        if value is None or (low is not None and value < low) or (high is not None and value > high):
+            problems.append(f"attach mark {i} interval {value!r} s is outside [{low}, {high}]")
+    return problems
+
+
 def _status_problems(status: dict, expect: dict) -> list[str]:
     """``state``, ``reason_contains``, ``gpus``, ``nvswitches`` and ``step_messages`` (the
     harness's own: substrings of a step's message) against status.json."""
@@ -194,6 +219,8 @@ def _status_problems(status: dict, expect: dict) -> list[str]:
             expect["nvidia_ctk_version"]:  # issue 36: the version the cdi step read
         problems.append(f"status.json nvidia_ctk_version {status.get('nvidia_ctk_version')!r}, "
                         f"expected {expect['nvidia_ctk_version']!r}")
+    if "attach" in expect:  # issue 46: persistenced's rate and the attach marks' intervals
+        problems += attach_problems(status.get("attach"), expect["attach"])
     if "warnings_only" in expect:  # every warning holds one of these substrings (issue 33)
         allowed = [str(word).lower() for word in expect["warnings_only"] or []]
         others = [str(w) for w in status.get("warnings") or []

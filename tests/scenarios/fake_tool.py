@@ -392,6 +392,23 @@ def _log_signals(log: CallLog) -> None:
         signal.signal(signum, handler)
 
 
+def sleep_logging(caller, world: World, delay_s: float, during: list[dict]) -> None:
+    """The rule's ``delay_s`` with its ``kernel_log_during`` records appended to the world's
+    ``/dev/kmsg`` as it passes: each ``after_s`` seconds after the call's start (at most
+    ``delay_s``), time-stamped with the real time elapsed since the log's last record when the
+    call began (issue 46: Blackwell's attach marks while persistenced starts)."""
+    started = time.monotonic()
+    with fx.locked_state(world.layout):
+        _seq, base_usec = fx.kernel_clock(world.layout)
+    for entry in sorted(during, key=lambda e: float(e["after_s"])):
+        at = min(float(entry["after_s"]), delay_s)
+        caller.sleep(max(at - (time.monotonic() - started), 0.0))
+        with fx.locked_state(world.layout):
+            usec = base_usec + int((time.monotonic() - started) * 1_000_000)
+            fx.append_kernel_log(world.layout, entry["line"], usec)
+    caller.sleep(max(delay_s - (time.monotonic() - started), 0.0))
+
+
 def answer(config_path: str, raw_argv: list[str], caller) -> tuple[int, float]:
     """Answer one fake tool call in the world of ``config_path``, writing to stdout and stderr.
 
@@ -466,7 +483,10 @@ def answer(config_path: str, raw_argv: list[str], caller) -> tuple[int, float]:
         log.write("end", rc=UNMATCHED_RC, answer="unmatched")
         return UNMATCHED_RC, 0.0
 
-    caller.sleep(float(rule["delay_s"]) if rule else 0)
+    if rule and rule.get("kernel_log_during"):
+        sleep_logging(caller, world, float(rule["delay_s"]), rule["kernel_log_during"])
+    else:
+        caller.sleep(float(rule["delay_s"]) if rule else 0)
     rc = int(rule["rc"]) if rule else 0
     stdout = rule["stdout"] if rule else ""
     stderr = rule["stderr"] if rule else ""

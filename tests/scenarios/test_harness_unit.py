@@ -312,3 +312,52 @@ def test_a_late_device_comes_only_while_boot_runs_and_later_phases_have_it_from_
     assert boot.status["state"] == "no-gpu" and boot.arrivals == [] and boot.wall_s < 2
     pci = next(c for c in json.loads(check.stdout)["checks"] if c["name"] == "pci")
     assert pci["result"] == "pass" and "0000:00:05.0" in pci["detail"], pci
+
+
+def test_kernel_log_during_appends_records_with_real_elapsed_time(tmp_path):
+    """Issue 46's rule key: records a tool writes while it runs, appended with the next seq and
+    the time that really passed since the call began (fake_tool.sleep_logging)."""
+    import time
+
+    from scenarios.fake_tool import sleep_logging
+
+    layout = fx.Layout(str(tmp_path))
+    Path(layout.root, "dev").mkdir(parents=True)
+    Path(layout.root, "dev", "kmsg").write_text(kmsg_records(["nvidia: loaded"]))
+    Path(layout.state).write_text(json.dumps(fx.initial_state([])))
+
+    class Caller:
+        @staticmethod
+        def sleep(seconds):
+            time.sleep(seconds)
+
+    class World:
+        pass
+
+    world = World()
+    world.layout = layout
+    line = "<3>NVRM: GPU{} kbifCacheVFInfo_GB100: Unable to read NV_PF0_INITIAL_AND_TOTAL_VFS"
+    started = time.monotonic()
+    sleep_logging(Caller, world, 0.5, [{"after_s": 0.3, "line": line.format(1)},
+                                       {"after_s": 0.1, "line": line.format(0)}])
+    assert time.monotonic() - started >= 0.5
+    records = [re.fullmatch(r"(\d+),(\d+),(\d+),-;(.*)", x)
+               for x in Path(layout.root, "dev", "kmsg").read_text().splitlines()]
+    assert [(r.group(1), r.group(2)) for r in records] == [("6", "0"), ("3", "1"), ("3", "2")]
+    assert [r.group(4)[:11] for r in records[1:]] == ["NVRM: GPU0 ", "NVRM: GPU1 "]
+    usec = [int(r.group(3)) for r in records]
+    assert 0.1e6 <= usec[1] - usec[0] < 0.3e6 and 0.18e6 <= usec[2] - usec[1] < 0.5e6
+    with pytest.raises(fx.EffectError, match="must begin with its level"):
+        fx.append_kernel_log(layout, "NVRM: no level", 1)
+
+
+@pytest.mark.parametrize("entry", [{"after_s": 1, "line": "no level"}, {"after_s": -1, "line": "<3>x"},
+                                   {"after_s": 1, "line": "<3>x", "extra": 1}, "just a line"])
+def test_a_bad_kernel_log_during_entry_is_a_case_error(tmp_path, entry):
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump({"id": "X2", "tools": [
+        {"argv": ["nvidia-persistenced"], "rc": 0, "stdout": "", "stderr": "", "delay_s": 1,
+         "effects": [], "kernel_log_during": [entry]}]}))
+
+    with pytest.raises(CaseError, match="kernel_log_during entry"):
+        load_case(path)

@@ -58,11 +58,11 @@ IB_KEYS = {"name", "pci", "cap_mask", "gid0"}
 PCI_LATE_KEYS = PCI_KEYS | {"after_s"}
 VMBUS_KEYS = {"instance", "class_id", "device_id", "driver"}
 RULE_KEYS = {"argv", "rc", "stdout", "stderr", "delay_s", "effects", "only_before",
-             "keep_output_s"}
+             "keep_output_s", "kernel_log_during"}
 BOOT_EXPECT_KEYS = {"state", "exit", "reason_contains", "max_wall_s", "not_called", "cdi", "gpus",
                     "nvswitches", "cdi_devices", "not_killed", "step_messages",
                     "warnings_contains", "warnings_only", "called", "attestation", "absent",
-                    "binding", "nvidia_ctk_version"}
+                    "binding", "nvidia_ctk_version", "attach"}
 CHECK_EXPECT_KEYS = {"exit", "fails", "warns", "passes", "skips"}
 EXPECT_KEYS = {"boot": BOOT_EXPECT_KEYS, "rerun": BOOT_EXPECT_KEYS, "check": CHECK_EXPECT_KEYS}
 CDI_EXPECTATIONS = ("ready-spec", "unavailable", "absent")
@@ -285,11 +285,19 @@ def _rule(rule: dict, problems: list[str]) -> dict:
     for name in rule.get("only_before") or {}:
         if name not in fx.EFFECTS:
             problems.append(f"rule {rule['argv']}: only_before names unknown effect {name!r}")
+    during = rule.get("kernel_log_during") or []
+    for entry in during:
+        if not (isinstance(entry, dict) and set(entry) == {"after_s", "line"}
+                and isinstance(entry["line"], str) and _LEVEL.match(entry["line"])
+                and isinstance(entry["after_s"], (int, float)) and entry["after_s"] >= 0):
+            problems.append(f"rule {rule['argv']}: kernel_log_during entry {entry!r} must be "
+                            "{after_s: <seconds >= 0>, line: '<0>..<7> message'}")
     return {"argv": [str(arg) for arg in rule["argv"]], "rc": int(rule.get("rc", 0)),
             "stdout": rule.get("stdout") or "", "stderr": rule.get("stderr") or "",
             "delay_s": float(rule.get("delay_s", 0)), "effects": rule.get("effects") or [],
             "only_before": rule.get("only_before") or {},
-            "keep_output_s": float(rule.get("keep_output_s", 0))}
+            "keep_output_s": float(rule.get("keep_output_s", 0)),
+            "kernel_log_during": during}
 
 
 def kmsg_records(messages: list[str]) -> str:
