@@ -258,8 +258,9 @@ def fabric_health(summary: str, detail: dict[str, str] | None) -> FabricHealth:
                                "less bandwidth than it should"))
     elif kind is None:
         findings.append((NOTE, f"fabric health summary {summary!r} not understood"))
-    code = 0 if na(summary) else _SUMMARY_CODE.get("".join(ch for ch in summary.lower()
-                                                           if ch.isalnum()))
+    code = 0 if na(summary) else _SUMMARY_CODE.get("".join(
+        ch for ch in summary.lower().removeprefix("nvml_gpu_fabric_health_summary_")
+        if ch.isalnum()))
     mask: int | None = 0
     for field in HEALTH_DETAIL:
         value = (detail or {}).get(field.field, "N/A")

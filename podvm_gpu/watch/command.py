@@ -350,17 +350,18 @@ class Watcher:
         timeout = min(self.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
         fabric = any(s.get("name") == "fabricmanager" and s.get("result") == "ok"
                      for s in self.doc.get("steps") or [])
+        health_read = bool((self.doc.get("fabric") or {}).get("health"))  # 580's (issue 44)
         while not self.stopping.wait(self.interval):
+            seen: dict | None = {} if health_read else None
             try:
                 found, unread = verdicts.poll_health(self.runner, timeout)
-                seen: dict = {}
                 if fabric:
                     more, why = verdicts.poll_fabric(self.runner, timeout, self.gpus, seen)
                     found, unread = found + more, unread + why
                 found += self._daemons_gone()
             except Exception as err:  # a poll that breaks is a warning, never a verdict
                 found, unread = [], [f"a poll failed: {type(err).__name__}: {err}"]
-            health = seen.get("fabric_health")
+            health = (seen or {}).get("fabric_health")
             if health is not None and health != self.state.get("fabric_health"):
                 self.fabric_health = health  # watch.json's, written by the main thread
             if found or unread or self.runner.nvml_hung or self.state.get("nvml_hung") or \
