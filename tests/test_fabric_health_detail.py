@@ -232,6 +232,16 @@ def test_the_watcher_finds_a_route_unhealthy_after_a_ready_boot_and_keeps_the_re
     assert [g["route_unhealthy"] for g in seen["fabric_health"]] == ["False", "True"]
 
 
+def test_the_watcher_does_not_ask_the_health_where_the_boot_did_not_read_it():
+    from podvm_gpu.watch import verdicts
+
+    ctx = Ctx(HEALTHY, (0, detail_row(BUS[0], route_unhealthy="True") + detail_row(BUS[1])))
+    ctx.answers[tuple(smi.fabric_argv())] = (0, "".join(
+        f"{b}, state  Completed, status Success\n" for b in BUS))
+    assert verdicts.poll_fabric(ctx, 5, ["0000:18:00.0", "0000:2a:00.0"]) == ([], [])
+    assert ctx.asked == [smi.fabric_argv()]
+
+
 # --- the exporter (metrics/health_families.py) ------------------------------------------------
 
 def test_the_exporter_takes_the_watchers_reading_of_this_boot_else_the_boots():
