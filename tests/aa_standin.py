@@ -184,8 +184,10 @@ class FileRegister:
 
 def main(argv: list[str]) -> int:
     """``aa_standin.py SOCKET ANSWER [LOG REGISTER]``: serve until SIGTERM, each request
-    appended as JSON to SOCKET + ``.requests``."""
+    appended as JSON to ``$AA_STANDIN_REQUESTS`` (default SOCKET + ``.requests``; the boot
+    test's is under /srv, which outlives the container)."""
     path, answer = argv[0], argv[1]
+    record = os.environ.get("AA_STANDIN_REQUESTS") or path + ".requests"
     writer = AAWriter(argv[2], FileRegister(argv[3])) if len(argv) > 3 else None
     server = StandIn(path, answer, writer)
     server.thread.start()
@@ -200,7 +202,7 @@ def main(argv: list[str]) -> int:
             r = dict(server.requests[seen])
             r["fields"] = {str(k): [v.decode() if isinstance(v, bytes) else v for v in vs]
                            for k, vs in r["fields"].items()}
-            with open(path + ".requests", "a") as f:
+            with open(record, "a") as f:
                 f.write(json.dumps(r) + "\n")
             seen += 1
     server.stop()

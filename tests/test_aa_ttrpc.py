@@ -129,3 +129,21 @@ def test_a_message_that_does_not_parse_is_a_value_error(data):
 def test_a_field_of_the_wrong_wire_type_is_refused():
     with pytest.raises(ValueError, match="wire type"):
         aa.ttrpc_response(aa.field_varint(1, 3))  # status as a varint, not a message
+
+
+def test_a_sandbox_without_unix_sockets_is_the_agent_unreached_not_an_internal_error(
+        monkeypatch, tmp_path):
+    """Found by the revocation boot (tests/test_boot_nspawn.py) with AF_UNIX taken out of the
+    watcher's RestrictAddressFamilies=: socket() itself fails with EAFNOSUPPORT, which came
+    out as "binding broken: internal error". It is the agent not reached, named: AAError
+    (broken, nothing written; the agent may be running, so no direct write and no repair)."""
+    import errno
+    import socket
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+
+    monkeypatch.setattr(socket, "socket", refused)
+    with pytest.raises(aa.AAError, match="attestation-agent.*Address family not supported"):
+        aa.extend(str(tmp_path / "aa.sock"), "d", "o", "c")
+    assert aa.answers(str(tmp_path / "aa.sock")) is True

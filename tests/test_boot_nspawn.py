@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -289,3 +290,104 @@ def test_on_a_cpu_vm_the_watcher_finds_nothing_to_watch(rootfs, tmp_path):  # no
     assert (probe["unit_after"]["Result"], probe["unit_after"]["ExecMainStatus"]) == ("success", "0")
     assert probe["watch_after"] is None, "nothing watched, nothing written"
     assert "nothing to watch: the boot ended no-gpu" in boot.journal, boot.journal[-3000:]
+
+
+# --- the watcher revokes through the attestation-agent (issue 43 item 4) ---------------------
+
+AA_UNITS = image.HERE / "units/watch-aa"  # its drop-in checked in tests/test_units.py
+
+
+@pytest.mark.parametrize("answer", ["ok", "not_enabled"])
+def test_the_watcher_revokes_through_the_attestation_agent_with_the_shipped_rights(
+        rootfs, tmp_path, answer):  # noqa: F811
+    """Issue 43 item 4 under a real systemd: a TDX guest whose boot bound ``pass`` into RTMR3
+    (the fake root's register, kept by tests/fake_rtmr's shim), then an attestation-agent
+    stand-in on the agent's real socket path; an Xid 79 makes podvm-gpu-watch.service, in the
+    shipped sandbox (its drop-in only maps the fake root: tests/test_units.py), revoke the pass
+    with a ``fail`` sent through ExtendRuntimeMeasurement.
+
+    ``ok``: the stand-in writes as the agent does; the watcher writes neither the log nor the
+    register itself: the log holds the boot's pass and the agent's fail, nothing more, and the
+    register is their replay. ``not_enabled`` (the agent's log off): the watcher appends and
+    extends itself, within the shipped rights (the fake register's shim preloaded for it)."""
+    import hashlib
+
+    import fake_rtmr
+
+    from podvm_gpu.host import aa, rtmr
+    from podvm_gpu.steps.cc import bind
+
+    home = world.populate(rootfs, SPEC_TEMPLATE, attested=True)
+    root = home / "root"
+    measurements = root / "sys/devices/virtual/misc/tdx_guest/measurements"
+    measurements.mkdir(parents=True)
+    (measurements / "rtmr3:sha384").write_bytes(bytes(48))
+    (root / "sys/class/misc").mkdir(parents=True)
+    (root / "sys/class/misc/tdx_guest").symlink_to("../../devices/virtual/misc/tdx_guest")
+    (root / "run/confidential-containers").mkdir()  # where the agent's folder is bound
+    shutil.copyfile(fake_rtmr.build(tmp_path / "shim"), home / "fake_rtmr.so")
+    etc = "/etc/systemd/system"
+    image.install_file(image.REPO / "tests/aa_standin.py", rootfs,
+                       "/usr/local/libexec/aa-standin", 0o755)
+    image.install_file(image.HERE / "watch-probe.py", rootfs, "/usr/local/libexec/watch-probe",
+                       0o755)
+    for src, dest in (
+            (AA_UNITS / "attestation-agent.service", f"{etc}/attestation-agent.service"),
+            (AA_UNITS / "podvm-gpu-watch-50-aa.conf", f"{etc}/podvm-gpu-watch.service.d/50-aa.conf"),
+            (AA_UNITS / "podvm-gpu-60-rtmr.conf", f"{etc}/podvm-gpu.service.d/60-rtmr.conf"),
+            (AA_UNITS / "watch-probe-60-aa.conf", f"{etc}/watch-probe.service.d/60-aa.conf"),
+            (image.HERE / "units/watch/watch-probe.service", f"{etc}/watch-probe.service"),
+            (image.HERE / "units/watch/watch-probe-50-fake-gpu.conf",
+             f"{etc}/watch-probe.service.d/50-fake-gpu.conf"),
+            (image.HERE / "units/watch/kata-agent-70-watch-probe.conf",
+             f"{etc}/kata-agent.service.d/70-watch-probe.conf")):
+        image.install_file(src, rootfs, dest)
+    if answer == "not_enabled":
+        image.install_file(AA_UNITS / "attestation-agent-60-not-enabled.conf", rootfs,
+                           f"{etc}/attestation-agent.service.d/60-not-enabled.conf")
+        image.install_file(AA_UNITS / "podvm-gpu-watch-60-rtmr.conf", rootfs,
+                           f"{etc}/podvm-gpu-watch.service.d/60-rtmr.conf")
+    (rootfs / f"{etc.lstrip('/')}/multi-user.target.wants/attestation-agent.service").symlink_to(
+        f"{etc}/attestation-agent.service")
+    boot = image.boot(rootfs, tmp_path / "artifacts")
+
+    probe = json.loads((home / "watch-probe.json").read_text())
+    assert probe["status_before"] == "ready", boot.console[-3000:]
+    before = probe["binding_before"]
+    assert (before["state"], before["result"], before["appended"]) == ("bound", "pass", True), \
+        before  # the boot's own direct write, before the agent started
+    assert probe["watching"] and probe["aa_listening"], (probe, boot.journal[-5000:])
+    assert probe["flip_s"] is not None, (probe, boot.journal[-5000:])
+    after = probe["status_after"]
+    assert after["reason"].startswith("watch: GPU 0000:00:04.0: Xid 79"), after["reason"]
+    assert "binding" not in after["reason"], after["reason"]  # nothing broken
+    assert (after["binding"]["state"], after["binding"]["result"]) == ("bound", "fail"), after
+    if answer == "ok":
+        assert "attestation-agent" in after["binding"]["reason"], after["binding"]
+    else:  # written by the watcher itself
+        assert after["binding"]["reason"] is None and after["binding"]["appended"], after
+    assert (probe["unit_after"]["Result"], probe["unit_after"]["ExecMainStatus"]) == \
+        ("success", "0"), probe["unit_after"]
+
+    requests = [json.loads(line) for line in
+                (home / "aa-requests.jsonl").read_text().splitlines()]
+    assert len(requests) == 1, requests
+    [call] = requests
+    assert (call["service"], call["method"]) == (aa.SERVICE, aa.METHOD), call
+    assert set(call["fields"]) == {"1", "2", "3"}, call  # no RegisterIndex
+    domain, operation, content = (call["fields"][n][0] for n in ("1", "2", "3"))
+    assert (domain, operation) == (bind.DOMAIN, bind.OPERATION), call
+    assert json.loads(content)["result"] == "fail", content
+
+    # the log: the boot's pass, then the fail (the agent's with OK, else the watcher's); with
+    # OK nothing written by the watcher: a third record, or a register the watcher overwrote
+    # (no shim for it then), would show
+    records = rtmr.parse_records((root / rtmr.EVENTLOG_PATH.lstrip("/")).read_bytes(), False,
+                                 "AAEL")
+    assert [bind.last_result([r]) for r in records] == ["pass", "fail"], records
+    assert records[1].text() == f"{domain} {operation} {content}"
+    register = (measurements / "rtmr3:sha384").read_bytes()
+    assert register == rtmr.replay(records), "RTMR3 is the replay of the two events only"
+    assert register != hashlib.sha384(bytes(48) + records[0].digest).digest()  # the fail is in
+    print(f"nspawn watch revocation, the agent answering {answer}: boot {boot.wall_s:.2f} s, "
+          f"the flip {probe['flip_s']:.3f} s after the record")

@@ -8,6 +8,8 @@ the case's fake tools), then ``podvm-gpu check --json`` runs on what that boot l
 - ``modules``: the cause the boot's modules step gives, the driver's own words (S20, S23);
 - ``confidential-computing``: dev-tools (``conf-compute -d``: ``DevTools Mode: ON``) judged as
   the boot judges it (S30, S31);
+- ``confidential-computing``: several confidential GPUs judged by boot's multi-GPU rule
+  (steps/cc/multigpu.py, issue 45: S450, S451);
 - ``attestation``: not reached after a boot that failed before the CC step (C05, issue 35).
 """
 
@@ -159,6 +161,28 @@ def test_devtools_is_judged_as_the_boot_judges_it():
     assert row["result"] == "warn", row
     assert row["detail"].startswith("CC devtools (allowed by confidential_computing."
                                     "allow_devtools"), row
+
+
+@pytest.mark.parametrize("prefix, state, result", [("S450", "failed", "fail"),
+                                                   ("S451", "ready", "warn")])
+def test_several_confidential_gpus_are_judged_by_check_as_by_the_boot(prefix, state, result):
+    """Issue 45 item 3: check's row applies boot's multi-GPU rule (one function): two H100s,
+    ``Multi-GPU Mode: None``, in a TDX guest fail both; with
+    ``confidential_computing.allow_unsupported_multi_gpu`` both accept them with the same
+    warning."""
+    with World(case(prefix)) as world:
+        boot = world.run("boot")
+        run = world.run("check")
+    assert boot.status["state"] == state, boot.status
+    row = {r["name"]: r for r in json.loads(run.stdout)["checks"]}["confidential-computing"]
+    assert row["result"] == result, row
+    said = "2 confidential GPUs (Hopper) with Multi-GPU Mode: None in a confidential guest"
+    assert said in row["detail"], row
+    if state == "failed":  # the same failure and fix, word for word
+        assert f"confidential-computing: {row['detail']}; {row['hint']}" in boot.status["reason"]
+    else:
+        warning = next(w for w in boot.status["warnings"] if said in w)
+        assert warning.removeprefix("confidential-computing: ") in row["detail"], (warning, row)
 
 
 def test_the_attestation_row_after_a_boot_that_failed_at_modules_is_not_reached():

@@ -26,8 +26,8 @@ def _rss_kib() -> int:
 
 def test_20000_identical_warning_records_are_one_entry_and_memory_stays_bounded(tmp_path):
     from podvm_gpu.config.model import Config
+    from podvm_gpu.host.kmsg_follow import KernelLog
     from podvm_gpu.watch.command import Watcher
-    from podvm_gpu.watch.kernel_log import KernelLog
 
     root = _watch_root(tmp_path, "ready")
     doc = read_status(root)

@@ -8,7 +8,8 @@
 - the CPU fast path imports only the modules it needs (``-X importtime``);
 - the layer table of docs/design.md ("Layers"): a package or root module imports only what sits
   in a layer below its own (imports inside functions counted), and the import graph between
-  them has no circle.
+  them has no circle;
+- one kernel-log record parser (``host/kmsg.py``), the log's readers in ``host/`` (issue 44).
 """
 
 from __future__ import annotations
@@ -335,3 +336,41 @@ def test_metrics_imports_no_step():
                       for target in imports_of(name, path, known) if unit(target) == "steps")
 
     assert climbing == []
+
+
+def parses_kmsg_records(source: str) -> list[str]:
+    """What in ``source`` parses a ``/dev/kmsg`` record itself: a pattern of the record prefix
+    (a string holding ``[^;]``, the flags before the message) or a line cut at ``;``
+    (``.partition(";")``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and \
+                ("[^;]" in node.value if isinstance(node.value, str) else b"[^;]" in node.value):
+            found.append(f"line {node.lineno}: the pattern {node.value!r}")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("partition", "rpartition") and node.args and \
+                isinstance(node.args[0], ast.Constant) and node.args[0].value in (";", b";"):
+            found.append(f"line {node.lineno}: .{node.func.attr}({node.args[0].value!r})")
+    return found
+
+
+def test_only_host_kmsg_parses_a_kernel_log_record():
+    """Issue 44 item 3: one record parser (``host/kmsg.py`` ``parse_line``) for every reader of
+    the kernel log (boot's, check's, the once-per-boot reader, the watcher's follower); the
+    log's readers live in ``host/`` (``boot/run.py`` only writes the console line to it)."""
+    home = PACKAGE / "host" / "kmsg.py"
+    others = {str(path.relative_to(PACKAGE)): parses_kmsg_records(path.read_text())
+              for path in PACKAGE.rglob("*.py") if path != home}
+    naming = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                    if "/dev/kmsg" in path.read_text() and path.parent.name != "host")
+
+    assert {name: found for name, found in others.items() if found} == {}
+    assert parses_kmsg_records(home.read_text()), "the one parser moved: update this rule"
+    assert naming == ["boot/run.py"], "a reader of the kernel log outside host/"
+
+
+def test_the_parser_rule_finds_a_second_parser():
+    second = ('import re\nRECORD = re.compile(r"(\\d+),(\\d+),(\\d+),[^;]{0,16}")\n'
+              'def parse(line):\n    head, sep, message = line.partition(";")\n')
+
+    assert len(parses_kmsg_records(second)) == 2

@@ -34,7 +34,8 @@ from podvm_gpu.status import (
 
 CONTRACT_KEYS = {"version", "state", "reason", "warnings", "started_at", "finished_at", "gpus",
                  "nvswitches", "driver_version", "nvidia_ctk_version", "cdi", "fabric",
-                 "confidential_computing", "steps", "attestation", "initdata", "binding"}
+                 "confidential_computing", "steps", "attestation", "initdata", "binding",
+                 "attested_gpus"}
 
 
 @pytest.fixture

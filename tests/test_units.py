@@ -398,6 +398,39 @@ def test_watch_unit_runs_after_a_final_boot_restarts_and_has_no_network():
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]
 
 
+def test_the_revocation_boots_drop_in_gives_the_watcher_no_right_the_shipped_unit_lacks():
+    """What tests/test_boot_nspawn.py's revocation boot (issue 43 item 4) may change in
+    podvm-gpu-watch.service: the fake root and tools, the shipped writable paths taken under
+    that root, two files of the fake driver, and the attestation-agent's socket folder bound
+    read-only. Not a capability, device, network, syscall or namespace setting, nor any other
+    writable path: what the boot proves, the shipped sandbox allows."""
+    fake_root = "/srv/gpu/root"
+    dropin = parse_unit(BOOT / "units/watch-aa/podvm-gpu-watch-50-aa.conf")
+    assert set(dropin) == {"Service"}, dropin
+    service = dropin["Service"]
+    assert set(service) == {"Environment", "ReadWritePaths", "BindReadOnlyPaths"}, service
+    assert {e.split("=", 1)[0] for e in service["Environment"]} == {"PODVM_GPU_ROOT", "PATH"}
+    shipped = {p.lstrip("-") for line in parse_unit(SYSTEMD / "podvm-gpu-watch.service")[
+        "Service"]["ReadWritePaths"] for p in line.split()}
+    twins = {f"-{fake_root}{p}" for p in shipped}
+    granted = {p for line in service["ReadWritePaths"] for p in line.split()}
+    assert twins <= granted  # every shipped right, under the fake root
+    # the fake root's /var/run is a folder: /run/cdi's twin is named there too
+    assert granted - twins == {f"-{fake_root}/var/run/cdi", "/srv/gpu/calls.log",
+                               "/srv/gpu/cc-ready"}, granted - twins
+    from podvm_gpu.host import aa
+
+    folder = aa.SOCKET_PATH.split("/attestation-agent/")[0]  # /run/confidential-containers
+    assert service["BindReadOnlyPaths"] == [f"{folder}:{fake_root}{folder}"], service
+    standin = (BOOT / "units/watch-aa/attestation-agent.service").read_text()
+    assert f" {aa.SOCKET_PATH} ${{AA_STANDIN_ANSWER}} " in standin, "the agent's real path"
+    assert "Environment=AA_STANDIN_ANSWER=ok" in standin
+    shim = parse_unit(BOOT / "units/watch-aa/podvm-gpu-watch-60-rtmr.conf")  # not_enabled's
+    assert set(shim) == {"Service"} and set(shim["Service"]) == {"Environment"}, shim
+    assert {e.split("=", 1)[0] for e in shim["Service"]["Environment"]} == {
+        "LD_PRELOAD", "FAKE_RTMR_PATH"}
+
+
 def test_every_install_path_ships_the_watch_unit_enabled():
     bundle = (SYSTEMD / "make-bundle.sh").read_text()
     installer = (SYSTEMD / "install-podvm-gpu.sh").read_text()

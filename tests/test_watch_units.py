@@ -10,8 +10,9 @@ import time
 import pytest
 
 from podvm_gpu.host.fs import Root
+from podvm_gpu.host.kmsg import parse_line
+from podvm_gpu.host.kmsg_follow import BOOT_READY, KernelLog
 from podvm_gpu.watch import verdicts
-from podvm_gpu.watch.kernel_log import BOOT_READY, KernelLog, parse_line
 
 
 @pytest.mark.parametrize("code", sorted(verdicts.kmsg.FATAL_XIDS))
@@ -72,6 +73,10 @@ def test_records_are_parsed_with_facility_and_sequence():
     own = parse_line("29,43,123457,-;podvm-gpu[12]: ready: 1 GPU(s)")
     assert own.kernel is False and BOOT_READY.search(own.message)
     assert parse_line(" SUBSYSTEM=pci") is None and parse_line("no prefix") is None
+    # CONFIG_PRINTK_CALLER's field after the flags, a 7-digit pid: the watcher's own parser (up
+    # to 16 characters after the third comma) dropped it before issue 44 gave it kmsg's
+    far = parse_line("4,44,123458,-,caller=T4194304;NVRM: Xid (PCI:0000:01:00): 79, ...")
+    assert (far.seq, far.level, far.kernel) == (44, 4, True) and far.message.startswith("NVRM")
 
 
 def test_a_growing_file_is_followed_by_inotify_without_busy_polling(tmp_path):
@@ -259,8 +264,8 @@ def test_a_follow_on_of_an_xid_never_seen_is_its_own_code():
 
 
 def test_the_watcher_carries_the_codes_it_has_read_from_record_to_record():
+    from podvm_gpu.host.kmsg import Record
     from podvm_gpu.watch.command import Watcher
-    from podvm_gpu.watch.kernel_log import Record
 
     warned = []
     watcher = Watcher.__new__(Watcher)

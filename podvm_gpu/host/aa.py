@@ -269,7 +269,10 @@ def _connect(socket_path: str, timeout_s: float):
     """
     import socket
 
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:  # a sandbox without AF_UNIX (RestrictAddressFamilies=) refuses here: EAFNOSUPPORT
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    except OSError as err:
+        raise AAError(_said(f"a unix socket for {SOCKET_PATH}", err)) from None
     sock.settimeout(timeout_s)
     folder = None
     try:

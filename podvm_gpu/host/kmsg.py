@@ -2,7 +2,9 @@
 
 Contract section 9. A record is ``<prio>,<seq>,<usec>,<flags>;<message>``; lines that start with a
 space continue the previous record as ``KEY=value`` pairs (Documentation/ABI/testing/dev-kmsg) and
-are dropped. ``/dev/kmsg`` is read without blocking: each ``read()`` returns one record and
+are dropped. :func:`parse_line` is the one parser of the record for every reader of the log: the
+log read whole here, once per boot (host/kmsg_once.py), followed by the watcher
+(host/kmsg_follow.py). ``/dev/kmsg`` is read without blocking: each ``read()`` returns one record and
 ``EAGAIN`` ends the log; a plain file (tests, ``--root``) is read to its end. The NVIDIA driver
 splits long messages over several ``NVRM:`` records; they are joined into one before they are read.
 """
@@ -59,62 +61,116 @@ def read_timed_records(root: Root) -> list[tuple[int, str, int | None]]:
 def _read_all(root: Root) -> list[tuple[int, str, int | None]]:
     """:func:`read_timed_records` without a shared reader: the log opened and read to its end."""
     try:
-        path = root.resolve(KMSG_PATH)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd, _info, cut = open_log(root)
     except OSError:
         return []
-    kept: collections.deque[bytes] = collections.deque()
-    kept_bytes = read_bytes = 0
-    cut = False
     try:
-        info = os.fstat(fd)
-        if stat.S_ISREG(info.st_mode) and info.st_size > _MAX_BYTES:
-            os.lseek(fd, info.st_size - _MAX_BYTES, os.SEEK_SET)
-            cut = True
-        while read_bytes < _MAX_READ:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError as err:
-                if err.errno == errno.EPIPE:  # records overwritten while we read: go on
-                    continue
-                break  # EAGAIN: the end of the live log
-            if not chunk:
-                break
-            kept.append(chunk)
-            kept_bytes += len(chunk)
-            read_bytes += len(chunk)
-            while kept_bytes - len(kept[0]) >= _MAX_BYTES:
-                kept_bytes -= len(kept.popleft())
-                cut = True
-    except OSError:
-        pass
+        data, dropped = drain(fd)
     finally:
         os.close(fd)
-    lines = b"".join(kept).decode("utf-8", errors="replace").splitlines()
-    if cut and lines:
-        lines = lines[1:]  # the first line may be the tail of a record
-    records = (_timed(line) for line in lines if line and not line.startswith(" "))
-    return [(level, m[:_MAX_MESSAGE], usec) for level, m, usec in records if m is not None]
+    return kernel_records(data, cut or dropped)
+
+
+def open_log(root: Root) -> tuple[int, os.stat_result | None, bool]:
+    """``<root>/dev/kmsg`` opened without blocking: its descriptor, its ``fstat`` (None when
+    that failed), and whether it is a plain file over 4 MiB read from its newest 4 MiB on (the
+    first line read may then be the tail of a record).
+
+    Raises:
+        OSError: the log cannot be opened (no file, no permission).
+    """
+    fd = os.open(root.resolve(KMSG_PATH), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        cut = stat.S_ISREG(info.st_mode) and info.st_size > _MAX_BYTES
+        if cut:
+            os.lseek(fd, info.st_size - _MAX_BYTES, os.SEEK_SET)
+    except OSError:
+        return fd, None, False
+    return fd, info, cut
+
+
+def drain(fd: int) -> tuple[bytes, bool]:
+    """What ``fd`` (the log, opened without blocking) gives until ``EAGAIN`` or its end, and
+    whether older bytes were dropped: the newest 4 MiB are kept (the kernel's ring buffer is at
+    most a few MiB; more is not a kernel log), at most 64 MiB are read (a device that never
+    ends), records overwritten while read (``EPIPE``) are gone on from."""
+    kept: collections.deque[bytes] = collections.deque()
+    kept_bytes = read_bytes = 0
+    dropped = False
+    while read_bytes < _MAX_READ:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError as err:
+            if err.errno == errno.EPIPE:  # records overwritten while we read: go on
+                continue
+            break  # EAGAIN: the end of the live log
+        if not chunk:
+            break
+        kept.append(chunk)
+        kept_bytes += len(chunk)
+        read_bytes += len(chunk)
+        while kept_bytes - len(kept[0]) >= _MAX_BYTES:
+            kept_bytes -= len(kept.popleft())
+            dropped = True
+    return b"".join(kept), dropped
 
 
 _SHARED = None  # the open podvm_gpu.host.kmsg_once.SharedLog, or None
 
 
-_RECORD = re.compile(r"(\d+),\d+,(\d+),[^;]*")
+# The record prefix (Documentation/ABI/testing/dev-kmsg, printk's info_print_ext_header): prio
+# (facility << 3 | level), sequence number, microseconds since boot, flags (``-`` or ``c``; a
+# kernel with CONFIG_PRINTK_CALLER adds ``,caller=T<pid>`` or ``,caller=C<cpu>`` after them).
+_RECORD = re.compile(r"(\d{1,4}),(\d{1,20}),(\d{1,20}),[^;]*")
 
 
-def _timed(line: str) -> tuple[int, str | None, int | None]:
+class Record(collections.namedtuple("Record", "seq level message usec kernel")):
+    """One record of the kernel log (:func:`parse_line`).
+
+    Attributes:
+        seq: its sequence number; level: its syslog level (0 emerg ... 3 err ... 7 debug);
+        message: its text, at most 4096 characters; usec: its time stamp, microseconds since
+        boot on the kernel's monotonic clock; kernel: whether the kernel wrote it (facility 0).
+    """
+
+    __slots__ = ()
+
+
+def parse_line(line: str) -> Record | None:
+    """One line of ``/dev/kmsg`` in the kernel's record format, ``<prio>,<seq>,<usec>,<flags>;
+    <message>``: the one parser of the record, for every reader of the log (read whole here,
+    once per boot by host/kmsg_once.py, followed by host/kmsg_follow.py). A ``;`` inside the
+    message is kept. None for a line without the record prefix (a ``KEY=value`` continuation
+    line, or a line that is no record)."""
     head, sep, message = line.partition(";")
     m = _RECORD.fullmatch(head) if sep else None
     if m is None:
-        return 6, line, None
+        return None
     prio = int(m.group(1))
-    return prio & 7, (message if prio >> 3 == 0 else None), int(m.group(2))
+    return Record(int(m.group(2)), prio & 7, message[:_MAX_MESSAGE], int(m.group(3)),
+                  prio >> 3 == 0)
 
 
-def _record(line: str) -> tuple[int, str | None]:
-    level, message, _usec = _timed(line)
-    return level, message
+def _timed(line: str) -> tuple[int, str, int | None] | None:
+    """``(level, message, usec)`` of one line of the log read here: a kernel record, or a line
+    without the record prefix taken as it is (level 6, no time); None for a record a program
+    wrote (see :func:`parse_record`)."""
+    record = parse_line(line)
+    if record is None:
+        return 6, line[:_MAX_MESSAGE], None
+    return (record.level, record.message, record.usec) if record.kernel else None
+
+
+def kernel_records(data: bytes, cut: bool = False) -> list[tuple[int, str, int | None]]:
+    """The records of ``data`` (lines of the log) as :func:`read_timed_records` returns them:
+    continuation lines (starting with a space) and programs' records dropped. ``cut``: the
+    first line may be the tail of a record (the log was read from its middle): dropped too."""
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    if cut and lines:
+        lines = lines[1:]
+    found = (_timed(line) for line in lines if line and not line.startswith(" "))
+    return [record for record in found if record is not None]
 
 
 def parse_record(line: str) -> str | None:
@@ -124,7 +180,8 @@ def parse_record(line: str) -> str | None:
     every program-written record a facility (``user`` when it names none), so the kernel's own
     messages are told apart, and the agent never reads its own console line back as evidence.
     """
-    return _record(line)[1]
+    timed = _timed(line)
+    return timed[1] if timed else None
 
 
 # Messages of the NVIDIA kernel modules: "NVRM: ...", "nvidia: ...", "nvidia-uvm: ...",

@@ -5,7 +5,6 @@ path needs it, and the CPU fast path never imports it."""
 from __future__ import annotations
 
 import collections
-import errno
 import os
 import stat
 
@@ -66,12 +65,8 @@ class SharedLog:
         with self._lock:
             self._read_new()
             records = list(self._records)
-            last = self._pending.decode("utf-8", errors="replace")  # a file's unended line
-        if last and not last.startswith(" "):
-            level, message, usec = kmsg._timed(last)
-            if message is not None:
-                records.append((level, message[:kmsg._MAX_MESSAGE], usec))
-        return records
+            last = self._pending  # a file's line not ended yet
+        return records + kmsg.kernel_records(last)
 
     def _drop_fd(self) -> None:
         if self._fd is not None:
@@ -90,56 +85,30 @@ class SharedLog:
             self._reset()
         if self._fd is None and not self._open():
             return
-        chunks, read_bytes = [], 0
-        try:
-            while read_bytes < kmsg._MAX_READ:
-                try:
-                    chunk = os.read(self._fd, 65536)
-                except OSError as err:
-                    if err.errno == errno.EPIPE:  # records overwritten while we read: go on
-                        continue
-                    break  # EAGAIN: the end of the live log, for now
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                read_bytes += len(chunk)
-        except OSError:
-            pass
-        data = self._pending + b"".join(chunks)
+        data, dropped = kmsg.drain(self._fd)
+        if dropped:  # more than the window is new: what was pending is not continued
+            self._pending, self._cut = b"", True
+        data = self._pending + data
         if self._regular:
             data, _sep, self._pending = data.rpartition(b"\n") if b"\n" in data else \
                 (b"", b"", data)
-        lines = data.decode("utf-8", errors="replace").splitlines()
-        if self._cut and lines:
-            lines, self._cut = lines[1:], False
-        for line in lines:
-            if not line or line.startswith(" "):
-                continue
-            level, message, usec = kmsg._timed(line)
-            if message is None:
-                continue
-            self._records.append((level, message[:kmsg._MAX_MESSAGE], usec))
-            self._bytes += len(line) + 1
+        for record in kmsg.kernel_records(data, self._cut):
+            self._records.append(record)
+            self._bytes += len(record[1]) + 1
+        if data:
+            self._cut = False
         while self._bytes > kmsg._MAX_BYTES and self._records:
             self._bytes -= len(self._records.popleft()[1]) + 1
 
     def _open(self) -> bool:
         try:
-            path = self.root.resolve(kmsg.KMSG_PATH)
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            self._fd, info, self._cut = kmsg.open_log(self.root)
         except OSError:
             return False
         self.opens += 1
-        self._fd = fd
-        try:
-            info = os.fstat(fd)
-        except OSError:
-            return True
-        self._regular = stat.S_ISREG(info.st_mode)
-        self._ident = (info.st_dev, info.st_ino)
-        if self._regular and info.st_size > kmsg._MAX_BYTES:
-            os.lseek(fd, info.st_size - kmsg._MAX_BYTES, os.SEEK_SET)
-            self._cut = True  # the first line read may be the tail of a record
+        if info is not None:
+            self._regular = stat.S_ISREG(info.st_mode)
+            self._ident = (info.st_dev, info.st_ino)
         return True
 
     def _replaced(self) -> bool:

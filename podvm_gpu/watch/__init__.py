@@ -3,7 +3,7 @@ GPU that fails out of the CDI spec for every container created after (issue 34).
 
 kata-agent reads ``/var/run/cdi`` afresh at every CreateContainer, so the spec the boot
 installed decides every later container of the pod. The watcher follows the kernel log as it
-arrives (:mod:`podvm_gpu.watch.kernel_log`: blocking reads, no busy polling, from the position
+arrives (:mod:`podvm_gpu.host.kmsg_follow`: blocking reads, no busy polling, from the position
 the boot reached), polls the recovery action, the memory health and the fabric state every
 ``watch.interval_s`` on a thread of its own (one poll at a time: a hung nvidia-smi is ended by
 its timeout and never piles up), and looks at the daemons. What a record or an answer means is

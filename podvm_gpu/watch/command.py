@@ -11,11 +11,11 @@ import time
 
 from podvm_gpu import watchfile as watch_state
 from podvm_gpu.host.fs import Root
+from podvm_gpu.host.kmsg_follow import BOOT_READY, KernelLog
 from podvm_gpu.model import State, now_iso, shown
 from podvm_gpu.status import read_status
 from podvm_gpu.watch import daemons, verdicts
 from podvm_gpu.watch.act import apply_finding, watched, write_status
-from podvm_gpu.watch.kernel_log import BOOT_READY, KernelLog
 from podvm_gpu.watch.once import apply_pending, clear_finding, read_config, refused_root, say
 
 SAVE_EVERY_S = 10.0  # the position in watch.json: at most this old while records arrive

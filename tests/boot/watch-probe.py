@@ -7,6 +7,10 @@ waits for the watcher's watch.json, appends an Xid 79 record for the fake GPU to
 root's kernel log (the source the scenario tests use), and waits for status.json to turn
 failed; after any other boot it waits for the watcher's unit to end. It writes
 /srv/gpu/watch-probe.json (or /var/lib/watch-probe.json without a fake root).
+
+With an attestation-agent stand-in (issue 43's revocation boot): ``WATCH_PROBE_AA_SOCKET``, a
+socket to wait for before the Xid (the stand-in listening), and ``WATCH_PROBE_AA_REQUESTS``,
+the stand-in's record of its requests to wait for after the flip.
 """
 
 import json
@@ -49,10 +53,14 @@ def wait(what, limit_s: float):
 
 
 def main() -> None:
-    record = {"status_before": (read_json("/run/podvm-gpu/status.json") or {}).get("state")}
+    before = read_json("/run/podvm-gpu/status.json") or {}
+    record = {"status_before": before.get("state"), "binding_before": before.get("binding")}
     if record["status_before"] == "ready":
         record["watching"] = wait(lambda: read_json("/run/podvm-gpu/watch.json"), 60)
         record["unit_watching"] = unit()
+        aa_socket = os.environ.get("WATCH_PROBE_AA_SOCKET")
+        if aa_socket:
+            record["aa_listening"] = bool(wait(lambda: os.path.exists(aa_socket), 60))
         kmsg = path("/dev/kmsg")
         with open(kmsg, encoding="utf-8", errors="replace") as f:
             seq = max(int(line.split(",")[1]) for line in f if line[:1].isdigit()) + 1
@@ -62,6 +70,9 @@ def main() -> None:
         flipped = wait(lambda: (read_json("/run/podvm-gpu/status.json") or {}).get("state")
                        == "failed", 15)
         record["flip_s"] = round(time.monotonic() - sent, 3) if flipped else None
+        requests = os.environ.get("WATCH_PROBE_AA_REQUESTS")
+        if requests:  # the stand-in writes its record within 0.1 s of the request
+            wait(lambda: os.path.exists(requests) and os.path.getsize(requests), 10)
     record["unit_after"] = wait(lambda: unit() if unit().get("ActiveState") in (
         "inactive", "failed") else None, 30) or unit()
     record["status_after"] = read_json("/run/podvm-gpu/status.json")

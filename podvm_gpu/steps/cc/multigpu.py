@@ -66,5 +66,23 @@ def judge_set(multi_gpu: str | None, device_ids: list[str], guest: str | None,
     return what, None
 
 
+def judge_gpus(finding, gpus, guest: str | None, cfg) -> tuple[str | None, str | None]:
+    """The one rule boot's step (steps/cc/step.py) and check's ``confidential-computing`` row
+    (steps/cc/rows.py) apply, so that both judge a set of GPUs alike: :func:`judge_set` for
+    the discovered GPUs.
+
+    Args:
+        finding: classify.py's CC finding (its ``multi_gpu``).
+        gpus: the discovered GPUs (host/sysfs.py's ``discover``; each a ``device_id``).
+        guest: the confidential guest (query.guest), or None.
+        cfg: the config's ``confidential_computing`` section (its :data:`KEY`).
+
+    Returns:
+        ``(failure, warning)`` as :func:`judge_set`.
+    """
+    return judge_set(finding.multi_gpu, [g.device_id for g in gpus], guest,
+                     cfg.allow_unsupported_multi_gpu)
+
+
 FIX = ("pass one GPU to the VM, use Protected PCIe on an HGX Hopper host, or accept the set-up "
        f"with {KEY}: true")

@@ -1,5 +1,6 @@
 """``podvm-gpu check`` rows of the confidential-computing step: ``guest-tee``,
-``confidential-computing`` (the same classification and decision as boot, classify.py) and
+``confidential-computing`` (the same classification and decision as boot, classify.py, and
+the same multi-GPU rule, multigpu.py) and
 ``attestation-agent-ordering`` (on a VM and in an image)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from podvm_gpu import units
 from podvm_gpu.gpufacts.smi import conf_compute_argv
 from podvm_gpu.host import tee
 from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check
-from podvm_gpu.steps.cc import classify
+from podvm_gpu.steps.cc import classify, multigpu
 from podvm_gpu.steps.cc.query import answers, guest
 
 CC_ROW = "confidential-computing"
@@ -16,7 +17,8 @@ ORDER_ROW = "attestation-agent-ordering"
 
 
 def confidential_computing_row(facts) -> Check:
-    """The CC classification and decision of boot, then the ready state (read, never set)."""
+    """The CC classification and decision of boot, boot's multi-GPU rule (multigpu.py: a
+    failure fails the row, an accepted set-up warns), then the ready state (read, never set)."""
     skip = facts.not_reached(CC_ROW) or facts.needs_driver(CC_ROW)
     if skip:
         return skip
@@ -34,9 +36,14 @@ def confidential_computing_row(facts) -> Check:
                      verdict.reason + (f"; {notes}" if notes and verdict.warnings else ""))
     label = verdict.reason if verdict.outcome == classify.CONFIDENTIAL else \
         "CC devtools (allowed by confidential_computing.allow_devtools: not production CC)"
+    failure, warning = multigpu.judge_gpus(finding, facts.gpus, where, cfg)  # boot's rule
+    if failure:
+        return Check(CC_ROW, FAIL, failure, multigpu.FIX)
+    notes = "; ".join(filter(None, [notes, warning]))
     grs = facts.runner.run(conf_compute_argv("-grs"), check=False)
     state = classify.parse_ready_state(grs.output) if grs.returncode == 0 else None
-    level = PASS if verdict.outcome == classify.CONFIDENTIAL and not verdict.warnings else WARN
+    level = PASS if verdict.outcome == classify.CONFIDENTIAL and not verdict.warnings \
+        and not warning else WARN
     extra = f"; {notes}" if notes else ""
     if state == "ready":
         return Check(CC_ROW, level, f"{label}, ready state ready{extra}")

@@ -161,8 +161,7 @@ def run(ctx: BootContext) -> str:
     label = verdict.reason
     from podvm_gpu.steps.cc import multigpu
 
-    failure, warning = multigpu.judge_set(finding.multi_gpu, [g.device_id for g in ctx.gpus], tee,
-                                          cfg.allow_unsupported_multi_gpu)
+    failure, warning = multigpu.judge_gpus(finding, ctx.gpus, tee, cfg)
     if failure:  # before nvattest and the ready state (issue 45)
         raise StepFailed(f"{failure}; {multigpu.FIX}")
     if warning:

@@ -324,10 +324,12 @@ def nvidia_smi(args):
         answers = {"-d": "DevTools Mode: OFF", "-e": "CC Environment: PRODUCTION",
                    "-mgm": "Multi-GPU Mode: None",
                    "-grs": "Confidential Compute GPUs Ready state: "
-                           + ("ready" if os.path.exists(CC_READY) else "not-ready")}
-        if args[1:] == ["-srs", "1"]:
-            write(CC_READY, "1\n")
-            print("Confidential Compute GPUs Ready state: ready")
+                           + ("ready" if read(CC_READY).strip() == "1" else "not-ready")}
+        if args[1:2] == ["-srs"] and args[2:] in (["1"], ["0"]):
+            # written in place, never removed: the watcher's test grants this one file
+            write(CC_READY, args[2] + "\n")
+            print("Confidential Compute GPUs Ready state: "
+                  + ("ready" if args[2] == "1" else "not-ready"))
             return 0
         if args[1] in answers:
             print(answers[args[1]])

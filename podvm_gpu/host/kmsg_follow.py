@@ -1,8 +1,9 @@
 """The kernel log as it arrives: ``<root>/dev/kmsg`` followed from a sequence number, without
 busy polling.
 
-The record format is the one :mod:`podvm_gpu.host.kmsg` reads (``<prio>,<seq>,<usec>,<flags>;
-<message>``, continuation lines starting with a space dropped; Documentation/ABI/testing/dev-kmsg).
+Each line is parsed by :func:`podvm_gpu.host.kmsg.parse_line`, the one parser of the record
+format (``<prio>,<seq>,<usec>,<flags>;<message>``; continuation lines starting with a space
+dropped; Documentation/ABI/testing/dev-kmsg).
 How new records are waited for depends on what the path is:
 
 - the kernel's character device: each ``read(2)`` returns one record, ``EAGAIN`` when there is
@@ -27,42 +28,12 @@ import select
 import stat
 
 from podvm_gpu.host.fs import Root
+from podvm_gpu.host.kmsg import _MAX_MESSAGE, KMSG_PATH, Record, parse_line
 
-KMSG_PATH = "/dev/kmsg"
-_MAX_MESSAGE = 4096  # a kernel record is at most about 1 KiB (PRINTK_MESSAGE_MAX)
 _MAX_CHUNK = 64 * 1024  # one read of a growing file (about 1,500 records): bounds the batch
-_RECORD = re.compile(r"(\d{1,4}),(\d{1,20}),(\d{1,20}),[^;]{0,16}")
 BOOT_READY = re.compile(r"podvm-gpu\[\d{1,10}\]: ready\b")
 # inotify(7): IN_MODIFY | IN_ATTRIB | IN_MOVE_SELF | IN_DELETE_SELF
 _IN_MASK = 0x2 | 0x4 | 0x800 | 0x400
-
-
-class Record(tuple):
-    """``(seq, level, message, usec, kernel)``: the record's sequence number, syslog level,
-    message (at most 4096 characters), time stamp (microseconds since boot) and whether the
-    kernel wrote it (facility 0)."""
-
-    __slots__ = ()
-
-    def __new__(cls, seq: int, level: int, message: str, usec: int, kernel: bool):
-        return super().__new__(cls, (seq, level, message, usec, kernel))
-
-    seq = property(lambda self: self[0])
-    level = property(lambda self: self[1])
-    message = property(lambda self: self[2])
-    usec = property(lambda self: self[3])
-    kernel = property(lambda self: self[4])
-
-
-def parse_line(line: str) -> Record | None:
-    """One record line; None for a line without the record prefix (a continuation)."""
-    head, sep, message = line.partition(";")
-    m = _RECORD.fullmatch(head) if sep else None
-    if m is None:
-        return None
-    prio = int(m.group(1))
-    return Record(int(m.group(2)), prio & 7, message[:_MAX_MESSAGE], int(m.group(3)),
-                  prio >> 3 == 0)
 
 
 class KernelLog:
