@@ -98,6 +98,9 @@ def test_a_healthy_detail_is_fine_and_its_mask_is_nvmls():
     ("access_timeout_recovery", "Yes", judge.NOTE, 1),
     ("incorrect_configuration", "Insufficient NVLinks", judge.NOTE, 5),
     ("incorrect_configuration", "INCORRECT_SYSGUID", judge.NOTE, 2),
+    # NVML's documentation's words for its values
+    ("incorrect_configuration", "Incorrect Configuration - Incompatible GPU Firmware", judge.NOTE,
+     6),
 ])
 def test_each_detail_value_is_judged_once_and_lands_in_its_bits(field, value, kind, nvml):
     health = judge.fabric_health("Healthy", {**FINE, field: value})

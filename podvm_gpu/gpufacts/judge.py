@@ -219,13 +219,20 @@ HEALTH_DETAIL = (
     Detail("route_unhealthy", 4, 0x3, _yes_no(FATAL, "a fabric route is unhealthy")),
     Detail("access_timeout_recovery", 6, 0x3,
            _yes_no(NOTE, "an access-timeout recovery is in progress")),
+    # NVML's names (INCORRECT_SYSGUID, ...) and its documentation's words ("Incorrect
+    # Configuration - SysGUID", "Correct Configuration", ...), letters only
     Detail("incorrect_configuration", 8, 0xF, {
-        "none": (1, FINE, ""),
-        **{word: (number, NOTE, f"incorrect fabric configuration ({name})") for number, word, name in (
-            (2, "incorrectsysguid", "SysGUID"), (3, "incorrectchassissn", "chassis serial number"),
-            (4, "nopartition", "no partition"), (5, "insufficientnvlinks", "insufficient NVLinks"),
-            (6, "incompatiblegpufw", "incompatible GPU firmware"),
-            (7, "invalidlocation", "invalid location"), (8, "gpustateinvalid", "GPU state invalid"))}}),
+        "none": (1, FINE, ""), "correctconfiguration": (1, FINE, ""),
+        **{word: (number, NOTE, f"incorrect fabric configuration ({name})")
+           for number, words, name in (
+               (2, ("incorrectsysguid", "sysguid"), "SysGUID"),
+               (3, ("incorrectchassissn", "chassisserialnumber"), "chassis serial number"),
+               (4, ("nopartition",), "no partition"),
+               (5, ("insufficientnvlinks",), "insufficient NVLinks"),
+               (6, ("incompatiblegpufw", "incompatiblegpufirmware"), "incompatible GPU firmware"),
+               (7, ("invalidlocation",), "invalid location"),
+               (8, ("gpustateinvalid",), "GPU state invalid"))
+           for word in (*words, *(f"incorrectconfiguration{w}" for w in words))}}),
     Detail("partition_assigned", 12, 0x3, _yes_no(FINE, "")),
 )
 _SUMMARY_CODE = {"".join(ch for ch in word.lower() if ch.isalnum()): code
