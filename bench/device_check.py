@@ -108,7 +108,8 @@ def agent_reads() -> list[list[str]]:
     """Every read-only nvidia-smi command line of the agent (the nvidia-smi back end's)."""
     from podvm_gpu.steps.cc import classify
 
-    return [smi.fabric_argv(), smi.fabric_health_argv(), smi.remap_argv(), smi.ecc_argv(),
+    return [smi.fabric_argv(), smi.fabric_health_argv(), smi.fabric_detail_argv(),
+            smi.remap_argv(), smi.ecc_argv(),
             smi.reset_argv(), smi.action_argv(), smi.mig_mode_argv(), smi.mig_list_argv(),
             smi.full_query_argv(),
             *(smi.conf_compute_argv(q) for q in (*classify.QUERIES, "-grs"))]

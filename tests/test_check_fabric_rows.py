@@ -75,19 +75,28 @@ def test_a_mixed_topology_fails_the_fabric_row_and_starts_no_fabric_manager():
 
 # --- issue 33: the fabric health summary (nvidia-smi 580), a query of its own ------------------
 
-class _HealthCtx:
-    """A boot context as much as ``health_summary`` reads it: one answer for the query."""
+# what a build without 580's detail fields answers (the harness refuses them so: fake_tool.py)
+NO_DETAIL = (2, 'Field "fabric.health.bandwidth" is not a valid field to query.\n\n')
 
-    def __init__(self, rc, out):
+
+class _HealthCtx:
+    """A boot context as much as ``health_summary`` reads it: one answer for the summary query,
+    one for 580's detail query (issue 44; refused unless given)."""
+
+    def __init__(self, rc, out, detail=NO_DETAIL):
+        from podvm_gpu.gpufacts import smi
         from podvm_gpu.host.proc import Completed
 
         self.warnings, self.asked = [], []
         self.runner = self
-        self._done = Completed(argv=[], returncode=rc, stdout=out, stderr="", duration_s=0.01)
+        self.fabric = None
+        self._done = {tuple(smi.fabric_detail_argv()): Completed(
+            argv=[], returncode=detail[0], stdout=detail[1], stderr="", duration_s=0.01)}
+        self._summary = Completed(argv=[], returncode=rc, stdout=out, stderr="", duration_s=0.01)
 
     def run(self, argv, check=False, timeout=None):
         self.asked.append(argv)
-        return self._done
+        return self._done.get(tuple(argv), self._summary)
 
     def harmless_timeout(self, tool):
         return 5.0
@@ -101,14 +110,17 @@ class _HealthCtx:
     ("00000000:18:00.0, [N/A]\n", "health summary N/A on 1 GPU(s)"),
 ])
 def test_a_healthy_or_na_fabric_health_summary_passes_without_a_warning(out, said):
+    from podvm_gpu.gpufacts import smi
     from podvm_gpu.steps.fabric.parse import health_summary
 
     ctx = _HealthCtx(0, out)
 
     assert health_summary(ctx) == said
     assert ctx.warnings == []
-    assert ctx.asked == [["nvidia-smi", "--query-gpu=pci.bus_id,fabric.health.summary",
-                          "--format=csv,noheader"]]
+    assert ctx.asked[0] == ["nvidia-smi", "--query-gpu=pci.bus_id,fabric.health.summary",
+                            "--format=csv,noheader"]
+    # issue 44: where the summary was read, 580's detail is asked (a query of its own)
+    assert ctx.asked[1:] == [smi.fabric_detail_argv()]
 
 
 def test_an_unhealthy_fabric_fails_naming_the_gpu_and_limited_capacity_warns():
@@ -145,7 +157,8 @@ class _OutsideFacts:
         self.root = Root(str(root))
         self.answers = {
             tuple(smi.fabric_argv()): (0, "00000000:18:00.0, state  Completed, status Success\n"),
-            tuple(smi.fabric_health_argv()): summary_answer}
+            tuple(smi.fabric_health_argv()): summary_answer,
+            tuple(smi.fabric_detail_argv()): NO_DETAIL}
         self.runner = self
         self.timeouts = {}
 

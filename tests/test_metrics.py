@@ -609,6 +609,12 @@ def test_the_metrics_doc_lists_every_metric_with_its_type_and_profile(tmp_path, 
 
     watch = {**new_state(None), "finding": {"gpu": "0000:18:00.0", "reason": "watch: GPU x"}}
     Path(cases[2][0], WATCH_PATH.lstrip("/")).write_text(json.dumps(watch))
+    # issue 44: 580's fabric health as the boot read it (status.json's fabric.health)
+    status_path = Path(cases[0][0], "run/podvm-gpu/status.json")
+    doc = json.loads(status_path.read_text())
+    doc["fabric"]["health"] = [{"gpu": "00000000:18:00.0", "summary": "Healthy", "summary_code": 1,
+                                "mask": 4522}]
+    status_path.write_text(json.dumps(doc))
     for root, desc, profile in cases:
         for name, family in scrape(root, desc).items():
             seen[name] = family.type

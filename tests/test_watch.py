@@ -554,6 +554,37 @@ def test_a_fabric_that_leaves_completed_is_a_finding_within_an_interval():
         assert "fabric State In Progress" in reason and reason.startswith("watch: GPU 0000:"), reason
 
 
+def test_a_route_unhealthy_after_a_ready_boot_is_a_finding_and_the_reading_is_kept():
+    """Issue 44 item 6: S491's 580 world (8 x H200, 4 NVSwitches; a route recovery in progress
+    and a word not understood: ready with warnings). The watcher reads the fabric health the
+    boot read, keeps it in watch.json (the exporter's DCGM_FI_DEV_FABRIC_HEALTH_*), and when the
+    detail says GPU 00000000:AB:00.0's route is unhealthy, takes the GPUs out of the spec."""
+    with World(case("S491", "watch:\n  interval_s: 0.5\n")) as world:
+        ready_world(world)
+        assert [g["gpu"] for g in status(world)["fabric"]["health"]][5] == "00000000:AB:00.0"
+        proc = start_watch(world)
+        try:
+            assert watching(world, proc), stderr_of(world)
+            assert wait_until(lambda: (json.loads(Path(world.path(WATCH_PATH)).read_text())
+                                       .get("fabric_health")), REACT_S, proc), stderr_of(world)
+            assert status(world)["state"] == "ready", stderr_of(world)
+            config = json.loads(Path(world.layout.config).read_text())
+            detail = next(r for r in config["rules"] if "fabric.health.bandwidth" in r["argv"][1])
+            detail["stdout"] = detail["stdout"].replace(
+                "00000000:AB:00.0, False, False, False", "00000000:AB:00.0, False, False, True")
+            Path(world.layout.config).write_text(json.dumps(config))
+            assert wait_until(lambda: status(world)["state"] == "failed", REACT_S, proc), \
+                stderr_of(world)
+        finally:
+            stop(proc)
+        reason = status(world)["reason"]
+        assert reason.startswith("watch: GPU 0000:ab:00.0: GPU 00000000:AB:00.0: fabric unhealthy:"
+                                 " fabric.health.route_unhealthy True"), reason
+        kept = json.loads(Path(world.path(WATCH_PATH)).read_text())["fabric_health"]
+        assert kept[5]["route_unhealthy"] == "True", "the reading the finding was made on is kept"
+        assert kept[5]["mask"] & (0x3 << 4) == 1 << 4
+
+
 def test_a_finding_revokes_the_pass_the_boot_bound_into_rtmr3():
     """Issue 37's binding: a TDX guest whose boot bound ``pass`` (S170); the watcher's finding
     appends a ``fail`` event and extends RTMR3 with it, so a relying party's policy refuses

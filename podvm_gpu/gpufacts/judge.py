@@ -187,6 +187,104 @@ def summary_kind(value: str | int) -> str | None:
     return _SUMMARY_KIND.get(key)
 
 
+class Detail(collections.namedtuple("Detail", "field shift width words")):
+    """One of 580's ``fabric.health.*`` fields: its name without the prefix, its place in NVML's
+    health mask (``NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_*``/``WIDTH_*``, nvidia-ml-py 13.x) and the
+    words it knows (letters only, lower case) -> (NVML's ``NVML_GPU_FABRIC_HEALTH_MASK_*`` value,
+    kind, what it says)."""
+
+    __slots__ = ()
+
+
+def _yes_no(true_kind: str, said: str) -> dict:
+    # nvidia-smi's boolean words (Yes/No on 580's remapped rows, True/False in -q)
+    return {"yes": (1, true_kind, said), "true": (1, true_kind, said), "no": (2, FINE, ""),
+            "false": (2, FINE, "")}
+
+
+# The meaning of each value is NVML's (nvmlFabricDefs, R580: "Route is unhealthy", "Bandwidth
+# degraded", "Route Recovery in progress", "Access Timeout Recovery in progress", "Incorrect
+# Configuration - ..."). The verdict: a route unhealthy is fatal, as the summary Unhealthy is (a
+# path the GPU's NVLink traffic takes fails; DCGM's NVLink health watch makes it an incident:
+# NVIDIA/DCGM testing/python3/tests/test_health.py, test_dcgm_health_check_fabric_health_mask);
+# degraded bandwidth (the summary's Limited Capacity), a recovery in progress and a configuration
+# finding are notes: the fabric still carries traffic, NVML's summary stays the gate. Values were
+# never captured: a word not here is "not understood" (a warning quoting it), never a guess.
+HEALTH_DETAIL = (
+    Detail("bandwidth", 0, 0x3, {**_yes_no(NOTE, "the NVLink bandwidth is degraded"),
+                                 "degraded": (1, NOTE, "the NVLink bandwidth is degraded"),
+                                 "notdegraded": (2, FINE, "")}),
+    Detail("route_recovery_in_progress", 2, 0x3,
+           _yes_no(NOTE, "a fabric route recovery is in progress")),
+    Detail("route_unhealthy", 4, 0x3, _yes_no(FATAL, "a fabric route is unhealthy")),
+    Detail("access_timeout_recovery", 6, 0x3,
+           _yes_no(NOTE, "an access-timeout recovery is in progress")),
+    # NVML's names (INCORRECT_SYSGUID, ...) and its documentation's words ("Incorrect
+    # Configuration - SysGUID", "Correct Configuration", ...), letters only
+    Detail("incorrect_configuration", 8, 0xF, {
+        "none": (1, FINE, ""), "correctconfiguration": (1, FINE, ""),
+        **{word: (number, NOTE, f"incorrect fabric configuration ({name})")
+           for number, words, name in (
+               (2, ("incorrectsysguid", "sysguid"), "SysGUID"),
+               (3, ("incorrectchassissn", "chassisserialnumber"), "chassis serial number"),
+               (4, ("nopartition",), "no partition"),
+               (5, ("insufficientnvlinks",), "insufficient NVLinks"),
+               (6, ("incompatiblegpufw", "incompatiblegpufirmware"), "incompatible GPU firmware"),
+               (7, ("invalidlocation",), "invalid location"),
+               (8, ("gpustateinvalid",), "GPU state invalid"))
+           for word in (*words, *(f"incorrectconfiguration{w}" for w in words))}}),
+    Detail("partition_assigned", 12, 0x3, _yes_no(FINE, "")),
+)
+_SUMMARY_CODE = {"".join(ch for ch in word.lower() if ch.isalnum()): code
+                 for code, word in HEALTH_SUMMARY.items()}
+
+
+class FabricHealth(collections.namedtuple("FabricHealth", "findings summary_code mask")):
+    """One GPU's fabric health judged: ``findings`` ``[(kind, what)]`` (a note or fatal kind,
+    none when fine), ``summary_code`` NVML's ``NVML_GPU_FABRIC_HEALTH_SUMMARY_*`` of the summary
+    (``DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY``) and ``mask`` NVML's health mask built from the detail
+    (``DCGM_FI_DEV_FABRIC_HEALTH_MASK``; a field not read is NVML's 0, not supported); each None
+    when a word was not understood (a number would claim what was not read)."""
+
+    __slots__ = ()
+
+
+def fabric_health(summary: str, detail: dict[str, str] | None) -> FabricHealth:
+    """Judge one GPU's fabric health summary and 580's detail of it, as nvidia-smi printed them.
+
+    Args:
+        summary: ``fabric.health.summary`` (``Healthy``, ``Unhealthy``, ``Limited Capacity``,
+            ``N/A``); detail: field (:data:`HEALTH_DETAIL` names) -> value, None when not read.
+    """
+    findings: list[tuple[str, str]] = []
+    kind = summary_kind(summary)
+    if kind == FATAL:
+        findings.append((FATAL, f"health summary {summary} (fabric.health.summary)"))
+    elif kind == NOTE:
+        findings.append((NOTE, f"fabric health summary {summary}: the NVLink fabric works with "
+                               "less bandwidth than it should"))
+    elif kind is None:
+        findings.append((NOTE, f"fabric health summary {summary!r} not understood"))
+    code = 0 if na(summary) else _SUMMARY_CODE.get("".join(
+        ch for ch in summary.lower().removeprefix("nvml_gpu_fabric_health_summary_")
+        if ch.isalnum()))
+    mask: int | None = 0
+    for field in HEALTH_DETAIL:
+        value = (detail or {}).get(field.field, "N/A")
+        if na(value):
+            continue
+        known = field.words.get("".join(ch for ch in value.lower() if ch.isalpha()))
+        if known is None:
+            findings.append((NOTE, f"fabric.health.{field.field} {value!r} not understood"))
+            mask = None
+            continue
+        if mask is not None:
+            mask |= (known[0] & field.width) << field.shift
+        if known[1] != FINE:
+            findings.append((known[1], f"fabric.health.{field.field} {value}: {known[2]}"))
+    return FabricHealth(findings, code, mask)
+
+
 # --- memory ---------------------------------------------------------------------------------
 
 def memory_kind(remap_failure: bool | None, remap_pending: bool | None,

@@ -9,7 +9,9 @@ exit 2; ../shared/nvidia-smi-real.md, tests/data/real/h200-580). What each build
 - fabric (:func:`fabric_argv`): every build, 535 to 580; values labelled (``state  Completed``,
   two spaces; ``status Success``), ``[N/A]`` unlabelled without a fabric, ``N/A`` on 580. The
   health summary (:func:`fabric_health_argv`) is a query of its own: 580's ``--help-query-gpu``
-  lists ``fabric.health.summary``, the Debian builds (535-555) refuse it.
+  lists ``fabric.health.summary``, the Debian builds (535-555) refuse it; its detail
+  (:func:`fabric_detail_argv`: bandwidth, route recovery, route unhealthy, access-timeout recovery,
+  incorrect configuration, partition assigned) is another, asked only where the summary was read.
 - memory (:func:`remap_argv`, :func:`ecc_argv`): every build; ``remapped_rows.*`` are ``1``/``0``
   on 535-555, ``Yes``/``No`` on 580.
 - reset status (:func:`reset_argv`): 535-555 take it; 580 refuses it (NVML deprecated the fields
@@ -30,6 +32,11 @@ from podvm_gpu.gpufacts.words import GPU_LOST, GPU_REQUIRES_RESET, csv_rows, csv
 CSV = "--format=csv,noheader"
 FABRIC_FIELDS = ("pci.bus_id", "fabric.state", "fabric.status")
 FABRIC_HEALTH_FIELDS = ("pci.bus_id", "fabric.health.summary")
+# 580's health detail (its --help-query-gpu; values never captured: judge.HEALTH_DETAIL reads them)
+FABRIC_DETAIL_FIELDS = ("pci.bus_id", "fabric.health.bandwidth",
+                        "fabric.health.route_recovery_in_progress", "fabric.health.route_unhealthy",
+                        "fabric.health.access_timeout_recovery",
+                        "fabric.health.incorrect_configuration", "fabric.health.partition_assigned")
 REMAP_FIELDS = ("gpu_bus_id", "remapped_rows.pending", "remapped_rows.failure")
 ECC_FIELDS = ("pci.bus_id", "ecc.errors.uncorrected.volatile.total", "retired_pages.pending")
 RESET_FIELDS = ("pci.bus_id", "reset_status.reset_required",
@@ -63,6 +70,13 @@ def fabric_health_argv() -> list[str]:
     """``nvidia-smi --query-gpu=pci.bus_id,fabric.health.summary --format=csv,noheader``: 580's
     field, refused by 535-555 (then "not offered", never a warning)."""
     return query_gpu_argv(FABRIC_HEALTH_FIELDS)
+
+
+def fabric_detail_argv() -> list[str]:
+    """``nvidia-smi --query-gpu=pci.bus_id,fabric.health.bandwidth,... --format=csv,noheader``
+    (:data:`FABRIC_DETAIL_FIELDS`): 580's detail of the health summary, asked only where the
+    summary was read; a build that refuses a field refuses the query (then "not offered")."""
+    return query_gpu_argv(FABRIC_DETAIL_FIELDS)
 
 
 def remap_argv() -> list[str]:
@@ -272,6 +286,17 @@ def parse_fabric_health(text: str) -> list[tuple[str, str]] | None:
     if rows is None:
         return None
     return [(csv_value(bus), csv_value(summary, "summary")) for bus, summary in rows]
+
+
+def parse_fabric_detail(text: str) -> dict[str, dict[str, str]] | None:
+    """bus id -> {field without ``fabric.health.`` -> value as printed} per row of
+    :func:`fabric_detail_argv`'s answer (``[N/A]`` -> ``N/A``); None when the text is not such
+    an answer."""
+    rows = csv_rows(text, len(FABRIC_DETAIL_FIELDS))
+    if rows is None:
+        return None
+    return {csv_value(row[0]): {f.removeprefix("fabric.health."): csv_value(v)
+                                for f, v in zip(FABRIC_DETAIL_FIELDS[1:], row[1:])} for row in rows}
 
 
 # --- conf-compute (the CC step's answers; classified in steps/cc/classify.py) -----------------

@@ -150,7 +150,8 @@ class Exporter:
         out += fam.attestation_families(status)
         from podvm_gpu.watchfile import load as load_watch
 
-        out += fam.watch_families(load_watch(self.root))
+        watch = load_watch(self.root)
+        out += fam.watch_families(watch)
         records = kmsg.read_timed_records(self.root)
         messages = [message for _level, message, _usec in records]
         found = kmsg.findings(messages)
@@ -185,6 +186,9 @@ class Exporter:
         out += hfam.health_families(
             reading, lambda gpu: fam.dcgm_labels(gpu, self.hostname, reading, pod), fatal, counts,
             gpu_labels=fam._gpu_labels, reset_pending_warns=self.settings.reset_pending_warns)
+        out += hfam.fabric_health_families(
+            reading, lambda gpu: fam.dcgm_labels(gpu, self.hostname, reading, pod),
+            hfam.fabric_health_read(status, watch))
         return out
 
     def close(self) -> None:

@@ -34,6 +34,10 @@ COUNTERS = frozenset({"DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_XID_ERRORS_COUNT"}
 # every DCGM-named family of this module (all kept by the cc-safe profile: states and counts,
 # none a rate or a use that could time the GPU's work)
 FAMILIES = (*sorted(COUNTERS), "DCGM_FI_DEV_CC_MODE", "DCGM_FI_DEV_GPU_RECOVERY_ACTION")
+# dcgm-exporter 4.8.4's fabric health fields (DCGM fields 175 and 174), from what boot and the
+# watcher read with nvidia-smi (status.json's, watch.json's fabric.health): never NVML in process
+# (nvmlDeviceGetGpuFabricInfoV's v3 struct crashed Python on a real H200: compatibility.md)
+FABRIC_HEALTH = ("DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY", "DCGM_FI_DEV_FABRIC_HEALTH_MASK")
 XID_WINDOW_MS = 300000  # dcgm-exporter's --xid-count-window-size default
 # Xids after which the GPU is unusable until it is reset (podvm_gpu/xids.py: the fatal codes,
 # NVLink 5's by their record's word) fail ALL;
@@ -137,6 +141,44 @@ def agent_health_family(reading, gpu_labels, reset_pending_warns: bool) -> Metri
         for check, verdict in verdicts.items():
             family.add_metric([*gpu_labels(gpu), check], SCORE[verdict])
     return family if family.samples else None
+
+
+def fabric_health_read(status: dict | None, watch: dict | None) -> list[dict]:
+    """The GPUs' fabric health as last read: watch.json's ``fabric_health`` when the watcher of
+    this boot read it (its ``boot_started_at`` is status.json's ``started_at``), else status.json's
+    ``fabric.health`` (the boot's); ``[]`` when neither has it (not 580, no fabric)."""
+    status = status if isinstance(status, dict) else {}
+    if isinstance(watch, dict) and isinstance(watch.get("fabric_health"), list) and \
+            watch.get("boot_started_at") == status.get("started_at"):
+        return watch["fabric_health"]
+    fabric = status.get("fabric")
+    health = fabric.get("health") if isinstance(fabric, dict) else None
+    return health if isinstance(health, list) else []
+
+
+def fabric_health_families(reading, dcgm_labels, read: list[dict]) -> list[Metric]:
+    """``DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY`` (NVML's ``NVML_GPU_FABRIC_HEALTH_SUMMARY_*``: 0 not
+    supported, 1 healthy, 2 unhealthy, 3 limited capacity) and ``DCGM_FI_DEV_FABRIC_HEALTH_MASK``
+    (NVML's health mask: degraded bandwidth at bit 0, route recovery 2, route unhealthy 4,
+    access-timeout recovery 6, incorrect configuration 8 (4 bits), partition assigned 12; each
+    field 1 true, 2 false, 0 not supported), gauges per GPU under dcgm-exporter's labels, from
+    ``read`` (:func:`fabric_health_read`); a GPU whose value was not understood, or not read,
+    has no series."""
+    from podvm_gpu.gpufacts.words import bus_id
+
+    by_bus = {bus_id(g["gpu"]): g for g in read if isinstance(g, dict) and isinstance(
+        g.get("gpu"), str)}
+    out = [Metric(FABRIC_HEALTH[0], "The GPU's fabric health summary as NVML numbers it (0 not "
+                  "supported, 1 healthy, 2 unhealthy, 3 limited capacity).", "gauge"),
+           Metric(FABRIC_HEALTH[1], "The GPU's fabric health mask as NVML lays it out "
+                  "(NVML_GPU_FABRIC_HEALTH_MASK_*).", "gauge")]
+    for gpu in reading.gpus:
+        found = by_bus.get(bus_id(gpu.pci_bus_id)) if gpu.up else None
+        for family, key in zip(out, ("summary_code", "mask")):
+            value = (found or {}).get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                family.add_sample(family.name, dcgm_labels(gpu), value)
+    return [f for f in out if f.samples]
 
 
 def health_families(reading, dcgm_labels, fatal_by_gpu: dict[str, list[int]],

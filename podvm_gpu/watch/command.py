@@ -122,6 +122,7 @@ class Watcher:
         self._saved_seq, self._saved_at = None, 0.0
         self._signalled = 0
         self.xids_seen: set[int] = set()  # Xid codes read so far: their follow-ons are no news
+        self.fabric_health: list | None = None  # a poll's new fabric.health, for watch.json
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -149,6 +150,10 @@ class Watcher:
                     except queue.Empty:
                         break
                     self._note_nvml()
+                health, self.fabric_health = self.fabric_health, None
+                if health is not None:  # the exporter's DCGM_FI_DEV_FABRIC_HEALTH_* (issue 44)
+                    self.state["fabric_health"] = health
+                    self._save()
             return self._apply()
         except Stop:
             self.log(self.log.INFO, "watch: stopped by a signal; position kept")
@@ -345,16 +350,22 @@ class Watcher:
         timeout = min(self.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
         fabric = any(s.get("name") == "fabricmanager" and s.get("result") == "ok"
                      for s in self.doc.get("steps") or [])
+        health_read = bool((self.doc.get("fabric") or {}).get("health"))  # 580's (issue 44)
         while not self.stopping.wait(self.interval):
+            seen: dict | None = {} if health_read else None
             try:
                 found, unread = verdicts.poll_health(self.runner, timeout)
                 if fabric:
-                    more, why = verdicts.poll_fabric(self.runner, timeout, self.gpus)
+                    more, why = verdicts.poll_fabric(self.runner, timeout, self.gpus, seen)
                     found, unread = found + more, unread + why
                 found += self._daemons_gone()
             except Exception as err:  # a poll that breaks is a warning, never a verdict
                 found, unread = [], [f"a poll failed: {type(err).__name__}: {err}"]
-            if found or unread or self.runner.nvml_hung or self.state.get("nvml_hung"):
+            health = (seen or {}).get("fabric_health")
+            if health is not None and health != self.state.get("fabric_health"):
+                self.fabric_health = health  # watch.json's, written by the main thread
+            if found or unread or self.runner.nvml_hung or self.state.get("nvml_hung") or \
+                    self.fabric_health is not None:
                 self.polls.put((found, unread))  # (a hang's end too: _note_nvml)
                 try:
                     os.write(self._wake_w, b"p")

@@ -139,10 +139,17 @@ def poll_health(runner, timeout: float) -> tuple[list[Verdict], list[str]]:
     return out, unread
 
 
-def poll_fabric(runner, timeout: float, gpus: list[str]) -> tuple[list[Verdict], list[str]]:
+def poll_fabric(runner, timeout: float, gpus: list[str],
+                seen: dict | None = None) -> tuple[list[Verdict], list[str]]:
     """The fabric state of ``gpus`` (PCI addresses) by the boot's fabric query: a GPU whose
-    fabric is no longer Completed/Success is fatal; an answer not read is a warning."""
-    from podvm_gpu.errors import CommandError
+    fabric is no longer Completed/Success is fatal; an answer not read is a warning. Then, with
+    ``seen`` (a dict: the boot read 580's fabric health, status.json's ``fabric.health``), the
+    health the boot's step reads, judged as it judges it (fabric_parse.read_summary: gpufacts'
+    queries and judgement): a fatal finding is fatal, a note a warning; what was read goes to
+    ``seen["fabric_health"]`` (watch.json, the exporter's ``DCGM_FI_DEV_FABRIC_HEALTH_*``).
+    Without ``seen`` (535-555 refuse the fields: the driver does not change under the watcher)
+    the health is not asked."""
+    from podvm_gpu.errors import CommandError, StepFailed
 
     try:
         done = runner.run(fabric_parse.fabric_argv(), check=False, timeout=timeout)
@@ -159,7 +166,17 @@ def poll_fabric(runner, timeout: float, gpus: list[str]) -> tuple[list[Verdict],
         if s.lost or not (s.completed and s.success):
             out.append(Verdict(FATAL, s.gpu, f"GPU {s.gpu}: fabric State {s.state}, Status "
                                              f"{s.status} (was Completed/Success at boot)"))
-    return out, []
+    if out or seen is None:
+        return out, []
+    try:
+        found = fabric_parse.read_summary(runner, timeout)
+    except StepFailed as err:
+        return [Verdict(FATAL, _gpu_in(str(err)), str(err))], []
+    if found.gpus:
+        seen["fabric_health"] = found.gpus
+    out = [Verdict(FATAL, gpu, f"GPU {gpu}: fabric unhealthy: {what}") for gpu, what in found.fatal]
+    out += [Verdict(WARN, gpu, f"GPU {gpu}: {what}") for gpu, what in found.notes]
+    return out, [f"fabric health not read ({found.unread})"] if found.unread else []
 
 
 _BUS = re.compile(r"\b([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\b")

@@ -95,7 +95,9 @@ NOT_QUERY_FIELDS = ("fabric.clique_id", "fabric.cluster_uuid", "remapped_rows.co
                     "fabric.health.access_timeout_recovery", "fabric.health.incorrect_configuration",
                     "fabric.health.partition_assigned")
 # the fields of nvidia-smi 565 or later: a case rule answering one stands for such a build
-NEWER_FIELDS = ("gpu_recovery_action", "fabric.health.summary")
+NEWER_FIELDS = ("gpu_recovery_action", "fabric.health.summary",
+                # issue 44: 580's detail of the summary, a query of its own
+                "fabric.health.bandwidth", "fabric.health.route_unhealthy")
 USAGE_RC = 2
 BAD_DISPLAY = "Failed to parse --display/-d flags\n"
 # The -d types of nvidia-smi -q (535 to 555 --help); FABRIC is none of them.
@@ -123,7 +125,7 @@ def refusal(argv: list[str]) -> tuple[int, str] | None:
 
 def newer_build(argv: list[str], rules: list[dict], applied: list[str]) -> bool:
     """True when ``argv`` asks for ``gpu_recovery_action`` (or 580's ``fabric.health.summary``,
-    issue 33) and a case rule answers it: such a rule stands for an nvidia-smi 565 or later,
+    issue 33, or its detail, issue 44) and a case rule answers it: such a rule stands for an nvidia-smi 565 or later,
     which knows the field (issue 28; no Debian build does, so without a rule the harness
     refuses it as they do)."""
     fields = [f.strip() for f in (fx.option_value(argv, "--query-gpu") or "").split(",")]

@@ -288,7 +288,7 @@ def _rule(rule: dict, problems: list[str]) -> dict:
     during = rule.get("kernel_log_during") or []
     for entry in during:
         if not (isinstance(entry, dict) and set(entry) == {"after_s", "line"}
-                and isinstance(entry["line"], str) and _LEVEL.match(entry["line"])
+                and isinstance(entry["line"], str) and fx._LEVEL.match(entry["line"])
                 and isinstance(entry["after_s"], (int, float)) and entry["after_s"] >= 0):
             problems.append(f"rule {rule['argv']}: kernel_log_during entry {entry!r} must be "
                             "{after_s: <seconds >= 0>, line: '<0>..<7> message'}")

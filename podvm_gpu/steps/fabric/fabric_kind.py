@@ -76,6 +76,7 @@ class Fabric:
         self.steps: list[dict] = []
         self.rack_gpus: list[str] = []  # "<address> (GB200)" of the rack-scale GPUs
         self.cliques: list[dict] = []  # nvlink-rack: [{"gpu", "clique_id", "cluster_uuid"}]
+        self.health: list[dict] = []  # 580's fabric health per GPU (steps/fabric/parse.py)
 
     @property
     def port_addresses(self) -> list[str]:
@@ -110,6 +111,8 @@ class Fabric:
                "port": self.port, "port_guid": self.guid, "steps": list(self.steps)}
         if self.kind == RACK:
             out["cliques"] = list(self.cliques)
+        if self.health:
+            out["health"] = list(self.health)
         return out
 
 

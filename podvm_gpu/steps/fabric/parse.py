@@ -48,95 +48,124 @@ class FabricSeen:
 
 
 class Summary:
-    """What the health summary query found, the one judgement boot's step and check's row act
-    on: ``fatal`` (Unhealthy), ``notes`` (Limited Capacity, a word not understood), ``unread``
-    (why it was not read; empty when read or not offered), ``said`` (for a message)."""
+    """What the health queries found, the one judgement boot's step, check's row and the
+    watcher act on: ``fatal`` (Unhealthy, a route unhealthy), ``notes`` (Limited Capacity, a
+    recovery in progress, a word not understood), each ``(gpu, what)``; ``unread`` (why a query
+    was not read; empty when read or not offered), ``said`` (for a message) and ``gpus``
+    (status.json's ``fabric.health``: per GPU the values as printed, NVML's summary number and
+    health mask)."""
 
-    __slots__ = ("fatal", "notes", "unread", "said")
+    __slots__ = ("fatal", "notes", "unread", "said", "gpus")
 
     def __init__(self):
-        self.fatal: list[str] = []
-        self.notes: list[str] = []
+        self.fatal: list[tuple[str, str]] = []
+        self.notes: list[tuple[str, str]] = []
         self.unread = ""
         self.said = ""
+        self.gpus: list[dict] = []
+
+
+def _ask(runner, argv: list[str], parse, timeout: float):
+    """``(parsed, None)``, or ``(None, why)`` with why ``""`` for a field this nvidia-smi does
+    not offer.
+
+    Raises:
+        StepFailed: nvidia-smi says the driver or a GPU cannot answer (words.NVSMI_BROKEN).
+    """
+    try:
+        done = runner.run(argv, check=False, timeout=timeout)
+    except CommandError as err:
+        return None, str(err)
+    broken = words.broken(done.returncode, done.output)
+    if broken:
+        raise StepFailed(f"fabric health: {broken}")
+    parsed = parse(done.stdout) if done.returncode == 0 else None
+    if parsed is None and words.NOT_A_FIELD in done.output:
+        return None, ""
+    if parsed is None:
+        return None, words.failed_call(argv, done.returncode, done.output)
+    return parsed, None
 
 
 def read_summary(runner, timeout: float) -> Summary:
     """After the fabric is Completed/Success: each GPU's fabric health summary, a query of its
     own (gpufacts/smi.py ``fabric_health_argv``: 580 has the field, 535-555 refuse it, then
-    "not offered"), judged once (gpufacts/judge.py ``summary_kind``): Healthy or N/A pass,
-    Limited Capacity is a note, Unhealthy fatal naming the GPU; a word no table knows a note
-    quoting it; an unanswered query unread. One call of at most ``timeout`` seconds.
+    "not offered"), and where it was read 580's detail of it (``fabric_detail_argv``), judged
+    once (gpufacts/judge.py ``fabric_health``): Healthy or N/A pass, Limited Capacity, a
+    recovery in progress or a word not understood are notes, Unhealthy or a route unhealthy
+    fatal naming the GPU; an unanswered query unread. Two calls of at most ``timeout`` seconds.
 
     Raises:
         StepFailed: nvidia-smi says the driver or a GPU cannot answer (words.NVSMI_BROKEN).
     """
     found = Summary()
-    argv = smi.fabric_health_argv()
-    try:
-        done = runner.run(argv, check=False, timeout=timeout)
-    except CommandError as err:
-        found.unread, found.said = str(err), "health summary not read"
-        return found
-    broken = words.broken(done.returncode, done.output)
-    if broken:
-        raise StepFailed(f"fabric health summary: {broken}")
-    rows = smi.parse_fabric_health(done.stdout) if done.returncode == 0 else None
-    if rows is None and words.NOT_A_FIELD in done.output:
-        found.said = "health summary not offered by this nvidia-smi"
-        return found
+    rows, why = _ask(runner, smi.fabric_health_argv(), smi.parse_fabric_health, timeout)
     if rows is None:
-        found.unread = words.failed_call(argv, done.returncode, done.output)
-        found.said = "health summary not read"
+        found.unread = why
+        found.said = "health summary not read" if why else \
+            "health summary not offered by this nvidia-smi"
         return found
+    detail, why = _ask(runner, smi.fabric_detail_argv(), smi.parse_fabric_detail, timeout)
+    if why:
+        found.unread = why
     counts: dict[str, int] = {}
     for bus, summary in rows:
         counts[summary] = counts.get(summary, 0) + 1
-        kind = judge.summary_kind(summary)
-        if kind == judge.FATAL:
-            found.fatal.append(f"{bus}: health summary {summary}")
-        elif kind == judge.NOTE:
-            found.notes.append(f"GPU {bus}: fabric health summary {summary}: the NVLink fabric "
-                               "works with less bandwidth than it should")
-        elif kind is None:
-            found.notes.append(f"GPU {bus}: fabric health summary {summary!r} not understood")
+        values = (detail or {}).get(bus)
+        health = judge.fabric_health(summary, values)
+        for kind, what in health.findings:
+            (found.fatal if kind == judge.FATAL else found.notes).append((bus, what))
+        found.gpus.append({"gpu": bus, "summary": summary, **{
+            d.field: (values or {}).get(d.field) for d in judge.HEALTH_DETAIL},
+            "summary_code": health.summary_code, "mask": None if values is None else health.mask})
     found.said = "health summary " + ", ".join(f"{s} on {n} GPU(s)" for s, n in counts.items())
     return found
 
 
+def said(pairs: list[tuple[str, str]], most: int = 4) -> str:
+    """``<gpu>: <what>, ...`` for the first ``most`` findings."""
+    return ", ".join(f"{gpu}: {what}" for gpu, what in pairs[:most])
+
+
 def health_summary(ctx) -> str:
     """Boot's side of :func:`read_summary` (the harmless-call time): notes and an unread query
-    are warnings, the boot does not fail on them.
+    are warnings, the boot does not fail on them; what was read goes to status.json's
+    ``fabric.health``.
 
     Raises:
-        StepFailed: a GPU's summary is Unhealthy, or the driver or a GPU cannot answer.
+        StepFailed: a GPU's summary is Unhealthy or a route unhealthy, or the driver or a GPU
+            cannot answer.
     """
     found = read_summary(ctx.runner, ctx.harmless_timeout("nvidia-smi"))
+    if getattr(ctx, "fabric", None) is not None and found.gpus:
+        ctx.fabric.health = found.gpus
     if found.fatal:
-        raise StepFailed(f"fabric unhealthy: {', '.join(found.fatal[:4])} (fabric.health.summary)")
+        raise StepFailed(f"fabric unhealthy: {said(found.fatal)}")
     if found.unread:
-        ctx.warn(f"fabricmanager: fabric health summary not read ({found.unread}); the boot "
+        ctx.warn(f"fabricmanager: fabric health not read ({found.unread}); the boot "
                  "does not fail on it")
-    for note in found.notes:
-        ctx.warn(f"fabricmanager: {note}" + ("; the boot does not fail on it"
-                                             if "not understood" in note else ""))
+    for gpu, note in found.notes:
+        ctx.warn(f"fabricmanager: GPU {gpu}: {note}" + ("; the boot does not fail on it"
+                                                        if "not understood" in note else ""))
     return found.said
 
 
-def summary_row(facts, said: str) -> Check:
-    """The fabricmanager row once the fabric is ready: the health summary judged as boot
-    judges it (parse.read_summary): Unhealthy fails, a note or an unread query warns."""
+def summary_row(facts, said_before: str) -> Check:
+    """The fabricmanager row once the fabric is ready: the health judged as boot judges it
+    (parse.read_summary): Unhealthy or a route unhealthy fails, a note or an unread query
+    warns."""
     try:
         found = read_summary(facts.runner, facts.runner.timeouts.get("nvidia-smi", 10))
     except StepFailed as err:
-        return Check("fabricmanager", FAIL, f"{said}; {err}", "reboot the VM; if a GPU stays "
-                     "lost, ask the provider for another host")
-    said = f"{said}; {found.said}"
+        return Check("fabricmanager", FAIL, f"{said_before}; {err}", "reboot the VM; if a GPU "
+                     "stays lost, ask the provider for another host")
+    text = f"{said_before}; {found.said}"
     if found.fatal:
-        return Check("fabricmanager", FAIL, f"{said}: {', '.join(found.fatal[:4])}",
+        return Check("fabricmanager", FAIL, f"{text}: {said(found.fatal)}",
                      "the NVLink fabric is unhealthy: ask the provider for another host")
     if found.notes or found.unread:
-        return Check("fabricmanager", WARN, "; ".join([said, *found.notes, *(
+        return Check("fabricmanager", WARN, "; ".join([text, *(
+            f"GPU {gpu}: {note}" for gpu, note in found.notes), *(
             [f"not read ({found.unread})"] if found.unread else [])]),
                      "run nvidia-smi -q and read its Fabric Health section")
-    return Check("fabricmanager", PASS, said)
+    return Check("fabricmanager", PASS, text)

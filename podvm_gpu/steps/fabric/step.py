@@ -362,7 +362,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
             daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
         argv = fabricmanager_argv(ctx, write=False)
         argvs.append(argv + (["-g", "<port GUID>"] if kind == fabric_kind.NVLINK5 else []))
-    return [*argvs, fabric_argv(), smi.fabric_health_argv()]
+    return [*argvs, fabric_argv(), smi.fabric_health_argv(), smi.fabric_detail_argv()]
 
 
 # --- podvm-gpu check ----------------------------------------------------------------------
