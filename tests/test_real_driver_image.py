@@ -77,9 +77,15 @@ def test_the_real_image_passes(root, run_check):
     assert checks["attestation"]["result"] == "warn", checks["attestation"]
     assert checks["attestation"]["detail"].startswith("for confidential GPU VMs the image lacks: nvattest"), \
         checks["attestation"]
+    # Debian's real driver packages load nvidia-drm at boot (/etc/modules-load.d/nvidia.conf ->
+    # the alternative -> nvidia-load.conf: "nvidia-drm"), before the agent: in an image that does
+    # not say it serves confidential GPU VMs that is a warning naming the file (issue 46 item 2)
+    assert checks["early-gpu-clients"]["result"] == "warn", checks["early-gpu-clients"]
+    assert "/etc/modules-load.d/nvidia.conf" in checks["early-gpu-clients"]["detail"], \
+        checks["early-gpu-clients"]
     others = {n: c for n, c in checks.items()
               if n not in ("kata-agent-cdi", "config-compiled", "fabric", "attestation-agent-ordering",
-                           "attestation", "toolkit")
+                           "attestation", "toolkit", "early-gpu-clients")
               and c["result"] != "pass"}
     # the toolkit's stand-ins (not in Debian) are in no dpkg package and answer no --version:
     # their versions are unknown (issue 36)
