@@ -342,6 +342,12 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
         from podvm_gpu.app import usage_error
 
         return usage_error(command, problem)
+    return _run(command, options)
+
+
+def _run(command: str, options: dict) -> int:
+    """Run ``command`` with its checked ``options`` (keyword arguments of the command's entry);
+    its exit code. Each command's module is imported only here, when it runs."""
     if command == "boot":
         from podvm_gpu.boot import run_boot
 

@@ -182,20 +182,27 @@ def apply(run, settings, gpus: list, step=None, wait_for=None) -> str | None:
             step.message = f"read {cfg.path} after {waited:.2f} s"
     except InitdataError as err:
         return str(err)
+    return _hold(record, gpus, wait_for, cfg.path)
+
+
+def _hold(record: dict, gpus: list, wait_for, path: str) -> str | None:
+    """Hold the GPUs on PCI (``gpus``, after ``wait_for`` when fewer than the initdata's
+    ``expected_gpus``) against ``record``'s ``expected_gpus`` and ``gpu_model`` (a case-blind
+    part of each GPU's name); the failure reason, or None. ``path``: the initdata file."""
     count, model = record["expected_gpus"], record["gpu_model"]
     if count is not None and len(gpus) < count and wait_for is not None:
         gpus = wait_for(count)
     if count is not None and len(gpus) != count:
-        return (f'the pod\'s initdata ({cfg.path}, data."{SECTION}") expects {count} GPU(s), '
+        return (f'the pod\'s initdata ({path}, data."{SECTION}") expects {count} GPU(s), '
                 f"{len(gpus)} on PCI")
     if model is not None and not gpus:
         # a pod that names the GPU model it needs, on a VM with none, fails as one that counts
         # its GPUs does (issue 35 item 19); attestation_required alone has nothing to attest
-        return (f'the pod\'s initdata ({cfg.path}, data."{SECTION}") expects GPU model '
+        return (f'the pod\'s initdata ({path}, data."{SECTION}") expects GPU model '
                 f"{model!r}; no NVIDIA GPU on PCI")
     if model is not None:
         wrong = [g for g in gpus if model.lower() not in (g.name or "").lower()]
         if wrong:
-            return (f'the pod\'s initdata ({cfg.path}, data."{SECTION}") expects GPU model '
+            return (f'the pod\'s initdata ({path}, data."{SECTION}") expects GPU model '
                     f"{model!r}; {wrong[0].pci_address} is {wrong[0].name!r}")
     return None

@@ -128,9 +128,53 @@ def _fail_before_start(run: Run, err: BaseException) -> int:
 
 
 def _boot(run: Run, config: str | None) -> int:
-    root, log = run.root, run.log
+    """The boot sequence's phases in order: the config read, the root check and the lock,
+    detect (with its wait for GPUs that come late), the config's failure, the pod's initdata,
+    then ``no-gpu`` or the GPU pipeline. Returns the exit code, as :func:`run_boot`."""
     scanned, nvidia = scan_nvidia()
     coming = channels_without_pci()  # [] off Hyper-V (one failed listdir) and on most VMs there
+    settings, config_error = _read_config(run, config)
+    refused = _lock(run)
+    if refused is not None:
+        return refused
+    detect = Step("detect")
+    run.status.steps.append(detect)
+    try:
+        run.status_file.write(run.status)
+    except OSError as err:
+        # nothing can be recorded; the spec and the console line still say why
+        return run.fail(f"status: cannot write {STATUS_PATH}: {oserror(err)}")
+    _detect(run, detect, settings, config_error, coming, scanned, nvidia)
+    if detect.result == StepResult.FAILED:  # a GPU was announced but never came: not no-gpu
+        return run.fail(f"detect: {detect.message}")
+    if config_error is not None:
+        step = Step("config", StepResult.FAILED, message=config_error)
+        run.status.steps.append(step)
+        run.log.step(step)
+        return run.fail(f"config: {config_error}")
+    if settings is not None and settings.initdata.path and not run.dry_run:
+        failure = _initdata(run, settings, detect)
+        if failure is not None:  # expected GPUs and none on PCI: failed, never no-gpu
+            return run.fail(f"initdata: {failure}")
+    if not run.status.gpus:
+        standing = _standing_finding(run)
+        if standing:  # the failed GPU may have left PCI itself: still not no-gpu
+            return run.fail(standing)
+        return run.end(State.NO_GPU, f"detect: {detect.message}")
+    from podvm_gpu.boot.pipeline import run_pipeline  # a GPU is there: the full path
+    from podvm_gpu.host.kmsg_once import SharedLog
+
+    with SharedLog(run.root):  # the kernel log read once for all the steps (issue 38)
+        return run_pipeline(run, settings)
+
+
+def _read_config(run: Run, config: str | None) -> tuple:
+    """The config phase: ``(settings, config_error)``, one of them None (both when there is no
+    config file). ``config`` is the file asked for (None: the default path under the root, which
+    may be absent). A config that cannot be read is an error the boot reports at its config
+    step, after detect; a read one sets the run's spec mode, metrics, bind mode and budget (the
+    default budget without one)."""
+    root = run.root
     try:
         config_path = config_path_for(root, config)
         # an entry where the config goes (a dangling link too) is a config that must be read
@@ -158,8 +202,16 @@ def _boot(run: Run, config: str | None) -> int:
     if settings is not None:
         run.write_spec, run.metrics = settings.unavailable_spec, settings.metrics
         run.bind_mode = settings.confidential_computing.bind
-    budget = settings.budget_s if settings is not None else DEFAULT_BUDGET_S
-    run.budget_s = budget
+    run.budget_s = settings.budget_s if settings is not None else DEFAULT_BUDGET_S
+    return settings, config_error
+
+
+def _lock(run: Run) -> int | None:
+    """The root check and the boot lock: None when the boot may go on (the lock held, or a dry
+    run, which takes none), else the exit code it ends with. An untrusted root is refused before
+    anything is written; the lock is waited for up to the budget (the wait is recorded as
+    ``run.lock_wait_s``); with it held, a previous boot's leftovers are removed."""
+    root, log, budget = run.root, run.log, run.budget_s
     untrusted = untrusted_root(root)
     if untrusted:
         # nothing can be written safely, not even a failed status: the journal says why; a dry
@@ -168,35 +220,40 @@ def _boot(run: Run, config: str | None) -> int:
                    "redirect root's writes through it (make it root's, mode go-w)")
         log(Log.ERR, refusal)
         return run.dry_run_refusal(refusal) if run.dry_run else 1
-    if not run.dry_run:
-        waited_from = time.monotonic()
-        try:
-            lock = acquire_lock(root, budget, log)
-        except OSError as err:
-            # no lock file means no status file either (same folder), and no other boot can
-            # hold the lock: end failed with what can still be written without it (the spec,
-            # the console line, the journal); the status is written only with the lock held
-            run.status_file.enabled = False
-            if err.filename and str(err.filename).endswith("/" + os.path.basename(LOCK_PATH)):
-                return run.fail(f"status: cannot open the boot lock {LOCK_PATH}: "
-                                f"{err.strerror or err}")
-            return run.fail(f"status: cannot make {os.path.dirname(STATUS_PATH)} for the boot "
-                            f"lock and the status: {oserror(err)}")
-        if lock is None:
-            log(Log.ERR, f"another boot still holds {LOCK_PATH} after {budget:g} s; this one "
-                         "ends without writing anything")
-            return 1
-        run.locked = True
-        # the wait is its own line ("got ... after N s"), never detect's time (issue 47 item 9)
-        run.lock_wait_s = time.monotonic() - waited_from
-        remove_leftovers(root)
-    detect = Step("detect")
-    run.status.steps.append(detect)
+    if run.dry_run:
+        return None
+    waited_from = time.monotonic()
     try:
-        run.status_file.write(run.status)
+        lock = acquire_lock(root, budget, log)
     except OSError as err:
-        # nothing can be recorded; the spec and the console line still say why
-        return run.fail(f"status: cannot write {STATUS_PATH}: {oserror(err)}")
+        # no lock file means no status file either (same folder), and no other boot can
+        # hold the lock: end failed with what can still be written without it (the spec,
+        # the console line, the journal); the status is written only with the lock held
+        run.status_file.enabled = False
+        if err.filename and str(err.filename).endswith("/" + os.path.basename(LOCK_PATH)):
+            return run.fail(f"status: cannot open the boot lock {LOCK_PATH}: "
+                            f"{err.strerror or err}")
+        return run.fail(f"status: cannot make {os.path.dirname(STATUS_PATH)} for the boot "
+                        f"lock and the status: {oserror(err)}")
+    if lock is None:
+        log(Log.ERR, f"another boot still holds {LOCK_PATH} after {budget:g} s; this one "
+                     "ends without writing anything")
+        return 1
+    run.locked = True
+    # the wait is its own line ("got ... after N s"), never detect's time (issue 47 item 9)
+    run.lock_wait_s = time.monotonic() - waited_from
+    remove_leftovers(root)
+    return None
+
+
+def _detect(run: Run, detect: Step, settings, config_error: str | None, coming: list,
+            scanned: int, nvidia: list[str]) -> None:
+    """The detect step (already in the written status): the wait for GPUs that come late when
+    some are announced (``coming``: Hyper-V channels without their PCI device) or the config
+    expects more than ``nvidia`` (the NVIDIA functions of the first scan of ``scanned`` PCI
+    devices) holds, the GPUs and NVSwitches discovered into the status, and the step's result
+    and message set and logged: FAILED when an awaited GPU never came (a dry run: would not
+    have come yet)."""
     late = None
     if config_error is None and (coming or settings is not None and settings.detect.expected_gpus):
         late = _late_wait(run, settings, coming, nvidia)
@@ -225,44 +282,31 @@ def _boot(run: Run, config: str | None) -> int:
             detect.result, detect.message = StepResult.FAILED, late.failure() if not \
                 run.dry_run else (f"{detect.message}; none of it has come yet: a boot that "
                                   f"waits in vain ends failed ({'; '.join(late.missing_parts())})")
-    log.step(detect)
-    if detect.result == StepResult.FAILED:  # a GPU was announced but never came: not no-gpu
-        return run.fail(f"detect: {detect.message}")
-    if config_error is not None:
-        step = Step("config", StepResult.FAILED, message=config_error)
-        run.status.steps.append(step)
-        log.step(step)
-        return run.fail(f"config: {config_error}")
-    if settings is not None and settings.initdata.path and not run.dry_run:
-        from podvm_gpu import initdata  # only when the config names the file
+    run.log.step(detect)
 
-        # the step is in the status while it reads (and waits for) the file, so the wait is
-        # named for what it is (status, a signal's reason, the budget's); it stays in the
-        # final document only when it fails (3.13)
-        step = Step("initdata")
-        run.status.steps.append(step)
-        failure = initdata.apply(run, settings, gpus, step,
-                                 lambda count: _initdata_wait(run, settings, detect, count))
-        gpus = run.status.gpus
-        step.duration_s = time.monotonic() - step.started
-        if failure is not None:  # expected GPUs and none on PCI: failed, never no-gpu
-            step.result, step.message = StepResult.FAILED, failure
-            log.step(step)
-            return run.fail(f"initdata: {failure}")
-        if step.result == StepResult.RUNNING:
-            step.result = StepResult.OK  # read (skipped: not there)
-        log.step(step)
-        run.status.steps.remove(step)
-    if not gpus:
-        standing = _standing_finding(run)
-        if standing:  # the failed GPU may have left PCI itself: still not no-gpu
-            return run.fail(standing)
-        return run.end(State.NO_GPU, f"detect: {detect.message}")
-    from podvm_gpu.boot.pipeline import run_pipeline  # a GPU is there: the full path
-    from podvm_gpu.host.kmsg_once import SharedLog
 
-    with SharedLog(run.root):  # the kernel log read once for all the steps (issue 38)
-        return run_pipeline(run, settings)
+def _initdata(run: Run, settings, detect: Step) -> str | None:
+    """The initdata step, when the config names the pod's initdata file (not in a dry run): the
+    failure that ends the boot (expected GPUs and none on PCI), or None. The step is in the
+    status while it reads (and waits for) the file, so the wait is named for what it is
+    (status, a signal's reason, the budget's); it stays in the final document only when it
+    fails (3.13). ``run.status.gpus`` holds the GPUs on PCI afterwards."""
+    from podvm_gpu import initdata  # only when the config names the file
+
+    step = Step("initdata")
+    run.status.steps.append(step)
+    failure = initdata.apply(run, settings, run.status.gpus, step,
+                             lambda count: _initdata_wait(run, settings, detect, count))
+    step.duration_s = time.monotonic() - step.started
+    if failure is not None:
+        step.result, step.message = StepResult.FAILED, failure
+        run.log.step(step)
+        return failure
+    if step.result == StepResult.RUNNING:
+        step.result = StepResult.OK  # read (skipped: not there)
+    run.log.step(step)
+    run.status.steps.remove(step)
+    return None
 
 
 def _late_wait(run: Run, settings, coming: list, nvidia: list[str]):

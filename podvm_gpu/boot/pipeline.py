@@ -196,6 +196,24 @@ def run_pipeline(run: Run, config: Config | None) -> int:
     if run.dry_run:
         cannot = run.unwritable()  # the boot would fail writing its status (issue 47 item 22)
         return run.dry_run_refusal(cannot) if cannot else _dry_run(run, ctx)
+    reason = _run_steps(run, ctx)
+    if reason is not None:
+        return _fail(run, reason)
+    messages = kmsg.read_kernel_log(run.root)
+    early = next((f for f in kmsg.findings(kmsg.since_driver_load(messages))
+                  if f.kind == "early-client"), None)
+    if early is not None:  # issue 46: NVML lost GPUs while the boot ran (gpufacts/early_client.py)
+        return _fail(run, f"kernel log: {early.describe()}")
+    for finding in kmsg.findings(messages):
+        ctx.warn(f"kernel log: {finding.describe()}")
+    return run.end_ready()
+
+
+def _run_steps(run: Run, ctx: BootContext) -> str | None:
+    """Run the steps under the budget's timer; the failure reason that ends the boot (the step
+    in flight named when the budget ran out), or None when every step passed. A signal or a
+    bug ends the other steps' tools and is raised again; a call still in flight afterwards is
+    cancelled."""
     # a GPU boot's threads hand the interpreter over within 1 ms, not 5 (Python's default):
     # the main thread, woken by a tool's end, no longer waits on an importing thread (issue 38)
     sys.setswitchinterval(0.001)
@@ -231,16 +249,7 @@ def run_pipeline(run: Run, config: Config | None) -> int:
         # a call started ahead of its step (nvidia-ctk's version, a hook's ask) that is still
         # in flight when the steps ended is nobody's: end it, or it would outlive the boot
         ctx.runner.cancel("the boot's steps ended")
-    if reason is not None:
-        return _fail(run, reason)
-    messages = kmsg.read_kernel_log(run.root)
-    early = next((f for f in kmsg.findings(kmsg.since_driver_load(messages))
-                  if f.kind == "early-client"), None)
-    if early is not None:  # issue 46: NVML lost GPUs while the boot ran (gpufacts/early_client.py)
-        return _fail(run, f"kernel log: {early.describe()}")
-    for finding in kmsg.findings(messages):
-        ctx.warn(f"kernel log: {finding.describe()}")
-    return run.end_ready()
+    return reason
 
 
 class Steps:

@@ -62,11 +62,22 @@ def check_ready_spec(spec: Spec, root: Root, gpu_minors: dict[str, int] | list[i
     problems: list[str] = []
     if spec.kind != KIND:
         problems.append(f"kind is {q(spec.kind)}, not {q(KIND)}")
-
     if isinstance(gpu_minors, dict):
         gpus = [(minor, f" (GPU {pci})") for pci, minor in gpu_minors.items()]
     else:
         gpus = [(minor, "") for minor in gpu_minors]
+    problems += _device_problems(spec, root, gpus)
+    problems += _hook_problems(spec, root)
+    if driver_version:
+        problems += _library_problems(spec, driver_version)
+    return problems
+
+
+def _device_problems(spec: Spec, root: Root, gpus: list[tuple[int, str]]) -> list[str]:
+    """Rules 2 to 4 of :func:`check_ready_spec`: the devices per GPU and ``all``, the control and
+    GPU nodes in the spec, and each distinct node a character device with the spec's numbers.
+    ``gpus``: ``(minor, " (GPU <pci>)" or "")`` per GPU."""
+    problems = []
     names = set(spec.device_names())
     for wanted in [str(i) for i in range(len(gpus))] + ["all"]:
         if wanted not in names:
@@ -88,21 +99,31 @@ def check_ready_spec(spec: Spec, root: Root, gpu_minors: dict[str, int] | list[i
         problem = _node_problem(node, root)
         if problem:
             problems.append(problem)
+    return problems
 
+
+def _hook_problems(spec: Spec, root: Root) -> list[str]:
+    """Rule 5 of :func:`check_ready_spec`: each distinct hook path, under the root, an
+    executable file."""
+    problems = []
     for hook_path in dict.fromkeys(h.path for h in spec.hooks()):
         real = root.resolve(hook_path)
         if not os.path.exists(real):
             problems.append(f"hook {hook_path} does not exist under the root")
         elif not os.path.isfile(real) or not os.access(real, os.X_OK):
             problems.append(f"hook {hook_path} is not executable ({_file_kind(real)})")
+    return problems
 
-    if driver_version:
-        mounted = {os.path.basename(m.container_path) for e in spec._all_edits() for m in e.mounts}
-        for library in DRIVER_LIBRARIES:
-            if f"{library}.{driver_version}" not in mounted:
-                problems.append(f"the spec mounts no {library}.{driver_version} (the driver's "
-                                "library of the loaded version): cut short, or generated for "
-                                "another driver")
+
+def _library_problems(spec: Spec, driver_version: str) -> list[str]:
+    """Rule 6 of :func:`check_ready_spec`: the driver's libraries of ``driver_version`` mounted."""
+    problems = []
+    mounted = {os.path.basename(m.container_path) for e in spec._all_edits() for m in e.mounts}
+    for library in DRIVER_LIBRARIES:
+        if f"{library}.{driver_version}" not in mounted:
+            problems.append(f"the spec mounts no {library}.{driver_version} (the driver's "
+                            "library of the loaded version): cut short, or generated for "
+                            "another driver")
     return problems
 
 

@@ -396,8 +396,15 @@ def _read_gpu(nv, call, gpu: GpuReading, full: bool) -> None:
                  [getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", RECOVERY_ACTION_FIELD)])
     if answer and answer[0].nvmlReturn == nv.NVML_SUCCESS:
         gpu.recovery_action = int(answer[0].value.uiVal)
-    if not full:
-        return
+    if full:
+        _read_rates(nv, call, i, handle, get, put, values)
+
+
+def _read_rates(nv, call, i: int, handle, get, put, values: dict) -> None:
+    """The full profile's readings of GPU ``i`` (``handle``) into ``values`` (field name to
+    number): power (W), energy (mJ), clocks (MHz), utilisation (%), frame buffer (MiB).
+    ``get(what, fn, *args)`` calls one optional NVML getter on the handle (None when it does
+    not answer), ``put(field, value, scale)`` stores a value that is not None."""
     put("DCGM_FI_DEV_POWER_USAGE", get("nvmlDeviceGetPowerUsage", nv.nvmlDeviceGetPowerUsage), 1e-3)
     put("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", get("nvmlDeviceGetTotalEnergyConsumption",
                                                     nv.nvmlDeviceGetTotalEnergyConsumption))

@@ -247,6 +247,54 @@ class Runner:
             raise CommandError(argv, None, timed_out=True, timeout_s=0.0, budget_spent=True,
                                message=f"{tool}: not run, the boot budget is spent (timed out)")
         started = time.monotonic()
+        proc = self._start(argv, path)
+        try:
+            self._run_next_spawn_hooks()
+            if on_start is not None:
+                on_start()
+            out, err, held = self._wait(proc, started + limit)
+        except subprocess.TimeoutExpired:
+            raise self._timed_out(argv, proc, limit, wanted) from None
+        except BaseException:  # the budget's timer, or a signal: leave no client behind
+            _kill_group(proc)
+            _reap(proc)
+            raise
+        finally:
+            self._live.discard(proc)
+        if self.cancelled:
+            raise Cancelled(self.cancelled)
+        return self._completed(argv, proc, (out, err), held, started, check)
+
+    def _completed(self, argv: list[str], proc: subprocess.Popen, output: tuple[str, str],
+                   held: float, started: float, check: bool) -> Completed:
+        """The :class:`Completed` call of a tool that exited (``output``: stdout and stderr;
+        ``held``: the seconds its output stayed open after it exited, 0 for none; ``started``: a
+        monotonic time). A zero exit of an NVML client clears the hung-driver mark.
+
+        Raises:
+            CommandError: the output was held open, or a non-zero exit with ``check``.
+        """
+        out, err = output
+        if held:
+            raise CommandError(argv, proc.returncode, out, err, held_open=True, message=(
+                f"{' '.join(argv[:3])} {_exited(proc.returncode)}, but a process it started "
+                f"kept its output open (ended after {held:.1f} s)"))
+        done = Completed(list(argv), proc.returncode, out, err, time.monotonic() - started)
+        if self.nvml_hung and nvml_client(argv) and proc.returncode == 0:
+            self.nvml_hung = ""  # the driver answers again: NVML clients run again
+        if check and proc.returncode != 0:
+            raise CommandError(argv, proc.returncode, out, err)
+        return done
+
+    def _start(self, argv: list[str], path: str) -> subprocess.Popen:
+        """Start ``argv`` from ``path`` in its own session (stdin /dev/null, output piped, the
+        tool's environment), counted and tracked as live (killed at once when the runner was
+        cancelled meanwhile).
+
+        Raises:
+            CommandError: the tool cannot start (the OS error's words).
+        """
+        tool = argv[0]
         try:
             proc = subprocess.Popen([path, *argv[1:]], stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -260,47 +308,32 @@ class Runner:
             self._spawned.notify_all()
         if self.cancelled:  # cancelled while it started: cancel() did not see it
             _kill_group(proc)
-        try:
-            self._run_next_spawn_hooks()
-            if on_start is not None:
-                on_start()
-            out, err, held = self._wait(proc, started + limit)
-        except subprocess.TimeoutExpired:
-            stuck = _in_kernel(proc.pid)
-            _kill_group(proc)
-            out, err, reaped = _drain(proc)
-            if not reaped:
-                self.unreaped += 1
-            if self.cancelled:
-                raise Cancelled(self.cancelled) from None
-            where = f" {STATE_D}" if stuck or not reaped else ""
-            if not reaped:
-                where += f", not ended by SIGKILL within {REAP_BOUND_S:g} s (reaped on a thread)"
-            if nvml_client(argv) and limit >= wanted:
-                self.nvml_hung = f"({' '.join(argv[:3])}) timed out after {limit:g} s{where}"
-                self.nvml_hung_at = time.monotonic()
-            raise CommandError(argv, None, out, err, timed_out=True, timeout_s=limit,
-                               budget_spent=limit < wanted, message=(
-                                   f"{' '.join(argv[:4])}: timed out after {limit:g} s{where}"
-                                   if where else None)) from None
-        except BaseException:  # the budget's timer, or a signal: leave no client behind
-            _kill_group(proc)
-            _reap(proc)
-            raise
-        finally:
-            self._live.discard(proc)
+        return proc
+
+    def _timed_out(self, argv: list[str], proc: subprocess.Popen, limit: float,
+                   wanted: float) -> Exception:
+        """What a call that ran past its ``limit`` (seconds; ``wanted`` the timeout asked for,
+        before the budget's cut) raises, its process group killed and its output drained: a
+        timed-out :class:`CommandError` (saying when the tool was stuck in the kernel or not
+        reaped), or :class:`Cancelled` when the runner was cancelled meanwhile. An NVML client
+        that timed out with its whole timeout marks the driver hung for later clients."""
+        stuck = _in_kernel(proc.pid)
+        _kill_group(proc)
+        out, err, reaped = _drain(proc)
+        if not reaped:
+            self.unreaped += 1
         if self.cancelled:
-            raise Cancelled(self.cancelled)
-        if held:
-            raise CommandError(argv, proc.returncode, out, err, held_open=True, message=(
-                f"{' '.join(argv[:3])} {_exited(proc.returncode)}, but a process it started "
-                f"kept its output open (ended after {held:.1f} s)"))
-        done = Completed(list(argv), proc.returncode, out, err, time.monotonic() - started)
-        if self.nvml_hung and nvml_client(argv) and proc.returncode == 0:
-            self.nvml_hung = ""  # the driver answers again: NVML clients run again
-        if check and proc.returncode != 0:
-            raise CommandError(argv, proc.returncode, out, err)
-        return done
+            return Cancelled(self.cancelled)
+        where = f" {STATE_D}" if stuck or not reaped else ""
+        if not reaped:
+            where += f", not ended by SIGKILL within {REAP_BOUND_S:g} s (reaped on a thread)"
+        if nvml_client(argv) and limit >= wanted:
+            self.nvml_hung = f"({' '.join(argv[:3])}) timed out after {limit:g} s{where}"
+            self.nvml_hung_at = time.monotonic()
+        return CommandError(argv, None, out, err, timed_out=True, timeout_s=limit,
+                            budget_spent=limit < wanted, message=(
+                                f"{' '.join(argv[:4])}: timed out after {limit:g} s{where}"
+                                if where else None))
 
     @staticmethod
     def _wait(proc: subprocess.Popen, end: float) -> tuple[str, str, float]:

@@ -195,21 +195,7 @@ def parse_records(data: bytes, spec_header: bool, name: str) -> list[Record]:
         if spec_header and ((index, type_) == (0xFFFFFFFF, 0xFFFFFFFF) or
                             (index, type_) == (0, 0)):
             break  # the table's padding
-        at += 12
-        found = None
-        for _ in range(count):
-            if size - at < 2:
-                raise LogError(f"{name}: the record at byte {start} is cut short")
-            (alg,) = struct.unpack_from("<H", data, at)
-            width = _DIGEST_SIZES.get(alg)
-            if width is None:
-                raise LogError(f"{name}: the record at byte {start} has a digest of unknown "
-                               f"algorithm 0x{alg:04x}")
-            if size - at - 2 < width:
-                raise LogError(f"{name}: the record at byte {start} is cut short")
-            if alg == SHA384_ALG:
-                found = data[at + 2:at + 2 + width]
-            at += 2 + width
+        found, at = _digests(data, at + 12, count, start, name)
         if size - at < 4:
             raise LogError(f"{name}: the record at byte {start} is cut short")
         (length,) = struct.unpack_from("<I", data, at)
@@ -219,6 +205,33 @@ def parse_records(data: bytes, spec_header: bool, name: str) -> list[Record]:
         records.append(Record(index, type_, found, data[at:at + length], start))
         at += length
     return records
+
+
+def _digests(data: bytes, at: int, count: int, start: int, name: str) -> tuple[bytes | None, int]:
+    """The SHA-384 digest (None when the record has none) of the ``count`` digests at byte
+    ``at`` of the record that starts at byte ``start``, and the byte after them.
+
+    Raises:
+        LogError: a digest cut short or of an unknown algorithm (``name``: the log's path).
+    """
+    import struct
+
+    size = len(data)
+    found = None
+    for _ in range(count):
+        if size - at < 2:
+            raise LogError(f"{name}: the record at byte {start} is cut short")
+        (alg,) = struct.unpack_from("<H", data, at)
+        width = _DIGEST_SIZES.get(alg)
+        if width is None:
+            raise LogError(f"{name}: the record at byte {start} has a digest of unknown "
+                           f"algorithm 0x{alg:04x}")
+        if size - at - 2 < width:
+            raise LogError(f"{name}: the record at byte {start} is cut short")
+        if alg == SHA384_ALG:
+            found = data[at + 2:at + 2 + width]
+        at += 2 + width
+    return found, at
 
 
 def replay(records: list[Record], index: int = RTMR3_INDEX,

@@ -202,7 +202,7 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
         KeyboardInterrupt: Ctrl-C (:func:`run` turns it into one line and 130).
     """
     from podvm_gpu.metrics.exporter import Exporter
-    from podvm_gpu.metrics.journal import Journal, say
+    from podvm_gpu.metrics.journal import Journal
     from podvm_gpu.metrics.webconfig import WebConfigError
 
     off = 'metrics.listen is ""' if listen is None else '--listen ""'
@@ -229,35 +229,57 @@ def serve(root: Root, settings: MetricsSettings, listen: str | None = None,
         except (OSError, ValueError) as err:
             print(f"podvm-gpu metrics: cannot listen on {listen}: {in_words(err)}", file=sys.stderr)
             return 1
-        host, port = server.server_address[:2]
-        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        scheme = "https" if web is not None and web.ssl_context is not None else "http"
-        auth = ", basic auth" if web is not None and web.users else ""
-        say(f"serving {scheme}://{where}/metrics{auth}")
-        if web is not None and web.plain:
-            # a web config was named, and it leaves the server as open as none would (issue 35
-            # item 16): said, as exporter-toolkit serves such a file without a word
-            say(f"warning: the web config {web.path} sets no TLS and no basic auth ({web.plain}): "
-                "serving plain HTTP without authentication")
+        _say_serving(server, web)
         threading.Thread(target=server.serve_forever, name="podvm-gpu-http", daemon=True).start()
+    _until_stopped(root, settings, stop, exporter, journal, server)
+    return 0
+
+
+def _say_serving(server, web) -> None:
+    """The ``serving`` line (scheme, the bound address, basic auth) of ``server``, and a warning
+    when the web config ``web`` (None: none) leaves it as open as none would."""
+    from podvm_gpu.metrics.journal import say
+
+    host, port = server.server_address[:2]
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    scheme = "https" if web is not None and web.ssl_context is not None else "http"
+    auth = ", basic auth" if web is not None and web.users else ""
+    say(f"serving {scheme}://{where}/metrics{auth}")
+    if web is not None and web.plain:
+        # a web config was named, and it leaves the server as open as none would (issue 35
+        # item 16): said, as exporter-toolkit serves such a file without a word
+        say(f"warning: the web config {web.path} sets no TLS and no basic auth ({web.plain}): "
+            "serving plain HTTP without authentication")
+
+
+def _until_stopped(root: Root, settings: MetricsSettings, stop: threading.Event, exporter,
+                   journal, server) -> None:
+    """Rewrite the textfile every ``settings.textfile_interval_s`` seconds when it is on (else
+    only wait) until ``stop`` is set or the wait raises (Ctrl-C); then the HTTP server (None:
+    none) is shut down and the exporter closed."""
     try:
         while not stop.is_set():
             if settings.textfile:
-                try:
-                    write_textfile(root, settings, exporter)
-                except OSError as err:
-                    journal.say("textfile", f"cannot write {settings.textfile_path}: "
-                                            f"{in_words(err)} (said at most once a minute)")
-                except Exception as err:  # as a scrape's 500: one line, and the server goes on
-                    journal.say("textfile-error", f"error writing {settings.textfile_path}: "
-                                                  f"{type(err).__name__}: {err}")
+                _rewrite_textfile(root, settings, exporter, journal)
             stop.wait(settings.textfile_interval_s if settings.textfile else None)
     finally:
         if server is not None:
             server.shutdown()
             server.server_close()
         exporter.close()
-    return 0
+
+
+def _rewrite_textfile(root: Root, settings: MetricsSettings, exporter, journal) -> None:
+    """One rewrite of the textfile while serving: a failure is said through ``journal`` (at
+    most once a minute per kind), never raised, so the server goes on."""
+    try:
+        write_textfile(root, settings, exporter)
+    except OSError as err:
+        journal.say("textfile", f"cannot write {settings.textfile_path}: "
+                                f"{in_words(err)} (said at most once a minute)")
+    except Exception as err:  # as a scrape's 500: one line, and the server goes on
+        journal.say("textfile-error", f"error writing {settings.textfile_path}: "
+                                      f"{type(err).__name__}: {err}")
 
 
 _serve = serve  # run_metrics takes the --serve flag under that name
@@ -302,22 +324,13 @@ def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
         The exit code: 0 done, 1 could not serve, print or write, 2 a bad config, 130
         interrupted by Ctrl-C (one line on stderr, no traceback).
     """
-    from podvm_gpu.config.load import config_location
     from podvm_gpu.errors import ConfigError
 
     root = Root(root_dir)
     if pod_labels:
         return write_pod_labels(root)
     try:
-        path, required = config_location(root, config)
-        if required:
-            from podvm_gpu.config.load import load_config
-
-            loaded = load_config(path, required=True, trusted=True)
-            settings = loaded.metrics
-            settings.reset_pending_warns = loaded.health.reset_pending_warns
-        else:
-            settings = MetricsSettings()
+        settings = _settings(root, config)
     except (ConfigError, OSError) as err:
         print(f"podvm-gpu: error: {err}", file=sys.stderr)
         return 2
@@ -344,3 +357,23 @@ def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
 
         say("interrupted")
         return 130
+
+
+def _settings(root: Root, config: str | None) -> MetricsSettings:
+    """The config's ``metrics:`` settings with its ``health.reset_pending_warns`` (the defaults
+    when there is no config file), the config trusted as boot trusts it.
+
+    Raises:
+        ConfigError, OSError: the config is bad, untrusted or unreadable.
+    """
+    from podvm_gpu.config.load import config_location
+
+    path, required = config_location(root, config)
+    if not required:
+        return MetricsSettings()
+    from podvm_gpu.config.load import load_config
+
+    loaded = load_config(path, required=True, trusted=True)
+    settings = loaded.metrics
+    settings.reset_pending_warns = loaded.health.reset_pending_warns
+    return settings

@@ -161,17 +161,7 @@ class Exporter:
                                    sum(f.fatal for f in found), xids)
         if not with_nvml:
             return out
-        gate = nvml_gate(status, persistenced)
-        if gate is not None:
-            reading = NvmlReading(False, *gate)
-        else:
-            if self.reader is None:
-                from podvm_gpu.gpufacts.nvml import NvmlReader
-                from podvm_gpu.readers import find_nvml, find_nvml_elsewhere
-
-                self.reader = NvmlReader(self.root, self.settings.nvml_timeout_s, self.keep_open,
-                                         find=(find_nvml, find_nvml_elsewhere))
-            reading = self.reader.read(self.settings.profile)
+        reading = self._reading(status, persistenced)
         profile = fam.CC_SAFE if cc_safe(self.settings.profile, reading.cc_mode) else fam.FULL
         out += fam.nvml_families(reading, profile, self.settings.profile)
         out += fam.gpu_fabric_families(reading)
@@ -190,6 +180,21 @@ class Exporter:
             reading, lambda gpu: fam.dcgm_labels(gpu, self.hostname, reading, pod),
             hfam.fabric_health_read(status, watch))
         return out
+
+    def _reading(self, status, persistenced: bool) -> NvmlReading:
+        """This scrape's NVML reading: none, with the gate's reason, when NVML must not be
+        called now (:func:`nvml_gate`: the boot's state, ``persistenced`` running or not), else
+        the reader's (made at the first call) for the settings' profile."""
+        gate = nvml_gate(status, persistenced)
+        if gate is not None:
+            return NvmlReading(False, *gate)
+        if self.reader is None:
+            from podvm_gpu.gpufacts.nvml import NvmlReader
+            from podvm_gpu.readers import find_nvml, find_nvml_elsewhere
+
+            self.reader = NvmlReader(self.root, self.settings.nvml_timeout_s, self.keep_open,
+                                     find=(find_nvml, find_nvml_elsewhere))
+        return self.reader.read(self.settings.profile)
 
     def close(self) -> None:
         """Shut NVML down (unless a call still hangs)."""

@@ -165,6 +165,39 @@ def load_web_config(path: str) -> WebConfig:
             certificate or key that does not load (an encrypted key: said so), or
             ``basic_auth_users`` without the ``bcrypt`` package installed.
     """
+    doc, empty = _read_doc(path)
+    if not isinstance(doc, dict):
+        raise WebConfigError(f"{path}: must be a mapping of {', '.join(_TOP_KEYS)}")
+
+    def bad(key: str, what: str) -> WebConfigError:
+        # a key is the file's words: a newline or ESC in it is shown escaped, never raw
+        return WebConfigError(f"{path}: {shown(key)}: {what}")
+
+    for key in doc:
+        if key not in _TOP_KEYS:
+            raise bad(str(key), f"not implemented by this server (it implements "
+                                f"{', '.join(_TOP_KEYS)})")
+    base = os.path.dirname(os.path.abspath(path))
+    tls = _section(doc, "tls_server_config", bad)
+    context = _ssl_context(tls, base, bad) if tls is not None else None
+    headers = _http_headers(_section(doc, "http_server_config", bad) or {}, bad)
+    users = _users(_section(doc, "basic_auth_users", bad) or {}, bad)
+    plain = ""
+    if context is None and not users:
+        given = [f"{key}: {'{}' if doc[key] == {} else 'null'}" for key in
+                 ("tls_server_config", "basic_auth_users") if key in doc]
+        plain = empty or ("; ".join(given) if given else
+                          "it sets neither tls_server_config nor basic_auth_users")
+    return WebConfig(path, context, users, headers, plain)
+
+
+def _read_doc(path: str) -> tuple:
+    """The web config's YAML document (None read as ``{}``) and, for an empty file or a null
+    document, the words that say so ("" otherwise).
+
+    Raises:
+        WebConfigError: unreadable (or over 1 MiB), not UTF-8, not YAML.
+    """
     from podvm_gpu.config.load import parse_yaml
     from podvm_gpu.host.fs import read_bounded
 
@@ -185,23 +218,12 @@ def load_web_config(path: str) -> WebConfig:
         raise WebConfigError(str(err)) from None
     empty = "the file is empty" if not data.strip() else "the document is null or only " \
         "comments" if doc is None else ""
-    if doc is None:
-        doc = {}
-    if not isinstance(doc, dict):
-        raise WebConfigError(f"{path}: must be a mapping of {', '.join(_TOP_KEYS)}")
+    return ({} if doc is None else doc), empty
 
-    def bad(key: str, what: str) -> WebConfigError:
-        # a key is the file's words: a newline or ESC in it is shown escaped, never raw
-        return WebConfigError(f"{path}: {shown(key)}: {what}")
 
-    for key in doc:
-        if key not in _TOP_KEYS:
-            raise bad(str(key), f"not implemented by this server (it implements "
-                                f"{', '.join(_TOP_KEYS)})")
-    base = os.path.dirname(os.path.abspath(path))
-    tls = _section(doc, "tls_server_config", bad)
-    context = _ssl_context(tls, base, bad) if tls is not None else None
-    http = _section(doc, "http_server_config", bad) or {}
+def _http_headers(http: dict, bad) -> dict:
+    """``http_server_config``'s response headers; ``http2: false`` is accepted, every other
+    key is refused through ``bad(key, what)`` (an error to raise)."""
     headers = {}
     for key, value in http.items():
         if key == "http2":
@@ -212,8 +234,13 @@ def load_web_config(path: str) -> WebConfig:
             headers = _headers(value, bad)
         else:
             raise bad(f"http_server_config.{key}", "not implemented by this server")
+    return headers
+
+
+def _users(raw_users: dict, bad) -> dict:
+    """``basic_auth_users`` as user name to bcrypt hash (bytes), each hash's form checked and
+    the bcrypt package required when there is a user; refusals through ``bad(key, what)``."""
     users = {}
-    raw_users = _section(doc, "basic_auth_users", bad) or {}
     for user, hashed in raw_users.items():
         if not isinstance(user, str) or not user or ":" in user:
             raise bad("basic_auth_users", f"{user!r} is not a user name (no colon, not empty)")
@@ -232,13 +259,7 @@ def load_web_config(path: str) -> WebConfig:
         except ImportError as err:
             raise bad("basic_auth_users", "needs the Python package bcrypt, which is not "
                                           f"installed ({err})") from err
-    plain = ""
-    if context is None and not users:
-        given = [f"{key}: {'{}' if doc[key] == {} else 'null'}" for key in
-                 ("tls_server_config", "basic_auth_users") if key in doc]
-        plain = empty or ("; ".join(given) if given else
-                          "it sets neither tls_server_config nor basic_auth_users")
-    return WebConfig(path, context, users, headers, plain)
+    return users
 
 
 def _section(doc: dict, key: str, bad):
