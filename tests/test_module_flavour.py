@@ -170,3 +170,30 @@ def test_the_open_module_beside_the_real_proprietary_install_is_named_with_debia
         "nvidia-current $CMDLINE_OPTS" in found.detail
     assert "Debian's nvidia alternative (auto) selects /usr/lib/nvidia/current (priority 535)" \
         in found.detail
+
+
+@pytest.mark.slow
+def test_the_image_with_both_packages_warns_naming_debians_choice_and_follows_a_change(tmp_path):
+    """Debian 12 with nvidia-kernel-dkms and nvidia-open-kernel-dkms installed together
+    (tests/boot/real_driver.py ``BOTH``): the alternative in auto mode picks the proprietary
+    module; set to the open one (update-alternatives, run in the image), the open one loads."""
+    from boot import image, real_driver
+
+    both = real_driver.both_rootfs()
+    found = row(both)
+    assert found.result == WARN, found
+    assert "nvidia-current-open.ko is installed too, and the proprietary /lib/modules/" in found.detail
+    assert "Debian's nvidia alternative (auto) selects /usr/lib/nvidia/current (priority 535) over " \
+        "/usr/lib/nvidia/current-open (priority 534)" in found.detail
+    assert "install nvidia modprobe -i nvidia-current $CMDLINE_OPTS" in found.detail
+    assert row(both, BLACKWELL).result == FAIL
+    with image.writable_view(both, tmp_path / "view") as root:
+        done = image.nspawn(root, "update-alternatives", "--set", "nvidia", "/usr/lib/nvidia/current-open")
+        assert done.returncode == 0, done.stderr
+        switched = row(root)
+        blackwell = row(root, BLACKWELL)
+    assert switched.result == WARN, switched
+    assert "nvidia-current.ko is installed too, and the open /lib/modules/" in switched.detail
+    assert "Debian's nvidia alternative (manual) selects /usr/lib/nvidia/current-open (priority 534)" \
+        in switched.detail
+    assert blackwell.result == WARN, blackwell  # the open module loads: Blackwell is served
