@@ -58,7 +58,7 @@ def test_an_image_with_driver_units_and_tools_passes(tmp_path):
     assert code == 0, checks
     assert {name: c["result"] for name, c in checks.items()} == {
         "unit": "pass", "kata-agent-ordering": "pass", "kata-agent-cdi": "skip",
-        "tools": "pass", "modules": "pass",
+        "tools": "pass", "modules": "pass", "module-flavour": "pass",
         "versions": "pass", "firmware": "pass", "module-compression": "pass",
         "cdi-refresh-units": "pass", "early-gpu-clients": "pass", "watch": "pass", "trust": "pass", "fabric": "skip",
         "attestation-agent-ordering": "skip", "config-compiled": "skip", "attestation": "warn",

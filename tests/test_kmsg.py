@@ -274,6 +274,43 @@ def test_open_module_on_an_unsupported_gpu_is_found():
     assert "0000:01:00.0" in found[0].summary
 
 
+def test_the_proprietary_module_on_a_gpu_that_needs_the_open_one_is_found():
+    """Issue 46 item 7: the proprietary module's words (field logs of 580.105.08; not in the open
+    module's sources), as two records and as one record whose newline /dev/kmsg escapes."""
+    records = ["NVRM: The NVIDIA GPU 0000:02:00.0 (PCI ID: 10de:2c58)",
+               "NVRM: installed in this system requires use of the NVIDIA open kernel modules.",
+               "NVRM: GPU 0000:02:00.0: RmInitAdapter failed! (0x22:0x56:884)"]
+    one = ["NVRM: The NVIDIA GPU 0000:00:07.0 (PCI ID: 10de:2b85)\\x0aNVRM: installed in this "
+           "system requires use of the NVIDIA open kernel modules.\\x0a"]
+    for log, pci, pci_id in ((records, "0000:02:00.0", "10de:2c58"), (one, "0000:00:07.0", "10de:2b85")):
+        found = findings(log)
+        assert found[0].kind == "needs-open-module" and not found[0].fatal, found
+        assert found[0].summary.startswith(f"GPU {pci} (PCI ID {pci_id}) requires NVIDIA's open "
+                                           "kernel module"), found[0]
+    assert [f.kind for f in findings(records)] == ["needs-open-module", "cannot-attach"]
+    # the open module's opposite words stay their own finding
+    assert kinds(["NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:1db1)",
+                  "NVRM: installed in this system is not supported by open",
+                  "NVRM: nvidia.ko because it does not include the required GPU",
+                  "NVRM: System Processor (GSP)."]) == ["open-module-unsupported"]
+
+
+def test_the_modules_step_fails_naming_the_need_for_the_open_module(tmp_path):
+    """The boot's modules step (and check's modules row) take it as the reason the driver cannot
+    attach the GPU, before RmInitAdapter's generic failure."""
+    from podvm_gpu.host.fs import Root
+    from podvm_gpu.steps.modules.attach import attach_cause
+
+    log = ["NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.105.08  Wed Oct 29 23:15:11 UTC 2025",
+           "NVRM: The NVIDIA GPU 0000:02:00.0 (PCI ID: 10de:2c58)",
+           "NVRM: installed in this system requires use of the NVIDIA open kernel modules.",
+           "NVRM: GPU 0000:02:00.0: RmInitAdapter failed! (0x22:0x56:884)"]
+    cause = attach_cause(Root(str(tmp_path)), log)
+    assert cause.startswith("GPU 0000:02:00.0 (PCI ID 10de:2c58) requires NVIDIA's open kernel "
+                            "module; the proprietary one is loaded"), cause
+    assert "requires use of the NVIDIA open kernel modules" in cause
+
+
 def test_lockdown_message_is_found():
     log = ["Lockdown: modprobe: unsigned module loading is restricted; see man kernel_lockdown.7"]
 

@@ -135,11 +135,15 @@ class ModulesConfig(Section):
     become ``modprobe <module> KEY=VALUE``; ``optional`` modules may fail with a warning;
     ``lock_after_boot`` writes 1 to ``/proc/sys/kernel/modules_disabled`` after the last module
     the boot loads (as NVRC does), so nothing can load a module until reboot. Off by default:
-    kata-agent may load storage or network modules in some images."""
+    kata-agent may load storage or network modules in some images. ``image_serves_blackwell``:
+    this image serves Blackwell GPUs: ``check --image``'s ``module-flavour`` row fails unless
+    ``modprobe nvidia`` reaches NVIDIA's open module (steps/modules/flavour.py; Blackwell works
+    with the open module only); boot does not read it."""
 
     FIELDS = {"parameters": (mapping(module, mapping(parameter_name, parameter_value)), {}),
               "optional": (optional_modules, OPTIONAL_MODULES),
-              "lock_after_boot": (boolean, False)}
+              "lock_after_boot": (boolean, False),
+              "image_serves_blackwell": (boolean, False)}
     __slots__ = tuple(FIELDS)
 
 

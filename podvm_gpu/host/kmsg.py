@@ -240,7 +240,7 @@ class Finding(collections.namedtuple("Finding", "kind summary message code", def
 
     Attributes:
         kind: ``xid``, ``fell-off-bus``, ``gsp-firmware``, ``bar``, ``needs-reset``,
-            ``open-module-unsupported``, ``unsupported-pci-id``, ``bound-elsewhere``,
+            ``open-module-unsupported``, ``needs-open-module``, ``unsupported-pci-id``, ``bound-elsewhere``,
             ``api-mismatch``, ``lockdown``, ``no-device``, ``cc-not-enabled``, ``lkca-stubs``,
             ``swiotlb-full``, ``dma-mapping``, ``early-client``, ``cannot-attach``,
             ``decompress-failed``.
@@ -277,7 +277,7 @@ EARLY_CLIENT = ("the driver was re-initialised by an early client (a GPU client 
 # The driver loaded but cannot attach (initialise) a GPU: every NVML client then fails ("No
 # devices were found", "nvidia-persistenced failed to initialize"), so the log, not the client,
 # names the cause. Most specific first; ``cannot-attach`` (RmInitAdapter failed) is the rest.
-ATTACH_KINDS = ("cc-not-enabled", "lkca-stubs", "swiotlb-full", "dma-mapping", "cannot-attach")
+ATTACH_KINDS = ("needs-open-module", "cc-not-enabled", "lkca-stubs", "swiotlb-full", "dma-mapping", "cannot-attach")
 _DRIVER_BANNER = "NVRM: loading NVIDIA UNIX"
 # Every pattern below needs one of these words (lowercase) in the message.
 _KEYWORDS = ("nvrm", "xid", "firmware", "bar", "reset", "lockdown", "fallen", "nvidia", "gsp",
@@ -336,6 +336,14 @@ _PATTERNS: list[tuple[str, _Lazy, str]] = [
         r"GPU (?P<pci>\S{1,32}) \(PCI ID: (?P<id>[0-9A-Fa-f:]{1,16})\).{0,200}not supported by "
         r"open\s+nvidia\.ko", re.I, ("(pci id:",)),
      "the open kernel module does not support GPU {pci} (PCI ID {id}); it needs the proprietary one"),
+    # The proprietary module on a GPU only the open one drives (Blackwell; from R615 Turing+),
+    # then "RmInitAdapter failed! (0x22:0x56:884)": field logs of 580.105.08; the words exist in
+    # the proprietary build only (docs/compatibility.md). Joined records or one with ``\x0a``.
+    ("needs-open-module", _Lazy(
+        r"(?:GPU (?P<pci>[0-9A-Fa-f:.]{7,16}) \(PCI ID: (?P<id>[0-9A-Fa-f:]{1,16})\).{0,200}?)?"
+        r"requires use of the NVIDIA open kernel modules", re.I, ("requires use of the nvidia open",)),
+     "GPU {pci} (PCI ID {id}) requires NVIDIA's open kernel module; the proprietary one is loaded "
+     "and attaches no such GPU: install the open module"),
     ("unsupported-pci-id", _Lazy(
         r"GPU (?P<pci>\S{1,32}) \(PCI ID: (?P<id>[0-9A-Fa-f:]{1,16})\).{0,200}not supported by "
         r"the\s+NVIDIA (?P<version>\S{1,32}) driver release", re.I, ("(pci id:",)),

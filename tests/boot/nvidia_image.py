@@ -30,9 +30,10 @@ def firmware_files(version: str) -> list[str]:
     return [f"nvidia/{version}/gsp_tu10x.bin", f"nvidia/{version}/gsp_ga10x.bin"]
 
 
-def kernel_module(name: str, version: str) -> bytes:
-    """An x86-64 ELF relocatable object whose only content is a ``.modinfo`` section."""
-    fields = [("version", version), ("license", "Dual MIT/GPL"), ("name", name.replace("-", "_"))]
+def kernel_module(name: str, version: str, license: str = "Dual MIT/GPL") -> bytes:
+    """An x86-64 ELF relocatable object whose only content is a ``.modinfo`` section;
+    ``license``: the open module's (the default) or ``NVIDIA`` (the proprietary module's)."""
+    fields = [("version", version), ("license", license), ("name", name.replace("-", "_"))]
     if name == "nvidia":
         fields += [("firmware", f) for f in firmware_files(version)]
     modinfo = b"".join(f"{k}={v}".encode() + b"\0" for k, v in fields)

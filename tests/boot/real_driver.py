@@ -46,6 +46,20 @@ TRIXIE = image.Variant("trixie-open", "trixie-open-rootfs-", (*image.PACKAGES, *
     suite="trixie", late=("nvidia-open-kernel-dkms",))
 
 
+# Both flavours of Debian 12's 535.261.03 module in one image (issue 46 item 7): apt installs
+# nvidia-kernel-dkms and nvidia-open-kernel-dkms side by side (nvidia-kernel-support and
+# nvidia-open-kernel-support register the `nvidia` alternative at priorities 535 and 534), DKMS
+# builds nvidia-current.ko and nvidia-current-open.ko, and the alternative in auto mode picks
+# the proprietary one's modprobe.d rules.
+BOTH = image.Variant("both", "both-rootfs-", (*image.PACKAGES, *DRIVER_PACKAGES, "nvidia-open-kernel-dkms"),
+                     COMPONENTS, by_versions=True, pin=("nvidia-open-kernel-dkms", "nvidia-graphics-drivers"))
+
+
+def both_rootfs() -> Path:
+    """The cached Debian 12 rootfs with the proprietary and the open module."""
+    return image.variant_rootfs(BOTH)
+
+
 def open_rootfs() -> Path:
     """The cached Debian 12 open-module rootfs (about 5 minutes to build here)."""
     return image.variant_rootfs(OPEN)

@@ -468,5 +468,12 @@ def compression_image_row(image) -> Check:
     return modcompress.compression_image_row(image)
 
 
-IMAGE_ROWS = {"modules": modules_image_row, "firmware": firmware_image_row,
-              "module-compression": compression_image_row}
+def flavour_image_row(image) -> Check:
+    """``module-flavour``: open or proprietary (podvm_gpu/steps/modules/flavour.py, issue 46)."""
+    from podvm_gpu.steps.modules import flavour
+
+    return flavour.module_flavour_image_row(image)
+
+
+IMAGE_ROWS = {"modules": modules_image_row, "module-flavour": flavour_image_row,
+              "firmware": firmware_image_row, "module-compression": compression_image_row}
