@@ -16,7 +16,7 @@ import json
 import pytest
 
 from podvm_gpu.errors import StepFailed
-from podvm_gpu.gpufacts import judge, smi
+from podvm_gpu.gpufacts import judge, smi, words
 from podvm_gpu.host.proc import Completed
 
 BUS = ("00000000:18:00.0", "00000000:2A:00.0")
@@ -229,7 +229,7 @@ def test_the_watcher_finds_a_route_unhealthy_after_a_ready_boot_and_keeps_the_re
     seen: dict = {}
     found, unread = verdicts.poll_fabric(ctx, 5, ["0000:18:00.0", "0000:2a:00.0"], seen)
     assert unread == []
-    assert [(v.level, v.gpu) for v in found] == [(verdicts.FATAL, BUS[1])]
+    assert [(v.level, v.gpu) for v in found] == [("fail", words.bus_id(BUS[1]))]
     assert "fabric unhealthy: fabric.health.route_unhealthy True" in found[0].what
     assert verdicts.same_gpu(found[0].gpu, "0000:2a:00.0")
     assert [g["route_unhealthy"] for g in seen["fabric_health"]] == ["False", "True"]

@@ -79,7 +79,7 @@ def test_gpu_requires_reset_as_a_value_is_the_recovery_action_gpu_reset():
 
 
 def test_gpu_requires_reset_in_any_column_asks_for_a_reset_at_boot_check_and_metrics():
-    from podvm_gpu.steps.cdi import health
+    from podvm_gpu.gpufacts import health
 
     runner = Runner(FACTS["healthy"])
     runner.answers[tuple(smi.ecc_argv())] = (0, f"{BUS}, [GPU requires reset], "
@@ -89,6 +89,7 @@ def test_gpu_requires_reset_in_any_column_asks_for_a_reset_at_boot_check_and_met
     facts = smi.smi_facts(runner, 5)[words.bus_id(BUS)]
     assert judge.facts_verdicts(facts, False)["recovery-action"] == words.FAIL
     assert judge.facts_verdicts(facts, True)["recovery-action"] == words.WARN
-    verdict = health.Verdict()
-    kept = health.judge_lost([[BUS, "[GPU requires reset]", "[GPU requires reset]"]], verdict)
-    assert kept == [] and verdict.reset and "GPU reset needed" in verdict.reset[0]
+    found = []
+    kept = health.judge_lost([[BUS, "[GPU requires reset]", "[GPU requires reset]"]], False, found)
+    assert kept == [] and [(f.level, f.action) for f in found] == [(words.FAIL, "reset")]
+    assert "GPU reset needed" in found[0].what

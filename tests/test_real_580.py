@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from podvm_gpu.gpufacts import judge, smi, words
+from podvm_gpu.gpufacts import health, judge, smi, words
 from podvm_gpu.host.proc import Completed
 from podvm_gpu.steps.cc import classify
 from podvm_gpu.steps.cc.query import answers as cc_answers
-from podvm_gpu.steps.cdi import health, recovery
 from podvm_gpu.steps.fabric import fabric_kind
 from podvm_gpu.steps.fabric.parse import FabricSeen, health_summary
 
@@ -67,19 +66,17 @@ def test_the_real_580_answers_every_query_on_stdout_and_refuses_only_the_reset_s
 
 def test_the_health_gate_reads_580_with_no_warning():
     runner = Replay()
-    verdict = health.Verdict()
     rows, why = health.ask(runner, smi.remap_argv(), len(smi.REMAP_FIELDS), 5)
-    health.judge_remapper(rows, verdict)
+    found = health.judge_remapper(rows, False)
     rows, why = health.ask(runner, smi.ecc_argv(), len(smi.ECC_FIELDS), 5)
-    health.judge_ecc(rows, verdict)
-    found = recovery.read(health.ask, runner, 5)
+    found += health.judge_ecc(rows, False)
+    recovery = health.read_recovery(health.ask, runner, 5, False)
 
-    assert verdict.outcome(False) == verdict.HEALTHY and verdict.unread == []
-    assert verdict.read == [f"{BUS} remap pending No, failure No",  # 580's words
-                            f"{BUS} volatile uncorrectable ECC 0, retirement pending [N/A]"]
-    assert not (found.fatal or found.reset or found.warn or found.unread)
-    assert f"{BUS} recovery action None" in found.read
-    assert any(line.startswith("reset status not offered") for line in found.read)
+    assert [f.level for f in found + recovery] == [words.OK] * len(found + recovery)
+    assert [f.what for f in found] == [f"{BUS} remap pending No, failure No",  # 580's words
+                                       f"{BUS} volatile uncorrectable ECC 0, retirement pending [N/A]"]
+    assert f"{BUS} recovery action None" in health.said(recovery, "read")
+    assert any(line.startswith("reset status not offered") for line in health.said(recovery, "n/a"))
 
 
 def test_the_recovery_action_580_prints_is_in_the_one_table():

@@ -28,6 +28,7 @@ from realsmi import fetch, smi
 from podvm_gpu.config.load import validate
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.gpufacts import health as gpu_health
 from podvm_gpu.gpufacts import smi as smi_back_end
 from podvm_gpu.gpufacts import words
 from podvm_gpu.host.fs import Root
@@ -36,7 +37,7 @@ from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.cc import classify
 from podvm_gpu.steps.cc import query as cc_query
 from podvm_gpu.steps.cc import step as cc_step
-from podvm_gpu.steps.cdi import health, recovery
+from podvm_gpu.steps.cdi import health
 from podvm_gpu.steps.cdi import step as cdi_step
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.steps.fabric import parse as fabric_parse
@@ -45,8 +46,8 @@ from podvm_gpu.steps.fabric import step as fabric
 PACKAGE = Path(__file__).resolve().parents[1] / "podvm_gpu"
 
 FABRIC = fabric_parse.fabric_argv()
-REMAP = health.remap_argv()
-ECC = health.ecc_argv()
+REMAP = smi_back_end.remap_argv()
+ECC = smi_back_end.ecc_argv()
 MIG_MODE = ["nvidia-smi", "--query-gpu=index,mig.mode.current", "--format=csv,noheader"]
 MIG_LGI = ["nvidia-smi", "mig", "-lgi"]
 CC_F = ["nvidia-smi", "conf-compute", "-f"]
@@ -56,8 +57,8 @@ CC_SRS0 = ["nvidia-smi", "conf-compute", "-srs", "0"]  # issue 26: a failed atte
 # the CC classification's queries (steps/cc/classify.py QUERIES), asked by query.read_finding
 # and check's row with a variable option
 CC_QUERIES = [["nvidia-smi", "conf-compute", q] for q in ("-f", "-d", "-e", "-mgm")]
-RESET = recovery.reset_argv()  # issue 28: the health gate's own queries
-ACTION = recovery.action_argv()
+RESET = smi_back_end.reset_argv()  # issue 28: the health gate's own queries
+ACTION = smi_back_end.action_argv()
 FULL_Q = ["nvidia-smi", "-q"]  # issue 28: the rack-scale kind's cliques
 FABRIC_HEALTH = smi_back_end.fabric_health_argv()  # issue 33: 580's health summary, a query of its own
 VBIOS = smi_back_end.vbios_argv()  # issue 37: the VBIOS an NVAT 104 (RIM not found) names
@@ -232,8 +233,7 @@ def test_the_suite_runs_every_nvidia_smi_call_of_the_agent():
     assert all(build() == argv and argv in RUN for build, argv in QUERY_GPU.items())
     assert [smi_back_end.conf_compute_argv(*args) for args in [("-grs",), ("-srs", "1"), ("-srs", "0")]] \
         == [CC_GRS, CC_SRS, CC_SRS0]
-    # the functions that build the argvs give what the suite runs
-    assert health.remap_argv() == REMAP and health.ecc_argv() == ECC
+    assert REMAP in RUN and ECC in RUN
 
 
 def test_fetched_builds_are_the_pinned_ones_or_their_branch_s_current(builds):
@@ -291,13 +291,12 @@ def test_health_gate_decides_on_the_real_output(builds, world, state):
 
 def test_remapper_reads_yes_no_as_the_field_reports_it_and_1_0_as_the_real_program():
     for failure in ("Yes", "1"):
-        verdict = health.Verdict()
-        health.judge_remapper([["00000000:18:00.0", "No" if failure == "Yes" else "0", failure]],
-                              verdict)
-        assert verdict.fatal and not verdict.unread
-    verdict = health.Verdict()
-    health.judge_remapper([["00000000:18:00.0", "[Unknown Error]", "[Unknown Error]"]], verdict)
-    assert verdict.unread and not verdict.fatal
+        found = gpu_health.judge_remapper(
+            [["00000000:18:00.0", "No" if failure == "Yes" else "0", failure]], False)
+        assert [f.kind for f in found if f.level != words.OK] == ["remap-failed"]
+    found = gpu_health.judge_remapper([["00000000:18:00.0", "[Unknown Error]", "[Unknown Error]"]],
+                                      False)
+    assert [(f.level, f.kind) for f in found if f.level != words.OK] == [(words.WARN, "unread-value")]
 
 
 # --- the fabric ---------------------------------------------------------------------------------
@@ -532,8 +531,8 @@ def test_every_real_build_answers_reset_status_and_refuses_the_recovery_action(b
             'Field "gpu_recovery_action" is not a valid field to query.\n\n', 2), build.ident
         done = runner.run(RESET, check=False)
         assert done.returncode == 0 and done.stdout.startswith("00000000:18:00.0, "), build.ident
-        found = recovery.read(health.ask, runner, 10)
-        assert not (found.fatal or found.reset or found.warn or found.unread), build.ident
+        found = gpu_health.read_recovery(gpu_health.ask, runner, 10, False)
+        assert [f.level for f in found] == [words.OK] * len(found), build.ident
 
 
 def test_every_real_build_refuses_the_fabric_health_summary_as_not_offered(builds, world):

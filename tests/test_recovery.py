@@ -1,13 +1,15 @@
-"""Reset status and recovery action (podvm_gpu/steps/cdi/recovery.py, issue 28): each value's verdict, the
-Debian nvidia-smi's refusal of ``gpu_recovery_action`` as "not offered", and the health gate
-that carries them (boot-level: scenarios S101-S104)."""
+"""Reset status and recovery action (podvm_gpu/gpufacts/health.py, steps/cdi/recovery.py;
+issue 28): each value's verdict, the Debian nvidia-smi's refusal of ``gpu_recovery_action`` as
+"not offered", and the health gate that carries them (boot-level: scenarios S101-S104)."""
 
 from __future__ import annotations
 
 import pytest
 
+from podvm_gpu.gpufacts import finding as F
+from podvm_gpu.gpufacts import health, smi
 from podvm_gpu.host.proc import Completed
-from podvm_gpu.steps.cdi import health, recovery
+from podvm_gpu.steps.cdi import recovery
 
 # Every Debian nvidia-smi, 535.261.03 to 555.58.02 (../shared/nvidia-smi-real.md), exit 2
 DEBIAN_REFUSAL = 'Field "gpu_recovery_action" is not a valid field to query.\n\n'
@@ -26,20 +28,31 @@ class Runner:
 
 
 def answers(reset=(0, "00000000:18:00.0, No, No\n"), action=(2, DEBIAN_REFUSAL)):
-    return {tuple(recovery.reset_argv()): reset, tuple(recovery.action_argv()): action}
+    return {tuple(smi.reset_argv()): reset, tuple(smi.action_argv()): action}
 
 
-def read(**kw) -> recovery.Found:
-    return recovery.read(health.ask, Runner(answers(**kw)), 5)
+class Found:
+    """The findings of gpufacts/health.py's read_recovery, by what the gate does with each."""
+
+    def __init__(self, findings):
+        self.fatal = [f.what for f in findings if f.action == F.REPLACE]
+        self.reset = [f.what for f in findings if f.action == F.RESET]
+        self.warn = health.said(findings, "note")
+        self.unread = health.said(findings, "unread")
+        self.read = health.said(findings, *health.READ)
+
+
+def read(**kw) -> Found:
+    return Found(health.read_recovery(health.ask, Runner(answers(**kw)), 5, False))
 
 
 def test_the_queries_are_their_own_never_fields_of_the_ecc_query():
-    assert recovery.reset_argv() == [
+    assert smi.reset_argv() == [
         "nvidia-smi", "--query-gpu=pci.bus_id,reset_status.reset_required,"
         "reset_status.drain_and_reset_recommended", "--format=csv,noheader"]
-    assert recovery.action_argv() == ["nvidia-smi", "--query-gpu=pci.bus_id,gpu_recovery_action",
+    assert smi.action_argv() == ["nvidia-smi", "--query-gpu=pci.bus_id,gpu_recovery_action",
                                       "--format=csv,noheader"]
-    assert not set(health.ECC_FIELDS) & {"gpu_recovery_action", "reset_status.reset_required"}
+    assert not set(smi.ECC_FIELDS) & {"gpu_recovery_action", "reset_status.reset_required"}
 
 
 def test_debian_nvidia_smis_refusal_of_the_field_is_not_offered_and_no_warning():
@@ -169,7 +182,7 @@ def test_the_check_row_shows_what_it_read_beside_what_was_refused():
     """Issue 35 item 4: on the real H200 (580) the row showed only that the reset status was
     refused, not that the recovery action was read as None; its hint was only a file name."""
     runner = Runner(answers(reset=(2, REFUSAL_580), action=(0, "00000000:00:06.0, None\n")))
-    row = recovery.check_row(Facts(runner), health.ask)
+    row = recovery.check_row(Facts(runner))
 
     assert row.result == "pass", row
     assert "00000000:00:06.0 recovery action None" in row.detail
@@ -178,7 +191,7 @@ def test_the_check_row_shows_what_it_read_beside_what_was_refused():
 
 def test_a_warning_row_names_what_it_read_and_the_command_to_run():
     runner = Runner(answers(reset=(1, "Unknown Error\n"), action=(0, "00000000:00:06.0, None\n")))
-    row = recovery.check_row(Facts(runner), health.ask)
+    row = recovery.check_row(Facts(runner))
 
     assert row.result == "warn"
     assert row.detail.startswith("reset status not read (")

@@ -4,14 +4,16 @@ acts on it and check's row renders it, so a decision is tested here once, not in
 - persistenced: :class:`podvm_gpu.steps.persistenced.Seen` (pid file and socket -> state);
 - fabricmanager: :class:`podvm_gpu.steps.fabric.step.FabricSeen` (the GPUs' fabric states
   against the VM's GPUs) and :func:`podvm_gpu.steps.fabric.fabric_kind.kind_of`;
-- cdi: :meth:`podvm_gpu.steps.cdi.health.Verdict.outcome` (the health gate's verdict).
+- cdi: :mod:`podvm_gpu.gpufacts.health`'s judges (the health gate's findings: worst level and action).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from podvm_gpu.steps.cdi.health import Verdict, judge_ecc, judge_remapper
+from podvm_gpu.gpufacts import finding as F
+from podvm_gpu.gpufacts.health import judge_ecc, judge_remapper
+from podvm_gpu.gpufacts.words import FAIL, OK, WARN
 from podvm_gpu.steps.fabric import fabric_kind
 from podvm_gpu.steps.fabric.parse import FabricState
 from podvm_gpu.steps.fabric.step import FabricSeen
@@ -89,18 +91,20 @@ def test_the_fabric_kind_falls_back_to_pci_only_without_a_detection():
     assert fabric_kind.kind_of(None, []) == fabric_kind.NONE
 
 
+HEALTHY, REPLACE, RESET, RESET_WARNS = (OK, F.NONE), (FAIL, F.REPLACE), (FAIL, F.RESET), (WARN, F.RESET)
+
+
 @pytest.mark.parametrize("remap, ecc, warns, outcome", [
-    ([["18:00.0", "No", "No"]], [["18:00.0", "0", "[N/A]"]], False, Verdict.HEALTHY),
-    ([["18:00.0", "[N/A]", "[N/A]"]], [["18:00.0", "[N/A]", "No"]], False, Verdict.HEALTHY),
-    ([["18:00.0", "No", "Yes"]], [], True, Verdict.REPLACE),  # whatever the config
-    ([["18:00.0", "Yes", "No"]], [], False, Verdict.RESET),
-    ([["18:00.0", "Yes", "No"]], [], True, Verdict.RESET_WARNS),
-    ([], [["18:00.0", "2", "No"]], False, Verdict.RESET),  # volatile uncorrectable ECC
-    ([], [["18:00.0", "0", "Yes"]], True, Verdict.RESET_WARNS),  # a page retirement pending
+    ([["18:00.0", "No", "No"]], [["18:00.0", "0", "[N/A]"]], False, HEALTHY),
+    ([["18:00.0", "[N/A]", "[N/A]"]], [["18:00.0", "[N/A]", "No"]], False, HEALTHY),
+    ([["18:00.0", "No", "Yes"]], [], True, REPLACE),  # whatever the config
+    ([["18:00.0", "Yes", "No"]], [], False, RESET),
+    ([["18:00.0", "Yes", "No"]], [], True, RESET_WARNS),
+    ([], [["18:00.0", "2", "No"]], False, RESET),  # volatile uncorrectable ECC
+    ([], [["18:00.0", "0", "Yes"]], True, RESET_WARNS),  # a page retirement pending
 ])
 def test_the_health_gate_decides_replace_reset_or_healthy(remap, ecc, warns, outcome):
-    verdict = Verdict()
-    judge_remapper(remap, verdict)
-    judge_ecc(ecc, verdict)
+    found = judge_remapper(remap, warns) + judge_ecc(ecc, warns)
+    action = next((a for a in (F.REPLACE, F.RESET) if any(f.action == a for f in found)), F.NONE)
 
-    assert verdict.outcome(warns) == outcome
+    assert (F.worst(found), action) == outcome

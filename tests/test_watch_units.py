@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from podvm_gpu.gpufacts import finding as F
+from podvm_gpu.gpufacts.words import FAIL, WARN
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.kmsg import parse_line
 from podvm_gpu.host.kmsg_follow import BOOT_READY, KernelLog
@@ -18,32 +20,32 @@ from podvm_gpu.watch import verdicts
 @pytest.mark.parametrize("code", sorted(verdicts.kmsg.FATAL_XIDS))
 def test_every_xid_the_boot_calls_fatal_is_fatal_for_the_watcher_naming_the_gpu(code):
     [v] = verdicts.judge_record(f"NVRM: Xid (PCI:0000:01:00): {code}, pid=1, name=x, ...")
-    assert (v.level, v.gpu) == (verdicts.FATAL, "0000:01:00")
+    assert (v.level, v.gpu) == (FAIL, "00000000:01:00.0")
     assert f"Xid {code}" in v.what
 
 
 @pytest.mark.parametrize("code", sorted(verdicts.WARN_XIDS))
 def test_an_application_xid_only_warns(code):
     [v] = verdicts.judge_record(f"NVRM: Xid (PCI:0000:01:00): {code}, pid=1, name=python3")
-    assert v.level == verdicts.WARN and v.gpu == "0000:01:00"
+    assert v.level == WARN and v.gpu == "00000000:01:00.0"
 
 
 @pytest.mark.parametrize("label, level", [
-    ("0x1 (PF FLR)", verdicts.RESET),  # 610's label for NVML's GPU Reset
-    ("0x1 (GPU Reset)", verdicts.RESET),
-    ("0x2 (Node Reboot)", verdicts.FATAL),
-    ("0x4 (Drain and Reset)", verdicts.RESET),
-    ("0x3 (Drain P2P)", verdicts.WARN),
+    ("0x1 (PF FLR)", (FAIL, F.RESET)),  # 610's label for NVML's GPU Reset
+    ("0x1 (GPU Reset)", (FAIL, F.RESET)),
+    ("0x2 (Node Reboot)", (FAIL, F.REPLACE)),
+    ("0x4 (Drain and Reset)", (FAIL, F.RESET)),
+    ("0x3 (Drain P2P)", (WARN, F.NONE)),
     # 5-7 from the one table boot judges by (gpufacts/judge.py, issue 33): before the merge
     # the watcher's own table knew 0-4 and called these "a code this agent does not know"
-    ("0x5 (Recover IMEX Domain)", verdicts.WARN),
-    ("0x6 (Bus Reset)", verdicts.RESET),
-    ("0x7 (System Reboot)", verdicts.FATAL),
-    ("0x9 (Something New)", verdicts.WARN)])
+    ("0x5 (Recover IMEX Domain)", (WARN, F.NONE)),
+    ("0x6 (Bus Reset)", (FAIL, F.RESET)),
+    ("0x7 (System Reboot)", (FAIL, F.REPLACE)),
+    ("0x9 (Something New)", (WARN, F.NONE))])
 def test_xid_154_is_read_over_its_hex_code_not_its_label(label, level):
     [v] = verdicts.judge_record(f"NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed "
                                 f"from 0x0 (None) to {label}")
-    assert v.level == level, v
+    assert (v.level, v.action) == level, v
 
 
 def test_xid_154_back_to_none_says_nothing():
@@ -53,7 +55,7 @@ def test_xid_154_back_to_none_says_nothing():
 
 def test_a_gpu_fallen_off_the_bus_without_an_xid_is_fatal():
     [v] = verdicts.judge_record("NVRM: GPU at PCI:0000:01:00: GPU-abc has fallen off the bus.")
-    assert v.level == verdicts.FATAL and v.gpu == "0000:01:00"
+    assert v.level == FAIL and v.gpu == "00000000:01:00.0"
 
 
 def test_ordinary_records_say_nothing():
@@ -171,7 +173,7 @@ def test_another_devices_reset_or_firmware_words_are_no_finding_after_boot(messa
 
 def test_the_drivers_own_reset_record_is_a_finding():
     [v] = verdicts.judge_record("NVRM: GPU 0000:01:00.0: GPU requires reset")
-    assert v.level == verdicts.FATAL and v.gpu == "0000:01:00.0"
+    assert v.level == FAIL and v.gpu == "00000000:01:00.0"
 
 
 def test_boot_on_a_vm_whose_gpu_left_pci_fails_while_a_finding_stands(tmp_path):
@@ -215,33 +217,33 @@ RLW_FATAL = ("NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Fatal XC0 i0 Link 13 "
 
 def test_an_nvlink5_xid_that_says_nonfatal_is_a_warning_whatever_its_code():
     [v] = verdicts.judge_record(NETIR_NONFATAL)
-    assert (v.level, v.gpu) == (verdicts.WARN, "0019:01:00")
+    assert (v.level, v.gpu) == (WARN, "00000019:01:00.0")
     assert "Xid 149 (NVLink NETIR_LINK_EVT Nonfatal)" in v.what
 
 
 def test_an_nvlink5_xid_that_says_fatal_is_a_finding_whatever_its_code():
     [v] = verdicts.judge_record(RLW_FATAL)
-    assert (v.level, v.gpu) == (verdicts.FATAL, "0018:01:00")
+    assert (v.level, v.gpu) == (FAIL, "00000018:01:00.0")
     assert "Xid 145 (NVLink RLW_RXPIPE Fatal)" in v.what
 
 
 @pytest.mark.parametrize("code", range(144, 151))
 def test_the_word_decides_for_every_code_144_to_150(code):
     fatal = NETIR_NONFATAL.replace("149,", f"{code},").replace("Nonfatal", "Fatal")
-    assert [v.level for v in verdicts.judge_record(fatal)] == [verdicts.FATAL]
+    assert [v.level for v in verdicts.judge_record(fatal)] == [FAIL]
     nonfatal = NETIR_NONFATAL.replace("149,", f"{code},")
-    assert [v.level for v in verdicts.judge_record(nonfatal)] == [verdicts.WARN]
+    assert [v.level for v in verdicts.judge_record(nonfatal)] == [WARN]
     neither = f"NVRM: Xid (PCI:0019:01:00): {code}, NETIR_LINK_EVT XC0 i0 Link 00 (0x0)"
-    assert [v.level for v in verdicts.judge_record(neither)] == [verdicts.WARN]
+    assert [v.level for v in verdicts.judge_record(neither)] == [WARN]
 
 
 def test_fatal_only_counts_as_the_word_after_the_code():
     # a word elsewhere (a process name) is not the driver's severity
     message = "NVRM: Xid (PCI:0019:01:00): 149, pid=1, name=Fatal, Ch 00000001"
-    assert [v.level for v in verdicts.judge_record(message)] == [verdicts.WARN]
+    assert [v.level for v in verdicts.judge_record(message)] == [WARN]
     # another code's record saying Fatal keeps its code's verdict
     assert [v.level for v in verdicts.judge_record(
-        "NVRM: Xid (PCI:0019:01:00): 31, RLW_RXPIPE Fatal XC0")] == [verdicts.WARN]
+        "NVRM: Xid (PCI:0019:01:00): 31, RLW_RXPIPE Fatal XC0")] == [WARN]
 
 
 FOLLOW_ON = ("NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by "
@@ -251,7 +253,7 @@ FOLLOW_ON = ("NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 0000
 def test_a_follow_on_of_an_xid_seen_is_no_verdict_of_its_own():
     seen: set[int] = set()
     [first] = verdicts.judge_record(NETIR_NONFATAL, seen)
-    assert first.level == verdicts.WARN and seen == {149}
+    assert first.level == WARN and seen == {149}
     assert verdicts.judge_record(FOLLOW_ON, seen) == []
     assert seen == {149}  # counted as 149's follow-on: not as 45, not again as 149
 
@@ -259,17 +261,19 @@ def test_a_follow_on_of_an_xid_seen_is_no_verdict_of_its_own():
 def test_a_follow_on_of_an_xid_never_seen_is_its_own_code():
     seen: set[int] = set()
     [v] = verdicts.judge_record(FOLLOW_ON, seen)
-    assert v.level == verdicts.WARN and "Xid 45 on GPU 0000:dc:00" in v.what
+    assert v.level == WARN and "Xid 45 on GPU 0000:dc:00" in v.what
     assert seen == {45}
 
 
 def test_the_watcher_carries_the_codes_it_has_read_from_record_to_record():
+    from podvm_gpu.config.model import Config
     from podvm_gpu.host.kmsg import Record
     from podvm_gpu.watch.command import Watcher
 
     warned = []
     watcher = Watcher.__new__(Watcher)
     watcher.finding, watcher.state, watcher.xids_seen = None, {"kmsg_seq": 0}, set()
+    watcher.config = Config()
     watcher._verdicts = lambda found, unread, **kw: warned.extend(v.what for v in found)
     watcher._records([Record(1, 4, NETIR_NONFATAL, 10, True), Record(2, 4, FOLLOW_ON, 11, True),
                       Record(3, 4, FOLLOW_ON.replace("149", "79"), 12, True)])

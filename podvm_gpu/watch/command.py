@@ -10,6 +10,7 @@ import threading
 import time
 
 from podvm_gpu import watchfile as watch_state
+from podvm_gpu.gpufacts.finding import RESET
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.kmsg_follow import BOOT_READY, KernelLog
 from podvm_gpu.model import State, now_iso, shown
@@ -270,7 +271,8 @@ class Watcher:
             self.state["kmsg_seq"] = record.seq
             if not record.kernel:
                 continue
-            found = verdicts.judge_record(record.message, self.xids_seen)
+            found = verdicts.judge_record(record.message, self.xids_seen,
+                                          self.config.health.reset_pending_warns)
             if found:
                 self._verdicts(found, [], source=f"kernel log record {record.seq}",
                                quote=record.message)
@@ -285,13 +287,10 @@ class Watcher:
             if v.gpu is not None and not any(verdicts.same_gpu(v.gpu, g) for g in self.gpus):
                 self._warn(f"{v.what} (GPU {v.gpu} is not one the spec holds)")
                 continue
-            if v.level == verdicts.WARN or (v.level == verdicts.RESET
-                                            and self.config.health.reset_pending_warns):
-                extra = " (health.reset_pending_warns)" if v.level == verdicts.RESET else ""
-                self._warn(v.what + extra)
+            if not v.fatal:  # a warning; a reset needed is one with health.reset_pending_warns
+                self._warn(v.what + (" (health.reset_pending_warns)" if v.action == RESET else ""))
                 continue
-            if v.level in (verdicts.FATAL, verdicts.RESET):
-                self._found(v, source, quote)
+            self._found(v, source, quote)
 
     def _found(self, v, source: str, quote: str) -> None:
         gpu = next((g for g in self.gpus if v.gpu and verdicts.same_gpu(v.gpu, g)), None)
@@ -354,7 +353,8 @@ class Watcher:
         while not self.stopping.wait(self.interval):
             seen: dict | None = {} if health_read else None
             try:
-                found, unread = verdicts.poll_health(self.runner, timeout)
+                found, unread = verdicts.poll_health(self.runner, timeout,
+                                                     self.config.health.reset_pending_warns)
                 if fabric:
                     more, why = verdicts.poll_fabric(self.runner, timeout, self.gpus, seen)
                     found, unread = found + more, unread + why

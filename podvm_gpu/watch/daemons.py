@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from podvm_gpu.watch.verdicts import FATAL, WARN, Verdict
+from podvm_gpu.gpufacts.finding import FAIL, WARN, finding
 
 TRIES = 3  # restarts of nvidia-persistenced on a VM whose GPUs are not confidential
 BACK_S = 10.0  # how long a restarted daemon has to name itself in its pid file
@@ -46,12 +46,12 @@ def gone(root, pids: dict[str, int], confidential: bool, runner, config, stoppin
             if back is not None:
                 pids[name] = back
                 without = f" without {', '.join(dropped)} (not offered)" if dropped else ""
-                out.append(Verdict(WARN, None, f"{said}; started again (pid {back}){without}"))
+                out.append(finding(WARN, f"{said}; started again (pid {back}){without}"))
                 continue
             said += f"; not back after {TRIES} starts"
         elif confidential:
             said += " in a confidential guest"
-        out.append(Verdict(FATAL, None, said))
+        out.append(finding(FAIL, said))
     return out
 
 

@@ -11,8 +11,8 @@ Every rule here is the boot's, called, not copied:
 - Xid 154 (the driver changed a GPU's recovery action) is read over its hex code, not its label,
   which differs by branch (``... changed from 0x0 (None) to 0x1 (PF FLR)`` on 610): the code is
   NVML's ``NVML_GPU_RECOVERY_ACTION_*`` number (:data:`podvm_gpu.gpufacts.judge.ACTIONS`);
-- the recovery action and reset status: :func:`podvm_gpu.steps.cdi.recovery.read`;
-- the memory health: :mod:`podvm_gpu.steps.cdi.health` (its queries and judges);
+- the recovery action, reset status and memory health: :mod:`podvm_gpu.gpufacts.health` (the
+  queries and judges the boot's gate and check use), each finding gpufacts/finding.py's type;
 - the fabric: :mod:`podvm_gpu.steps.fabric.parse`.
 
 The GPU-facts package (issue 33, podvm_gpu/gpufacts) holds the recovery-action table and the
@@ -25,13 +25,12 @@ from __future__ import annotations
 import re
 
 from podvm_gpu import xids
-from podvm_gpu.gpufacts import judge
+from podvm_gpu.gpufacts import health, judge, smi
+from podvm_gpu.gpufacts.finding import FAIL, NONE, REPLACE, RESET, WARN, Finding, finding, reset_needed
 from podvm_gpu.gpufacts.words import bus_id
 from podvm_gpu.host import kmsg
-from podvm_gpu.steps.cdi import health, recovery
 from podvm_gpu.steps.fabric import parse as fabric_parse
 
-FATAL, RESET, WARN = "fatal", "reset", "warn"
 # Xid codes of one application's error (a page fault, an illegal instruction, ...): warnings
 WARN_XIDS = xids.WARN_XIDS
 RECOVERY_XID = 154
@@ -41,28 +40,16 @@ NVIDIA_PREFIXES = ("NVRM:", "nvidia")
 _ACTION_CODE = re.compile(r"\bto (0x[0-9A-Fa-f]{1,8})\b")
 
 
-class Verdict(tuple):
-    """``(level, gpu, what)``: ``level`` :data:`FATAL`, :data:`RESET` (fatal unless
-    ``health.reset_pending_warns``) or :data:`WARN`; ``gpu`` the PCI address as the source gave
-    it (``0000:01:00`` for an Xid; None when the source names none); ``what`` one line."""
-
-    __slots__ = ()
-
-    def __new__(cls, level: str, gpu: str | None, what: str):
-        return super().__new__(cls, (level, gpu, what))
-
-    level = property(lambda self: self[0])
-    gpu = property(lambda self: self[1])
-    what = property(lambda self: self[2])
-
-
-def judge_record(message: str, xids_seen: set[int] | None = None) -> list[Verdict]:
-    """What one kernel record (its message, without the prefix) says about the GPUs.
+def judge_record(message: str, xids_seen: set[int] | None = None,
+                 reset_pending_warns: bool = False) -> list[Finding]:
+    """What one kernel record (its message, without the prefix) says about the GPUs: findings
+    of level warn or fail (gpufacts/finding.py), ``gpu`` the PCI address the record names.
 
     Args:
         message: the record; xids_seen: the Xid codes of the records judged before (added to
             here), so that a ``caused by previous Xid N`` record of an N seen is N's follow-on
-            and no verdict of its own (None: nothing seen before).
+            and no verdict of its own (None: nothing seen before); reset_pending_warns: the
+            config's ``health.reset_pending_warns`` (Xid 154 asking for a reset).
 
     Returns an empty list for a record that says nothing about them (most of the log).
     """
@@ -72,15 +59,15 @@ def judge_record(message: str, xids_seen: set[int] | None = None) -> list[Verdic
         if m and int(m.group("code")) == RECOVERY_XID:
             if xids_seen is not None:
                 xids_seen.add(RECOVERY_XID)
-            verdict = _recovery_xid(m.group("pci").lower(), message)
+            verdict = _recovery_xid(m.group("pci").lower(), message, reset_pending_warns)
             return [verdict] if verdict else []
-    for finding in kmsg.findings([message], xids_seen):
+    for seen in kmsg.findings([message], xids_seen):
         gpu = None
-        if finding.kind == "xid":
-            m = kmsg.XID_PATTERN.search(finding.message)
+        if seen.kind == "xid":
+            m = kmsg.XID_PATTERN.search(seen.message)
             gpu = m.group("pci").lower() if m else None
-            if finding.code in WARN_XIDS and not finding.fatal:
-                found.append(Verdict(WARN, gpu, f"{finding.summary} ({WARN_XIDS[finding.code]})"))
+            if seen.code in WARN_XIDS and not seen.fatal:
+                found.append(finding(WARN, f"{seen.summary} ({WARN_XIDS[seen.code]})", gpu=gpu))
                 continue
         elif not message.startswith(NVIDIA_PREFIXES):
             # the boot's patterns explain a failed load from the whole log; after boot only the
@@ -89,58 +76,61 @@ def judge_record(message: str, xids_seen: set[int] | None = None) -> list[Verdic
             continue
         else:
             m = re.search(r"GPU (?:at PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
-                          r"(?:\.[0-7])?)", finding.message)
+                          r"(?:\.[0-7])?)", seen.message)
             gpu = m.group(1).lower() if m else None
-        found.append(Verdict(FATAL if finding.fatal else WARN, gpu, finding.summary))
+        found.append(finding(FAIL if seen.fatal else WARN, seen.summary, gpu=gpu))
     return found
 
 
-def _recovery_xid(gpu: str, message: str) -> Verdict | None:
+def _recovery_xid(gpu: str, message: str, reset_pending_warns: bool) -> Finding | None:
     """Xid 154 judged as the boot judges the recovery action (gpufacts/judge.py's table of
     NVML's actions 0-7); None for ``None`` (recovered)."""
     m = _ACTION_CODE.search(message)
     action = judge.action_of(int(m.group(1), 16)) if m else None
     said = f"Xid 154 on GPU {gpu}: recovery action changed to {m.group(1) if m else '?'}"
     if action is None:
-        return Verdict(WARN, gpu, f"{said}, a code this agent does not know; not read as a "
-                                  "verdict")
+        return finding(WARN, f"{said}, a code this agent does not know; not read as a verdict",
+                       gpu=gpu)
     if action.kind == judge.FINE:
         return None
     said = f"{said} ({action.name}): {judge.action_says(action)}"
-    return Verdict({judge.FATAL: FATAL, judge.RESET: RESET}.get(action.kind, WARN), gpu, said)
+    if action.kind == judge.RESET:
+        return reset_needed(said, gpu, reset_pending_warns)
+    return finding(FAIL if action.kind == judge.FATAL else WARN, said, gpu=gpu,
+                   action=REPLACE if action.kind == judge.FATAL else NONE)
 
 
-def poll_health(runner, timeout: float) -> tuple[list[Verdict], list[str]]:
-    """The memory health and recovery queries the boot's gate runs, judged as it judges them.
+def poll_health(runner, timeout: float,
+                reset_pending_warns: bool = False) -> tuple[list[Finding], list[str]]:
+    """The memory health and recovery queries the boot's gate runs, judged as it judges them
+    (gpufacts/health.py).
 
     Returns:
-        ``(verdicts, unread)``: what was read, and why a query or value was not read (a
+        ``(findings, unread)``: what was found (warn or fail; those that ask for a replacement
+        first, then a reset, then the others), and why a query or value was not read (a
         warning, never a verdict: the watcher raises no false alarm of its own).
     """
-    verdict = health.Verdict()
     unread: list[str] = []
-    out: list[Verdict] = []
+    found: list[Finding] = []
     try:
-        for argv, width, judge in ((health.remap_argv(), len(health.REMAP_FIELDS),
-                                    health.judge_remapper),
-                                   (health.ecc_argv(), len(health.ECC_FIELDS), health.judge_ecc)):
+        for argv, width, judge_rows in ((smi.remap_argv(), len(smi.REMAP_FIELDS),
+                                         health.judge_remapper),
+                                        (smi.ecc_argv(), len(smi.ECC_FIELDS), health.judge_ecc)):
             rows, why = health.ask(runner, argv, width, timeout)
             if rows is None:
                 unread.append(why)
             else:
-                judge(rows, verdict)
-        found = recovery.read(health.ask, runner, timeout)
+                found += judge_rows(rows, reset_pending_warns)
+        found += health.read_recovery(health.ask, runner, timeout, reset_pending_warns)
     except health.Broken as err:
-        return [Verdict(FATAL, _gpu_in(str(err)), str(err))], unread
-    out += [Verdict(FATAL, _gpu_in(line), line) for line in verdict.fatal + found.fatal]
-    out += [Verdict(RESET, _gpu_in(line), line) for line in verdict.reset + found.reset]
-    out += [Verdict(WARN, _gpu_in(line), line) for line in found.warn]
-    unread += verdict.unread + found.unread
-    return out, unread
+        return [finding(FAIL, str(err), gpu=err.gpu)], unread
+    unread += health.said(found, "unread-value", "unread")
+    return ([f for f in found if f.action == REPLACE] + [f for f in found if f.action == RESET]
+            + [f for f in found if f.kind == "note"]), unread
 
 
 def poll_fabric(runner, timeout: float, gpus: list[str],
-                seen: dict | None = None) -> tuple[list[Verdict], list[str]]:
+                seen: dict | None = None) -> tuple[list[Finding], list[str]]:
     """The fabric state of ``gpus`` (PCI addresses) by the boot's fabric query: a GPU whose
     fabric is no longer Completed/Success is fatal; an answer not read is a warning. Then, with
     ``seen`` (a dict: the boot read 580's fabric health, status.json's ``fabric.health``), the
@@ -164,27 +154,20 @@ def poll_fabric(runner, timeout: float, gpus: list[str],
         if bus_id(s.gpu) not in wanted or not s.supported:
             continue
         if s.lost or not (s.completed and s.success):
-            out.append(Verdict(FATAL, s.gpu, f"GPU {s.gpu}: fabric State {s.state}, Status "
-                                             f"{s.status} (was Completed/Success at boot)"))
+            out.append(finding(FAIL, f"GPU {s.gpu}: fabric State {s.state}, Status {s.status} "
+                                     "(was Completed/Success at boot)", gpu=s.gpu))
     if out or seen is None:
         return out, []
     try:
         found = fabric_parse.read_summary(runner, timeout)
     except StepFailed as err:
-        return [Verdict(FATAL, _gpu_in(str(err)), str(err))], []
+        gpus = judge.buses_in([str(err)])
+        return [finding(FAIL, str(err), gpu=gpus[0] if gpus else None)], []
     if found.gpus:
         seen["fabric_health"] = found.gpus
-    out = [Verdict(FATAL, gpu, f"GPU {gpu}: fabric unhealthy: {what}") for gpu, what in found.fatal]
-    out += [Verdict(WARN, gpu, f"GPU {gpu}: {what}") for gpu, what in found.notes]
+    out = [finding(FAIL, f"GPU {gpu}: fabric unhealthy: {what}", gpu=gpu) for gpu, what in found.fatal]
+    out += [finding(WARN, f"GPU {gpu}: {what}", gpu=gpu) for gpu, what in found.notes]
     return out, [f"fabric health not read ({found.unread})"] if found.unread else []
-
-
-_BUS = re.compile(r"\b([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\b")
-
-
-def _gpu_in(line: str) -> str | None:
-    m = _BUS.search(line)
-    return m.group(1).lower() if m else None
 
 
 def same_gpu(named: str, address: str) -> bool:

@@ -1,5 +1,6 @@
 """The GPUs' reset status and recovery action (issue 28): part of the health gate
-(steps/cdi/health.py) and of check's ``recovery-action`` row.
+(steps/cdi/health.py) and of check's ``recovery-action`` row; asked and judged in
+gpufacts/health.py (``read_recovery``).
 
 The recovery action is the driver's own verdict on what a GPU needs after an error: NVML field
 ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (driver 565+), values ``NVML_GPU_RECOVERY_ACTION_*``:
@@ -34,97 +35,8 @@ here); Drain P2P, Recover IMEX Domain: a warning (the GPU itself still works).
 
 from __future__ import annotations
 
-from podvm_gpu.gpufacts import judge, smi, words
-from podvm_gpu.gpufacts.smi import ACTION_FIELDS, RESET_FIELDS, action_argv, reset_argv  # noqa: F401
-from podvm_gpu.gpufacts.words import NOT_A_FIELD
-
-_na, _flag = words.na, smi.flag
-
-
-class Found:
-    """What the two queries said: ``fatal`` / ``reset`` / ``warn`` lines (one per finding),
-    ``read`` (one line per GPU), ``unread`` (why a value or a query was not read)."""
-
-    def __init__(self):
-        self.fatal: list[str] = []
-        self.reset: list[str] = []
-        self.warn: list[str] = []
-        self.read: list[str] = []
-        self.unread: list[str] = []
-
-
-def judge_reset(rows: list[list[str]], found: Found) -> None:
-    """Rows of :data:`RESET_FIELDS` into ``found``."""
-    for bus, required, drain in rows:
-        if _na(required) and _na(drain):
-            found.read.append(f"{bus} reset status N/A")
-            continue
-        unknown = [v for v in (required, drain) if not _na(v) and _flag(v) is None]
-        if unknown:
-            found.unread.append(f"GPU {bus}: reset status {', '.join(unknown)} not understood")
-        if _flag(required):
-            found.reset.append(f"GPU {bus}: the driver says a reset is required "
-                               "(reset_status.reset_required Yes): GPU reset needed")
-        if _flag(drain):
-            found.reset.append(f"GPU {bus}: the driver recommends drain and reset "
-                               "(reset_status.drain_and_reset_recommended Yes): GPU reset needed")
-        found.read.append(f"{bus} reset required {required}, drain and reset {drain}")
-
-
-def judge_action(rows: list[list[str]], found: Found) -> None:
-    """Rows of :data:`ACTION_FIELDS` into ``found``, each action judged by its kind
-    (gpufacts/judge.py: the table of the 8 actions); a value no table knows is said verbatim
-    in ``unread``."""
-    for row in rows:
-        bus, value = row[0], ", ".join(row[1:])  # "1, Reset" (NVIDIA/DCGM#263) is one value
-        if _na(value):
-            found.read.append(f"{bus} recovery action N/A")
-            continue
-        action = judge.action_of(value)
-        if action is None:
-            found.unread.append(f"GPU {bus}: recovery action {value!r} not understood")
-            continue
-        said = f"GPU {bus}: recovery action {action.name} (gpu_recovery_action)"
-        if action.kind == judge.FATAL:
-            found.fatal.append(f"{said}: {judge.action_says(action)}")
-        elif action.kind == judge.RESET:
-            found.reset.append(f"{said}: {judge.action_says(action)}")
-        elif action.kind == judge.NOTE:
-            found.warn.append(f"{said}: {judge.action_says(action)}")
-        found.read.append(f"{bus} recovery action {action.name}")
-
-
-def _action_rows(text: str) -> list[list[str]] | None:
-    """The action query's rows: two values each, or three where the value is ``<number>,
-    <words>`` (a real nvidia-smi printed ``1, Reset``, NVIDIA/DCGM#263)."""
-    return words.csv_rows(text, len(ACTION_FIELDS)) or words.csv_rows(text, len(ACTION_FIELDS) + 1)
-
-
-def read(ask, runner, timeout: float) -> Found:
-    """Run both queries with ``ask`` (health.ask: ``(rows, "")`` or ``(None, why)``) and judge
-    them. A query not answered is in ``unread``, except a field refused as "not a valid field"
-    (not offered by this nvidia-smi, said in ``read``): ``gpu_recovery_action`` before 565, and
-    the reset status after 570 when the recovery action answers (NVML deprecated the reset
-    status for it; 580 refuses the fields, tests/data/real/h200-580)."""
-    found = Found()
-    reset_rows, reset_why = ask(runner, reset_argv(), len(RESET_FIELDS), timeout)
-    action_rows, action_why = ask(runner, action_argv(), len(ACTION_FIELDS), timeout,
-                                  parse=_action_rows)
-    action_answers = action_rows is not None
-    if reset_rows is not None:
-        judge_reset(reset_rows, found)
-    elif NOT_A_FIELD in reset_why and action_answers:
-        found.read.append("reset status not offered by this nvidia-smi (deprecated since 570: "
-                          "the recovery action says it)")
-    else:
-        found.unread.append(f"reset status not read ({reset_why})")
-    if action_rows is None and NOT_A_FIELD in action_why:
-        found.read.append("recovery action not offered by this nvidia-smi")
-    elif action_rows is None:
-        found.unread.append(f"recovery action not read ({action_why})")
-    else:
-        judge_action(action_rows, found)
-    return found
+from podvm_gpu.gpufacts import health, judge, smi
+from podvm_gpu.gpufacts.finding import OK, REPLACE, RESET
 
 
 def health_row_start(facts, name: str):
@@ -149,14 +61,15 @@ def health_row_start(facts, name: str):
     return None, min(facts.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
 
 
-def check_row(facts, ask):
+def check_row(facts, ask=None):
     """check's ``recovery-action`` row: both queries, judged as the gate judges them. A node
     reboot fails; a reset needed fails unless ``health.reset_pending_warns`` (then warns); Drain
     P2P and anything unread warn; ``skip`` before the driver or when the boot never reached
     ``cdi``.
 
     Args:
-        facts: check's facts (podvm_gpu/check/vm.py); ask: health.ask.
+        facts: check's facts (podvm_gpu/check/vm.py); ask: gpufacts/health.py ``ask``'s shape
+            (default: it).
     """
     from podvm_gpu.row import FAIL, PASS, WARN, Check, doc_ref
 
@@ -164,21 +77,25 @@ def check_row(facts, ask):
     ended, timeout = health_row_start(facts, name)
     if ended:
         return ended
-    found = read(ask, facts.runner, timeout)
-    said = "; ".join(found.fatal + found.reset + found.warn + found.unread)
-    if found.read:  # what was read beside what was refused (issue 35 item 4)
-        said += ("; read: " if said else "") + "; ".join(found.read)
-    if found.fatal:
+    found = health.read_recovery(ask or health.ask, facts.runner, timeout,
+                                 facts.config.health.reset_pending_warns)
+    fatal = [f.what for f in found if f.action == REPLACE]
+    reset = [f for f in found if f.action == RESET]
+    said = "; ".join(fatal + [f.what for f in reset] + health.said(found, "note", "unread"))
+    read = health.said(found, *health.READ)
+    if read:  # what was read beside what was refused (issue 35 item 4)
+        said += ("; read: " if said else "") + "; ".join(read)
+    if fatal:
         return Check(name, FAIL, said, "the GPU needs its host rebooted: ask the provider "
                      "for another host, or to reboot this one")
-    if found.reset:
-        verdict = judge.reset_verdict(facts.config.health.reset_pending_warns)
-        return Check(name, words.CHECK_STATE[verdict], said + (
-            " (a warning: health.reset_pending_warns)" if verdict == words.WARN else ""),
-            judge.reset_advice(judge.buses_in(found.reset), getattr(facts, "confidential",
-                                                                     None)))
-    if found.warn or found.unread:
-        return Check(name, WARN, said, "run " + " ".join(action_argv()).replace(
+    if reset:
+        warns = not reset[0].fatal
+        return Check(name, WARN if warns else FAIL, said + (
+            " (a warning: health.reset_pending_warns)" if warns else ""),
+            judge.reset_advice([f.gpu for f in reset if f.gpu],
+                               getattr(facts, "confidential", None)))
+    if any(f.level != OK for f in found):
+        return Check(name, WARN, said, "run " + " ".join(smi.action_argv()).replace(
             ",noheader", "") + f" by hand; {doc_ref('operating.md', 'Recovery action')} says "
             "what each action asks")
     return Check(name, PASS, said)

@@ -31,6 +31,7 @@ from podvm_gpu.cdi.ready import check_ready_spec
 from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
 from podvm_gpu.errors import CdiSpecError, CommandError, StepFailed, exit_text, one_line
 from podvm_gpu.gpufacts import smi, words
+from podvm_gpu.gpufacts.finding import REPLACE, RESET
 from podvm_gpu.host.fs import atomic_write, ensure_dir, read_bounded, unread
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
 from podvm_gpu.steps.cdi import imex, toolkit, toolkit_image
@@ -230,10 +231,9 @@ def finish(ctx: BootContext, generated: Generated) -> str:
 
 def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: the spec's generation, then the health gate's queries."""
-    from podvm_gpu.steps.cdi import health
 
-    return [toolkit.VERSION_ARGV, generate_argv(ctx), *imex.plan(ctx), health.remap_argv(), health.ecc_argv(),
-            health.recovery.reset_argv(), health.recovery.action_argv()]
+    return [toolkit.VERSION_ARGV, generate_argv(ctx), *imex.plan(ctx), smi.remap_argv(), smi.ecc_argv(),
+            smi.reset_argv(), smi.action_argv()]
 
 
 # --- podvm-gpu check ----------------------------------------------------------------------
@@ -296,53 +296,47 @@ def cdi_duplicates_row(facts) -> Check:
 
 
 def row_remapper_row(facts) -> Check:
-    """The row remapper of each GPU, judged as the health gate judges it (podvm_gpu/steps/cdi/health.py):
+    """The row remapper of each GPU, judged as the health gate judges it (gpufacts/health.py):
     one bounded query; a failure fails, a pending remap fails unless
     ``health.reset_pending_warns``, an unanswered query warns."""
-    from podvm_gpu.steps.cdi import health, recovery
+    from podvm_gpu.gpufacts import health
+    from podvm_gpu.steps.cdi import recovery
 
-    ended, timeout = recovery.health_row_start(facts, "row-remapper")
+    name = "row-remapper"
+    ended, timeout = recovery.health_row_start(facts, name)
     if ended:
         return ended
-    try:
-        rows, why = health.ask(facts.runner, health.remap_argv(), len(health.REMAP_FIELDS), timeout)
-    except health.Broken as err:
-        return Check("row-remapper", FAIL, str(err), "reboot the VM; if the GPU stays lost, "
-                     "ask the provider for another host")
-    if rows is None:
-        return Check("row-remapper", WARN, f"not read ({why}); the boot does not fail on it",
-                     "run nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.pending,"
-                     "remapped_rows.failure --format=csv by hand")
-    verdict = health.Verdict()
-    health.judge_remapper(rows, verdict)
-    outcome = verdict.outcome(facts.config.health.reset_pending_warns)
-    if outcome == verdict.REPLACE:
-        return Check("row-remapper", FAIL, "; ".join(verdict.fatal + verdict.reset),
+    hand = ("run nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.pending,"
+            "remapped_rows.failure --format=csv by hand")
+    found = _health_rows(facts, name, smi.remap_argv(), len(smi.REMAP_FIELDS), timeout,
+                         health.judge_remapper, hand)
+    if isinstance(found, Check):
+        return found
+    if any(f.action == REPLACE for f in found):
+        return Check(name, FAIL, "; ".join(f.what for f in _bad(found)),
                      "replace the GPU (ask the provider for another host): its memory cannot be "
                      "repaired")
-    if outcome in (verdict.RESET, verdict.RESET_WARNS):
-        warns = outcome == verdict.RESET_WARNS
-        return Check("row-remapper", WARN if warns else FAIL, "; ".join(verdict.reset) +
-                     (" (a warning: health.reset_pending_warns)" if warns else ""),
-                     _reset_advice(facts, verdict.reset) + "; the remap takes effect then")
-    if verdict.unread:
-        return Check("row-remapper", WARN, "; ".join(verdict.unread) + ": not read as a value",
-                     "run nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.pending,"
-                     "remapped_rows.failure --format=csv by hand")
-    if all(line.endswith("remapper N/A") for line in verdict.read):
-        return Check("row-remapper", SKIP, "no row remapper (before Ampere): " +
-                     "; ".join(verdict.read))
-    return Check("row-remapper", PASS, "; ".join(verdict.read))
+    ended = _reset_row(facts, name, found, "; the remap takes effect then")
+    if ended:
+        return ended
+    if any(f.kind == "unread-value" for f in found):
+        return Check(name, WARN, "; ".join(health.said(found, "unread-value")) +
+                     ": not read as a value", hand)
+    read = [f for f in found if f.kind in health.READ]
+    if all(f.kind == "n/a" for f in read):
+        return Check(name, SKIP, "no row remapper (before Ampere): " +
+                     "; ".join(f.what for f in read))
+    return Check(name, PASS, "; ".join(f.what for f in read))
 
 
 def memory_errors_row(facts) -> Check:
     """Each GPU's volatile uncorrectable ECC count and pending page retirement, judged as the
-    health gate judges them (podvm_gpu/steps/cdi/health.py ``judge_ecc``; issue 33: boot read
-    them, check did not show them): one bounded query; a count above 0 or a retirement pending
-    fails with "GPU reset needed" unless ``health.reset_pending_warns`` (then warns); an
-    unanswered query warns; a lost GPU or a driver that cannot answer fails."""
-    from podvm_gpu.gpufacts import judge
-    from podvm_gpu.steps.cdi import health, recovery
+    health gate judges them (gpufacts/health.py ``judge_ecc``; issue 33: boot read them, check
+    did not show them): one bounded query; a count above 0 or a retirement pending fails with
+    "GPU reset needed" unless ``health.reset_pending_warns`` (then warns); an unanswered query
+    warns; a lost GPU or a driver that cannot answer fails."""
+    from podvm_gpu.gpufacts import health
+    from podvm_gpu.steps.cdi import recovery
 
     name = "memory-errors"
     ended, timeout = recovery.health_row_start(facts, name)
@@ -350,43 +344,66 @@ def memory_errors_row(facts) -> Check:
         return ended
     hand = ("run nvidia-smi --query-gpu=pci.bus_id,ecc.errors.uncorrected.volatile.total,"
             "retired_pages.pending --format=csv by hand")
+    found = _health_rows(facts, name, smi.ecc_argv(), len(smi.ECC_FIELDS), timeout,
+                         health.judge_ecc, hand)
+    if isinstance(found, Check):
+        return found
+    ended = _reset_row(facts, name, found, "; the retirement takes effect and the volatile "
+                       "count starts again then")
+    if ended:
+        return ended
+    if any(f.kind == "unread-value" for f in found):  # as the row-remapper row says it
+        return Check(name, WARN, "; ".join(health.said(found, "unread-value")) +
+                     ": not read as a value", hand)
+    read = [f for f in found if f.kind in health.READ]
+    if all(f.kind == "n/a" for f in read):
+        return Check(name, SKIP, "no ECC counters (N/A on every GPU: ECC off, or GPUs without "
+                     "it): " + ", ".join(f.gpu for f in read))
+    return Check(name, PASS, "; ".join(f.what for f in read))
+
+
+def _health_rows(facts, name: str, argv: list[str], width: int, timeout: float, judge_rows,
+                 hand: str):
+    """One health query of check's, judged by ``judge_rows`` (gpufacts/health.py): its findings,
+    or the row that ends it (a lost GPU or a driver that cannot answer fails, an unanswered
+    query warns)."""
+    from podvm_gpu.gpufacts import health
+
     try:
-        rows, why = health.ask(facts.runner, health.ecc_argv(), len(health.ECC_FIELDS), timeout)
+        rows, why = health.ask(facts.runner, argv, width, timeout)
     except health.Broken as err:
         return Check(name, FAIL, str(err), "reboot the VM; if the GPU stays lost, ask the "
                      "provider for another host")
     if rows is None:
         return Check(name, WARN, f"not read ({why}); the boot does not fail on it", hand)
-    verdict = health.Verdict()
-    health.judge_ecc(rows, verdict)
-    if verdict.fatal or verdict.reset:
-        state = judge.reset_verdict(facts.config.health.reset_pending_warns) \
-            if not verdict.fatal else words.FAIL
-        return Check(name, words.CHECK_STATE[state], "; ".join(verdict.fatal + verdict.reset) + (
-            " (a warning: health.reset_pending_warns)" if state == words.WARN else ""),
-            _reset_advice(facts, verdict.fatal + verdict.reset) + "; the retirement takes "
-            "effect and the volatile count starts again then")
-    if verdict.unread:  # as the row-remapper row says a value it cannot read
-        return Check(name, WARN, "; ".join(verdict.unread) + ": not read as a value", hand)
-    if all(line.endswith("ECC N/A") for line in verdict.read):
-        return Check(name, SKIP, "no ECC counters (N/A on every GPU: ECC off, or GPUs without "
-                     "it): " + ", ".join(bus for bus, _count, _pending in rows))
-    return Check(name, PASS, "; ".join(verdict.read))
+    return judge_rows(rows, facts.config.health.reset_pending_warns)
 
 
-def _reset_advice(facts, lines: list[str]) -> str:
-    """gpufacts/judge.py's reset sentence for the GPUs ``lines`` name, in check's guest
-    (``facts.confidential``: True, False or None when not known)."""
+def _bad(found) -> list:
+    """The findings that fail or ask for a reset: those that ask for a replacement first."""
+    return [f for f in found if f.action == REPLACE] + [f for f in found if f.action == RESET]
+
+
+def _reset_row(facts, name: str, found, then: str) -> Check | None:
+    """The row for findings that fail or ask for a reset (gpufacts/judge.py's reset sentence,
+    in check's guest: ``facts.confidential`` True, False or None), or None without any."""
     from podvm_gpu.gpufacts import judge
 
-    return judge.reset_advice(judge.buses_in(lines), getattr(facts, "confidential", None))
+    bad = _bad(found)
+    if not bad:
+        return None
+    warns = not any(f.fatal for f in bad)
+    return Check(name, WARN if warns else FAIL, "; ".join(f.what for f in bad) + (
+        " (a warning: health.reset_pending_warns)" if warns else ""),
+        judge.reset_advice([f.gpu for f in bad if f.gpu],
+                           getattr(facts, "confidential", None)) + then)
 
 
 def recovery_action_row(facts) -> Check:
     """The GPUs' reset status and recovery action (steps/cdi/recovery.py, issue 28)."""
-    from podvm_gpu.steps.cdi import health
+    from podvm_gpu.steps.cdi import recovery
 
-    return health.recovery.check_row(facts, health.ask)
+    return recovery.check_row(facts)
 
 
 # The remapper first: the health gate runs before the spec is installed.
