@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 
 from podvm_gpu import xids
-from podvm_gpu.gpufacts import judge
+from podvm_gpu.gpufacts import judge, smi
 from podvm_gpu.gpufacts.words import bus_id
 from podvm_gpu.host import kmsg
 from podvm_gpu.steps.cdi import health, recovery
@@ -152,10 +152,10 @@ def poll_fabric(runner, timeout: float, gpus: list[str],
     from podvm_gpu.errors import CommandError, StepFailed
 
     try:
-        done = runner.run(fabric_parse.fabric_argv(), check=False, timeout=timeout)
+        done = runner.run(smi.fabric_argv(), check=False, timeout=timeout)
     except CommandError as err:
         return [], [f"fabric state not read ({err})"]
-    states = fabric_parse.parse_fabric_rows(done.stdout) if done.returncode == 0 else None
+    states = smi.parse_fabric_rows(done.stdout) if done.returncode == 0 else None
     if states is None:
         return [], [f"fabric state not read (nvidia-smi exit {done.returncode})"]
     wanted = {bus_id(g) for g in gpus}
@@ -169,14 +169,15 @@ def poll_fabric(runner, timeout: float, gpus: list[str],
     if out or seen is None:
         return out, []
     try:
-        found = fabric_parse.read_summary(runner, timeout)
+        findings, read, unread, _ = fabric_parse.read_summary(runner, timeout)
     except StepFailed as err:
         return [Verdict(FATAL, _gpu_in(str(err)), str(err))], []
-    if found.gpus:
-        seen["fabric_health"] = found.gpus
-    out = [Verdict(FATAL, gpu, f"GPU {gpu}: fabric unhealthy: {what}") for gpu, what in found.fatal]
-    out += [Verdict(WARN, gpu, f"GPU {gpu}: {what}") for gpu, what in found.notes]
-    return out, [f"fabric health not read ({found.unread})"] if found.unread else []
+    if read:
+        seen["fabric_health"] = read
+    out = [Verdict(FATAL if f.fatal else WARN, f.gpu, f"GPU {f.gpu}: "
+                   + ("fabric unhealthy: " if f.fatal else "") + f.what)
+           for f in sorted(findings, key=lambda f: not f.fatal)]  # the fatal ones first
+    return out, [f"fabric health not read ({unread})"] if unread else []
 
 
 _BUS = re.compile(r"\b([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\b")
