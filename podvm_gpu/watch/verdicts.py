@@ -159,13 +159,9 @@ def poll_fabric(runner, timeout: float, gpus: list[str],
     if states is None:
         return [], [f"fabric state not read (nvidia-smi exit {done.returncode})"]
     wanted = {bus_id(g) for g in gpus}
-    out = []
-    for s in states:
-        if bus_id(s.gpu) not in wanted or not s.supported:
-            continue
-        if s.lost or not (s.completed and s.success):
-            out.append(Verdict(FATAL, s.gpu, f"GPU {s.gpu}: fabric State {s.state}, Status "
-                                             f"{s.status} (was Completed/Success at boot)"))
+    out = [Verdict(FATAL, s.gpu, f"GPU {s.gpu}: fabric State {s.state}, Status {s.status} (was "
+                                 "Completed/Success at boot)")  # a lost GPU is no success either
+           for s in states if bus_id(s.gpu) in wanted and s.supported and not s.success]
     if out or seen is None:
         return out, []
     try:
@@ -174,9 +170,8 @@ def poll_fabric(runner, timeout: float, gpus: list[str],
         return [Verdict(FATAL, _gpu_in(str(err)), str(err))], []
     if read:
         seen["fabric_health"] = read
-    out = [Verdict(FATAL if f.fatal else WARN, f.gpu, f"GPU {f.gpu}: "
-                   + ("fabric unhealthy: " if f.fatal else "") + f.what)
-           for f in sorted(findings, key=lambda f: not f.fatal)]  # the fatal ones first
+    out = [Verdict(FATAL, f.gpu, f"GPU {f.gpu}: fabric unhealthy: {f.what}") for f in findings if f.fatal]
+    out += [Verdict(WARN, f.gpu, f"GPU {f.gpu}: {f.what}") for f in findings if not f.fatal]
     return out, [f"fabric health not read ({unread})"] if unread else []
 
 

@@ -443,11 +443,9 @@ def _outside_row(facts) -> Check:
                      "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
                      "--format=csv by hand")
     managed = [s for s in states if s.supported]
-    bad = [s for s in managed if not s.success]
-    if bad:
-        what = ", ".join(f"{s.gpu}: State {s.state}, Status {s.status}" for s in bad[:3])
+    if not all(s.success for s in managed):
         return Check("fabricmanager", FAIL, f"no NVSwitch in the VM, but the fabric "
-                     f"managed outside it is not ready: {what}",
+                     f"managed outside it is not ready: {not_ready(managed, [])}",
                      "the host's fabric manager has not finished this VM's partition: "
                      "ask the provider, or replace the VM")
     if managed:
