@@ -17,6 +17,7 @@ import pytest
 
 from podvm_gpu.errors import StepFailed
 from podvm_gpu.gpufacts import judge, smi, words
+from podvm_gpu.gpufacts.words import FAIL, WARN
 from podvm_gpu.host.proc import Completed
 
 BUS = ("00000000:18:00.0", "00000000:2A:00.0")
@@ -89,23 +90,24 @@ def test_a_healthy_detail_is_fine_and_its_mask_is_nvmls():
     assert health.summary_code == pytest.importorskip("pynvml").NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
 
 
-@pytest.mark.parametrize("field, value, kind, nvml", [
-    ("route_unhealthy", "True", judge.FATAL, 1),
-    ("route_unhealthy", "Yes", judge.FATAL, 1),
-    ("bandwidth", "True", judge.NOTE, 1),
-    ("bandwidth", "Degraded", judge.NOTE, 1),
-    ("route_recovery_in_progress", "True", judge.NOTE, 1),
-    ("access_timeout_recovery", "Yes", judge.NOTE, 1),
-    ("incorrect_configuration", "Insufficient NVLinks", judge.NOTE, 5),
-    ("incorrect_configuration", "INCORRECT_SYSGUID", judge.NOTE, 2),
+@pytest.mark.parametrize("field, value, level, nvml", [
+    ("route_unhealthy", "True", FAIL, 1),
+    ("route_unhealthy", "Yes", FAIL, 1),
+    ("bandwidth", "True", WARN, 1),
+    ("bandwidth", "Degraded", WARN, 1),
+    ("route_recovery_in_progress", "True", WARN, 1),
+    ("access_timeout_recovery", "Yes", WARN, 1),
+    ("incorrect_configuration", "Insufficient NVLinks", WARN, 5),
+    ("incorrect_configuration", "INCORRECT_SYSGUID", WARN, 2),
     # NVML's documentation's words for its values
-    ("incorrect_configuration", "Incorrect Configuration - Incompatible GPU Firmware", judge.NOTE,
+    ("incorrect_configuration", "Incorrect Configuration - Incompatible GPU Firmware", WARN,
      6),
 ])
-def test_each_detail_value_is_judged_once_and_lands_in_its_bits(field, value, kind, nvml):
-    health = judge.fabric_health("Healthy", {**FINE, field: value})
-    assert [k for k, _what in health.findings] == [kind]
-    assert f"fabric.health.{field} {value}" in health.findings[0][1]
+def test_each_detail_value_is_judged_once_and_lands_in_its_bits(field, value, level, nvml):
+    health = judge.fabric_health("Healthy", {**FINE, field: value}, "0000:2a:00.0")
+    assert [(f.level, f.gpu, f.kind) for f in health.findings] == \
+        [(level, "00000000:2A:00.0", judge.FABRIC)]  # issue 44: one finding type, the GPU named
+    assert f"fabric.health.{field} {value}" in health.findings[0].what
     fine = {"bandwidth": 2, "route_recovery_in_progress": 2, "route_unhealthy": 2,
             "access_timeout_recovery": 2, "incorrect_configuration": 1, "partition_assigned": 1}
     assert health.mask == nvml_mask(**{**fine, field: nvml})
@@ -123,17 +125,18 @@ def test_na_or_not_read_is_nvmls_not_supported_never_a_finding():
 ])
 def test_a_word_the_table_does_not_know_is_not_understood_a_note_and_no_mask(field, word):
     health = judge.fabric_health("Healthy", {**FINE, field: word})
-    assert health.findings == [(judge.NOTE, f"fabric.health.{field} {word!r} not understood")]
+    assert [(f.level, f.what, f.kind) for f in health.findings] == [
+        (WARN, f"fabric.health.{field} {word!r} not understood", judge.FABRIC_UNKNOWN)]
     assert health.mask is None, "a number would claim what was not read"
     assert health.summary_code == 1
 
 
 def test_the_summary_keeps_its_verdicts_and_numbers():
-    assert judge.fabric_health("Unhealthy", None).findings[0][0] == judge.FATAL
+    assert judge.fabric_health("Unhealthy", None).findings[0].level == FAIL
     assert judge.fabric_health("Unhealthy", None).summary_code == 2
     assert judge.fabric_health("Limited Capacity", None).summary_code == 3
     odd = judge.fabric_health("Sparkly", None)
-    assert odd.summary_code is None and "'Sparkly' not understood" in odd.findings[0][1]
+    assert odd.summary_code is None and "'Sparkly' not understood" in odd.findings[0].what
 
 
 # --- boot's step, check's row (steps/fabric/parse.py) ----------------------------------------

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from podvm_gpu import readers
+from podvm_gpu.gpufacts.smi import parse_fabric
 from podvm_gpu.host.fs import Root
-from podvm_gpu.steps.fabric.parse import parse_fabric
 
 CASES = Path(__file__).resolve().parent / "data" / "cases"
 

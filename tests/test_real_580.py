@@ -17,7 +17,7 @@ from podvm_gpu.host.proc import Completed
 from podvm_gpu.steps.cc import classify
 from podvm_gpu.steps.cc.query import answers as cc_answers
 from podvm_gpu.steps.fabric import fabric_kind
-from podvm_gpu.steps.fabric.parse import FabricSeen, health_summary
+from podvm_gpu.steps.fabric.parse import health_summary
 
 REAL = Path(__file__).resolve().parent / "data" / "real" / "h200-580"
 CAPTURE = json.loads((REAL / "nvidia-smi-capture.json").read_text())
@@ -92,7 +92,7 @@ def test_a_lone_580_gpu_reports_no_fabric_and_full_q_has_none_either():
 
     assert [tuple(s) for s in states] == [(BUS, "N/A", "N/A")]
     assert not any(s.supported for s in states)
-    assert not FabricSeen(states, ["0000:00:06.0"]).ready
+    assert not judge.fabric_state(states, ["0000:00:06.0"])[2]  # not ready
     full = BY_ARGV[tuple(smi.full_query_argv())]["stdout"]
     assert [tuple(s) for s in smi.parse_fabric(full)] == [(BUS, "N/A", "N/A")]
     assert fabric_kind.parse_cliques(full) == [], "N/A clique and cluster are left out"

@@ -40,12 +40,11 @@ from podvm_gpu.steps.cc import step as cc_step
 from podvm_gpu.steps.cdi import health
 from podvm_gpu.steps.cdi import step as cdi_step
 from podvm_gpu.steps.context import BootContext
-from podvm_gpu.steps.fabric import parse as fabric_parse
 from podvm_gpu.steps.fabric import step as fabric
 
 PACKAGE = Path(__file__).resolve().parents[1] / "podvm_gpu"
 
-FABRIC = fabric_parse.fabric_argv()
+FABRIC = smi_back_end.fabric_argv()
 REMAP = smi_back_end.remap_argv()
 ECC = smi_back_end.ecc_argv()
 MIG_MODE = ["nvidia-smi", "--query-gpu=index,mig.mode.current", "--format=csv,noheader"]

@@ -2,8 +2,9 @@
 acts on it and check's row renders it, so a decision is tested here once, not in both copies.
 
 - persistenced: :class:`podvm_gpu.steps.persistenced.Seen` (pid file and socket -> state);
-- fabricmanager: :class:`podvm_gpu.steps.fabric.step.FabricSeen` (the GPUs' fabric states
-  against the VM's GPUs) and :func:`podvm_gpu.steps.fabric.fabric_kind.kind_of`;
+- fabricmanager: :func:`podvm_gpu.gpufacts.judge.fabric_state` (the GPUs' fabric states
+  against the VM's GPUs; issue 44: a function of gpufacts, no class), the row's words
+  (:func:`podvm_gpu.steps.fabric.step.not_ready`) and :func:`podvm_gpu.steps.fabric.fabric_kind.kind_of`;
 - cdi: :mod:`podvm_gpu.gpufacts.health`'s judges (the health gate's findings: worst level and action).
 """
 
@@ -13,10 +14,11 @@ import pytest
 
 from podvm_gpu.gpufacts import finding as F
 from podvm_gpu.gpufacts.health import judge_ecc, judge_remapper
+from podvm_gpu.gpufacts.judge import fabric_state
+from podvm_gpu.gpufacts.smi import FabricState
 from podvm_gpu.gpufacts.words import FAIL, OK, WARN
 from podvm_gpu.steps.fabric import fabric_kind
-from podvm_gpu.steps.fabric.parse import FabricState
-from podvm_gpu.steps.fabric.step import FabricSeen
+from podvm_gpu.steps.fabric.step import not_ready
 from podvm_gpu.steps.persistenced import Seen
 
 
@@ -48,39 +50,43 @@ def state(gpu: str, fabric: str, status: str) -> FabricState:
 
 
 def test_the_fabric_is_ready_when_every_gpu_of_the_vm_is_completed_success():
-    seen = FabricSeen([state("00000000:18:00.0", "Completed", "Success"),
-                       state("00000000:2A:00.0", "Completed", "Success")], GPUS)
+    waiting, unhealthy, ready = fabric_state([state("00000000:18:00.0", "Completed", "Success"),
+                                              state("00000000:2A:00.0", "Completed", "Success")],
+                                             GPUS)
 
-    assert seen.ready and seen.waiting == [] and seen.unhealthy == []
+    assert ready and waiting == [] and unhealthy == []
 
 
 def test_a_gpu_nvidia_smi_does_not_list_keeps_the_fabric_not_ready():
-    seen = FabricSeen([state("00000000:18:00.0", "Completed", "Success")], GPUS)
+    states = [state("00000000:18:00.0", "Completed", "Success")]
+    waiting, _, ready = fabric_state(states, GPUS)
 
-    assert not seen.ready
-    assert seen.waiting == ["0000:2a:00.0"]
-    assert seen.not_ready_said() == "0000:2a:00.0: no state"
+    assert not ready
+    assert waiting == ["0000:2a:00.0"]
+    assert not_ready(states, waiting) == "0000:2a:00.0: no state"
 
 
 def test_a_gpu_still_training_is_waiting_not_unhealthy():
-    seen = FabricSeen([state("00000000:18:00.0", "Completed", "Success"),
-                       state("00000000:2a:00.0", "In Progress", "N/A")], GPUS)
+    states = [state("00000000:18:00.0", "Completed", "Success"),
+              state("00000000:2a:00.0", "In Progress", "N/A")]
+    waiting, unhealthy, ready = fabric_state(states, GPUS)
 
-    assert not seen.ready and seen.unhealthy == []
-    assert seen.not_ready_said() == "00000000:2a:00.0: State In Progress, Status N/A"
+    assert not ready and unhealthy == []
+    assert not_ready(states, waiting) == "00000000:2a:00.0: State In Progress, Status N/A"
 
 
 def test_completed_with_another_status_is_unhealthy():
     bad = state("00000000:2a:00.0", "Completed", "Failure")
-    seen = FabricSeen([state("00000000:18:00.0", "Completed", "Success"), bad], GPUS)
+    _, unhealthy, ready = fabric_state([state("00000000:18:00.0", "Completed", "Success"), bad],
+                                       GPUS)
 
-    assert not seen.ready and seen.unhealthy == [bad]
+    assert not ready and unhealthy == [bad]
 
 
 def test_no_state_reported_is_not_ready():
-    seen = FabricSeen([], GPUS)
+    waiting, _, ready = fabric_state([], GPUS)
 
-    assert not seen.ready and seen.not_ready_said() == "0000:18:00.0: no state, 0000:2a:00.0: no state"
+    assert not ready and not_ready([], waiting) == "0000:18:00.0: no state, 0000:2a:00.0: no state"
 
 
 def test_the_fabric_kind_falls_back_to_pci_only_without_a_detection():

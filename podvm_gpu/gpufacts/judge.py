@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import re
 
+from podvm_gpu.gpufacts.finding import Finding, finding
 from podvm_gpu.gpufacts.words import FAIL, OK, WARN, bus_id, na
 
 # what a finding asks for
@@ -240,8 +241,10 @@ _SUMMARY_CODE = {"".join(ch for ch in word.lower() if ch.isalnum()): code
 
 
 class FabricHealth(collections.namedtuple("FabricHealth", "findings summary_code mask")):
-    """One GPU's fabric health judged: ``findings`` ``[(kind, what)]`` (a note or fatal kind,
-    none when fine), ``summary_code`` NVML's ``NVML_GPU_FABRIC_HEALTH_SUMMARY_*`` of the summary
+    """One GPU's fabric health judged: ``findings`` a list of gpufacts/finding.py
+    :class:`~podvm_gpu.gpufacts.finding.Finding` (level ``FAIL`` for a fatal one, ``WARN`` for a
+    note; kind :data:`FABRIC`, or :data:`FABRIC_UNKNOWN` for a word not understood; none when
+    fine), ``summary_code`` NVML's ``NVML_GPU_FABRIC_HEALTH_SUMMARY_*`` of the summary
     (``DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY``) and ``mask`` NVML's health mask built from the detail
     (``DCGM_FI_DEV_FABRIC_HEALTH_MASK``; a field not read is NVML's 0, not supported); each None
     when a word was not understood (a number would claim what was not read)."""
@@ -249,22 +252,31 @@ class FabricHealth(collections.namedtuple("FabricHealth", "findings summary_code
     __slots__ = ()
 
 
-def fabric_health(summary: str, detail: dict[str, str] | None) -> FabricHealth:
+FABRIC, FABRIC_UNKNOWN = "fabric", "fabric-not-understood"  # the kinds of its findings
+
+
+def fabric_health(summary: str, detail: dict[str, str] | None,
+                  gpu: str | None = None) -> FabricHealth:
     """Judge one GPU's fabric health summary and 580's detail of it, as nvidia-smi printed them.
 
     Args:
         summary: ``fabric.health.summary`` (``Healthy``, ``Unhealthy``, ``Limited Capacity``,
-            ``N/A``); detail: field (:data:`HEALTH_DETAIL` names) -> value, None when not read.
+            ``N/A``); detail: field (:data:`HEALTH_DETAIL` names) -> value, None when not read;
+            gpu: the GPU's PCI address (the findings' ``gpu``), None when not known.
     """
-    findings: list[tuple[str, str]] = []
+    findings: list[Finding] = []
+
+    def found(kind: str, what: str, of: str = FABRIC) -> None:
+        findings.append(finding(FAIL if kind == FATAL else WARN, what, gpu=gpu, kind=of))
+
     kind = summary_kind(summary)
     if kind == FATAL:
-        findings.append((FATAL, f"health summary {summary} (fabric.health.summary)"))
+        found(FATAL, f"health summary {summary} (fabric.health.summary)")
     elif kind == NOTE:
-        findings.append((NOTE, f"fabric health summary {summary}: the NVLink fabric works with "
-                               "less bandwidth than it should"))
+        found(NOTE, f"fabric health summary {summary}: the NVLink fabric works with less "
+                    "bandwidth than it should")
     elif kind is None:
-        findings.append((NOTE, f"fabric health summary {summary!r} not understood"))
+        found(NOTE, f"fabric health summary {summary!r} not understood", FABRIC_UNKNOWN)
     code = 0 if na(summary) else _SUMMARY_CODE.get("".join(
         ch for ch in summary.lower().removeprefix("nvml_gpu_fabric_health_summary_")
         if ch.isalnum()))
@@ -275,14 +287,37 @@ def fabric_health(summary: str, detail: dict[str, str] | None) -> FabricHealth:
             continue
         known = field.words.get("".join(ch for ch in value.lower() if ch.isalpha()))
         if known is None:
-            findings.append((NOTE, f"fabric.health.{field.field} {value!r} not understood"))
+            found(NOTE, f"fabric.health.{field.field} {value!r} not understood", FABRIC_UNKNOWN)
             mask = None
             continue
         if mask is not None:
             mask |= (known[0] & field.width) << field.shift
         if known[1] != FINE:
-            findings.append((known[1], f"fabric.health.{field.field} {value}: {known[2]}"))
+            found(known[1], f"fabric.health.{field.field} {value}: {known[2]}")
     return FabricHealth(findings, code, mask)
+
+
+def fabric_state(states, gpus: list[str]) -> tuple[list[str], list, bool]:
+    """The GPUs' fabric state judged against the VM's GPUs: the one decision boot's wait
+    (steps/fabric/step.py ``wait_for_fabric``) and check's row (``fabricmanager_row``) both act
+    on.
+
+    Args:
+        states: what the fabric query reported (gpufacts/smi.py ``FabricState``s, from
+            ``parse_fabric_rows``).
+        gpus: the VM's GPUs' PCI addresses (every one must be Completed/Success, not just the
+            ones nvidia-smi happens to list).
+
+    Returns:
+        ``(waiting, unhealthy, ready)``: the GPUs (PCI addresses) without fabric
+        Completed/Success; the states Completed with another status than Success (a failure
+        at once); True when states were reported, every one Completed/Success, and no GPU is
+        waiting.
+    """
+    done = {bus_id(s.gpu) for s in states if s.success}
+    waiting = [g for g in gpus if bus_id(g) not in done]
+    unhealthy = [s for s in states if s.completed and not s.success]
+    return waiting, unhealthy, bool(states) and not waiting and all(s.success for s in states)
 
 
 # --- memory ---------------------------------------------------------------------------------

@@ -142,32 +142,28 @@ def poll_fabric(runner, timeout: float, gpus: list[str],
     from podvm_gpu.errors import CommandError, StepFailed
 
     try:
-        done = runner.run(fabric_parse.fabric_argv(), check=False, timeout=timeout)
+        done = runner.run(smi.fabric_argv(), check=False, timeout=timeout)
     except CommandError as err:
         return [], [f"fabric state not read ({err})"]
-    states = fabric_parse.parse_fabric_rows(done.stdout) if done.returncode == 0 else None
+    states = smi.parse_fabric_rows(done.stdout) if done.returncode == 0 else None
     if states is None:
         return [], [f"fabric state not read (nvidia-smi exit {done.returncode})"]
     wanted = {bus_id(g) for g in gpus}
-    out = []
-    for s in states:
-        if bus_id(s.gpu) not in wanted or not s.supported:
-            continue
-        if s.lost or not (s.completed and s.success):
-            out.append(finding(FAIL, f"GPU {s.gpu}: fabric State {s.state}, Status {s.status} "
-                                     "(was Completed/Success at boot)", gpu=s.gpu))
+    out = [finding(FAIL, f"GPU {s.gpu}: fabric State {s.state}, Status {s.status} (was "
+                         "Completed/Success at boot)", gpu=s.gpu)  # a lost GPU is no success either
+           for s in states if bus_id(s.gpu) in wanted and s.supported and not s.success]
     if out or seen is None:
         return out, []
     try:
-        found = fabric_parse.read_summary(runner, timeout)
+        findings, read, unread, _ = fabric_parse.read_summary(runner, timeout)
     except StepFailed as err:
         gpus = judge.buses_in([str(err)])
         return [finding(FAIL, str(err), gpu=gpus[0] if gpus else None)], []
-    if found.gpus:
-        seen["fabric_health"] = found.gpus
-    out = [finding(FAIL, f"GPU {gpu}: fabric unhealthy: {what}", gpu=gpu) for gpu, what in found.fatal]
-    out += [finding(WARN, f"GPU {gpu}: {what}", gpu=gpu) for gpu, what in found.notes]
-    return out, [f"fabric health not read ({found.unread})"] if found.unread else []
+    if read:
+        seen["fabric_health"] = read
+    out = [finding(FAIL, f"GPU {f.gpu}: fabric unhealthy: {f.what}", gpu=f.gpu) for f in findings if f.fatal]
+    out += [finding(WARN, f"GPU {f.gpu}: {f.what}", gpu=f.gpu) for f in findings if not f.fatal]
+    return out, [f"fabric health not read ({unread})"] if unread else []
 
 
 def same_gpu(named: str, address: str) -> bool:

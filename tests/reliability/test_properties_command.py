@@ -33,7 +33,7 @@ from tier import examples
 
 from podvm_gpu.config.load import load_config
 from podvm_gpu.errors import ConfigError
-from podvm_gpu.steps.fabric.parse import fabric_argv
+from podvm_gpu.gpufacts.smi import fabric_argv
 from reliability.faults import SCENARIOS, WAIT_S, final_state_problems
 from reliability.test_properties import (
     FABRIC_VALUES,

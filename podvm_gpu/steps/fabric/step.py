@@ -14,7 +14,7 @@ Before the fabric manager of ``nvswitch`` or ``nvlink5`` starts, a module loaded
 ``NVreg_ModifyDeviceFiles=0`` fails the step (podvm_gpu/steps/fabric/params.py, issue 36).
 
 The state comes from ``nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status
---format=csv,noheader`` (parse.fabric_argv; NVIDIA's real 535 to 555 builds refuse ``-q -d
+--format=csv,noheader`` (gpufacts/smi.py fabric_argv; NVIDIA's real 535 to 555 builds refuse ``-q -d
 FABRIC``: ``Failed to parse --display/-d flags``, exit 2, nvidia-smi-real.md), whose rows are
 also the GPUs NVML enumerates: fewer than PCI has fails the step (siderolabs/talos#14015, where
 NVML saw 0 of 4 passed-through A100s and nvidia-ctk later said only "empty device edits"); a
@@ -34,7 +34,9 @@ import time
 
 from podvm_gpu import readers, units
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
-from podvm_gpu.gpufacts import smi, words
+from podvm_gpu.gpufacts import judge, smi, words
+from podvm_gpu.gpufacts.smi import FabricState, fabric_argv, parse_fabric_rows, summarize
+from podvm_gpu.gpufacts.words import bus_id
 from podvm_gpu.host.daemons import Daemon
 from podvm_gpu.host.fs import atomic_write, ensure_dir
 from podvm_gpu.readers import FABRICMANAGER_COMM, FABRICMANAGER_PID, daemon_pid
@@ -43,16 +45,7 @@ from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.steps.fabric import fabric_kind, nvl5, params
 from podvm_gpu.steps.fabric.fm_watch import FmWatch
-from podvm_gpu.steps.fabric.parse import (  # noqa: F401
-    FabricSeen,
-    FabricState,
-    bus_id,
-    fabric_argv,
-    health_summary,
-    parse_fabric_rows,
-    summarize,
-    summary_row,
-)
+from podvm_gpu.steps.fabric.parse import health_summary, summary_row
 
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 
@@ -80,7 +73,7 @@ def lost_text(ctx: BootContext, states: list[FabricState]) -> str:
 
 
 def query(ctx: BootContext, timeout: float | None = None) -> list[FabricState]:
-    """Every GPU's fabric state (one :func:`parse.fabric_argv` call); the GPUs it lists are
+    """Every GPU's fabric state (one :func:`~podvm_gpu.gpufacts.smi.fabric_argv` call); the GPUs it lists are
     kept in ``ctx.nvml_seen`` (an empty set when nvidia-smi says it found no device).
 
     Raises:
@@ -200,11 +193,11 @@ def wait_for_fabric(ctx: BootContext, daemon: Daemon | None,
                 raise StepFailed(f"nvidia-smi fabric query failed: {err}; last seen: "
                                  f"{seen(ctx, states)}") from err
             failed_query = err  # asked again until the wait ends
-        judged = FabricSeen(states, [g.pci_address for g in ctx.gpus])
-        if judged.ready:
+        _, unhealthy, ready = judge.fabric_state(states, [g.pci_address for g in ctx.gpus])
+        if ready:
             return True
-        if judged.unhealthy:
-            raise StepFailed(f"fabric unhealthy: {summarize(judged.unhealthy)}")
+        if unhealthy:
+            raise StepFailed(f"fabric unhealthy: {summarize(unhealthy)}")
         watch.check(seen(ctx, states))  # issue 28: exited, died, or never ran
         if nvl5_vm and nvl5.nvlsm_alive(ctx.root) is None:
             code = nvlsm.exit_status() if nvlsm is not None else None
@@ -409,14 +402,24 @@ def fabricmanager_row(facts) -> Check:
         return Check("fabricmanager", FAIL, f"fabric state not read: {fabric_query_said(done)}",
                      "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
                      "--format=csv by hand")
-    judged = FabricSeen(states, [g.pci_address for g in facts.gpus])
-    if not judged.ready:
-        return Check("fabricmanager", FAIL, f"fabric not ready: {judged.not_ready_said()}",
+    waiting, _, ready = judge.fabric_state(states, [g.pci_address for g in facts.gpus])
+    if not ready:
+        return Check("fabricmanager", FAIL, f"fabric not ready: {not_ready(states, waiting)}",
                      "read /var/log/fabricmanager.log" + (
                          " and NVLSM's journal (podvm-gpu-nvlsm.service)"
                          if kind == fabric_kind.NVLINK5 else ""))
     return summary_row(facts, f"running (pid {pid}); fabric Completed/Success on "
                               f"{len(states)} GPU(s)")
+
+
+def not_ready(states: list[FabricState], waiting: list[str], most: int = 3) -> str:
+    """The GPUs not Completed/Success, for a row: ``<gpu>: State X, Status Y``, then the
+    GPUs that reported nothing (``waiting``: gpufacts/judge.py ``fabric_state``); ``no state``
+    when nothing was reported."""
+    reported = {bus_id(s.gpu) for s in states}
+    said = [f"{s.gpu}: State {s.state}, Status {s.status}" for s in states if not s.success]
+    said += [f"{g}: no state" for g in waiting if bus_id(g) not in reported]
+    return ", ".join(said[:most]) or "no state"
 
 
 def fabric_query_said(done) -> str:
@@ -440,11 +443,9 @@ def _outside_row(facts) -> Check:
                      "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
                      "--format=csv by hand")
     managed = [s for s in states if s.supported]
-    bad = [s for s in managed if not s.success]
-    if bad:
-        what = ", ".join(f"{s.gpu}: State {s.state}, Status {s.status}" for s in bad[:3])
+    if not all(s.success for s in managed):
         return Check("fabricmanager", FAIL, f"no NVSwitch in the VM, but the fabric "
-                     f"managed outside it is not ready: {what}",
+                     f"managed outside it is not ready: {not_ready(managed, [])}",
                      "the host's fabric manager has not finished this VM's partition: "
                      "ask the provider, or replace the VM")
     if managed:
