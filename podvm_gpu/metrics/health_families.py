@@ -107,7 +107,7 @@ def xid_counts(timed: list[tuple[int | None, str, int]], now_usec: int | None,
     """NVML-form PCI bus id -> Xid code -> how many records in the last ``window_ms``.
 
     Args:
-        timed: ``kmsg.timed_xids`` (usec since boot, the driver's pci, code).
+        timed: ``gpufacts.kernel.timed_xids`` (usec since boot, the driver's pci, code).
         now_usec: the kernel's monotonic clock now, microseconds (None: unknown, then no record
             is in the window: never guess).
     """

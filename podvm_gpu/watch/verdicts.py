@@ -25,10 +25,9 @@ from __future__ import annotations
 import re
 
 from podvm_gpu import xids
-from podvm_gpu.gpufacts import health, judge, smi
+from podvm_gpu.gpufacts import health, judge, kernel, smi
 from podvm_gpu.gpufacts.finding import FAIL, NONE, REPLACE, RESET, WARN, Finding, finding, reset_needed
 from podvm_gpu.gpufacts.words import bus_id
-from podvm_gpu.host import kmsg
 from podvm_gpu.steps.fabric import parse as fabric_parse
 
 # Xid codes of one application's error (a page fault, an illegal instruction, ...): warnings
@@ -55,19 +54,19 @@ def judge_record(message: str, xids_seen: set[int] | None = None,
     """
     found = []
     if "Xid" in message:
-        m = kmsg.XID_PATTERN.search(message)
+        m = kernel.XID_PATTERN.search(message)
         if m and int(m.group("code")) == RECOVERY_XID:
             if xids_seen is not None:
                 xids_seen.add(RECOVERY_XID)
             verdict = _recovery_xid(m.group("pci").lower(), message, reset_pending_warns)
             return [verdict] if verdict else []
-    for seen in kmsg.findings([message], xids_seen):
+    for seen in kernel.findings([message], xids_seen):
         gpu = None
         if seen.kind == "xid":
-            m = kmsg.XID_PATTERN.search(seen.message)
+            m = kernel.XID_PATTERN.search(seen.evidence)
             gpu = m.group("pci").lower() if m else None
             if seen.code in WARN_XIDS and not seen.fatal:
-                found.append(finding(WARN, f"{seen.summary} ({WARN_XIDS[seen.code]})", gpu=gpu))
+                found.append(finding(WARN, f"{seen.what} ({WARN_XIDS[seen.code]})", gpu=gpu))
                 continue
         elif not message.startswith(NVIDIA_PREFIXES):
             # the boot's patterns explain a failed load from the whole log; after boot only the
@@ -76,9 +75,9 @@ def judge_record(message: str, xids_seen: set[int] | None = None,
             continue
         else:
             m = re.search(r"GPU (?:at PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
-                          r"(?:\.[0-7])?)", seen.message)
+                          r"(?:\.[0-7])?)", seen.evidence)
             gpu = m.group(1).lower() if m else None
-        found.append(finding(FAIL if seen.fatal else WARN, seen.summary, gpu=gpu))
+        found.append(finding(seen.level, seen.what, gpu=gpu))
     return found
 
 
