@@ -61,10 +61,8 @@ def judge_record(message: str, xids_seen: set[int] | None = None,
             verdict = _recovery_xid(m.group("pci").lower(), message, reset_pending_warns)
             return [verdict] if verdict else []
     for seen in kernel.findings([message], xids_seen):
-        gpu = None
+        gpu = seen.gpu  # the PCI address the record's pattern names (an Xid's always)
         if seen.kind == "xid":
-            m = kernel.XID_PATTERN.search(seen.evidence)
-            gpu = m.group("pci").lower() if m else None
             if seen.code in WARN_XIDS and not seen.fatal:
                 found.append(finding(WARN, f"{seen.what} ({WARN_XIDS[seen.code]})", gpu=gpu))
                 continue
@@ -73,10 +71,10 @@ def judge_record(message: str, xids_seen: set[int] | None = None,
             # driver's own records count ("reset required", "firmware ... failed" of a NIC or
             # a USB device are no finding about a GPU)
             continue
-        else:
+        elif gpu is None:
             m = re.search(r"GPU (?:at PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
                           r"(?:\.[0-7])?)", seen.evidence)
-            gpu = m.group(1).lower() if m else None
+            gpu = m.group(1) if m else None
         found.append(finding(seen.level, seen.what, gpu=gpu))
     return found
 
