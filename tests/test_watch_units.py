@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from podvm_gpu import xids
 from podvm_gpu.gpufacts import finding as F
-from podvm_gpu.gpufacts import kernel
 from podvm_gpu.gpufacts.words import FAIL, WARN
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.kmsg import parse_line
@@ -18,7 +18,7 @@ from podvm_gpu.host.kmsg_follow import BOOT_READY, KernelLog
 from podvm_gpu.watch import verdicts
 
 
-@pytest.mark.parametrize("code", sorted(kernel.FATAL_XIDS))
+@pytest.mark.parametrize("code", sorted(xids.FATAL_XIDS))
 def test_every_xid_the_boot_calls_fatal_is_fatal_for_the_watcher_naming_the_gpu(code):
     [v] = verdicts.judge_record(f"NVRM: Xid (PCI:0000:01:00): {code}, pid=1, name=x, ...")
     assert (v.level, v.gpu) == (FAIL, "00000000:01:00.0")

@@ -138,7 +138,6 @@ def _read_toolkit_version(ctx: BootContext) -> None:
 _STARTED_AFTER = {"versions": (_read_toolkit_version,)}
 
 
-STEP_NAMES = step_list.GPU_STEPS
 _ALARM_GRACE_S = 2.0  # after the budget, let the step in flight report its own timeout first
 _STAGGER_S = 0.02  # at most this between the starts of two parallel steps (Steps.run_all)
 

@@ -44,10 +44,9 @@ def is_fatal(kind: str, code: int | None, message: str) -> bool:
     return kind in FATAL_KINDS or kind == "xid" and xids.fatal(code, message)
 
 
-# Xid codes after which a GPU stays unusable until it is reset: the one Xid table's
-# (podvm_gpu/xids.py, NVIDIA's Xid catalog). Others (13, 31, 43, 45, ...) are errors of one
-# application and only become warnings; NVLink 5's 144-150 are fatal when their record says so.
-FATAL_XIDS = xids.FATAL_XIDS
+# The kinds after which a GPU stays unusable until it is reset; an Xid is by the one Xid table
+# (podvm_gpu/xids.py, NVIDIA's Xid catalog: 13, 31, 43, 45, ... are errors of one application
+# and only become warnings; NVLink 5's 144-150 are fatal when their record says so).
 FATAL_KINDS = frozenset({"fell-off-bus", "needs-reset", "gsp-firmware", "bar", "early-client"})
 # The words every reason about a driver an early client re-initialised carries (issue 46 item 2;
 # the kernel's line above, or NVML seeing fewer GPUs than /proc/driver/nvidia/gpus:

@@ -49,7 +49,7 @@ from podvm_gpu.steps.fabric.fabric_kind import ib_context as _ib_context
 from podvm_gpu.steps.fabric.fabric_kind import ib_modules, module_parameters
 from podvm_gpu.steps.fabric.fabric_kind import record_ib as _record_ib
 from podvm_gpu.steps.modules.attach import attach_cause, cannot_attach
-from podvm_gpu.steps.modules.firmware import firmware_image_row, firmware_present  # noqa: F401
+from podvm_gpu.steps.modules.firmware import firmware_image_row
 
 REQUIRED = REQUIRED_MODULES
 OPTIONAL = OPTIONAL_MODULES  # the config names which of them to load
