@@ -300,33 +300,13 @@ def row_remapper_row(facts) -> Check:
     one bounded query; a failure fails, a pending remap fails unless
     ``health.reset_pending_warns``, an unanswered query warns."""
     from podvm_gpu.gpufacts import health
-    from podvm_gpu.steps.cdi import recovery
 
-    name = "row-remapper"
-    ended, timeout = recovery.health_row_start(facts, name)
-    if ended:
-        return ended
-    hand = ("run nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.pending,"
-            "remapped_rows.failure --format=csv by hand")
-    found = _health_rows(facts, name, smi.remap_argv(), len(smi.REMAP_FIELDS), timeout,
-                         health.judge_remapper, hand)
-    if isinstance(found, Check):
-        return found
-    if any(f.action == REPLACE for f in found):
-        return Check(name, FAIL, "; ".join(f.what for f in _bad(found)),
-                     "replace the GPU (ask the provider for another host): its memory cannot be "
-                     "repaired")
-    ended = _reset_row(facts, name, found, "; the remap takes effect then")
-    if ended:
-        return ended
-    if any(f.kind == "unread-value" for f in found):
-        return Check(name, WARN, "; ".join(health.said(found, "unread-value")) +
-                     ": not read as a value", hand)
-    read = [f for f in found if f.kind in health.READ]
-    if all(f.kind == "n/a" for f in read):
-        return Check(name, SKIP, "no row remapper (before Ampere): " +
-                     "; ".join(f.what for f in read))
-    return Check(name, PASS, "; ".join(f.what for f in read))
+    return _memory_row(facts, "row-remapper", smi.remap_argv(), len(smi.REMAP_FIELDS),
+                       health.judge_remapper, "; the remap takes effect then",
+                       lambda read: "no row remapper (before Ampere): " + "; ".join(
+                           f.what for f in read),
+                       replace="replace the GPU (ask the provider for another host): its memory "
+                       "cannot be repaired")
 
 
 def memory_errors_row(facts) -> Check:
@@ -336,39 +316,27 @@ def memory_errors_row(facts) -> Check:
     "GPU reset needed" unless ``health.reset_pending_warns`` (then warns); an unanswered query
     warns; a lost GPU or a driver that cannot answer fails."""
     from podvm_gpu.gpufacts import health
+
+    return _memory_row(facts, "memory-errors", smi.ecc_argv(), len(smi.ECC_FIELDS),
+                       health.judge_ecc, "; the retirement takes effect and the volatile count "
+                       "starts again then", lambda read: "no ECC counters (N/A on every GPU: ECC "
+                       "off, or GPUs without it): " + ", ".join(f.gpu for f in read))
+
+
+def _memory_row(facts, name: str, argv: list[str], width: int, judge_rows, then: str, none_said,
+                replace: str | None = None) -> Check:
+    """One memory-health row of check's: ``argv`` asked (``width`` values a row) and judged by
+    ``judge_rows`` (gpufacts/health.py). A lost GPU or a driver that cannot answer fails; a
+    finding that asks for a replacement fails with ``replace`` (when given), one that asks for
+    a reset fails or warns with the reset sentence and ``then``; a query or a value not read
+    warns; ``skip`` when every GPU answered N/A (``none_said(read findings)``), else ``pass``."""
+    from podvm_gpu.gpufacts import health
     from podvm_gpu.steps.cdi import recovery
 
-    name = "memory-errors"
     ended, timeout = recovery.health_row_start(facts, name)
     if ended:
         return ended
-    hand = ("run nvidia-smi --query-gpu=pci.bus_id,ecc.errors.uncorrected.volatile.total,"
-            "retired_pages.pending --format=csv by hand")
-    found = _health_rows(facts, name, smi.ecc_argv(), len(smi.ECC_FIELDS), timeout,
-                         health.judge_ecc, hand)
-    if isinstance(found, Check):
-        return found
-    ended = _reset_row(facts, name, found, "; the retirement takes effect and the volatile "
-                       "count starts again then")
-    if ended:
-        return ended
-    if any(f.kind == "unread-value" for f in found):  # as the row-remapper row says it
-        return Check(name, WARN, "; ".join(health.said(found, "unread-value")) +
-                     ": not read as a value", hand)
-    read = [f for f in found if f.kind in health.READ]
-    if all(f.kind == "n/a" for f in read):
-        return Check(name, SKIP, "no ECC counters (N/A on every GPU: ECC off, or GPUs without "
-                     "it): " + ", ".join(f.gpu for f in read))
-    return Check(name, PASS, "; ".join(f.what for f in read))
-
-
-def _health_rows(facts, name: str, argv: list[str], width: int, timeout: float, judge_rows,
-                 hand: str):
-    """One health query of check's, judged by ``judge_rows`` (gpufacts/health.py): its findings,
-    or the row that ends it (a lost GPU or a driver that cannot answer fails, an unanswered
-    query warns)."""
-    from podvm_gpu.gpufacts import health
-
+    hand = "run " + " ".join(argv).replace(",noheader", "") + " by hand"
     try:
         rows, why = health.ask(facts.runner, argv, width, timeout)
     except health.Broken as err:
@@ -376,7 +344,19 @@ def _health_rows(facts, name: str, argv: list[str], width: int, timeout: float, 
                      "provider for another host")
     if rows is None:
         return Check(name, WARN, f"not read ({why}); the boot does not fail on it", hand)
-    return judge_rows(rows, facts.config.health.reset_pending_warns)
+    found = judge_rows(rows, facts.config.health.reset_pending_warns)
+    if replace and any(f.action == REPLACE for f in found):
+        return Check(name, FAIL, "; ".join(f.what for f in _bad(found)), replace)
+    ended = _reset_row(facts, name, found, then)
+    if ended:
+        return ended
+    if any(f.kind == "unread-value" for f in found):
+        return Check(name, WARN, "; ".join(health.said(found, "unread-value")) +
+                     ": not read as a value", hand)
+    read = [f for f in found if f.kind in health.READ]
+    if all(f.kind == "n/a" for f in read):
+        return Check(name, SKIP, none_said(read))
+    return Check(name, PASS, "; ".join(f.what for f in read))
 
 
 def _bad(found) -> list:
