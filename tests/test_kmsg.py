@@ -524,7 +524,7 @@ def test_decompression_failure_is_read_from_the_kernel_line():
     assert kernel.findings(["modprobe: ERROR: could not insert 'nvidia': Invalid argument"]) == []
 
 
-# --- the Xid table (podvm_gpu/xids.py, issue 46 item 3) --------------------------------------
+# --- the Xid table (podvm_gpu/gpufacts/xids.py, issue 46 item 3) --------------------------------------
 
 def test_nvlink5_xids_are_fatal_by_their_word_in_the_boots_findings():
 

@@ -1,6 +1,6 @@
 """What the kernel log says about the GPUs (issue 44 item 3): the patterns of the NVIDIA driver's
 records, each a kind of finding, and the Xid records judged by the one Xid table
-(podvm_gpu/xids.py). host/kmsg.py reads the log and parses its records; this module reads what
+(podvm_gpu/gpufacts/xids.py). host/kmsg.py reads the log and parses its records; this module reads what
 they mean, as gpufacts/finding.py's one finding type:
 
 - ``level``: ``fail`` when the GPU cannot be used until it is reset (or the VM replaced): a fatal
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from podvm_gpu import xids
+from podvm_gpu.gpufacts import xids
 from podvm_gpu.gpufacts.finding import FAIL, NONE, RESET, WARN, Finding, finding
 from podvm_gpu.host.kmsg import join_nvrm
 
@@ -45,7 +45,7 @@ def is_fatal(kind: str, code: int | None, message: str) -> bool:
 
 
 # The kinds after which a GPU stays unusable until it is reset; an Xid is by the one Xid table
-# (podvm_gpu/xids.py, NVIDIA's Xid catalog: 13, 31, 43, 45, ... are errors of one application
+# (podvm_gpu/gpufacts/xids.py, NVIDIA's Xid catalog: 13, 31, 43, 45, ... are errors of one application
 # and only become warnings; NVLink 5's 144-150 are fatal when their record says so).
 FATAL_KINDS = frozenset({"fell-off-bus", "needs-reset", "gsp-firmware", "bar", "early-client"})
 # The words every reason about a driver an early client re-initialised carries (issue 46 item 2;
@@ -204,7 +204,7 @@ def xid_records(messages: list[str]) -> list[tuple[str, int]]:
 
 def xid_events(messages: list[str]) -> list[tuple[str, int, bool]]:
     """``(pci, code, fatal)`` of every Xid record counted (as :func:`xid_records`), ``fatal``
-    by the Xid table (podvm_gpu/xids.py: the code, or an NVLink 5 record's own word)."""
+    by the Xid table (podvm_gpu/gpufacts/xids.py: the code, or an NVLink 5 record's own word)."""
     return [(pci, code, fatal) for _usec, pci, code, fatal in _xids(
         (msg, None) for msg in messages)]
 
