@@ -129,3 +129,26 @@ def test_the_watcher_records_the_refusal_and_its_end(tmp_path):
     assert {f.name: f.samples[0].value for f in watch_families(saved)}[
         "podvm_gpu_watch_nvml_hung"] == 0
     assert watch_unit_check(root, vm=True).result == "pass"
+
+
+def test_a_client_already_in_flight_when_another_hangs_does_not_end_the_refusal(tmp_path):
+    """S35 under load (3 of 10 runs, 2026-12-06): the fabric wait's poll, started beside the CC
+    step's hung ``conf-compute -f``, ended 0 just after the hang was marked and cleared it; the
+    wait then polled on for its whole timeout instead of failing at once."""
+    slow = tmp_path / "nvidia-smi"
+    slow.write_text("#!/bin/sh\n[ \"$1\" = hang ] && exec sleep 30\nsleep 0.6\necho ok\n")
+    slow.chmod(0o755)
+    runner = Runner(tool_paths={"nvidia-smi": str(slow)})
+    in_flight: list = []
+    poll = threading.Thread(target=lambda: in_flight.append(runner.run(["nvidia-smi", "poll"],
+                                                                       timeout=5)))
+    seen = runner.spawns
+    poll.start()  # started before the hang is marked, ends 0 after it
+    runner.wait_for_spawn(seen, lambda: False, 5)
+    with pytest.raises(CommandError) as hung:
+        runner.run(["nvidia-smi", "hang"], timeout=0.2)
+    poll.join()
+    assert hung.value.timed_out and in_flight[0].returncode == 0
+    assert runner.nvml_refusing(), "a client in flight beside the hung one cleared the mark"
+    with pytest.raises(CommandError, match="not run"):
+        runner.run(["nvidia-smi", "poll"], timeout=5)

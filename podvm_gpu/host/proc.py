@@ -269,7 +269,7 @@ class Runner:
                    held: float, started: float, check: bool) -> Completed:
         """The :class:`Completed` call of a tool that exited (``output``: stdout and stderr;
         ``held``: the seconds its output stayed open after it exited, 0 for none; ``started``: a
-        monotonic time). A zero exit of an NVML client clears the hung-driver mark.
+        monotonic time). A zero exit of an NVML client started after the hung-driver mark clears it.
 
         Raises:
             CommandError: the output was held open, or a non-zero exit with ``check``.
@@ -280,8 +280,13 @@ class Runner:
                 f"{' '.join(argv[:3])} {_exited(proc.returncode)}, but a process it started "
                 f"kept its output open (ended after {held:.1f} s)"))
         done = Completed(list(argv), proc.returncode, out, err, time.monotonic() - started)
-        if self.nvml_hung and nvml_client(argv) and proc.returncode == 0:
-            self.nvml_hung = ""  # the driver answers again: NVML clients run again
+        if self.nvml_hung and nvml_client(argv) and proc.returncode == 0 \
+                and started >= self.nvml_hung_at:
+            # the driver answers again: NVML clients run again. Only a client started after the
+            # hang was marked says so: one already in flight beside the hung client (a parallel
+            # step's poll) may end 0 just after the mark, and clearing it then let the fabric
+            # wait poll on for its whole timeout in 3 of 10 loaded runs of S35 (2026-12-06)
+            self.nvml_hung = ""
         if check and proc.returncode != 0:
             raise CommandError(argv, proc.returncode, out, err)
         return done
