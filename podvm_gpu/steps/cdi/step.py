@@ -30,7 +30,7 @@ from podvm_gpu.cdi.parse import parse_spec
 from podvm_gpu.cdi.ready import check_ready_spec
 from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
 from podvm_gpu.errors import CdiSpecError, CommandError, StepFailed, exit_text, one_line
-from podvm_gpu.gpufacts import smi, words
+from podvm_gpu.gpufacts import ask, smi, words
 from podvm_gpu.gpufacts.finding import REPLACE, RESET
 from podvm_gpu.host.fs import atomic_write, ensure_dir, read_bounded, unread
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
@@ -74,15 +74,14 @@ def mig_problem(ctx: BootContext) -> str | None:
     """
     timeout = ctx.harmless_timeout("nvidia-smi")
     try:
-        done = ctx.runner.run(smi.mig_mode_argv(), timeout=timeout)
+        enabled = ask.mig_enabled(ctx.runner, timeout)
     except CommandError:
         return None
-    enabled = smi.mig_enabled(done.stdout)
     if not enabled:
         return None
     gpus = one_line(", ".join(enabled), 100)
     try:
-        listing = ctx.runner.run(smi.mig_list_argv(), check=False, timeout=timeout)
+        listing = ask.mig_instances(ctx.runner, timeout)
     except CommandError as err:
         return f"MIG mode is enabled on GPU {gpus} (nvidia-smi mig -lgi: {err})"
     said = f"{exit_text(listing.returncode)}: {one_line(listing.output, 200) or 'no output'}"
@@ -308,8 +307,7 @@ def row_remapper_row(facts) -> Check:
         return ended
     hand = ("run nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.pending,"
             "remapped_rows.failure --format=csv by hand")
-    found = _health_rows(facts, name, smi.remap_argv(), len(smi.REMAP_FIELDS), timeout,
-                         health.judge_remapper, hand)
+    found = _health_rows(facts, name, health.read_remapper, timeout, hand)
     if isinstance(found, Check):
         return found
     if any(f.action == REPLACE for f in found):
@@ -344,8 +342,7 @@ def memory_errors_row(facts) -> Check:
         return ended
     hand = ("run nvidia-smi --query-gpu=pci.bus_id,ecc.errors.uncorrected.volatile.total,"
             "retired_pages.pending --format=csv by hand")
-    found = _health_rows(facts, name, smi.ecc_argv(), len(smi.ECC_FIELDS), timeout,
-                         health.judge_ecc, hand)
+    found = _health_rows(facts, name, health.read_ecc, timeout, hand)
     if isinstance(found, Check):
         return found
     ended = _reset_row(facts, name, found, "; the retirement takes effect and the volatile "
@@ -362,21 +359,20 @@ def memory_errors_row(facts) -> Check:
     return Check(name, PASS, "; ".join(f.what for f in read))
 
 
-def _health_rows(facts, name: str, argv: list[str], width: int, timeout: float, judge_rows,
-                 hand: str):
-    """One health query of check's, judged by ``judge_rows`` (gpufacts/health.py): its findings,
-    or the row that ends it (a lost GPU or a driver that cannot answer fails, an unanswered
-    query warns)."""
+def _health_rows(facts, name: str, read, timeout: float, hand: str):
+    """One health query of check's, asked and judged by ``read`` (gpufacts/health.py
+    ``read_remapper`` or ``read_ecc``): its findings, or the row that ends it (a lost GPU or a
+    driver that cannot answer fails, an unanswered query warns)."""
     from podvm_gpu.gpufacts import health
 
     try:
-        rows, why = health.ask(facts.runner, argv, width, timeout)
+        found, why = read(facts.runner, timeout, facts.config.health.reset_pending_warns)
     except health.Broken as err:
         return Check(name, FAIL, str(err), "reboot the VM; if the GPU stays lost, ask the "
                      "provider for another host")
-    if rows is None:
+    if found is None:
         return Check(name, WARN, f"not read ({why}); the boot does not fail on it", hand)
-    return judge_rows(rows, facts.config.health.reset_pending_warns)
+    return found
 
 
 def _bad(found) -> list:
