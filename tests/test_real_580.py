@@ -135,7 +135,7 @@ def test_the_cc_queries_of_580_classify_as_off_and_not_ready():
     assert finding.label == "off" and finding.unreadable == {}
     assert finding.describe() == ("CC status: OFF, DevTools Mode: OFF, CC Environment: UNAVAILABLE, "
                                   "Multi-GPU Mode: None")
-    assert classify.parse_ready_state(grs.stdout, grs.returncode) == "not-ready"
+    assert smi.parse_ready_state(grs.stdout, grs.returncode) == "not-ready"
 
 
 @pytest.mark.parametrize("argv", [e["argv"] for e in CAPTURE if e["exit"]],
