@@ -13,7 +13,7 @@ import time
 
 from podvm_gpu.host.fs import TMP_SUFFIX, Root, atomic_write, ensure_dir, read_bounded
 from podvm_gpu.jsontext import dumps
-from podvm_gpu.model import State, Status, now_iso, shown, shown_all  # noqa: F401 (status.shown)
+from podvm_gpu.model import State, Status, now_iso, shown, shown_all
 
 STATUS_PATH = "/run/podvm-gpu/status.json"
 LOCK_PATH = "/run/podvm-gpu/boot.lock"  # boot's flock; readers only look it up (boot_lock_held)

@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 
 from podvm_gpu.errors import StepFailed
-from podvm_gpu.gpufacts import early_client
-from podvm_gpu.host import kmsg
+from podvm_gpu.gpufacts import early_client, kernel
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Completed
 from podvm_gpu.steps.cc import identity
@@ -31,13 +30,13 @@ def make_root(tmp_path, gpus=("0000:18:00.0", "0000:2a:00.0"), log=(BANNER,)):
 
 
 def test_the_objvgpu_assertion_is_a_fatal_finding_of_its_own():
-    (found,) = kmsg.findings([BANNER, LINE])[-1:]
+    (found,) = kernel.findings([BANNER, LINE])[-1:]
     assert found.kind == "early-client" and found.fatal
-    assert "re-initialised by an early client" in found.summary
-    assert "objvgpu.c:148" in found.describe()
-    assert "early-client" in kmsg.KINDS  # a podvm_gpu_kernel_events kind (metrics)
+    assert "re-initialised by an early client" in found.what
+    assert "objvgpu.c:148" in kernel.describe(found)
+    assert "early-client" in kernel.KINDS  # a podvm_gpu_kernel_events kind (metrics)
     # another assertion of the driver is no such finding
-    assert all(f.kind != "early-client" for f in kmsg.findings(
+    assert all(f.kind != "early-client" for f in kernel.findings(
         ["NVRM: nvAssertFailedNoLog: Assertion failed: 0 @ mapping_cpu.c:127"]))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from podvm_gpu.host import kmsg
+from podvm_gpu.gpufacts import kernel
 from podvm_gpu.host.fs import Root
 from podvm_gpu.steps.modules.attach import firmware_loader_cause
 
@@ -31,7 +31,7 @@ def root_with(tmp_path, config: str | None, files: bool = True) -> Root:
 
 
 def gsp_finding():
-    found = [f for f in kmsg.findings(LOG) if f.kind == "gsp-firmware"]
+    found = [f for f in kernel.findings(LOG) if f.kind == "gsp-firmware"]
     assert found, "the kernel log's words are a gsp-firmware finding"
     return found[0]
 

@@ -26,7 +26,6 @@ from conftest import product_env
 from scenarios.world import DATA, OWN_CASES, SHARED, World, load_case
 from schemas import CHECK_SCHEMA, STATUS_SCHEMA, assert_check_conforms, assert_status_conforms, problems, schema
 
-from podvm_gpu.boot import pipeline
 from podvm_gpu.boot import run as boot_run
 from podvm_gpu.cdi.unavailable import render_unavailable_spec
 from podvm_gpu.check import image as check_image
@@ -39,6 +38,7 @@ from podvm_gpu.host.fs import Root
 from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.model import Step, StepResult
 from podvm_gpu.status import READY_STEPS
+from podvm_gpu.steps import GPU_STEPS
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "interface.md"
@@ -304,14 +304,14 @@ def test_the_check_schema_rejects_rows_of_the_other_mode_and_unknown_results():
 def test_the_step_names_of_schema_doc_and_code_are_the_same():
     code = set(re.findall(r'\bStep\("([a-z-]+)"', (REPO / "podvm_gpu/boot/__init__.py").read_text()))
     assert code == {"detect", "config", "initdata"}, "boot/__init__.py's own steps"
-    names = ["detect", "config", "initdata", *pipeline.STEP_NAMES]
+    names = ["detect", "config", "initdata", *GPU_STEPS]
     step = schema(STATUS_SCHEMA)["$defs"]["step"]["properties"]
     assert step["name"]["enum"] == names
     ready = next(rule["then"] for rule in schema(STATUS_SCHEMA)["allOf"]
                  if rule["if"]["properties"]["state"] == {"const": "ready"})
     ready = ready["properties"]["steps"]["prefixItems"]
     assert [item["properties"]["name"]["const"] for item in ready] == \
-        ["detect", *pipeline.STEP_NAMES]
+        ["detect", *GPU_STEPS]
     # the readers' own copy of the rule (status.py: standard library only; issue 35 item 8)
     results = [item["properties"]["result"] for item in ready]
     assert [(name, list(allowed)) for name, allowed in READY_STEPS] == \

@@ -15,8 +15,10 @@ import pytest
 import yaml
 from guards import must_finish_within
 
+from podvm_gpu.gpufacts import kernel
+from podvm_gpu.gpufacts.kernel import findings
 from podvm_gpu.host.fs import Root
-from podvm_gpu.host.kmsg import findings, join_nvrm, parse_record, read_kernel_log
+from podvm_gpu.host.kmsg import join_nvrm, parse_record, read_kernel_log
 
 CASES = Path(__file__).resolve().parent / "data" / "cases"
 
@@ -168,32 +170,32 @@ def test_xid_names_code_and_gpu_c26():
     (finding,) = findings(case_log("C26"))
 
     assert finding.kind == "xid"
-    assert "119" in finding.summary and "0000:01:00" in finding.summary
-    assert finding.message.startswith("NVRM: Xid (PCI:0000:01:00): 119")
-    assert "Xid 119" in finding.describe() and "kernel:" in finding.describe()
+    assert "119" in finding.what and "0000:01:00" in finding.what
+    assert finding.evidence.startswith("NVRM: Xid (PCI:0000:01:00): 119")
+    assert "Xid 119" in kernel.describe(finding) and "kernel:" in kernel.describe(finding)
 
 
 def test_unsupported_pci_id_names_driver_version_and_id_c05():
     (finding,) = findings(case_log("C05"))
 
     assert finding.kind == "unsupported-pci-id"
-    assert "550.90.07" in finding.summary
-    assert "10de:2330" in finding.summary
-    assert "0000:01:00.0" in finding.summary
+    assert "550.90.07" in finding.what
+    assert "10de:2330" in finding.what
+    assert "0000:01:00.0" in finding.what
 
 
 def test_api_mismatch_names_both_versions_c25():
     (finding,) = findings(case_log("C25"))
 
     assert finding.kind == "api-mismatch"
-    assert "525.85.12" in finding.summary and "520.56.06" in finding.summary
+    assert "525.85.12" in finding.what and "520.56.06" in finding.what
 
 
 def test_already_bound_names_the_gpu_and_the_driver_c03():
     (finding,) = findings(case_log("C03"))
 
     assert finding.kind == "bound-elsewhere"
-    assert finding.summary == "GPU 0000:01:00.0 is already bound to NovaCore"
+    assert finding.what == "GPU 0000:01:00.0 is already bound to NovaCore"
 
 
 def test_fallen_off_the_bus_is_found():
@@ -207,8 +209,8 @@ def test_fallen_off_the_bus_names_the_gpu():
     (open-gpu-kernel-modules, osapi.c); the summary must carry that address, not "?"."""
     (finding,) = findings(["NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."])
 
-    assert "0000:3b:00.0" in finding.summary
-    assert "?" not in finding.summary
+    assert "0000:3b:00.0" in finding.what
+    assert "?" not in finding.what
 
 
 def test_xid_79_is_reported_once_as_an_xid():
@@ -216,7 +218,7 @@ def test_xid_79_is_reported_once_as_an_xid():
            "the bus."]
 
     (finding,) = findings(log)
-    assert finding.kind == "xid" and "79" in finding.summary
+    assert finding.kind == "xid" and "79" in finding.what
 
 
 def test_gsp_firmware_missing_is_found():
@@ -231,7 +233,7 @@ def test_gsp_firmware_missing_names_the_firmware_path():
     (finding,) = findings(["nvidia 0000:01:00.0: Direct firmware load for "
                            "nvidia/550.54.15/gsp_ga10x.bin failed with error -2"])
 
-    assert "nvidia/550.54.15/gsp_ga10x.bin" in finding.summary
+    assert "nvidia/550.54.15/gsp_ga10x.bin" in finding.what
 
 
 def test_gsp_no_firmware_image_is_found():
@@ -246,7 +248,7 @@ def test_bar_not_assigned_is_found_in_the_joined_message():
 
     (finding,) = findings(log)
     assert finding.kind == "bar"
-    assert "BAR1 is 0M" in finding.message
+    assert "BAR1 is 0M" in finding.evidence
 
 
 def test_gpu_that_needs_a_reset_is_found():
@@ -271,7 +273,7 @@ def test_open_module_on_an_unsupported_gpu_is_found():
     found = findings(log)
 
     assert [f.kind for f in found] == ["open-module-unsupported"]
-    assert "0000:01:00.0" in found[0].summary
+    assert "0000:01:00.0" in found[0].what
 
 
 def test_the_proprietary_module_on_a_gpu_that_needs_the_open_one_is_found():
@@ -285,7 +287,7 @@ def test_the_proprietary_module_on_a_gpu_that_needs_the_open_one_is_found():
     for log, pci, pci_id in ((records, "0000:02:00.0", "10de:2c58"), (one, "0000:00:07.0", "10de:2b85")):
         found = findings(log)
         assert found[0].kind == "needs-open-module" and not found[0].fatal, found
-        assert found[0].summary.startswith(f"GPU {pci} (PCI ID {pci_id}) requires NVIDIA's open "
+        assert found[0].what.startswith(f"GPU {pci} (PCI ID {pci_id}) requires NVIDIA's open "
                                            "kernel module"), found[0]
     assert [f.kind for f in findings(records)] == ["needs-open-module", "cannot-attach"]
     # the open module's opposite words stay their own finding
@@ -460,7 +462,6 @@ def test_the_literal_prefilter_never_hides_a_match():
 
     import yaml as _yaml
 
-    from podvm_gpu.host import kmsg as K
 
     texts: list[str] = []
 
@@ -484,7 +485,7 @@ def test_the_literal_prefilter_never_hides_a_match():
                 texts.extend(f.read().splitlines())
     assert len(texts) > 1000
     for text in texts:
-        for _kind, pattern, _template in K._PATTERNS:
+        for _kind, pattern, _template in kernel._PATTERNS:
             if pattern.search(text):
                 assert pattern.may_match(text.lower()), (pattern.source, text)
 
@@ -496,63 +497,60 @@ from podvm_gpu.host import kmsg as _kmsg  # noqa: E402
 
 def test_cc_not_enabled_on_the_host_is_named_with_the_adapter_code():
     # canonical/tdx#414 = NVIDIA/nvtrust#124
-    found = {f.kind: f for f in _kmsg.findings([
+    found = {f.kind: f for f in kernel.findings([
         "NVRM: confComputeConstructEngine_IMPL: GPU confidential compute capability is not enabled.",
         "NVRM: osInitNvMapping: *** Cannot attach gpu",
         "NVRM: GPU 0000:05:00.0: RmInitAdapter failed! (0x22:0x3f:744)"])}
-    assert "cc-not-enabled" in found and "reset the GPU" in found["cc-not-enabled"].summary
-    assert found["cannot-attach"].summary.endswith("GPU 0000:05:00.0 (RmInitAdapter failed 0x22:0x3f:744)")
+    assert "cc-not-enabled" in found and "reset the GPU" in found["cc-not-enabled"].what
+    assert found["cannot-attach"].what.endswith("GPU 0000:05:00.0 (RmInitAdapter failed 0x22:0x3f:744)")
 
 
 def test_swiotlb_full_gives_size_and_slots():
-    (f,) = _kmsg.findings(["nvidia 0000:00:04.0: swiotlb buffer is full (sz: 524288 bytes), "
+    (f,) = kernel.findings(["nvidia 0000:00:04.0: swiotlb buffer is full (sz: 524288 bytes), "
                            "total 262144 (slots), used 1044 (slots)"])
-    assert f.kind == "swiotlb-full" and "524288-byte" in f.summary and "1044 of 262144" in f.summary
+    assert f.kind == "swiotlb-full" and "524288-byte" in f.what and "1044 of 262144" in f.what
 
 
 def test_lkca_stubs_without_nvrm_prefix_is_a_driver_error():
     line = "libspdm_check_crypto_backend: Error - libspdm expects LKCA but found stubs!"
-    assert [f.kind for f in _kmsg.findings([line])] == ["lkca-stubs"]
+    assert [f.kind for f in kernel.findings([line])] == ["lkca-stubs"]
     assert _kmsg.driver_errors([(3, line)]) == [line]
     assert _kmsg.driver_errors([(6, line)]) == []  # only at level err
 
 
 def test_decompression_failure_is_read_from_the_kernel_line():
-    (f,) = _kmsg.findings(["decompression failed with status 6"])
-    assert f.kind == "decompress-failed" and "status 6" in f.summary
-    assert _kmsg.findings(["modprobe: ERROR: could not insert 'nvidia': Invalid argument"]) == []
+    (f,) = kernel.findings(["decompression failed with status 6"])
+    assert f.kind == "decompress-failed" and "status 6" in f.what
+    assert kernel.findings(["modprobe: ERROR: could not insert 'nvidia': Invalid argument"]) == []
 
 
-# --- the Xid table (podvm_gpu/xids.py, issue 46 item 3) --------------------------------------
+# --- the Xid table (podvm_gpu/gpufacts/xids.py, issue 46 item 3) --------------------------------------
 
 def test_nvlink5_xids_are_fatal_by_their_word_in_the_boots_findings():
-    from podvm_gpu.host import kmsg
 
     log = ["NVRM: Xid (PCI:0019:01:00): 149, NETIR_LINK_EVT Nonfatal XC0 i0 Link 00 (0x025001c6 "
            "0x0)", "NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Fatal XC0 i0 Link 13 (0x4 0x0)"]
-    found = kmsg.findings(log)
+    found = kernel.findings(log)
     assert [(f.code, f.fatal) for f in found] == [(149, False), (145, True)]
-    assert [(pci, code, fatal) for pci, code, fatal in kmsg.xid_events(log)] == [
+    assert [(pci, code, fatal) for pci, code, fatal in kernel.xid_events(log)] == [
         ("0019:01:00", 149, False), ("0018:01:00", 145, True)]
 
 
 def test_the_same_nvlink5_code_fatal_after_nonfatal_is_a_second_finding():
-    from podvm_gpu.host import kmsg
 
     line = "NVRM: Xid (PCI:0019:01:00): 149, NETIR_LINK_EVT {} XC0 i0 Link 00 (0x0)"
-    found = kmsg.findings([line.format("Nonfatal"), line.format("Fatal")])
+    found = kernel.findings([line.format("Nonfatal"), line.format("Fatal")])
     assert [f.fatal for f in found] == [False, True]
 
 
 def test_a_follow_on_is_counted_once_as_its_causes_follow_on_not_as_a_new_xid():
-    from podvm_gpu.host import kmsg
 
     log = ["NVRM: Xid (PCI:0019:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x0)",
            "NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by "
            "previous Xid 149",
            "NVRM: Xid (PCI:0000:dd:00): 45, pid=7, name=python3, Ch 00000002 caused by previous "
            "Xid 62"]
-    assert kmsg.xid_records(log) == [("0019:01:00", 149), ("0000:dd:00", 45)]
-    assert [f.code for f in kmsg.findings(log)] == [149, 45]
-    assert [code for _usec, _pci, code in kmsg.timed_xids([(3, m, i) for i, m in
+    assert kernel.xid_records(log) == [("0019:01:00", 149), ("0000:dd:00", 45)]
+    assert [f.code for f in kernel.findings(log)] == [149, 45]
+    assert [code for _usec, _pci, code in kernel.timed_xids([(3, m, i) for i, m in
                                                            enumerate(log)])] == [149, 45]

@@ -171,7 +171,7 @@ def test_a_step_room_has_its_step_and_no_code_in_its_init(room):
 # docs/design.md, "Layers": the lowest first. A root module or package of podvm_gpu ("unit") may
 # import only units of a lower layer; the entry points (``python -m``) sit above everything.
 LAYERS = {
-    "errors": 0, "record": 0, "jsontext": 0, "model": 0, "pci_ids": 0, "xids": 0,
+    "errors": 0, "record": 0, "jsontext": 0, "model": 0, "pci_ids": 0,
     "host": 1,
     "config": 2, "cdi": 2, "status": 2, "readers": 2, "gpufacts": 2, "units": 2, "kata": 2, "row": 2,
     "watchfile": 2, "journal": 2,

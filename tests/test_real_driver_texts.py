@@ -18,8 +18,8 @@ from boot.nvidia_image import kernel_module
 from boot.real import captured
 
 from podvm_gpu.errors import CommandError
-from podvm_gpu.gpufacts import words
-from podvm_gpu.host import daemons, kmsg
+from podvm_gpu.gpufacts import kernel, words
+from podvm_gpu.host import daemons
 from podvm_gpu.host.fs import Root
 from podvm_gpu.steps.modules import step as modules
 
@@ -132,7 +132,7 @@ def test_real_debian_without_install_rule_names_the_module_under_its_other_name(
 
 def test_real_nvrm_no_gpu_record_is_a_finding_but_not_fatal():
     records = captured.run("plain", "modprobe-nvidia").kernel_messages()
-    found = kmsg.findings(records)
+    found = kernel.findings(records)
     assert [f.kind for f in found] == ["no-device"]
     assert not found[0].fatal
 

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from podvm_gpu.gpufacts import finding as F
+from podvm_gpu.gpufacts import xids
 from podvm_gpu.gpufacts.words import FAIL, WARN
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.kmsg import parse_line
@@ -17,14 +18,14 @@ from podvm_gpu.host.kmsg_follow import BOOT_READY, KernelLog
 from podvm_gpu.watch import verdicts
 
 
-@pytest.mark.parametrize("code", sorted(verdicts.kmsg.FATAL_XIDS))
+@pytest.mark.parametrize("code", sorted(xids.FATAL_XIDS))
 def test_every_xid_the_boot_calls_fatal_is_fatal_for_the_watcher_naming_the_gpu(code):
     [v] = verdicts.judge_record(f"NVRM: Xid (PCI:0000:01:00): {code}, pid=1, name=x, ...")
     assert (v.level, v.gpu) == (FAIL, "00000000:01:00.0")
     assert f"Xid {code}" in v.what
 
 
-@pytest.mark.parametrize("code", sorted(verdicts.WARN_XIDS))
+@pytest.mark.parametrize("code", sorted(xids.WARN_XIDS))
 def test_an_application_xid_only_warns(code):
     [v] = verdicts.judge_record(f"NVRM: Xid (PCI:0000:01:00): {code}, pid=1, name=python3")
     assert v.level == WARN and v.gpu == "00000000:01:00.0"

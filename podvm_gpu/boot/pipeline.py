@@ -63,6 +63,7 @@ from podvm_gpu import steps as step_list
 from podvm_gpu.boot.run import BudgetExpired, Interrupted, Log, Run
 from podvm_gpu.config.model import Config, timeouts_for
 from podvm_gpu.errors import Cancelled, CommandError, StepFailed, exit_text
+from podvm_gpu.gpufacts import kernel
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.proc import Runner
 from podvm_gpu.model import Step, StepResult, cut_reason
@@ -137,7 +138,6 @@ def _read_toolkit_version(ctx: BootContext) -> None:
 _STARTED_AFTER = {"versions": (_read_toolkit_version,)}
 
 
-STEP_NAMES = step_list.GPU_STEPS
 _ALARM_GRACE_S = 2.0  # after the budget, let the step in flight report its own timeout first
 _STAGGER_S = 0.02  # at most this between the starts of two parallel steps (Steps.run_all)
 
@@ -200,12 +200,12 @@ def run_pipeline(run: Run, config: Config | None) -> int:
     if reason is not None:
         return _fail(run, reason)
     messages = kmsg.read_kernel_log(run.root)
-    early = next((f for f in kmsg.findings(kmsg.since_driver_load(messages))
+    early = next((f for f in kernel.findings(kmsg.since_driver_load(messages))
                   if f.kind == "early-client"), None)
     if early is not None:  # issue 46: NVML lost GPUs while the boot ran (gpufacts/early_client.py)
-        return _fail(run, f"kernel log: {early.describe()}")
-    for finding in kmsg.findings(messages):
-        ctx.warn(f"kernel log: {finding.describe()}")
+        return _fail(run, f"kernel log: {kernel.describe(early)}")
+    for finding in kernel.findings(messages):
+        ctx.warn(f"kernel log: {kernel.describe(finding)}")
     return run.end_ready()
 
 
@@ -468,8 +468,8 @@ def _fail(run: Run, reason: str) -> int:
         step, _sep, said = reason.partition(": ")
         reason = f"{step}: the driver cannot attach the GPU: {cause}; {said}"
     loader = "firmware loader" in reason  # issue 28: not "GSP firmware missing" beside it
-    extra = [f.describe() for f in kmsg.findings(messages)
-             if f.summary.lower() not in reason.lower()
+    extra = [kernel.describe(f) for f in kernel.findings(messages)
+             if f.what.lower() not in reason.lower()
              and not (loader and f.kind == "gsp-firmware")][:2]
     quoted = (reason + " ".join(extra)).lower()
     errors = [e for e in kmsg.driver_errors(records) if e.lower() not in quoted]

@@ -102,7 +102,7 @@ def print_table(checks: list[Check], summary: dict[str, int], width: int | None 
     """
     import textwrap
 
-    from podvm_gpu.status import shown
+    from podvm_gpu.model import shown
 
     rows = [(c.result, c.name, shown(" ".join(c.detail.split())), shown(" ".join(c.hint.split())))
             for c in checks]

@@ -9,7 +9,7 @@ entries in /proc/driver/nvidia/gpus/*/information"). The agent's own order never
 scenario worlds' call logs hold it: tests/scenarios/order.py); a client outside the agent can (a
 unit of the image, ``/etc/modules-load.d`` loading nvidia-drm: ``check --image`` flags those).
 
-Two signs, each failing the boot with :data:`podvm_gpu.host.kmsg.EARLY_CLIENT`'s words:
+Two signs, each failing the boot with :data:`podvm_gpu.gpufacts.kernel.EARLY_CLIENT`'s words:
 
 - the kernel's line (host/kmsg.py kind ``early-client``, fatal): read when the modules step ends
   (its fatal findings), once persistenced is ready (:func:`after_persistenced`,
@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 
 from podvm_gpu.errors import StepFailed
+from podvm_gpu.gpufacts import kernel
+from podvm_gpu.gpufacts.finding import Finding
 from podvm_gpu.gpufacts.words import bus_id
 from podvm_gpu.host import kmsg
 
@@ -40,9 +42,9 @@ def driver_gpus(root) -> list[str]:
     return sorted(bus_id(name) for name in names)
 
 
-def kernel_line(root) -> kmsg.Finding | None:
+def kernel_line(root) -> Finding | None:
     """The kernel's ``objvgpu.c`` assertion since the driver last loaded, as a finding, or None."""
-    found = kmsg.findings(kmsg.since_driver_load(kmsg.read_kernel_log(root)))
+    found = kernel.findings(kmsg.since_driver_load(kmsg.read_kernel_log(root)))
     return next((f for f in found if f.kind == KIND), None)
 
 
@@ -55,7 +57,7 @@ def after_persistenced(root) -> None:
     """
     finding = kernel_line(root)
     if finding is not None:
-        raise StepFailed(finding.describe())
+        raise StepFailed(kernel.describe(finding))
 
 
 def fewer_in_nvml(root, nvml_bus_ids, what: str) -> str | None:
@@ -78,6 +80,6 @@ def fewer_in_nvml(root, nvml_bus_ids, what: str) -> str | None:
         return None
     few = ", ".join(missing[:6]) + (", ..." if len(missing) > 6 else "")
     line = kernel_line(root)
-    said = f'; kernel: "{line.message}"' if line is not None else ""
+    said = f'; kernel: "{line.evidence}"' if line is not None else ""
     return (f"NVML lists {len(listed) - len(missing)} of the {len(listed)} GPU(s) in "
-            f"{DRIVER_GPUS} ({what}; not listed: {few}): {kmsg.EARLY_CLIENT}{said}")
+            f"{DRIVER_GPUS} ({what}; not listed: {few}): {kernel.EARLY_CLIENT}{said}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from podvm_gpu.config.metrics import MetricsSettings
+from podvm_gpu.gpufacts import kernel
 from podvm_gpu.gpufacts.reading import NvmlReading, cc_safe
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
@@ -154,8 +155,8 @@ class Exporter:
         out += fam.watch_families(watch)
         records = kmsg.read_timed_records(self.root)
         messages = [message for _level, message, _usec in records]
-        found = kmsg.findings(messages)
-        events = kmsg.xid_events(messages)
+        found = kernel.findings(messages)
+        events = kernel.xid_events(messages)
         xids = [(pci, code) for pci, code, _fatal in events]
         out += fam.kernel_families(len(messages), [f.kind for f in found],
                                    sum(f.fatal for f in found), xids)
@@ -172,7 +173,7 @@ class Exporter:
         for pci, code, is_fatal in events:
             if is_fatal:
                 fatal.setdefault(fam.pci_bus_id(pci), []).append(code)
-        counts = hfam.xid_counts(kmsg.timed_xids(records), kernel_clock_usec(self.root))
+        counts = hfam.xid_counts(kernel.timed_xids(records), kernel_clock_usec(self.root))
         out += hfam.health_families(
             reading, lambda gpu: fam.dcgm_labels(gpu, self.hostname, reading, pod), fatal, counts,
             gpu_labels=fam._gpu_labels, reset_pending_warns=self.settings.reset_pending_warns)

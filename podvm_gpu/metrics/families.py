@@ -298,11 +298,11 @@ def kernel_families(records: int, finding_kinds: list[str], fatal: int,
 
     Args:
         records: how many of the kernel's own records were read (0: the log is unreadable).
-        finding_kinds: the kind of every distinct finding (``kmsg.findings``).
+        finding_kinds: the kind of every distinct finding (``gpufacts.kernel.findings``).
         fatal: how many of them leave a GPU unusable until it is reset.
-        xids: every Xid record, ``(pci, code)``, oldest first (``kmsg.xid_records``).
+        xids: every Xid record, ``(pci, code)``, oldest first (``gpufacts.kernel.xid_records``).
     """
-    from podvm_gpu.host.kmsg import KINDS
+    from podvm_gpu.gpufacts.kernel import KINDS
 
     events = _gauge("podvm_gpu_kernel_events", "Distinct GPU problems the kernel log reports since "
                     "boot, by kind (gauges: the kernel's ring buffer can drop old records).",

@@ -39,7 +39,7 @@ FAMILIES = (*sorted(COUNTERS), "DCGM_FI_DEV_CC_MODE", "DCGM_FI_DEV_GPU_RECOVERY_
 # (nvmlDeviceGetGpuFabricInfoV's v3 struct crashed Python on a real H200: compatibility.md)
 FABRIC_HEALTH = ("DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY", "DCGM_FI_DEV_FABRIC_HEALTH_MASK")
 XID_WINDOW_MS = 300000  # dcgm-exporter's --xid-count-window-size default
-# Xids after which the GPU is unusable until it is reset (podvm_gpu/xids.py: the fatal codes,
+# Xids after which the GPU is unusable until it is reset (podvm_gpu/gpufacts/xids.py: the fatal codes,
 # NVLink 5's by their record's word) fail ALL;
 # Xid 95 is DCGM's uncontained error, the others have no DCGM_FR_ code of their own
 # recovery action names: the one table (gpufacts/judge.py ACTIONS, 0-7)
@@ -107,7 +107,7 @@ def xid_counts(timed: list[tuple[int | None, str, int]], now_usec: int | None,
     """NVML-form PCI bus id -> Xid code -> how many records in the last ``window_ms``.
 
     Args:
-        timed: ``kmsg.timed_xids`` (usec since boot, the driver's pci, code).
+        timed: ``gpufacts.kernel.timed_xids`` (usec since boot, the driver's pci, code).
         now_usec: the kernel's monotonic clock now, microseconds (None: unknown, then no record
             is in the window: never guess).
     """

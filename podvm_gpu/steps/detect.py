@@ -4,6 +4,7 @@ boot/late.py), so that a CPU VM never imports the steps."""
 
 from __future__ import annotations
 
+from podvm_gpu.gpufacts import kernel
 from podvm_gpu.host import kmsg
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, Check
 from podvm_gpu.status import read_status
@@ -40,9 +41,9 @@ def pci_row(facts) -> Check:
     at_boot = {g.get("pci_address") for g in (read_status(facts.root) or {}).get("gpus") or []
                if isinstance(g, dict)}
     gone = sorted(str(a) for a in at_boot - {g.pci_address for g in facts.gpus} if a)
-    fatal = [f for f in kmsg.findings(kmsg.since_driver_load(facts.messages)) if f.fatal]
+    fatal = [f for f in kernel.findings(kmsg.since_driver_load(facts.messages)) if f.fatal]
     if gone:
-        seen = f"; {fatal[0].describe()}" if fatal else ""
+        seen = f"; {kernel.describe(fatal[0])}" if fatal else ""
         return Check("pci", FAIL, f"GPU(s) {', '.join(gone)} found at boot are gone from PCI"
                      f"{seen}", "the GPU fell off the bus or was hot-removed: replace the VM")
     if missing:
@@ -50,8 +51,8 @@ def pci_row(facts) -> Check:
     if fatal:
         from podvm_gpu.gpufacts import judge
 
-        buses = judge.buses_in([fatal[0].message, fatal[0].summary])
-        return Check("pci", FAIL, f"{len(facts.gpus)} GPU(s) on PCI, but {fatal[0].describe()}",
+        buses = judge.buses_in([fatal[0].evidence, fatal[0].what])
+        return Check("pci", FAIL, f"{len(facts.gpus)} GPU(s) on PCI, but {kernel.describe(fatal[0])}",
                      "the GPU needs a reset or the VM a new host: " + judge.reset_advice(
                          buses, getattr(facts, "confidential", None)))
     if not facts.gpus:

@@ -24,17 +24,12 @@ from __future__ import annotations
 
 import re
 
-from podvm_gpu import xids
-from podvm_gpu.gpufacts import ask, health, judge
+from podvm_gpu.gpufacts import ask, health, judge, kernel, xids
 from podvm_gpu.gpufacts.finding import FAIL, NONE, REPLACE, RESET, WARN, Finding, finding, reset_needed
 from podvm_gpu.gpufacts.words import bus_id
-from podvm_gpu.host import kmsg
 from podvm_gpu.steps.fabric import parse as fabric_parse
 
-# Xid codes of one application's error (a page fault, an illegal instruction, ...): warnings
-WARN_XIDS = xids.WARN_XIDS
-RECOVERY_XID = 154
-# The NVIDIA modules' own records (host/kmsg.py's list of them): "NVRM: ...", "nvidia: ...",
+# The NVIDIA modules' own records (gpufacts/kernel.py's list of them): "NVRM: ...", "nvidia: ...",
 # "nvidia-uvm: ...", "nvidia 0000:01:00.0: ..." (dev_err), "nvidia-modeset: ...", "nvidia-nvlink: ..."
 NVIDIA_PREFIXES = ("NVRM:", "nvidia")
 _ACTION_CODE = re.compile(r"\bto (0x[0-9A-Fa-f]{1,8})\b")
@@ -55,30 +50,28 @@ def judge_record(message: str, xids_seen: set[int] | None = None,
     """
     found = []
     if "Xid" in message:
-        m = kmsg.XID_PATTERN.search(message)
-        if m and int(m.group("code")) == RECOVERY_XID:
+        m = kernel.XID_PATTERN.search(message)
+        if m and int(m.group("code")) == xids.RECOVERY_XID:
             if xids_seen is not None:
-                xids_seen.add(RECOVERY_XID)
+                xids_seen.add(xids.RECOVERY_XID)
             verdict = _recovery_xid(m.group("pci").lower(), message, reset_pending_warns)
             return [verdict] if verdict else []
-    for seen in kmsg.findings([message], xids_seen):
-        gpu = None
+    for seen in kernel.findings([message], xids_seen):
+        gpu = seen.gpu  # the PCI address the record's pattern names (an Xid's always)
         if seen.kind == "xid":
-            m = kmsg.XID_PATTERN.search(seen.message)
-            gpu = m.group("pci").lower() if m else None
-            if seen.code in WARN_XIDS and not seen.fatal:
-                found.append(finding(WARN, f"{seen.summary} ({WARN_XIDS[seen.code]})", gpu=gpu))
+            if seen.code in xids.WARN_XIDS and not seen.fatal:
+                found.append(finding(WARN, f"{seen.what} ({xids.WARN_XIDS[seen.code]})", gpu=gpu))
                 continue
         elif not message.startswith(NVIDIA_PREFIXES):
             # the boot's patterns explain a failed load from the whole log; after boot only the
             # driver's own records count ("reset required", "firmware ... failed" of a NIC or
             # a USB device are no finding about a GPU)
             continue
-        else:
+        elif gpu is None:
             m = re.search(r"GPU (?:at PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
-                          r"(?:\.[0-7])?)", seen.message)
-            gpu = m.group(1).lower() if m else None
-        found.append(finding(FAIL if seen.fatal else WARN, seen.summary, gpu=gpu))
+                          r"(?:\.[0-7])?)", seen.evidence)
+            gpu = m.group(1) if m else None
+        found.append(finding(seen.level, seen.what, gpu=gpu))
     return found
 
 

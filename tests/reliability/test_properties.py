@@ -29,6 +29,7 @@ from podvm_gpu.config.fields import MAX_SECONDS
 from podvm_gpu.config.load import parse_config, read_config_text
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import QUOTE_MAX, CdiSpecError, CommandError, ConfigError, exit_text, one_line
+from podvm_gpu.gpufacts import kernel
 from podvm_gpu.gpufacts.smi import parse_cc_mode, parse_fabric, parse_fabric_rows, parse_ready_state
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
@@ -517,7 +518,7 @@ def test_kernel_records_are_read_back_and_only_the_kernel_s_are_evidence(records
         put(root, "/dev/kmsg", noise)
         for level, message in kmsg.read_kernel_records(Root(root)):
             assert 0 <= level <= 7 and len(message) <= 4096
-        kmsg.findings(kmsg.read_kernel_log(Root(root)))
+        kernel.findings(kmsg.read_kernel_log(Root(root)))
 
 
 LOGRUS_MSG = st.text(alphabet=st.characters(blacklist_characters='"\\\n'), max_size=60)

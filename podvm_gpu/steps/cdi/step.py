@@ -299,32 +299,13 @@ def row_remapper_row(facts) -> Check:
     one bounded query; a failure fails, a pending remap fails unless
     ``health.reset_pending_warns``, an unanswered query warns."""
     from podvm_gpu.gpufacts import health
-    from podvm_gpu.steps.cdi import recovery
 
-    name = "row-remapper"
-    ended, timeout = recovery.health_row_start(facts, name)
-    if ended:
-        return ended
-    hand = ("run nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.pending,"
-            "remapped_rows.failure --format=csv by hand")
-    found = _health_rows(facts, name, health.read_remapper, timeout, hand)
-    if isinstance(found, Check):
-        return found
-    if any(f.action == REPLACE for f in found):
-        return Check(name, FAIL, "; ".join(f.what for f in _bad(found)),
-                     "replace the GPU (ask the provider for another host): its memory cannot be "
-                     "repaired")
-    ended = _reset_row(facts, name, found, "; the remap takes effect then")
-    if ended:
-        return ended
-    if any(f.kind == "unread-value" for f in found):
-        return Check(name, WARN, "; ".join(health.said(found, "unread-value")) +
-                     ": not read as a value", hand)
-    read = [f for f in found if f.kind in health.READ]
-    if all(f.kind == "n/a" for f in read):
-        return Check(name, SKIP, "no row remapper (before Ampere): " +
-                     "; ".join(f.what for f in read))
-    return Check(name, PASS, "; ".join(f.what for f in read))
+    return _memory_row(facts, "row-remapper", health.read_remapper, smi.remap_argv,
+                       "; the remap takes effect then",
+                       lambda read: "no row remapper (before Ampere): " + "; ".join(
+                           f.what for f in read),
+                       replace="replace the GPU (ask the provider for another host): its memory "
+                       "cannot be repaired")
 
 
 def memory_errors_row(facts) -> Check:
@@ -334,37 +315,29 @@ def memory_errors_row(facts) -> Check:
     "GPU reset needed" unless ``health.reset_pending_warns`` (then warns); an unanswered query
     warns; a lost GPU or a driver that cannot answer fails."""
     from podvm_gpu.gpufacts import health
+
+    return _memory_row(facts, "memory-errors", health.read_ecc, smi.ecc_argv,
+                       "; the retirement takes effect and the volatile count "
+                       "starts again then", lambda read: "no ECC counters (N/A on every GPU: ECC "
+                       "off, or GPUs without it): " + ", ".join(f.gpu for f in read))
+
+
+def _memory_row(facts, name: str, read, argv, then: str, none_said,
+                replace: str | None = None) -> Check:
+    """One memory-health row of check's: the query asked and judged by ``read``
+    (gpufacts/health.py ``read_remapper`` or ``read_ecc``; ``argv``, the function of its
+    command line in gpufacts/smi.py, gives the by-hand hint only). A lost GPU or a driver that
+    cannot answer fails; a finding that asks for a replacement fails with ``replace`` (when
+    given), one that asks for a reset fails or warns with the reset sentence and ``then``; a
+    query or a value not read warns; ``skip`` when every GPU answered N/A (``none_said(read
+    findings)``), else ``pass``."""
+    from podvm_gpu.gpufacts import health
     from podvm_gpu.steps.cdi import recovery
 
-    name = "memory-errors"
     ended, timeout = recovery.health_row_start(facts, name)
     if ended:
         return ended
-    hand = ("run nvidia-smi --query-gpu=pci.bus_id,ecc.errors.uncorrected.volatile.total,"
-            "retired_pages.pending --format=csv by hand")
-    found = _health_rows(facts, name, health.read_ecc, timeout, hand)
-    if isinstance(found, Check):
-        return found
-    ended = _reset_row(facts, name, found, "; the retirement takes effect and the volatile "
-                       "count starts again then")
-    if ended:
-        return ended
-    if any(f.kind == "unread-value" for f in found):  # as the row-remapper row says it
-        return Check(name, WARN, "; ".join(health.said(found, "unread-value")) +
-                     ": not read as a value", hand)
-    read = [f for f in found if f.kind in health.READ]
-    if all(f.kind == "n/a" for f in read):
-        return Check(name, SKIP, "no ECC counters (N/A on every GPU: ECC off, or GPUs without "
-                     "it): " + ", ".join(f.gpu for f in read))
-    return Check(name, PASS, "; ".join(f.what for f in read))
-
-
-def _health_rows(facts, name: str, read, timeout: float, hand: str):
-    """One health query of check's, asked and judged by ``read`` (gpufacts/health.py
-    ``read_remapper`` or ``read_ecc``): its findings, or the row that ends it (a lost GPU or a
-    driver that cannot answer fails, an unanswered query warns)."""
-    from podvm_gpu.gpufacts import health
-
+    hand = "run " + " ".join(argv()).replace(",noheader", "") + " by hand"
     try:
         found, why = read(facts.runner, timeout, facts.config.health.reset_pending_warns)
     except health.Broken as err:
@@ -372,7 +345,18 @@ def _health_rows(facts, name: str, read, timeout: float, hand: str):
                      "provider for another host")
     if found is None:
         return Check(name, WARN, f"not read ({why}); the boot does not fail on it", hand)
-    return found
+    if replace and any(f.action == REPLACE for f in found):
+        return Check(name, FAIL, "; ".join(f.what for f in _bad(found)), replace)
+    ended = _reset_row(facts, name, found, then)
+    if ended:
+        return ended
+    if any(f.kind == "unread-value" for f in found):
+        return Check(name, WARN, "; ".join(health.said(found, "unread-value")) +
+                     ": not read as a value", hand)
+    read = [f for f in found if f.kind in health.READ]
+    if all(f.kind == "n/a" for f in read):
+        return Check(name, SKIP, none_said(read))
+    return Check(name, PASS, "; ".join(f.what for f in read))
 
 
 def _bad(found) -> list:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from podvm_gpu.gpufacts import kernel
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root, open_regular
 from podvm_gpu.readers import kernel_release
@@ -100,18 +101,18 @@ def firmware_loader_cause(root: Root, finding) -> str | None:
     missing" is the right advice: the files are not there).
 
     Args:
-        finding: a ``gsp-firmware`` finding of :func:`podvm_gpu.host.kmsg.findings`.
+        finding: a ``gsp-firmware`` finding of :func:`podvm_gpu.gpufacts.kernel.findings`.
     """
     from podvm_gpu.readers import kernel_module_version
 
-    if finding.kind != "gsp-firmware" or NO_GSP_IMAGE.lower() not in finding.message.lower():
+    if finding.kind != "gsp-firmware" or NO_GSP_IMAGE.lower() not in finding.evidence.lower():
         return None
     version = kernel_module_version(root)
     files = gsp_files(root, version)
     if not files:
         return None
     have = ", ".join(files[:2]) + (f" and {len(files) - 2} more" if len(files) > 2 else "")
-    said = (f"the driver found no GSP firmware image (kernel: \"{finding.message[:160]}\") "
+    said = (f"the driver found no GSP firmware image (kernel: \"{finding.evidence[:160]}\") "
             f"although the images of driver {version} are there ({have})")
     config = kernel_config(root)
     if config is None:
@@ -138,28 +139,28 @@ def attach_cause(root: Root, messages: list[str]) -> str | None:
     Args:
         messages: the kernel log (:func:`podvm_gpu.host.kmsg.read_kernel_log`).
     """
-    found = kmsg.findings(kmsg.since_driver_load(messages))
+    found = kernel.findings(kmsg.since_driver_load(messages))
     by_kind = {f.kind: f for f in reversed(found)}
     gsp = by_kind.get("gsp-firmware")
     loader = firmware_loader_cause(root, gsp) if gsp is not None else None
     if loader:  # issue 28: before RmInitAdapter's generic failure, which follows it
         return loader
-    for kind in kmsg.ATTACH_KINDS:
+    for kind in kernel.ATTACH_KINDS:
         finding = by_kind.get(kind)
         if finding is None:
             continue
-        text = finding.describe()
+        text = kernel.describe(finding)
         if kind in ("cc-not-enabled", "swiotlb-full", "dma-mapping"):
             from podvm_gpu.host import tee
 
             guest = tee.detect(root)
             text += f"; guest TEE: {guest.describe()}"
         if kind == "cc-not-enabled" and "cannot-attach" in by_kind:
-            text += f"; {by_kind['cannot-attach'].summary}"
+            text += f"; {by_kind['cannot-attach'].what}"
         if kind in ("swiotlb-full", "dma-mapping"):
             other = by_kind.get("dma-mapping" if kind == "swiotlb-full" else "swiotlb-full")
             if other is not None:
-                text += f"; {other.describe()}"
+                text += f"; {kernel.describe(other)}"
             text += f"; {swiotlb_setting(root)}: give the guest a larger swiotlb= (bounce " \
                     "buffers carry all device DMA in a confidential guest)"
         if kind == "lkca-stubs":
@@ -200,6 +201,6 @@ def cannot_attach(root: Root, messages: list[str]) -> str | None:
     firmware or a BAR (issue 28: the row passed while the boot failed on them)."""
     cause = attach_cause(root, messages)
     if cause is None:
-        cause = next((f.describe() for f in reversed(kmsg.findings(kmsg.since_driver_load(messages)))
+        cause = next((kernel.describe(f) for f in reversed(kernel.findings(kmsg.since_driver_load(messages)))
                       if f.kind in ("gsp-firmware", "bar")), None)
     return cause

@@ -39,6 +39,7 @@ import time
 from podvm_gpu import readers, steps
 from podvm_gpu.config.fields import OPTIONAL_MODULES, REQUIRED_MODULES
 from podvm_gpu.errors import CommandError, StepFailed
+from podvm_gpu.gpufacts import kernel
 from podvm_gpu.host import kmod, kmsg
 from podvm_gpu.host.fs import Root, file_kind
 from podvm_gpu.readers import kernel_release, modprobe_overrides, module_kernels, module_loaded
@@ -48,7 +49,7 @@ from podvm_gpu.steps.fabric.fabric_kind import ib_context as _ib_context
 from podvm_gpu.steps.fabric.fabric_kind import ib_modules, module_parameters
 from podvm_gpu.steps.fabric.fabric_kind import record_ib as _record_ib
 from podvm_gpu.steps.modules.attach import attach_cause, cannot_attach
-from podvm_gpu.steps.modules.firmware import firmware_image_row, firmware_present  # noqa: F401
+from podvm_gpu.steps.modules.firmware import firmware_image_row
 
 REQUIRED = REQUIRED_MODULES
 OPTIONAL = OPTIONAL_MODULES  # the config names which of them to load
@@ -103,9 +104,9 @@ def refusal_evidence(root: Root, messages: list[str], module: str) -> list[str]:
     alone: list[str] = []
     cmdline = root.read_text("/proc/cmdline") or ""
     lockdown = lockdown_mode(root.read_text("/sys/kernel/security/lockdown") or "")
-    lockdown_line = next((f for f in reversed(kmsg.findings(messages)) if f.kind == "lockdown"), None)
+    lockdown_line = next((f for f in reversed(kernel.findings(messages)) if f.kind == "lockdown"), None)
     if lockdown_line:
-        confirmed.append(f"{lockdown_line.describe()}, lockdown={lockdown or '?'}")
+        confirmed.append(f"{kernel.describe(lockdown_line)}, lockdown={lockdown or '?'}")
     elif lockdown and lockdown != "none":
         alone.append(f"kernel lockdown={lockdown} (/sys/kernel/security/lockdown)")
     sig_line = next((m for m in reversed(messages) if re.match(r"Loading of .{1,80} is rejected", m)),
@@ -166,15 +167,15 @@ def explain_failure(ctx: BootContext, module: str, err: CommandError) -> str:
         return (f"{module} refused, and none of kernel lockdown, module.sig_enforce, "
                 f"module_blacklist=, kernel.modules_disabled or a missing CAP_SYS_MODULE shows why; "
                 f"{said}")
-    findings = kmsg.findings(messages)
+    findings = kernel.findings(messages)
     decompress = next((f for f in reversed(findings) if f.kind == "decompress-failed"), None)
     if decompress:
-        return f"{module}: {decompress.describe()}; {decompress_hint(decompress)}; {said}"
+        return f"{module}: {kernel.describe(decompress)}; {decompress_hint(decompress)}; {said}"
     for kind in ("unsupported-pci-id", "bound-elsewhere", "open-module-unsupported", "gsp-firmware",
                  "bar", "needs-reset", "fell-off-bus", "lockdown", "no-device"):
         for f in reversed(findings):
             if f.kind == kind:
-                return f"{module}: {f.describe()}; {said}"
+                return f"{module}: {kernel.describe(f)}; {said}"
     return f"{module} failed to load: {said}"
 
 
@@ -205,8 +206,8 @@ XZ_OPTIONS_ERROR = 6
 
 def decompress_hint(finding) -> str:
     """What to do about a module the kernel could not decompress (``decompress-failed``)."""
-    status = finding.summary.rsplit("status ", 1)[-1].rstrip(")")
-    if status == str(XZ_OPTIONS_ERROR) and not finding.message.lower().startswith(("zstd", "gzip")):
+    status = finding.what.rsplit("status ", 1)[-1].rstrip(")")
+    if status == str(XZ_OPTIONS_ERROR) and not finding.evidence.lower().startswith(("zstd", "gzip")):
         return ("xz status 6 is XZ_OPTIONS_ERROR: the .ko.xz uses a check type the kernel's "
                 "in-kernel decompressor does not take (user-space xz writes CRC64 by default); "
                 "recompress it with xz --check=crc32, or use zstd")
@@ -266,16 +267,16 @@ def run(ctx: BootContext) -> str:
     if ib_modules(ctx):
         _record_ib(ctx, None, "ok", "loaded or already loaded: " + ", ".join(ib_modules(ctx)),
                    ib_started)
-    fatal = [f for f in kmsg.findings(kmsg.since_driver_load(kmsg.read_kernel_log(ctx.root)))
+    fatal = [f for f in kernel.findings(kmsg.since_driver_load(kmsg.read_kernel_log(ctx.root)))
              if f.fatal]
     cause = attach_cause(ctx.root, kmsg.read_kernel_log(ctx.root))
     if fatal and "firmware loader" not in (cause or ""):  # issue 28: the loader is the cause
         # Every NVML client would stall or fail on such a GPU; stop before persistenced starts
         # and the waits begin (field case C26).
         if fatal[0].kind == "early-client":  # issue 46: no reset brings the lost GPUs back
-            raise StepFailed(fatal[0].describe())
+            raise StepFailed(kernel.describe(fatal[0]))
         raise StepFailed(f"the kernel log reports a GPU error that needs a GPU reset: "
-                         f"{fatal[0].describe()}")
+                         f"{kernel.describe(fatal[0])}")
     if cause:
         # Loaded, but it failed to attach a GPU (an earlier client, a udev autoload): every NVML
         # client after it fails with words of its own; the driver's are the cause.
@@ -366,17 +367,17 @@ def modules_row(facts) -> Check:
         return Check("modules", FAIL, f"{detail}: loading refused: {'; '.join(evidence)}",
                      "sign the nvidia modules with a key the kernel trusts (MOK), or boot "
                      "without what refuses them")
-    found = kmsg.findings(facts.messages)
+    found = kernel.findings(facts.messages)
     decompress = next((f for f in reversed(found) if f.kind == "decompress-failed"), None)
     if decompress:
-        return Check("modules", FAIL, f"{detail}: {decompress.describe()}",
+        return Check("modules", FAIL, f"{detail}: {kernel.describe(decompress)}",
                      decompress_hint(decompress))
     for f in reversed(found):
         if f.kind in ("unsupported-pci-id", "open-module-unsupported", "gsp-firmware", "bar",
                       "needs-reset", "fell-off-bus", "bound-elsewhere", "no-device"):
             hint = ("install a driver branch that supports this GPU" if f.kind ==
                     "unsupported-pci-id" else "see the kernel message; fix the VM or image")
-            return Check("modules", FAIL, f"{detail}: {f.describe()}", hint)
+            return Check("modules", FAIL, f"{detail}: {kernel.describe(f)}", hint)
     return Check("modules", FAIL, detail, "run 'modprobe nvidia' and read the kernel log")
 
 

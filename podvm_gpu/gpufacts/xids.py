@@ -25,6 +25,9 @@ WARN_XIDS = {13: "graphics engine exception", 31: "GPU memory page fault",
              43: "GPU stopped processing", 63: "ECC page retirement or row remapping recorded",
              64: "ECC page retirement or row remapper recording failure",
              92: "high single-bit ECC error rate"}
+# The driver changed a GPU's recovery action (driver 570+): judged by the action it names
+# (gpufacts/judge.py ACTIONS, over its hex code: watch/verdicts.py), neither fatal nor a warning here.
+RECOVERY_XID = 154
 # NVLink 5 Xids (Blackwell): the record's own word decides: ``Fatal`` fatal, ``Nonfatal`` a
 # warning, neither word a warning.
 WORD_XIDS = range(144, 151)
