@@ -3,6 +3,7 @@ answers (535.261.03 to 555.58.02, ../shared/nvidia-smi-real.md, quoted exactly h
 
 import pytest
 
+from podvm_gpu.gpufacts import smi
 from podvm_gpu.steps.cc import classify
 
 ON, OFF = (0, "CC status: ON\n"), (0, "CC status: OFF\n")
@@ -140,7 +141,7 @@ def test_an_unreadable_mgm_with_cc_off_does_not_rule_out_protected_pcie():
 
 
 def test_long_options_answer_as_the_short_ones():
-    assert classify.parse_multi_gpu("Multi-GPU Mode: Protected PCIe\n") == classify.MGM_PPCIE
+    assert smi.parse_multi_gpu("Multi-GPU Mode: Protected PCIe\n") == classify.MGM_PPCIE
     assert classify.smi_unrecognized_option('Option "--get-multigpu-mode" is not recognized.\n') \
         == "--get-multigpu-mode"
 
@@ -171,11 +172,11 @@ def test_the_finding_goes_into_the_status_as_the_schema_says():
     ("CC status: DEVTOOLS\n", "devtools"),
 ])
 def test_parse_cc_mode(text, mode):
-    assert classify.parse_cc_mode(text) == mode
+    assert smi.parse_cc_mode(text) == mode
 
 
 def test_parse_cc_mode_is_none_without_the_label():
-    assert classify.parse_cc_mode("No CC capable devices found\n") is None
+    assert smi.parse_cc_mode("No CC capable devices found\n") is None
 
 
 @pytest.mark.parametrize("text", [
@@ -184,17 +185,17 @@ def test_parse_cc_mode_is_none_without_the_label():
     "Confidential Compute GPUs Ready state: not ready\n",
 ])
 def test_not_ready_never_reads_as_ready(text):
-    assert classify.parse_ready_state(text) == "not-ready"
+    assert smi.parse_ready_state(text) == "not-ready"
 
 
 def test_ready_reads_as_ready():
-    assert classify.parse_ready_state("Confidential Compute GPUs Ready state: ready\n") == "ready"
-    assert classify.parse_ready_state("Confidential Compute GPUs Ready state: READY\n") == "ready"
+    assert smi.parse_ready_state("Confidential Compute GPUs Ready state: ready\n") == "ready"
+    assert smi.parse_ready_state("Confidential Compute GPUs Ready state: READY\n") == "ready"
 
 
 def test_unknown_ready_state_is_returned_as_it_is():
-    assert classify.parse_ready_state("Confidential Compute GPUs Ready state: pending\n") == "pending"
-    assert classify.parse_ready_state("Unknown Error\n") is None
+    assert smi.parse_ready_state("Confidential Compute GPUs Ready state: pending\n") == "pending"
+    assert smi.parse_ready_state("Unknown Error\n") is None
 
 
 @pytest.mark.parametrize("words", ["No CC capable devices found.\n",  # the real 535-555

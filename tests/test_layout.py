@@ -10,6 +10,8 @@
   in a layer below its own (imports inside functions counted), and the import graph between
   them has no circle;
 - one kernel-log record parser (``host/kmsg.py``), the log's readers in ``host/`` (issue 44);
+- no module outside ``podvm_gpu/gpufacts/`` imports a parser of gpufacts (smi.py's ``parse_*``,
+  words.py's ``csv_rows`` and ``na``) or runs one of smi.py's command lines (issue 44);
 - no function over 60 lines (``def`` line to its last, docstring included) but the ones
   :data:`LONG_FUNCTIONS` names (issue 44 item 5: a long function is split into its phases).
 """
@@ -468,3 +470,145 @@ def test_the_function_length_rule_finds_a_long_method():
     source = f"class A:\n    def f(self):\n{body}\n    def g(self):\n        pass\n"
 
     assert long_functions(source, "m") == {"m.A.f": MAX_FUNCTION_LINES + 1}
+
+
+GPUFACTS = PACKAGE / "gpufacts"
+PARSERS_OF = {"podvm_gpu.gpufacts.smi": lambda name: name.startswith("parse_"),
+              "podvm_gpu.gpufacts.words": lambda name: name in ("csv_rows", "na")}
+
+
+def smi_argvs() -> set[str]:
+    """The names of gpufacts/smi.py's command lines (its functions ending in ``_argv``)."""
+    tree = ast.parse((GPUFACTS / "smi.py").read_text())
+    return {node.name for node in tree.body
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_argv")}
+
+
+def _gpufacts_names(tree) -> tuple[dict[str, str], dict[str, str]]:
+    """``(module aliases, imported names)``: local name -> the gpufacts module it is (``from
+    podvm_gpu.gpufacts import smi as s``), and local name -> ``module.name`` of each name
+    imported from a gpufacts module (``from podvm_gpu.gpufacts.smi import parse_x as p``)."""
+    modules_as, names_as = {}, {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "podvm_gpu.gpufacts":
+            for alias in node.names:
+                modules_as[alias.asname or alias.name] = f"podvm_gpu.gpufacts.{alias.name}"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("podvm_gpu.gpufacts."):
+            for alias in node.names:
+                names_as[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("podvm_gpu.gpufacts.") and alias.asname:
+                    modules_as[alias.asname] = alias.name
+    return modules_as, names_as
+
+
+def _gpufacts_name(node, modules_as: dict[str, str], names_as: dict[str, str]) -> str | None:
+    """``module.name`` of gpufacts that ``node`` (a name or ``alias.attr``) stands for, or None."""
+    if isinstance(node, ast.Name):
+        return names_as.get(node.id)
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+            node.value.id in modules_as:
+        return f"{modules_as[node.value.id]}.{node.attr}"
+    if isinstance(node, ast.Attribute) and ast.unparse(node.value).startswith("podvm_gpu.gpufacts."):
+        return f"{ast.unparse(node.value)}.{node.attr}"
+    return None
+
+
+def parser_uses(source: str) -> list[str]:
+    """Where ``source`` takes one of gpufacts' text parsers (smi.py's ``parse_*``, words.py's
+    ``csv_rows`` and ``na``): imported by name, or read as ``smi.parse_x``/``words.na``."""
+    tree = ast.parse(source)
+    modules_as, names_as = _gpufacts_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in PARSERS_OF:
+            found += [f"line {node.lineno}: imports {alias.name}" for alias in node.names
+                      if PARSERS_OF[node.module](alias.name)]
+        if isinstance(node, ast.Attribute):
+            name = _gpufacts_name(node, modules_as, names_as)
+            module, _, attr = (name or "").rpartition(".")
+            if module in PARSERS_OF and PARSERS_OF[module](attr):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+_NOT_RUNNING = {"join", "append", "extend", "failed_call"}  # a plan, a hint text, a failure's words
+
+
+def argv_runs(source: str, argvs: set[str]) -> list[str]:
+    """Where ``source`` hands a command line of gpufacts/smi.py (``argvs``: its names) to a call
+    that may run it: the argv built (``smi.x_argv(...)``, or a name imported from smi.py) as
+    an argument of any call but a plan's or a text's (``append``, ``" ".join``,
+    ``words.failed_call``), directly or through a local name. Listing argvs for
+    ``boot --dry-run`` or writing them into a hint runs nothing."""
+    tree = ast.parse(source)
+    modules_as, names_as = _gpufacts_names(tree)
+
+    def is_argv(node) -> bool:
+        if not isinstance(node, ast.Call):
+            return False
+        name = _gpufacts_name(node.func, modules_as, names_as) or ""
+        module, _, attr = name.rpartition(".")
+        return module == "podvm_gpu.gpufacts.smi" and attr in argvs
+
+    held = {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and is_argv(node.value)
+            for target in node.targets if isinstance(target, ast.Name)}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        callee = node.func.attr if isinstance(node.func, ast.Attribute) else \
+            node.func.id if isinstance(node.func, ast.Name) else ""
+        if callee in _NOT_RUNNING:
+            continue
+        for arg in [*node.args, *(k.value for k in node.keywords)]:
+            if is_argv(arg) or (isinstance(arg, ast.Name) and arg.id in held):
+                found.append(f"line {node.lineno}: {callee}({ast.unparse(arg)}, ...)")
+    return found
+
+
+def outside_gpufacts() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if GPUFACTS not in p.parents)
+
+
+def test_no_module_outside_gpufacts_takes_a_parser_of_gpufacts():
+    """Issue 44 ("Done when"): facts leave gpufacts parsed and typed. No module outside
+    podvm_gpu/gpufacts/ imports smi.py's ``parse_*`` or words.py's ``csv_rows`` and ``na``: a
+    step, a check row or the watcher asks a reader of gpufacts (gpufacts/ask.py,
+    gpufacts/health.py) for the values instead."""
+    found = {str(p.relative_to(PACKAGE)): parser_uses(p.read_text()) for p in outside_gpufacts()}
+
+    assert {name: uses for name, uses in found.items() if uses} == {}
+
+
+def test_no_module_outside_gpufacts_runs_a_command_line_of_gpufacts():
+    """Issue 44 ("Done when"): the nvidia-smi queries are run where they are parsed. No module
+    outside podvm_gpu/gpufacts/ hands an argv of gpufacts/smi.py to a runner (or to a helper
+    that runs it); a dry-run plan or a "run ... by hand" hint may still name one."""
+    argvs = smi_argvs()
+    found = {str(p.relative_to(PACKAGE)): argv_runs(p.read_text(), argvs) for p in outside_gpufacts()}
+
+    assert len(argvs) >= 10, "smi.py's command lines moved: update this rule"
+    assert {name: runs for name, runs in found.items() if runs} == {}
+
+
+def test_the_gpufacts_rules_find_a_parser_and_a_run():
+    """Each rule finds what it forbids, in each form it has taken in the package."""
+    argvs = smi_argvs()
+    runs = ("from podvm_gpu.gpufacts import smi\n"
+            "from podvm_gpu.gpufacts.smi import fabric_argv\n"
+            "def a(runner):\n    return runner.run(smi.fabric_argv(), check=False)\n"
+            "def b(ctx):\n    argv = fabric_argv()\n    return ctx.runner.run(argv, timeout=5)\n"
+            "def c(ctx):\n    return query(ctx, smi.remap_argv(), 3)\n"
+            "def d(facts):\n    return answers(lambda q: facts.runner.run(smi.conf_compute_argv(q)))\n"
+            "def plan():\n    return [smi.ecc_argv(), fabric_argv()]\n"
+            "def hint():\n    return ' '.join(smi.action_argv())\n")
+    parsers = ("from podvm_gpu.gpufacts import smi, words\n"
+               "from podvm_gpu.gpufacts.smi import parse_cliques as parse, summarize\n"
+               "from podvm_gpu.gpufacts.words import csv_rows, bus_id\n"
+               "x = smi.parse_fabric_rows('') or words.na('') or words.bus_id('')\n")
+
+    assert [line.split(":")[0] for line in argv_runs(runs, argvs)] == \
+        ["line 4", "line 7", "line 9", "line 11"]
+    assert len(parser_uses(parsers)) == 4

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from scenarios.world import World, load_case
 
+from podvm_gpu.gpufacts import smi
 from podvm_gpu.model import PciDevice
 from podvm_gpu.steps.fabric import fabric_kind
 
@@ -54,11 +55,11 @@ def test_the_gpus_device_id_tells_a_gb200_tray_from_an_h100_behind_shared_nvswit
 
 
 def test_cliques_from_550_full_q_none_from_535_or_na():
-    assert fabric_kind.parse_cliques(Q_550) == [
+    assert smi.parse_cliques(Q_550) == [
         {"gpu": "00000000:18:00.0", "clique_id": 32766,
          "cluster_uuid": "a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf"}]
-    assert fabric_kind.parse_cliques(Q_535) == []
-    assert fabric_kind.parse_cliques(Q_NA) == []
+    assert smi.parse_cliques(Q_535) == []
+    assert smi.parse_cliques(Q_NA) == []
 
 
 def test_a_gb200_world_is_nvlink_rack_in_status_and_check_and_starts_no_fabric_manager():

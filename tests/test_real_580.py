@@ -16,7 +16,6 @@ from podvm_gpu.gpufacts import health, judge, smi, words
 from podvm_gpu.host.proc import Completed
 from podvm_gpu.steps.cc import classify
 from podvm_gpu.steps.cc.query import answers as cc_answers
-from podvm_gpu.steps.fabric import fabric_kind
 from podvm_gpu.steps.fabric.parse import health_summary
 
 REAL = Path(__file__).resolve().parent / "data" / "real" / "h200-580"
@@ -95,7 +94,7 @@ def test_a_lone_580_gpu_reports_no_fabric_and_full_q_has_none_either():
     assert not judge.fabric_state(states, ["0000:00:06.0"])[2]  # not ready
     full = BY_ARGV[tuple(smi.full_query_argv())]["stdout"]
     assert [tuple(s) for s in smi.parse_fabric(full)] == [(BUS, "N/A", "N/A")]
-    assert fabric_kind.parse_cliques(full) == [], "N/A clique and cluster are left out"
+    assert smi.parse_cliques(full) == [], "N/A clique and cluster are left out"
 
 
 def test_a_580_health_summary_of_na_passes():
@@ -136,7 +135,7 @@ def test_the_cc_queries_of_580_classify_as_off_and_not_ready():
     assert finding.label == "off" and finding.unreadable == {}
     assert finding.describe() == ("CC status: OFF, DevTools Mode: OFF, CC Environment: UNAVAILABLE, "
                                   "Multi-GPU Mode: None")
-    assert classify.parse_ready_state(grs.stdout, grs.returncode) == "not-ready"
+    assert smi.parse_ready_state(grs.stdout, grs.returncode) == "not-ready"
 
 
 @pytest.mark.parametrize("argv", [e["argv"] for e in CAPTURE if e["exit"]],

@@ -379,19 +379,19 @@ def test_cc_readers_on_the_real_output(builds, world):
     for build in builds:
         runner, _ = in_state(world, build, "healthy")  # CC on, not ready, ready state in a file
         done = runner.run(CC_F, check=False)
-        assert (classify.parse_cc_mode(done.output), done.returncode) == ("on", 0)
+        assert (smi_back_end.parse_cc_mode(done.output), done.returncode) == ("on", 0)
         grs = runner.run(CC_GRS, check=False)
-        assert classify.parse_ready_state(grs.output) == "not-ready"
+        assert smi_back_end.parse_ready_state(grs.output) == "not-ready"
         srs = runner.run(CC_SRS, check=False)
         assert (srs.stdout, srs.returncode) == ("", 0)
-        assert classify.parse_ready_state(runner.run(CC_GRS, check=False).output) == "ready"
+        assert smi_back_end.parse_ready_state(runner.run(CC_GRS, check=False).output) == "ready"
         # a failed attestation sets a found-ready state back (steps/cc/attest/gate.py)
         srs = runner.run(CC_SRS0, check=False)
         assert (srs.stdout, srs.returncode) == ("", 0)
-        assert classify.parse_ready_state(runner.run(CC_GRS, check=False).output) == "not-ready"
+        assert smi_back_end.parse_ready_state(runner.run(CC_GRS, check=False).output) == "not-ready"
         for state in ("lost-after-handle", "lost-at-handle", "init-9"):
             runner, _ = in_state(world, build, state)
-            for argv, reader in ((CC_F, classify.parse_cc_mode), (CC_GRS, classify.parse_ready_state)):
+            for argv, reader in ((CC_F, smi_back_end.parse_cc_mode), (CC_GRS, smi_back_end.parse_ready_state)):
                 done = runner.run(argv, check=False)
                 assert done.returncode in (9, 15), (state, done)
                 assert reader(done.output, done.returncode) is None, (state, argv)
@@ -431,7 +431,7 @@ def test_cc_classification_and_step_on_the_real_output(builds, world):
             else:
                 with pytest.raises(Skipped):
                     cc_step.run(ctx)
-            assert classify.parse_ready_state(runner.run(CC_GRS, check=False).output) == \
+            assert smi_back_end.parse_ready_state(runner.run(CC_GRS, check=False).output) == \
                 ("ready" if label in ("on", "ppcie") else "not-ready"), (build.ident, cc)
         for state in ("lost-after-handle", "lost-at-handle", "one-of-two-lost-at-handle"):
             found = real_finding(in_state(world, build, state)[0])

@@ -250,6 +250,76 @@ def read_recovery(asker, runner, timeout: float, reset_pending_warns: bool) -> l
     return out
 
 
+def read_remapper(runner, timeout: float, reset_pending_warns: bool,
+                  asker=ask) -> tuple[list[Finding] | None, str]:
+    """Run the row-remapper query (smi.remap_argv) with ``asker`` (:func:`ask`'s shape) and
+    judge it (:func:`judge_remapper`): ``(findings, "")``, or ``(None, why it is unread)``.
+
+    Raises:
+        Broken: as :func:`ask`.
+    """
+    rows, why = asker(runner, smi.remap_argv(), len(smi.REMAP_FIELDS), timeout)
+    return (None, why) if rows is None else (judge_remapper(rows, reset_pending_warns), "")
+
+
+def read_ecc(runner, timeout: float, reset_pending_warns: bool,
+             asker=ask) -> tuple[list[Finding] | None, str]:
+    """Run the ECC and page-retirement query (smi.ecc_argv) with ``asker`` and judge it
+    (:func:`judge_ecc`): ``(findings, "")``, or ``(None, why it is unread)``.
+
+    Raises:
+        Broken: as :func:`ask`.
+    """
+    rows, why = asker(runner, smi.ecc_argv(), len(smi.ECC_FIELDS), timeout)
+    return (None, why) if rows is None else (judge_ecc(rows, reset_pending_warns), "")
+
+
+def read_memory(runner, timeout: float, reset_pending_warns: bool, unread: list[str],
+                asker=ask) -> list[Finding]:
+    """:func:`read_remapper`, :func:`read_ecc` and :func:`read_recovery`, one after another
+    (the watcher's poll): their findings, in that order; why the remapper or the ECC query is
+    unread is appended to ``unread`` as it is found (kept when a later query raises).
+
+    Raises:
+        Broken: as :func:`ask`.
+    """
+    found: list[Finding] = []
+    for read in (read_remapper, read_ecc):
+        findings, why = read(runner, timeout, reset_pending_warns, asker)
+        if findings is None:
+            unread.append(why)
+        else:
+            found += findings
+    return found + read_recovery(asker, runner, timeout, reset_pending_warns)
+
+
+def side_by_side(runner, timeout: float):
+    """:func:`ask` with the gate's four queries (remapper, ECC, reset status, recovery action)
+    asked at once, side by side (issue 38: they do not depend on each other, and a real H200
+    answers four nvidia-smi calls at once in about the time of one); the caller reads their
+    answers in its own order, so a ``Broken`` or a warning comes where asking one after another
+    put it. A query not asked here is asked when it is read. Each call at most ``timeout``
+    seconds."""
+    from podvm_gpu.host.proc import side_by_side as at_once
+
+    argvs = [smi.remap_argv(), smi.ecc_argv(), smi.reset_argv(), smi.action_argv()]
+    done = dict(zip([tuple(argv) for argv in argvs], at_once(
+        [lambda argv=argv: runner.run(argv, check=False, timeout=timeout)
+         for argv in argvs])))
+
+    def asked(runner, argv: list[str], width: int, timeout: float, parse=None):
+        if tuple(argv) not in done:
+            return ask(runner, argv, width, timeout, parse)
+        call, err = done.pop(tuple(argv))
+        if isinstance(err, CommandError):  # as ask() says a call that could not run
+            return None, str(err)
+        if err is not None:
+            raise err
+        return answered(argv, width, call, parse)
+
+    return asked
+
+
 def said(findings: list[Finding], *kinds: str) -> list[str]:
     """The ``what`` of each finding of ``kinds`` (none: every one), in order."""
     return [f.what for f in findings if not kinds or f.kind in kinds]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 
-from podvm_gpu.gpufacts import health, judge, kernel, smi, xids
+from podvm_gpu.gpufacts import ask, health, judge, kernel, xids
 from podvm_gpu.gpufacts.finding import FAIL, NONE, REPLACE, RESET, WARN, Finding, finding, reset_needed
 from podvm_gpu.gpufacts.words import bus_id
 from podvm_gpu.steps.fabric import parse as fabric_parse
@@ -104,17 +104,8 @@ def poll_health(runner, timeout: float,
         warning, never a verdict: the watcher raises no false alarm of its own).
     """
     unread: list[str] = []
-    found: list[Finding] = []
     try:
-        for argv, width, judge_rows in ((smi.remap_argv(), len(smi.REMAP_FIELDS),
-                                         health.judge_remapper),
-                                        (smi.ecc_argv(), len(smi.ECC_FIELDS), health.judge_ecc)):
-            rows, why = health.ask(runner, argv, width, timeout)
-            if rows is None:
-                unread.append(why)
-            else:
-                found += judge_rows(rows, reset_pending_warns)
-        found += health.read_recovery(health.ask, runner, timeout, reset_pending_warns)
+        found = health.read_memory(runner, timeout, reset_pending_warns, unread)
     except health.Broken as err:
         return [finding(FAIL, str(err), gpu=err.gpu)], unread
     unread += health.said(found, "unread-value", "unread")
@@ -135,10 +126,9 @@ def poll_fabric(runner, timeout: float, gpus: list[str],
     from podvm_gpu.errors import CommandError, StepFailed
 
     try:
-        done = runner.run(smi.fabric_argv(), check=False, timeout=timeout)
+        states, done = ask.fabric_rows(runner, timeout)
     except CommandError as err:
         return [], [f"fabric state not read ({err})"]
-    states = smi.parse_fabric_rows(done.stdout) if done.returncode == 0 else None
     if states is None:
         return [], [f"fabric state not read (nvidia-smi exit {done.returncode})"]
     wanted = {bus_id(g) for g in gpus}

@@ -30,7 +30,7 @@ from podvm_gpu.config.load import parse_config, read_config_text
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import QUOTE_MAX, CdiSpecError, CommandError, ConfigError, exit_text, one_line
 from podvm_gpu.gpufacts import kernel
-from podvm_gpu.gpufacts.smi import parse_fabric, parse_fabric_rows
+from podvm_gpu.gpufacts.smi import parse_cc_mode, parse_fabric, parse_fabric_rows, parse_ready_state
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Completed
@@ -38,7 +38,6 @@ from podvm_gpu.host.sysfs import scan_nvidia
 from podvm_gpu.model import State, classify
 from podvm_gpu.readers import char_majors, gpu_minor, loaded_modules
 from podvm_gpu.status import StatusUnreadable, exit_code_for, load_status, run_status
-from podvm_gpu.steps.cc.classify import parse_cc_mode, parse_ready_state
 from podvm_gpu.steps.cdi.step import mig_problem
 
 # Random inputs on every run (new ones each time); a failure prints the falsifying example and

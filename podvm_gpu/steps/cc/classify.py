@@ -32,15 +32,8 @@ Plain classes, no ``dataclasses``: ``podvm-gpu metrics`` imports this module, an
 from __future__ import annotations
 
 from podvm_gpu.errors import exit_text
-from podvm_gpu.gpufacts import judge, words
-from podvm_gpu.gpufacts.smi import (  # noqa: F401 (the parsers of the CC answers: the back end's)
-    parse_cc_mode,
-    parse_devtools,
-    parse_environment,
-    parse_multi_gpu,
-    parse_ready_state,
-    smi_unrecognized_option,
-)
+from podvm_gpu.gpufacts import ask, judge, words
+from podvm_gpu.gpufacts.smi import smi_unrecognized_option
 
 # The queries, by their short option (the shared cases answer these and the long forms).
 QUERIES = ("-f", "-d", "-e", "-mgm")
@@ -169,8 +162,7 @@ def from_smi(answers: dict) -> CcFinding:
             continue
         value = None
         if rc == 0:
-            value = {"-f": parse_cc_mode, "-d": parse_devtools, "-e": parse_environment,
-                     "-mgm": parse_multi_gpu}[query](text)
+            value = ask.cc_value(query, text)
         if value is None:
             finding.unreadable[query] = said(rc, text)
             continue

@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 
 from podvm_gpu.errors import CommandError, StepFailed, one_line
-from podvm_gpu.gpufacts import smi
+from podvm_gpu.gpufacts import ask, smi
 from podvm_gpu.gpufacts.words import bus_id as normal_bus_id
 
 NAME = "attested_gpus"  # the boot context's attribute and status.json's key
@@ -72,11 +72,10 @@ def read(runner, when: str, root=None) -> list[GpuIdentity]:
             the driver attached (a driver an early client re-initialised).
     """
     try:
-        done = runner.run(smi.identity_argv(), check=False)
+        rows, done = ask.identities(runner)
     except CommandError as err:
         raise StepFailed(f"cannot read the GPUs' identities {when} ({one_line(str(err), 200)})"
                          ) from err
-    rows = smi.parse_identities(done.output) if done.returncode == 0 else None
     if not rows:
         raise StepFailed(f"cannot read the GPUs' identities {when} ({_COMMAND} exit "
                          f"{done.returncode}: {one_line(done.output, 160)!r}): the GPUs made "

@@ -9,7 +9,7 @@ wait (the boot's one bounded wait, host/wait.py) polls the pipeline's record of 
 from __future__ import annotations
 
 from podvm_gpu.errors import CommandError, StepFailed
-from podvm_gpu.gpufacts import smi
+from podvm_gpu.gpufacts import ask
 from podvm_gpu.host import kmsg, tee
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import StepResult
@@ -29,12 +29,17 @@ def conf_compute(ctx: BootContext, *args: str):
     Raises:
         StepFailed: nvidia-smi could not be run, or timed out (the reason names the command).
     """
-    command = f"nvidia-smi conf-compute {' '.join(args)}"
     try:
-        return ctx.runner.run(smi.conf_compute_argv(*args), check=False)
+        return ask.conf_compute(ctx.runner, *args)
     except CommandError as err:
-        said = str(err)  # a timeout names the command already; "not found" does not
-        raise StepFailed(said if said.startswith(command) else f"{command}: {said}") from err
+        raise _not_run(err, *args) from err
+
+
+def _not_run(err: CommandError, *args: str) -> StepFailed:
+    """A ``nvidia-smi conf-compute <args>`` call that could not run, as a step failure."""
+    command = f"nvidia-smi conf-compute {' '.join(args)}"
+    said = str(err)  # a timeout names the command already; "not found" does not
+    return StepFailed(said if said.startswith(command) else f"{command}: {said}")
 
 
 def answers(run_one) -> dict:
@@ -92,8 +97,10 @@ def ready_state(ctx: BootContext) -> str:
     Raises:
         StepFailed: nvidia-smi failed or printed a value the agent does not know.
     """
-    done = conf_compute(ctx, "-grs")
-    state = classify.parse_ready_state(done.output)
+    try:
+        state, done = ask.ready_state(ctx.runner)
+    except CommandError as err:
+        raise _not_run(err, "-grs") from err
     if done.returncode != 0 or state not in ("ready", "not-ready"):
         raise StepFailed(f"cannot read the CC ready state (nvidia-smi conf-compute -grs "
                          f"{classify.said(done.returncode, done.output)})")

@@ -6,7 +6,7 @@ the same multi-GPU rule, multigpu.py) and
 from __future__ import annotations
 
 from podvm_gpu import units
-from podvm_gpu.gpufacts.smi import conf_compute_argv
+from podvm_gpu.gpufacts import ask
 from podvm_gpu.host import tee
 from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check
 from podvm_gpu.steps.cc import classify, multigpu
@@ -22,8 +22,7 @@ def confidential_computing_row(facts) -> Check:
     skip = facts.not_reached(CC_ROW) or facts.needs_driver(CC_ROW)
     if skip:
         return skip
-    found = answers(lambda query: facts.runner.run(conf_compute_argv(query),
-                                                   check=False))
+    found = answers(lambda query: ask.conf_compute(facts.runner, query))
     finding = classify.from_smi(found)
     where, hint = guest(facts.root)
     cfg = facts.config.confidential_computing
@@ -40,8 +39,7 @@ def confidential_computing_row(facts) -> Check:
     if failure:
         return Check(CC_ROW, FAIL, failure, multigpu.FIX)
     notes = "; ".join(filter(None, [notes, warning]))
-    grs = facts.runner.run(conf_compute_argv("-grs"), check=False)
-    state = classify.parse_ready_state(grs.output) if grs.returncode == 0 else None
+    state, grs = ask.ready_state(facts.runner)
     level = PASS if verdict.outcome == classify.CONFIDENTIAL and not verdict.warnings \
         and not warning else WARN
     extra = f"; {notes}" if notes else ""

@@ -31,54 +31,28 @@ answered (not supported, a tool too old, a timeout, a field it does not know) is
 
 from __future__ import annotations
 
-from podvm_gpu.errors import CommandError, StepFailed
-from podvm_gpu.gpufacts import health, smi
+from podvm_gpu.errors import StepFailed
+from podvm_gpu.gpufacts import health
 from podvm_gpu.gpufacts.finding import FAIL, REPLACE, RESET
 from podvm_gpu.steps.context import BootContext
 
 
-def query(ctx: BootContext, argv: list[str], width: int, what: str,
-          asker=health.ask) -> list[list[str]] | None:
-    """Run one health query (with ``asker``, gpufacts/health.py ``ask``'s shape); its rows, or
-    None after adding a warning saying why it is unread.
+def query(ctx: BootContext, read, what: str, asker=health.ask) -> list:
+    """Run one health query of gpufacts/health.py (``read``: ``read_remapper`` or
+    ``read_ecc``, with ``asker``, ``ask``'s shape): its findings, or an empty list after adding
+    a warning saying why it is unread.
 
     Raises:
         StepFailed: gpufacts/health.py ``Broken`` (a lost GPU, a driver that cannot answer).
     """
     try:
-        rows, why = asker(ctx.runner, argv, width, ctx.harmless_timeout("nvidia-smi"))
+        found, why = read(ctx.runner, ctx.harmless_timeout("nvidia-smi"),
+                          ctx.config.health.reset_pending_warns, asker)
     except health.Broken as err:
         raise StepFailed(f"health: {err}; spec not installed") from err
-    if rows is None:
+    if found is None:
         ctx.warn(f"cdi: health: {what} not read ({why}); the boot does not fail on it")
-    return rows
-
-
-def asked_side_by_side(ctx: BootContext):
-    """gpufacts/health.py ``ask`` with the gate's four queries asked at once, side by side
-    (issue 38: they do not depend on each other, and a real H200 answers four nvidia-smi calls
-    at once in about the time of one); the gate reads their answers in its own order, so a
-    ``Broken`` or a warning comes where asking one after another put it. A query not asked here
-    is asked when it is read."""
-    from podvm_gpu.host.proc import side_by_side
-
-    timeout = ctx.harmless_timeout("nvidia-smi")
-    argvs = [smi.remap_argv(), smi.ecc_argv(), smi.reset_argv(), smi.action_argv()]
-    done = dict(zip([tuple(argv) for argv in argvs], side_by_side(
-        [lambda argv=argv: ctx.runner.run(argv, check=False, timeout=timeout)
-         for argv in argvs])))
-
-    def asked(runner, argv: list[str], width: int, timeout: float, parse=None):
-        if tuple(argv) not in done:
-            return health.ask(runner, argv, width, timeout, parse)
-        call, err = done.pop(tuple(argv))
-        if isinstance(err, CommandError):  # as ask() says a call that could not run
-            return None, str(err)
-        if err is not None:
-            raise err
-        return health.answered(argv, width, call, parse)
-
-    return asked
+    return found or []
 
 
 def gate(ctx: BootContext) -> str:
@@ -89,14 +63,9 @@ def gate(ctx: BootContext) -> str:
             ``health.reset_pending_warns``) a reset.
     """
     warns = ctx.config.health.reset_pending_warns
-    found = []
-    asked = asked_side_by_side(ctx)
-    rows = query(ctx, smi.remap_argv(), len(smi.REMAP_FIELDS), "the row remapper", asked)
-    if rows is not None:
-        found += health.judge_remapper(rows, warns)
-    rows = query(ctx, smi.ecc_argv(), len(smi.ECC_FIELDS), "ECC errors and page retirement", asked)
-    if rows is not None:
-        found += health.judge_ecc(rows, warns)
+    asked = health.side_by_side(ctx.runner, ctx.harmless_timeout("nvidia-smi"))
+    found = query(ctx, health.read_remapper, "the row remapper", asked)
+    found += query(ctx, health.read_ecc, "ECC errors and page retirement", asked)
     for line in health.said(found, "unread-value"):
         ctx.warn(f"cdi: health: {line}: not read as a value; the boot does not fail on it")
     try:  # issue 28: the reset status and the recovery action

@@ -30,7 +30,7 @@ from podvm_gpu.cdi.parse import parse_spec
 from podvm_gpu.cdi.ready import check_ready_spec
 from podvm_gpu.cdi.unavailable import UNAVAILABLE_DEVICE
 from podvm_gpu.errors import CdiSpecError, CommandError, StepFailed, exit_text, one_line
-from podvm_gpu.gpufacts import smi, words
+from podvm_gpu.gpufacts import ask, smi, words
 from podvm_gpu.gpufacts.finding import REPLACE, RESET
 from podvm_gpu.host.fs import atomic_write, ensure_dir, read_bounded, unread
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
@@ -74,15 +74,14 @@ def mig_problem(ctx: BootContext) -> str | None:
     """
     timeout = ctx.harmless_timeout("nvidia-smi")
     try:
-        done = ctx.runner.run(smi.mig_mode_argv(), timeout=timeout)
+        enabled = ask.mig_enabled(ctx.runner, timeout)
     except CommandError:
         return None
-    enabled = smi.mig_enabled(done.stdout)
     if not enabled:
         return None
     gpus = one_line(", ".join(enabled), 100)
     try:
-        listing = ctx.runner.run(smi.mig_list_argv(), check=False, timeout=timeout)
+        listing = ask.mig_instances(ctx.runner, timeout)
     except CommandError as err:
         return f"MIG mode is enabled on GPU {gpus} (nvidia-smi mig -lgi: {err})"
     said = f"{exit_text(listing.returncode)}: {one_line(listing.output, 200) or 'no output'}"
@@ -301,8 +300,8 @@ def row_remapper_row(facts) -> Check:
     ``health.reset_pending_warns``, an unanswered query warns."""
     from podvm_gpu.gpufacts import health
 
-    return _memory_row(facts, "row-remapper", smi.remap_argv(), len(smi.REMAP_FIELDS),
-                       health.judge_remapper, "; the remap takes effect then",
+    return _memory_row(facts, "row-remapper", health.read_remapper, smi.remap_argv,
+                       "; the remap takes effect then",
                        lambda read: "no row remapper (before Ampere): " + "; ".join(
                            f.what for f in read),
                        replace="replace the GPU (ask the provider for another host): its memory "
@@ -317,34 +316,35 @@ def memory_errors_row(facts) -> Check:
     warns; a lost GPU or a driver that cannot answer fails."""
     from podvm_gpu.gpufacts import health
 
-    return _memory_row(facts, "memory-errors", smi.ecc_argv(), len(smi.ECC_FIELDS),
-                       health.judge_ecc, "; the retirement takes effect and the volatile count "
+    return _memory_row(facts, "memory-errors", health.read_ecc, smi.ecc_argv,
+                       "; the retirement takes effect and the volatile count "
                        "starts again then", lambda read: "no ECC counters (N/A on every GPU: ECC "
                        "off, or GPUs without it): " + ", ".join(f.gpu for f in read))
 
 
-def _memory_row(facts, name: str, argv: list[str], width: int, judge_rows, then: str, none_said,
+def _memory_row(facts, name: str, read, argv, then: str, none_said,
                 replace: str | None = None) -> Check:
-    """One memory-health row of check's: ``argv`` asked (``width`` values a row) and judged by
-    ``judge_rows`` (gpufacts/health.py). A lost GPU or a driver that cannot answer fails; a
-    finding that asks for a replacement fails with ``replace`` (when given), one that asks for
-    a reset fails or warns with the reset sentence and ``then``; a query or a value not read
-    warns; ``skip`` when every GPU answered N/A (``none_said(read findings)``), else ``pass``."""
+    """One memory-health row of check's: the query asked and judged by ``read``
+    (gpufacts/health.py ``read_remapper`` or ``read_ecc``; ``argv``, the function of its
+    command line in gpufacts/smi.py, gives the by-hand hint only). A lost GPU or a driver that
+    cannot answer fails; a finding that asks for a replacement fails with ``replace`` (when
+    given), one that asks for a reset fails or warns with the reset sentence and ``then``; a
+    query or a value not read warns; ``skip`` when every GPU answered N/A (``none_said(read
+    findings)``), else ``pass``."""
     from podvm_gpu.gpufacts import health
     from podvm_gpu.steps.cdi import recovery
 
     ended, timeout = recovery.health_row_start(facts, name)
     if ended:
         return ended
-    hand = "run " + " ".join(argv).replace(",noheader", "") + " by hand"
+    hand = "run " + " ".join(argv()).replace(",noheader", "") + " by hand"
     try:
-        rows, why = health.ask(facts.runner, argv, width, timeout)
+        found, why = read(facts.runner, timeout, facts.config.health.reset_pending_warns)
     except health.Broken as err:
         return Check(name, FAIL, str(err), "reboot the VM; if the GPU stays lost, ask the "
                      "provider for another host")
-    if rows is None:
+    if found is None:
         return Check(name, WARN, f"not read ({why}); the boot does not fail on it", hand)
-    found = judge_rows(rows, facts.config.health.reset_pending_warns)
     if replace and any(f.action == REPLACE for f in found):
         return Check(name, FAIL, "; ".join(f.what for f in _bad(found)), replace)
     ended = _reset_row(facts, name, found, then)

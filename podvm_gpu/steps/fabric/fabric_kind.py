@@ -152,13 +152,6 @@ def detect(nvswitches: list[str], sys_pci: str = infiniband.PCI_DEVICES,
     return fabric
 
 
-def parse_cliques(text: str) -> list[dict]:
-    """The nvidia-smi back end's reader of a full ``-q`` (gpufacts/smi.py ``parse_cliques``)."""
-    from podvm_gpu.gpufacts.smi import parse_cliques as parse
-
-    return parse(text)
-
-
 def kind_of(fabric: Fabric | None, nvswitches: list) -> str:
     """The fabric kind to act on: the one detected (the boot's, check's reading of PCI), or,
     where none was (a plan or a context built without detection), ``nvswitch`` when PCI has
@@ -242,14 +235,12 @@ def rack_cliques(ctx, fabric: Fabric) -> str:
     ``fabric.cliques`` for status.json; one phrase for the step's message. A query not answered
     or a 535 nvidia-smi (no such lines) is said, never a failure: the fabric is already ready."""
     from podvm_gpu.errors import CommandError
+    from podvm_gpu.gpufacts import ask
 
     try:
-        from podvm_gpu.gpufacts.smi import full_query_argv
-
-        out = ctx.runner.run(full_query_argv(), timeout=ctx.harmless_timeout("nvidia-smi")).stdout
+        fabric.cliques = ask.cliques(ctx.runner, ctx.harmless_timeout("nvidia-smi"))
     except CommandError as err:
         return f"clique and cluster UUID not read ({err})"
-    fabric.cliques = parse_cliques(out)
     if not fabric.cliques:
         return "clique and cluster UUID not printed by this nvidia-smi (550 and later print them)"
     pairs: dict[tuple[int, str], int] = {}

@@ -2,38 +2,16 @@
 step and check's row. The judgements are gpufacts' (podvm_gpu/gpufacts/judge.py: ``fabric_state``,
 the GPUs' fabric state against the VM's GPUs, the fabricmanager step's one decision for boot's
 wait and check's row; ``fabric_health``, each GPU's health as gpufacts/finding.py findings); the
-queries and their parsers are the nvidia-smi back end's (podvm_gpu/gpufacts/smi.py:
-``fabric_argv``, ``parse_fabric_rows``, ``fabric_health_argv``, ``parse_fabric_health``).
+queries and their parsers are the nvidia-smi back end's, run and parsed by its readers
+(podvm_gpu/gpufacts/ask.py: ``fabric_rows``, ``fabric_health``, ``fabric_detail``).
 """
 
 from __future__ import annotations
 
-from podvm_gpu.errors import CommandError, StepFailed
-from podvm_gpu.gpufacts import judge, smi, words
+from podvm_gpu.errors import StepFailed
+from podvm_gpu.gpufacts import ask, judge
 from podvm_gpu.gpufacts.finding import Finding
 from podvm_gpu.row import FAIL, PASS, WARN, Check
-
-
-def _ask(runner, argv: list[str], parse, timeout: float):
-    """``(parsed, None)``, or ``(None, why)`` with why ``""`` for a field this nvidia-smi does
-    not offer.
-
-    Raises:
-        StepFailed: nvidia-smi says the driver or a GPU cannot answer (words.NVSMI_BROKEN).
-    """
-    try:
-        done = runner.run(argv, check=False, timeout=timeout)
-    except CommandError as err:
-        return None, str(err)
-    broken = words.broken(done.returncode, done.output)
-    if broken:
-        raise StepFailed(f"fabric health: {broken}")
-    parsed = parse(done.stdout) if done.returncode == 0 else None
-    if parsed is None and words.NOT_A_FIELD in done.output:
-        return None, ""
-    if parsed is None:
-        return None, words.failed_call(argv, done.returncode, done.output)
-    return parsed, None
 
 
 def read_summary(runner, timeout: float) -> tuple[list[Finding], list[dict], str, str]:
@@ -55,11 +33,11 @@ def read_summary(runner, timeout: float) -> tuple[list[Finding], list[dict], str
     Raises:
         StepFailed: nvidia-smi says the driver or a GPU cannot answer (words.NVSMI_BROKEN).
     """
-    rows, why = _ask(runner, smi.fabric_health_argv(), smi.parse_fabric_health, timeout)
+    rows, why = ask.fabric_health(runner, timeout)
     if rows is None:
         return [], [], why, "health summary not read" if why else \
             "health summary not offered by this nvidia-smi"
-    detail, unread = _ask(runner, smi.fabric_detail_argv(), smi.parse_fabric_detail, timeout)
+    detail, unread = ask.fabric_detail(runner, timeout)
     findings: list[Finding] = []
     read: list[dict] = []
     counts: dict[str, int] = {}

@@ -34,8 +34,8 @@ import time
 
 from podvm_gpu import readers, units
 from podvm_gpu.errors import CommandError, StepFailed, ended_text
-from podvm_gpu.gpufacts import judge, smi, words
-from podvm_gpu.gpufacts.smi import FabricState, fabric_argv, parse_fabric_rows, summarize
+from podvm_gpu.gpufacts import ask, judge, smi, words
+from podvm_gpu.gpufacts.smi import FabricState, summarize
 from podvm_gpu.gpufacts.words import bus_id
 from podvm_gpu.host.daemons import Daemon
 from podvm_gpu.host.fs import atomic_write, ensure_dir
@@ -73,8 +73,9 @@ def lost_text(ctx: BootContext, states: list[FabricState]) -> str:
 
 
 def query(ctx: BootContext, timeout: float | None = None) -> list[FabricState]:
-    """Every GPU's fabric state (one :func:`~podvm_gpu.gpufacts.smi.fabric_argv` call); the GPUs it lists are
-    kept in ``ctx.nvml_seen`` (an empty set when nvidia-smi says it found no device).
+    """Every GPU's fabric state (one :func:`~podvm_gpu.gpufacts.smi.fabric_argv` call,
+    gpufacts/ask.py ``fabric_states``); the GPUs it lists are kept in ``ctx.nvml_seen`` (an
+    empty set when nvidia-smi says it found no device).
 
     Raises:
         StepFailed: a GPU is lost (exit 15 naming its bus id, or rows of ``[GPU is lost]``),
@@ -82,9 +83,8 @@ def query(ctx: BootContext, timeout: float | None = None) -> list[FabricState]:
         CommandError: nvidia-smi failed otherwise, timed out, or printed no rows (also for "No
             devices were found").
     """
-    argv = fabric_argv()
     try:
-        out = ctx.runner.run(argv, timeout=timeout).stdout
+        states = ask.fabric_states(ctx.runner, timeout)
     except CommandError as err:
         if err.returncode == words.NVSMI_NOT_FOUND_RC and NO_DEVICES in err.stdout + err.stderr:
             ctx.nvml_seen = set()
@@ -92,10 +92,6 @@ def query(ctx: BootContext, timeout: float | None = None) -> list[FabricState]:
         if broken:
             raise StepFailed(broken) from err
         raise
-    states = parse_fabric_rows(out)
-    if states is None:
-        raise CommandError(argv, 0, out, message=f"nvidia-smi fabric query printed no rows: "
-                           f"{' '.join(out.split())[:160] or 'nothing'}")
     if any(s.lost for s in states):
         raise StepFailed(lost_text(ctx, states))
     ctx.nvml_seen = nvml_bus_ids(states)
@@ -355,7 +351,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
             daemon_pid(ctx.root, FABRICMANAGER_PID, FABRICMANAGER_COMM) is None:
         argv = fabricmanager_argv(ctx, write=False)
         argvs.append(argv + (["-g", "<port GUID>"] if kind == fabric_kind.NVLINK5 else []))
-    return [*argvs, fabric_argv(), smi.fabric_health_argv(), smi.fabric_detail_argv()]
+    return [*argvs, smi.fabric_argv(), smi.fabric_health_argv(), smi.fabric_detail_argv()]
 
 
 # --- podvm-gpu check ----------------------------------------------------------------------
@@ -396,10 +392,9 @@ def fabricmanager_row(facts) -> Check:
         return Check("fabricmanager", FAIL, f"{what} but nv-fabricmanager is not running",
                      "see the fabricmanager step in podvm-gpu status and "
                      "/var/log/fabricmanager.log")
-    done = facts.runner.run(fabric_argv(), check=False)
-    states = parse_fabric_rows(done.stdout) if done.returncode == 0 else None
+    states, done = ask.fabric_rows(facts.runner)
     if states is None:
-        return Check("fabricmanager", FAIL, f"fabric state not read: {fabric_query_said(done)}",
+        return Check("fabricmanager", FAIL, f"fabric state not read: {ask.fabric_query_said(done)}",
                      "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
                      "--format=csv by hand")
     waiting, _, ready = judge.fabric_state(states, [g.pci_address for g in facts.gpus])
@@ -422,11 +417,6 @@ def not_ready(states: list[FabricState], waiting: list[str], most: int = 3) -> s
     return ", ".join(said[:most]) or "no state"
 
 
-def fabric_query_said(done) -> str:
-    """What a fabric query that gave no rows said: its exit status by NVML meaning, its words."""
-    return words.failed_call(fabric_argv(), done.returncode, done.output, 200)
-
-
 def _outside_row(facts) -> Check:
     """Kind ``none``: shared-NVSwitch virtualization manages the fabric outside the VM, and the
     GPUs still report it; one that never completed is as unusable as with NVSwitches."""
@@ -434,12 +424,11 @@ def _outside_row(facts) -> Check:
     if units.enabled_by(facts.root, "nvidia-fabricmanager.service"):
         note = ("; the image's nvidia-fabricmanager.service is enabled and fails with "
                 "NV_WARN_NOTHING_TO_DO here, which is harmless")
-    done = facts.runner.run(fabric_argv(), check=False)
-    states = parse_fabric_rows(done.stdout) if done.returncode == 0 else None
+    states, done = ask.fabric_rows(facts.runner)
     if states is None:
         broken = words.broken(done.returncode, done.output)
         return Check("fabricmanager", FAIL if broken else WARN, "no NVSwitch in the VM; the "
-                     f"fabric state is not read: {fabric_query_said(done)}",
+                     f"fabric state is not read: {ask.fabric_query_said(done)}",
                      "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
                      "--format=csv by hand")
     managed = [s for s in states if s.supported]

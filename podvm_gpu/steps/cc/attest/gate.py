@@ -26,7 +26,8 @@ import os
 import time
 
 from podvm_gpu.errors import CommandError, StepFailed, one_line
-from podvm_gpu.gpufacts.smi import ready_state_off, vbios_argv
+from podvm_gpu.gpufacts import ask
+from podvm_gpu.gpufacts.smi import ready_state_off
 from podvm_gpu.row import doc_ref
 from podvm_gpu.steps.cc.attest import run as nvattest
 from podvm_gpu.steps.cc.attest import verdict as v
@@ -248,9 +249,8 @@ def rim_not_found(ctx, kind: str) -> str:
     versions = ""
     if kind == "gpu":
         try:
-            done = ctx.runner.run(vbios_argv(), check=False, timeout=10)
-            found = sorted({line.strip() for line in done.stdout.splitlines() if line.strip()})
-            if done.returncode == 0 and found:
+            found = ask.vbios_versions(ctx.runner, 10)
+            if found:
                 versions = f" (VBIOS {', '.join(found)}; driver {ctx.driver_version})"
         except CommandError:
             pass
