@@ -75,7 +75,7 @@ def test_the_health_gate_reads_580_with_no_warning():
     assert [f.what for f in found] == [f"{BUS} remap pending No, failure No",  # 580's words
                                        f"{BUS} volatile uncorrectable ECC 0, retirement pending [N/A]"]
     assert f"{BUS} recovery action None" in health.said(recovery, "read")
-    assert any(line.startswith("reset status not offered") for line in health.said(recovery, "n/a"))
+    assert any(line.startswith("reset status not offered") for line in health.said(recovery, "not-offered"))
 
 
 def test_the_recovery_action_580_prints_is_in_the_one_table():

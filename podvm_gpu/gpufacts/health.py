@@ -4,7 +4,7 @@ boot's health gate (steps/cdi/health.py), check's ``row-remapper``, ``memory-err
 :func:`judge_ecc` and :func:`read_recovery` return: a list of
 :class:`~podvm_gpu.gpufacts.finding.Finding`, in the order the GPUs answered.
 
-Kinds (``Finding.kind``): ``read`` (a GPU's values as read, level ok), ``n/a`` (not offered: a
+Kinds (``Finding.kind``): ``read`` (a GPU's values as read, level ok), ``not-offered`` (a
 GPU without a remapper or ECC counters, an nvidia-smi that does not know a field; level ok),
 ``unread-value`` (a value the judge cannot read as one; warn), ``unread`` (a query or a recovery
 value not read; warn), ``note`` (a recovery action that asks for something else than a reset:
@@ -110,7 +110,7 @@ def judge_remapper(rows: list[list[str]], reset_pending_warns: bool) -> list[Fin
     out: list[Finding] = []
     for bus, pending, failure in judge_lost(rows, reset_pending_warns, out):
         if _na(pending) and _na(failure):
-            out.append(_read(bus, f"{bus} remapper N/A", "n/a"))
+            out.append(_read(bus, f"{bus} remapper N/A", "not-offered"))
             continue
         failed, waiting = _flag(failure), _flag(pending)
         if failed is None or waiting is None:
@@ -141,7 +141,7 @@ def judge_ecc(rows: list[list[str]], reset_pending_warns: bool) -> list[Finding]
     out: list[Finding] = []
     for bus, volatile, retire in judge_lost(rows, reset_pending_warns, out):
         if _na(volatile) and _na(retire):
-            out.append(_read(bus, f"{bus} ECC N/A", "n/a"))
+            out.append(_read(bus, f"{bus} ECC N/A", "not-offered"))
             continue
         readable = _na(volatile) or (volatile.isascii() and volatile.isdigit())
         if not readable or (not _na(retire) and _flag(retire) is None):
@@ -169,7 +169,7 @@ def judge_reset(rows: list[list[str]], reset_pending_warns: bool) -> list[Findin
     out: list[Finding] = []
     for bus, required, drain in rows:
         if _na(required) and _na(drain):
-            out.append(_read(bus, f"{bus} reset status N/A", "n/a"))
+            out.append(_read(bus, f"{bus} reset status N/A", "not-offered"))
             continue
         unknown = [v for v in (required, drain) if not _na(v) and _flag(v) is None]
         if unknown:
@@ -194,7 +194,7 @@ def judge_action(rows: list[list[str]], reset_pending_warns: bool) -> list[Findi
     for row in rows:
         bus, value = row[0], ", ".join(row[1:])  # "1, Reset" (NVIDIA/DCGM#263) is one value
         if _na(value):
-            out.append(_read(bus, f"{bus} recovery action N/A", "n/a"))
+            out.append(_read(bus, f"{bus} recovery action N/A", "not-offered"))
             continue
         action = judge.action_of(value)
         if action is None:
@@ -223,7 +223,7 @@ def _action_rows(text: str) -> list[list[str]] | None:
 def read_recovery(asker, runner, timeout: float, reset_pending_warns: bool) -> list[Finding]:
     """Run the reset-status and recovery-action queries with ``asker`` (:func:`ask`'s shape)
     and judge them. A query not answered is ``unread``, except a field refused as "not a valid
-    field" (not offered by this nvidia-smi, ``n/a``): ``gpu_recovery_action`` before 565, and
+    field" (not offered by this nvidia-smi, ``not-offered``): ``gpu_recovery_action`` before 565, and
     the reset status after 570 when the recovery action answers (NVML deprecated the reset
     status for it; 580 refuses the fields, tests/data/real/h200-580).
 
@@ -238,11 +238,11 @@ def read_recovery(asker, runner, timeout: float, reset_pending_warns: bool) -> l
         out += judge_reset(reset_rows, reset_pending_warns)
     elif words.NOT_A_FIELD in reset_why and action_rows is not None:
         out.append(finding(OK, "reset status not offered by this nvidia-smi (deprecated since "
-                               "570: the recovery action says it)", kind="n/a"))
+                               "570: the recovery action says it)", kind="not-offered"))
     else:
         out.append(finding(WARN, f"reset status not read ({reset_why})", kind="unread"))
     if action_rows is None and words.NOT_A_FIELD in action_why:
-        out.append(finding(OK, "recovery action not offered by this nvidia-smi", kind="n/a"))
+        out.append(finding(OK, "recovery action not offered by this nvidia-smi", kind="not-offered"))
     elif action_rows is None:
         out.append(finding(WARN, f"recovery action not read ({action_why})", kind="unread"))
     else:
@@ -325,4 +325,4 @@ def said(findings: list[Finding], *kinds: str) -> list[str]:
     return [f.what for f in findings if not kinds or f.kind in kinds]
 
 
-READ = ("read", "n/a")
+READ = ("read", "not-offered")

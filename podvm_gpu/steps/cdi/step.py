@@ -354,7 +354,7 @@ def _memory_row(facts, name: str, read, argv, then: str, none_said,
         return Check(name, WARN, "; ".join(health.said(found, "unread-value")) +
                      ": not read as a value", hand)
     read = [f for f in found if f.kind in health.READ]
-    if all(f.kind == "n/a" for f in read):
+    if all(f.kind == "not-offered" for f in read):
         return Check(name, SKIP, none_said(read))
     return Check(name, PASS, "; ".join(f.what for f in read))
 
