@@ -390,6 +390,41 @@ def test_the_watcher_imports_nothing_of_boot():
     assert climbing == []
 
 
+def classes_named(name: str) -> list[str]:
+    """Every class of the package named ``name``, as ``path:line`` under podvm_gpu/ (AST)."""
+    return sorted(f"{path.relative_to(PACKAGE)}:{node.lineno}" for path in PACKAGE.rglob("*.py")
+                  for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.ClassDef) and node.name == name)
+
+
+def test_no_class_of_the_package_is_named_verdict():
+    """Issue 44 item 1: results were held in four classes named ``Verdict`` (cdi/health.py,
+    cc/classify.py, cc/attest/verdict.py, watch/verdicts.py). The health and watcher ones went
+    into gpufacts' one finding type; the CC decision (``classify.CcDecision``) and the nvattest
+    run's outcome (``attest.verdict.NvattestOutcome``) keep their jobs under names of their own."""
+    assert classes_named("Verdict") == []
+
+
+def test_one_class_of_the_package_is_named_finding():
+    """Issue 44 item 1: one finding type, podvm_gpu/gpufacts/finding.py's ``Finding``.
+
+    host/kmsg.py's ``Finding`` (the kernel log's) is being removed by the lead in the same
+    issue; until that lands it is the one other class allowed the name, and the lead tightens
+    this rule to gpufacts' alone at the merge."""
+    named = [where.split(":")[0] for where in classes_named("Finding")]
+
+    assert "gpufacts/finding.py" in named, "the one finding type moved: update this rule"
+    assert [path for path in named if path not in ("gpufacts/finding.py", "host/kmsg.py")] == [], \
+        "a class named Finding outside gpufacts/finding.py (host/kmsg.py's is being removed)"
+
+
+def test_the_class_name_rule_finds_a_class_inside_a_function(tmp_path, monkeypatch):
+    (tmp_path / "deep.py").write_text("def f():\n    class Verdict:\n        pass\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
+
+    assert classes_named("Verdict") == ["deep.py:2"]
+
+
 def status_writers() -> list[str]:
     """The functions of the package that name ``STATUS_PATH`` and write a file (an atomic write,
     a JSON write, a file opened for writing, a rename): status.json's writers."""

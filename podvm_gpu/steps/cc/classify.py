@@ -179,7 +179,7 @@ def from_smi(answers: dict) -> CcFinding:
     return finding
 
 
-class Verdict:
+class CcDecision:
     """What :func:`decide` made of a finding.
 
     Attributes:
@@ -198,7 +198,7 @@ class Verdict:
 
 
 def decide(finding: CcFinding, guest: str | None, allow_devtools: bool = False,
-           allow_cc_off: bool = False) -> Verdict:
+           allow_cc_off: bool = False) -> CcDecision:
     """The decision on a finding (module docstring; docs/interface.md 3.2).
 
     Args:
@@ -210,31 +210,31 @@ def decide(finding: CcFinding, guest: str | None, allow_devtools: bool = False,
     """
     where = f"in a confidential guest, {guest}" if guest else "on a regular VM"
     if finding.no_driver:
-        return Verdict(FAIL, "nvidia-smi cannot communicate with the NVIDIA driver "
+        return CcDecision(FAIL, "nvidia-smi cannot communicate with the NVIDIA driver "
                        f"({finding.no_driver})", "see the modules and device-nodes checks")
     if finding.lost:
-        return Verdict(FAIL, f"a GPU is lost ({finding.lost})",
+        return CcDecision(FAIL, f"a GPU is lost ({finding.lost})",
                        "the GPU fell off the bus or hung: see the kernel log (Xid 79); reboot "
                        "the VM, and replace the GPU if it happens again")
     if finding.mode not in (None, "on", "off"):
-        return Verdict(FAIL, f"unknown CC status {finding.mode.upper()[:40]!r} from nvidia-smi "
+        return CcDecision(FAIL, f"unknown CC status {finding.mode.upper()[:40]!r} from nvidia-smi "
                        "conf-compute -f (not read as off)", "run nvidia-smi conf-compute -f by hand")
     if finding.devtools:
         if not allow_devtools:
-            return Verdict(FAIL, "DevTools Mode: ON (nvidia-smi conf-compute -d): the GPU's CC "
+            return CcDecision(FAIL, "DevTools Mode: ON (nvidia-smi conf-compute -d): the GPU's CC "
                            "runs with its debug interfaces open, a development mode that is not "
                            "production confidential computing",
                            "set the GPU's CC mode to on (not devtools) on the host, or allow it "
                            "with confidential_computing.allow_devtools")
-        return Verdict(DEVTOOLS, "CC devtools", warnings=[
+        return CcDecision(DEVTOOLS, "CC devtools", warnings=[
             "DevTools Mode: ON, not production confidential computing (allowed by "
             "confidential_computing.allow_devtools); the agent never sets its ready state"])
     if finding.capable and finding.mode is None:
         why = finding.unreadable.get("-f", "no answer")
         if guest:
-            return Verdict(FAIL, f"cannot read the CC mode {where} (nvidia-smi conf-compute "
+            return CcDecision(FAIL, f"cannot read the CC mode {where} (nvidia-smi conf-compute "
                            f"-f {why})", "run nvidia-smi conf-compute -f by hand")
-        return Verdict(SKIP, f"CC mode unknown on a regular VM ({why.split(':')[0]})", warnings=[
+        return CcDecision(SKIP, f"CC mode unknown on a regular VM ({why.split(':')[0]})", warnings=[
             f"CC mode unknown (nvidia-smi conf-compute -f {why}); not a confidential guest, "
             "so not required"])
     if finding.confidential:
@@ -242,14 +242,14 @@ def decide(finding: CcFinding, guest: str | None, allow_devtools: bool = False,
     return _not_confidential(finding, guest, where, allow_cc_off)
 
 
-def _confidential(finding: CcFinding, guest: str | None, where: str) -> Verdict:
+def _confidential(finding: CcFinding, guest: str | None, where: str) -> CcDecision:
     warnings = []
     for query, what in (("-d", "the dev-tools mode"), ("-e", "the CC environment")):
         if query in finding.unreadable:
             line = (f"cannot read {what} of a confidential GPU (nvidia-smi conf-compute {query} "
                     f"{finding.unreadable[query]})")
             if guest:
-                return Verdict(FAIL, f"{line} {where}: fails closed",
+                return CcDecision(FAIL, f"{line} {where}: fails closed",
                                f"run nvidia-smi conf-compute {query} by hand")
             warnings.append(f"{line}; not a confidential guest, so not required")
     if finding.environment not in (None, "PRODUCTION"):
@@ -258,11 +258,11 @@ def _confidential(finding: CcFinding, guest: str | None, where: str) -> Verdict:
         warnings.append(f"cannot read the multi-GPU mode (nvidia-smi conf-compute -mgm "
                         f"{finding.unreadable['-mgm']})")
     label = "CC on" if finding.mode == "on" else "CC off, Multi-GPU Mode: Protected PCIe"
-    return Verdict(CONFIDENTIAL, label, warnings=warnings)
+    return CcDecision(CONFIDENTIAL, label, warnings=warnings)
 
 
 def _not_confidential(finding: CcFinding, guest: str | None, where: str,
-                      allow_cc_off: bool) -> Verdict:
+                      allow_cc_off: bool) -> CcDecision:
     if not finding.capable:
         what = "the GPUs do not support confidential computing (No CC capable devices found.)"
     else:
@@ -276,13 +276,13 @@ def _not_confidential(finding: CcFinding, guest: str | None, where: str,
                      + finding.unreadable["-mgm"])
     note = f" ({'; '.join(notes)})" if notes else ""
     if guest and not allow_cc_off:
-        return Verdict(FAIL, f"{what} {where}: the GPUs' traffic would cross PCIe in "
+        return CcDecision(FAIL, f"{what} {where}: the GPUs' traffic would cross PCIe in "
                        f"clear{note}", FIX_HOST)
     if guest:
-        return Verdict(SKIP, f"{what}{note}; accepted by confidential_computing.allow_cc_off",
+        return CcDecision(SKIP, f"{what}{note}; accepted by confidential_computing.allow_cc_off",
                        warnings=[f"{what} {where}: not confidential, accepted by "
                                  f"confidential_computing.allow_cc_off{note}"])
     if not finding.capable:
-        return Verdict(SKIP, "the GPUs do not support confidential computing (No CC capable "
+        return CcDecision(SKIP, "the GPUs do not support confidential computing (No CC capable "
                        "devices found)")
-    return Verdict(SKIP, f"CC mode is off{note}", warnings=[f"CC mode is off{note}"] if notes else [])
+    return CcDecision(SKIP, f"CC mode is off{note}", warnings=[f"CC mode is off{note}"] if notes else [])
