@@ -425,6 +425,42 @@ def test_the_class_name_rule_finds_a_class_inside_a_function(tmp_path, monkeypat
     assert classes_named("Verdict") == ["deep.py:2"]
 
 
+def writes_an_exit_status(source: str) -> list[str]:
+    """Where ``source`` words a finished call's exit status itself: an f-string with ``exit ``
+    right before a value (``f"nvidia-smi exit {done.returncode}"``), or a call of
+    ``status_text`` (nvidia-smi's status with its meaning, which :func:`words.ended` wraps)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.JoinedStr):
+            for part, after in zip(node.values, node.values[1:]):
+                if isinstance(part, ast.Constant) and str(part.value).endswith("exit ") and \
+                        isinstance(after, ast.FormattedValue):
+                    found.append(f"line {node.lineno}: f-string 'exit {{...}}'")
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) \
+                == "status_text":
+            found.append(f"line {node.lineno}: status_text()")
+    return found
+
+
+def test_one_wording_of_a_failed_call():
+    """Issue 44 item 1: a failed call was worded five ways (``words.failed_call``, cc/classify.py's
+    ``said``, the attestation gate's and the watcher's ``-srs 0``, the watcher's ``fabric state not
+    read (nvidia-smi exit N)``). nvidia-smi's are worded by gpufacts/words.py alone
+    (``failed_call``, ``ended``); how any other program ended by errors.py's ``exit_text``."""
+    homes = {PACKAGE / "errors.py", PACKAGE / "gpufacts" / "words.py"}
+    found = {str(path.relative_to(PACKAGE)): writes_an_exit_status(path.read_text())
+             for path in PACKAGE.rglob("*.py") if path not in homes}
+
+    assert {name: lines for name, lines in found.items() if lines} == {}
+
+
+def test_the_wording_rule_finds_a_hand_made_exit_status():
+    hand = ('def said(done):\n    return f"fabric state not read (nvidia-smi exit {done.returncode})"\n'
+            'def more(done):\n    return words.status_text(done.returncode)\n')
+
+    assert len(writes_an_exit_status(hand)) == 2
+
+
 def status_writers() -> list[str]:
     """The functions of the package that name ``STATUS_PATH`` and write a file (an atomic write,
     a JSON write, a file opened for writing, a rename): status.json's writers."""

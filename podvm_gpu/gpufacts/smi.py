@@ -27,7 +27,7 @@ import collections
 import re
 
 from podvm_gpu.gpufacts import judge
-from podvm_gpu.gpufacts.words import GPU_LOST, GPU_REQUIRES_RESET, csv_rows, csv_value, na, said, status_text
+from podvm_gpu.gpufacts.words import GPU_LOST, GPU_REQUIRES_RESET, csv_rows, csv_value, ended, na
 
 CSV = "--format=csv,noheader"
 FABRIC_FIELDS = ("pci.bus_id", "fabric.state", "fabric.status")
@@ -171,7 +171,7 @@ def ready_state_off(runner) -> str | None:
         return f"nvidia-smi conf-compute -srs 0: not run ({one_line(err, 200)})"
     if done.returncode == 0:
         return None
-    return f"nvidia-smi conf-compute -srs 0: {status_text(done.returncode)}: {said(done.output)}"
+    return f"nvidia-smi conf-compute -srs 0: {ended(done.returncode, done.output)}"
 
 
 # --- parsers -------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import re
 
-from podvm_gpu.errors import one_line
+from podvm_gpu.errors import exit_text, one_line
 
 # --- the verdict scale ----------------------------------------------------------------------
 
@@ -155,9 +155,12 @@ NOT_A_FIELD = "is not a valid field to query"  # nvidia-smi's words for a field 
 
 
 def status_text(returncode: int | None) -> str:
-    """``exit 15 (GPU is lost)``: nvidia-smi's status with its meaning (:data:`NVSMI_EXIT`)."""
+    """``exit 15 (GPU is lost)``: nvidia-smi's status with its meaning (:data:`NVSMI_EXIT`);
+    ``killed by SIGKILL`` for a signal (errors.exit_text), ``did not run`` for None."""
     if returncode is None:
         return "did not run"
+    if returncode < 0:
+        return exit_text(returncode)
     meaning = NVSMI_EXIT.get(returncode)
     return f"exit {returncode}" + (f" ({meaning})" if meaning else "")
 
@@ -178,7 +181,16 @@ def failed_call(argv: list[str], returncode: int | None, output: str, limit: int
     """The one wording of a failed nvidia-smi call: ``nvidia-smi --query-gpu=... exit 2
     (invalid argument ...): Field "x" is not a valid field to query.``: the program and its
     first argument, the exit status with its meaning, what it printed on one line."""
-    return f"{' '.join(argv[:2])} {status_text(returncode)}: {said(output, limit)}"
+    return f"{' '.join(argv[:2])} {ended(returncode, output, limit)}"
+
+
+def ended(returncode: int | None, output: str, limit: int | None = 160) -> str:
+    """:func:`failed_call`'s wording without the call, for a caller that names the call in its
+    own words (``nvidia-smi conf-compute -f exit 15 (GPU is lost): ...``, ``... -srs 0: ...``):
+    ``exit 15 (GPU is lost): <what it printed>``, the status with its meaning
+    (:func:`status_text`) and what it printed on one line, at most ``limit`` characters
+    (:func:`said`)."""
+    return f"{status_text(returncode)}: {said(output, limit)}"
 
 
 def no_driver(returncode: int | None, output: str) -> str | None:
@@ -187,7 +199,7 @@ def no_driver(returncode: int | None, output: str) -> str | None:
     "unknown" state: the driver that boot loaded does not answer."""
     if returncode != NVSMI_NO_DRIVER_RC:
         return None
-    return f"nvidia-smi cannot communicate with the NVIDIA driver (exit 9: {said(output, None)})"
+    return f"nvidia-smi cannot communicate with the NVIDIA driver ({ended(returncode, output, None)})"
 
 
 def broken(returncode: int | None, output: str) -> str | None:
@@ -198,4 +210,4 @@ def broken(returncode: int | None, output: str) -> str | None:
         return no_driver(returncode, output)
     if returncode not in NVSMI_BROKEN:
         return None
-    return f"nvidia-smi {status_text(returncode)}: {said(output, 300)}"
+    return f"nvidia-smi {ended(returncode, output, 300)}"

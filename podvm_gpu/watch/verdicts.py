@@ -27,7 +27,7 @@ import re
 from podvm_gpu import xids
 from podvm_gpu.gpufacts import health, judge, smi
 from podvm_gpu.gpufacts.finding import FAIL, NONE, REPLACE, RESET, WARN, Finding, finding, reset_needed
-from podvm_gpu.gpufacts.words import bus_id
+from podvm_gpu.gpufacts.words import bus_id, failed_call
 from podvm_gpu.host import kmsg
 from podvm_gpu.steps.fabric import parse as fabric_parse
 
@@ -147,7 +147,7 @@ def poll_fabric(runner, timeout: float, gpus: list[str],
         return [], [f"fabric state not read ({err})"]
     states = smi.parse_fabric_rows(done.stdout) if done.returncode == 0 else None
     if states is None:
-        return [], [f"fabric state not read (nvidia-smi exit {done.returncode})"]
+        return [], [f"fabric state not read ({failed_call(smi.fabric_argv(), done.returncode, done.output)})"]
     wanted = {bus_id(g) for g in gpus}
     out = [finding(FAIL, f"GPU {s.gpu}: fabric State {s.state}, Status {s.status} (was "
                          "Completed/Success at boot)", gpu=s.gpu)  # a lost GPU is no success either

@@ -31,7 +31,6 @@ Plain classes, no ``dataclasses``: ``podvm-gpu metrics`` imports this module, an
 
 from __future__ import annotations
 
-from podvm_gpu.errors import exit_text
 from podvm_gpu.gpufacts import judge, words
 from podvm_gpu.gpufacts.smi import (  # noqa: F401 (the parsers of the CC answers: the back end's)
     parse_cc_mode,
@@ -60,13 +59,6 @@ FAIL, SKIP, CONFIDENTIAL, DEVTOOLS = "fail", "skip", "confidential", "devtools"
 FIX_HOST = ("set the GPU's CC mode on the host (NVIDIA gpu-admin-tools: --set-cc-mode=on, or "
             "--set-ppcie-mode=on for Protected PCIe on HGX), or accept it with "
             "confidential_computing.allow_cc_off: true")
-
-
-def said(rc: int | None, text: str, limit: int = 160) -> str:
-    """``exit N: <first words>`` (``killed by SIGKILL: ...`` for a signal) of an answer, one
-    bounded line."""
-    head = "no exit status" if rc is None else exit_text(rc)
-    return f"{head}: {words.said(text, limit)}"
 
 
 class CcFinding:
@@ -154,17 +146,17 @@ def from_smi(answers: dict) -> CcFinding:
     finding = CcFinding()
     for query in QUERIES:
         rc, text = answers.get(query, (None, "not asked"))
-        words = (text or "").lower()
+        lowered = (text or "").lower()
         if rc == NO_DRIVER_RC:
-            finding.no_driver = finding.no_driver or said(rc, text)
+            finding.no_driver = finding.no_driver or words.ended(rc, text)
             continue
         if rc == GPU_LOST_RC:
-            finding.lost = finding.lost or f"nvidia-smi conf-compute {query} {said(rc, text)}"
+            finding.lost = finding.lost or f"nvidia-smi conf-compute {query} {words.ended(rc, text)}"
             continue
         if query == "-mgm" and rc == USAGE_RC and smi_unrecognized_option(text):
             finding.multi_gpu = MGM_NOT_OFFERED
             continue
-        if rc == NOT_CAPABLE_RC and NOT_CAPABLE_TEXT in words:
+        if rc == NOT_CAPABLE_RC and NOT_CAPABLE_TEXT in lowered:
             finding.capable = False
             continue
         value = None
@@ -172,7 +164,7 @@ def from_smi(answers: dict) -> CcFinding:
             value = {"-f": parse_cc_mode, "-d": parse_devtools, "-e": parse_environment,
                      "-mgm": parse_multi_gpu}[query](text)
         if value is None:
-            finding.unreadable[query] = said(rc, text)
+            finding.unreadable[query] = words.ended(rc, text)
             continue
         setattr(finding, {"-f": "mode", "-d": "devtools", "-e": "environment",
                           "-mgm": "multi_gpu"}[query], value)
@@ -211,21 +203,21 @@ def decide(finding: CcFinding, guest: str | None, allow_devtools: bool = False,
     where = f"in a confidential guest, {guest}" if guest else "on a regular VM"
     if finding.no_driver:
         return CcDecision(FAIL, "nvidia-smi cannot communicate with the NVIDIA driver "
-                       f"({finding.no_driver})", "see the modules and device-nodes checks")
+                          f"({finding.no_driver})", "see the modules and device-nodes checks")
     if finding.lost:
         return CcDecision(FAIL, f"a GPU is lost ({finding.lost})",
-                       "the GPU fell off the bus or hung: see the kernel log (Xid 79); reboot "
-                       "the VM, and replace the GPU if it happens again")
+                          "the GPU fell off the bus or hung: see the kernel log (Xid 79); reboot "
+                          "the VM, and replace the GPU if it happens again")
     if finding.mode not in (None, "on", "off"):
         return CcDecision(FAIL, f"unknown CC status {finding.mode.upper()[:40]!r} from nvidia-smi "
-                       "conf-compute -f (not read as off)", "run nvidia-smi conf-compute -f by hand")
+                          "conf-compute -f (not read as off)", "run nvidia-smi conf-compute -f by hand")
     if finding.devtools:
         if not allow_devtools:
             return CcDecision(FAIL, "DevTools Mode: ON (nvidia-smi conf-compute -d): the GPU's CC "
-                           "runs with its debug interfaces open, a development mode that is not "
-                           "production confidential computing",
-                           "set the GPU's CC mode to on (not devtools) on the host, or allow it "
-                           "with confidential_computing.allow_devtools")
+                              "runs with its debug interfaces open, a development mode that is not "
+                              "production confidential computing",
+                              "set the GPU's CC mode to on (not devtools) on the host, or allow it "
+                              "with confidential_computing.allow_devtools")
         return CcDecision(DEVTOOLS, "CC devtools", warnings=[
             "DevTools Mode: ON, not production confidential computing (allowed by "
             "confidential_computing.allow_devtools); the agent never sets its ready state"])
@@ -233,7 +225,7 @@ def decide(finding: CcFinding, guest: str | None, allow_devtools: bool = False,
         why = finding.unreadable.get("-f", "no answer")
         if guest:
             return CcDecision(FAIL, f"cannot read the CC mode {where} (nvidia-smi conf-compute "
-                           f"-f {why})", "run nvidia-smi conf-compute -f by hand")
+                              f"-f {why})", "run nvidia-smi conf-compute -f by hand")
         return CcDecision(SKIP, f"CC mode unknown on a regular VM ({why.split(':')[0]})", warnings=[
             f"CC mode unknown (nvidia-smi conf-compute -f {why}); not a confidential guest, "
             "so not required"])
@@ -250,7 +242,7 @@ def _confidential(finding: CcFinding, guest: str | None, where: str) -> CcDecisi
                     f"{finding.unreadable[query]})")
             if guest:
                 return CcDecision(FAIL, f"{line} {where}: fails closed",
-                               f"run nvidia-smi conf-compute {query} by hand")
+                                  f"run nvidia-smi conf-compute {query} by hand")
             warnings.append(f"{line}; not a confidential guest, so not required")
     if finding.environment not in (None, "PRODUCTION"):
         warnings.append(f"CC Environment: {finding.environment}, not PRODUCTION")
@@ -277,12 +269,12 @@ def _not_confidential(finding: CcFinding, guest: str | None, where: str,
     note = f" ({'; '.join(notes)})" if notes else ""
     if guest and not allow_cc_off:
         return CcDecision(FAIL, f"{what} {where}: the GPUs' traffic would cross PCIe in "
-                       f"clear{note}", FIX_HOST)
+                          f"clear{note}", FIX_HOST)
     if guest:
         return CcDecision(SKIP, f"{what}{note}; accepted by confidential_computing.allow_cc_off",
-                       warnings=[f"{what} {where}: not confidential, accepted by "
-                                 f"confidential_computing.allow_cc_off{note}"])
+                          warnings=[f"{what} {where}: not confidential, accepted by "
+                                    f"confidential_computing.allow_cc_off{note}"])
     if not finding.capable:
         return CcDecision(SKIP, "the GPUs do not support confidential computing (No CC capable "
-                       "devices found)")
+                          "devices found)")
     return CcDecision(SKIP, f"CC mode is off{note}", warnings=[f"CC mode is off{note}"] if notes else [])

@@ -9,7 +9,7 @@ wait (the boot's one bounded wait, host/wait.py) polls the pipeline's record of 
 from __future__ import annotations
 
 from podvm_gpu.errors import CommandError, StepFailed
-from podvm_gpu.gpufacts import smi
+from podvm_gpu.gpufacts import smi, words
 from podvm_gpu.host import kmsg, tee
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import StepResult
@@ -96,7 +96,7 @@ def ready_state(ctx: BootContext) -> str:
     state = classify.parse_ready_state(done.output)
     if done.returncode != 0 or state not in ("ready", "not-ready"):
         raise StepFailed(f"cannot read the CC ready state (nvidia-smi conf-compute -grs "
-                         f"{classify.said(done.returncode, done.output)})")
+                         f"{words.ended(done.returncode, done.output)})")
     return state
 
 

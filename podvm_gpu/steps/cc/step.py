@@ -24,6 +24,7 @@ state where allowed.
 from __future__ import annotations
 
 from podvm_gpu.errors import StepFailed
+from podvm_gpu.gpufacts import words
 from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.cc import classify
 from podvm_gpu.steps.cc.query import conf_compute, guest, read_finding, ready_state, wait_for_fabric
@@ -183,7 +184,7 @@ def run(ctx: BootContext) -> str:
     done = conf_compute(ctx, "-srs", "1")
     if done.returncode != 0:
         raise StepFailed(f"nvidia-smi conf-compute -srs 1 failed "
-                         f"({classify.said(done.returncode, done.output)})")
+                         f"({words.ended(done.returncode, done.output)})")
     state = ready_state(ctx)
     if state != "ready":
         raise StepFailed(f"CC ready state still {state} after nvidia-smi conf-compute -srs 1")

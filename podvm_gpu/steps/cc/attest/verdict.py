@@ -181,13 +181,13 @@ def judge(returncode: int, stdout: str, stderr: str, kind: str, expect: Expect) 
 
         said = _last_error(stderr) or "no output"
         return NvattestOutcome(False, None, None, f"nvattest printed no JSON result "
-                       f"({exit_text(returncode)}): {said}", [], None, warnings)
+                               f"({exit_text(returncode)}): {said}", [], None, warnings)
     code, message = doc["result_code"], str(doc.get("result_message", ""))[:120]
     claims = doc.get("claims") if isinstance(doc.get("claims"), list) else []
     nvat = f"NVAT result {code} ({message})"
     if returncode != code & 0xFF:
         return NvattestOutcome(False, code, message, f"{nvat}, but nvattest exited {returncode}",
-                       claims, doc, warnings)
+                               claims, doc, warnings)
     first = None
     for index, claim in enumerate(claims):
         first = claim_failure(claim, kind, index, expect, warnings)
@@ -196,13 +196,13 @@ def judge(returncode: int, stdout: str, stderr: str, kind: str, expect: Expect) 
     if code != 0:
         why = first or _last_error(stderr) or (claims and "no claim failed the agent's checks")
         return NvattestOutcome(False, code, message, f"{nvat}: {why or 'nvattest said nothing more'}",
-                       claims, doc, warnings)
+                               claims, doc, warnings)
     if not isinstance(doc.get("claims"), list):
         return NvattestOutcome(False, code, message, f"{nvat} but claims is not a list", [], doc, warnings)
     if len(claims) != expect.devices:
         return NvattestOutcome(False, code, message, f"{nvat} but {len(claims)} {kind} claim(s) for "
-                       f"{expect.devices} {kind}(s) on PCI: a device without a claim is never "
-                       "made ready", claims, doc, warnings)
+                               f"{expect.devices} {kind}(s) on PCI: a device without a claim is never "
+                               "made ready", claims, doc, warnings)
     if first:
         return NvattestOutcome(False, code, message, f"{nvat} but {first}", claims, doc, warnings)
     return NvattestOutcome(True, code, message, "", claims, doc, warnings)
