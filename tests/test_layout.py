@@ -461,6 +461,27 @@ def test_the_wording_rule_finds_a_hand_made_exit_status():
     assert len(writes_an_exit_status(hand)) == 2
 
 
+def cuts_a_timeout_to_harmless(source: str) -> list[str]:
+    """Where ``source`` applies the harmless-call cap by hand: a ``min(...)`` naming
+    ``HARMLESS_CALL_S``."""
+    return [f"line {node.lineno}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "min" and
+            any(getattr(name, "id", None) == "HARMLESS_CALL_S" for arg in node.args
+                for name in ast.walk(arg))]
+
+
+def test_one_rule_for_a_harmless_calls_timeout():
+    """Issue 44 item 1: the nvidia-smi timeout of a call the agent survives was chosen by hand
+    in three places (the boot context, check's health rows, the watcher's polls); one function,
+    steps/context.py ``harmless_timeout``, holds the rule."""
+    home = PACKAGE / "steps" / "context.py"
+    found = {str(path.relative_to(PACKAGE)): cuts_a_timeout_to_harmless(path.read_text())
+             for path in PACKAGE.rglob("*.py") if path != home}
+
+    assert {name: lines for name, lines in found.items() if lines} == {}
+    assert cuts_a_timeout_to_harmless(home.read_text()), "the rule moved: update this test"
+
+
 def status_writers() -> list[str]:
     """The functions of the package that name ``STATUS_PATH`` and write a file (an atomic write,
     a JSON write, a file opened for writing, a rename): status.json's writers."""
