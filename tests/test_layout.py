@@ -427,8 +427,8 @@ def test_the_class_name_rule_finds_a_class_inside_a_function(tmp_path, monkeypat
 
 def writes_an_exit_status(source: str) -> list[str]:
     """Where ``source`` words a finished call's exit status itself: an f-string with ``exit ``
-    right before a value (``f"nvidia-smi exit {done.returncode}"``), or a call of
-    ``status_text`` (nvidia-smi's status with its meaning, which :func:`words.ended` wraps)."""
+    right before a value (``f"nvidia-smi exit {done.returncode}"``), or a use of
+    ``NVSMI_EXIT`` (nvidia-smi's status -> its meaning, which ``words.ended`` words)."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.JoinedStr):
@@ -436,9 +436,8 @@ def writes_an_exit_status(source: str) -> list[str]:
                 if isinstance(part, ast.Constant) and str(part.value).endswith("exit ") and \
                         isinstance(after, ast.FormattedValue):
                     found.append(f"line {node.lineno}: f-string 'exit {{...}}'")
-        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) \
-                == "status_text":
-            found.append(f"line {node.lineno}: status_text()")
+        if getattr(node, "id", getattr(node, "attr", None)) == "NVSMI_EXIT":
+            found.append(f"line {node.lineno}: NVSMI_EXIT")
     return found
 
 
@@ -456,7 +455,7 @@ def test_one_wording_of_a_failed_call():
 
 def test_the_wording_rule_finds_a_hand_made_exit_status():
     hand = ('def said(done):\n    return f"fabric state not read (nvidia-smi exit {done.returncode})"\n'
-            'def more(done):\n    return words.status_text(done.returncode)\n')
+            'def more(done):\n    return words.NVSMI_EXIT.get(done.returncode)\n')
 
     assert len(writes_an_exit_status(hand)) == 2
 

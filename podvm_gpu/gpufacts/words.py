@@ -6,7 +6,8 @@
 - :data:`FAILURES`: the one table of what a failure means, with two columns kept apart:
   nvidia-smi's exit status as observed (the real Debian builds, ../shared/nvidia-smi-real.md)
   and NVML's return code (``nvmlReturn_t``, nvml.h) for the NVML back end;
-- :func:`failed_call`: the one wording of a failed call;
+- :func:`failed_call`: the one wording of a failed call (:func:`ended`: the same without the
+  call, for a caller that names it in its own words);
 - :data:`OK`, :data:`WARN`, :data:`FAIL` and :data:`SCORE`: the one verdict scale (boot ok/warn/
   fail = check pass/warn/fail = 0/10/20, the numbers of DCGM's ``DCGM_HEALTH_RESULT_*``).
 """
@@ -154,17 +155,6 @@ NVSMI_GPU_LOST_RC = 15
 NOT_A_FIELD = "is not a valid field to query"  # nvidia-smi's words for a field it does not know
 
 
-def status_text(returncode: int | None) -> str:
-    """``exit 15 (GPU is lost)``: nvidia-smi's status with its meaning (:data:`NVSMI_EXIT`);
-    ``killed by SIGKILL`` for a signal (errors.exit_text), ``did not run`` for None."""
-    if returncode is None:
-        return "did not run"
-    if returncode < 0:
-        return exit_text(returncode)
-    meaning = NVSMI_EXIT.get(returncode)
-    return f"exit {returncode}" + (f" ({meaning})" if meaning else "")
-
-
 def nvml_text(code: int) -> str:
     """``NVML 28 (GPU_NOT_FOUND: GPU not found)``: NVML's return code with its meaning."""
     row = NVML_RETURN.get(code)
@@ -187,10 +177,14 @@ def failed_call(argv: list[str], returncode: int | None, output: str, limit: int
 def ended(returncode: int | None, output: str, limit: int | None = 160) -> str:
     """:func:`failed_call`'s wording without the call, for a caller that names the call in its
     own words (``nvidia-smi conf-compute -f exit 15 (GPU is lost): ...``, ``... -srs 0: ...``):
-    ``exit 15 (GPU is lost): <what it printed>``, the status with its meaning
-    (:func:`status_text`) and what it printed on one line, at most ``limit`` characters
-    (:func:`said`)."""
-    return f"{status_text(returncode)}: {said(output, limit)}"
+    ``exit 15 (GPU is lost): <what it printed>``, nvidia-smi's status with its meaning
+    (:data:`NVSMI_EXIT`; ``killed by SIGKILL`` for a signal, errors.exit_text; ``did not run``
+    for None) and what it printed on one line, at most ``limit`` characters (:func:`said`)."""
+    if returncode is None or returncode < 0:
+        status = "did not run" if returncode is None else exit_text(returncode)
+    else:
+        status = f"exit {returncode}" + (f" ({NVSMI_EXIT[returncode]})" if returncode in NVSMI_EXIT else "")
+    return f"{status}: {said(output, limit)}"
 
 
 def no_driver(returncode: int | None, output: str) -> str | None:

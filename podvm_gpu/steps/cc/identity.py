@@ -28,9 +28,8 @@ from __future__ import annotations
 import collections
 
 from podvm_gpu.errors import CommandError, StepFailed, one_line
-from podvm_gpu.gpufacts import smi
+from podvm_gpu.gpufacts import smi, words
 from podvm_gpu.gpufacts.words import bus_id as normal_bus_id
-from podvm_gpu.gpufacts.words import failed_call
 
 NAME = "attested_gpus"  # the boot context's attribute and status.json's key
 _COMMAND = "nvidia-smi --query-gpu=" + ",".join(smi.IDENTITY_FIELDS)
@@ -80,7 +79,7 @@ def read(runner, when: str, root=None) -> list[GpuIdentity]:
     rows = smi.parse_identities(done.output) if done.returncode == 0 else None
     if not rows:
         raise StepFailed(f"cannot read the GPUs' identities {when} ("
-                         f"{failed_call(smi.identity_argv(), done.returncode, done.output)}): "
+                         f"{words.failed_call(smi.identity_argv(), done.returncode, done.output)}): "
                          "the GPUs made ready must be the GPUs attested")
     found = sorted(GpuIdentity(index, normal_bus_id(bus), uuid, None)
                    for index, bus, uuid in rows)
