@@ -190,7 +190,7 @@ class Status:
         self.nvidia_ctk_version: str | None = None  # steps/cdi/toolkit.py, once the cdi step read it
         self.cdi: dict | None = None
         self.fabric = None  # podvm_gpu.steps.fabric.fabric_kind.Fabric (anything with to_dict()), GPU path
-        # podvm_gpu.steps.cc.classify.CcFinding (anything with to_dict()), once the CC step read it
+        # podvm_gpu.steps.cc.classify.CcAnswers (anything with to_dict()), once the CC step read it
         self.confidential_computing = None
         self.steps: list[Step] = []
         self.attestation: dict | None = None  # podvm_gpu/steps/cc/attest/gate.py's record

@@ -282,11 +282,11 @@ def bound_content(tmp_path, status) -> dict:
 def test_for_boot_names_the_gpus_their_architecture_and_the_multi_gpu_mode(tmp_path):
     """Issue 45 item 2, before the attestation records identities: the GPUs on PCI by bus id
     (nvidia-smi's form), no UUID; the architecture of their PCI ids; -mgm's word."""
-    from podvm_gpu.steps.cc.classify import CcFinding
+    from podvm_gpu.steps.cc.classify import CcAnswers
 
     status = Status()
     status.gpus = [pci("0000:2a:00.0", "2330"), pci("0000:1b:00.0", "2330")]
-    status.confidential_computing = CcFinding(mode="off", devtools=False,
+    status.confidential_computing = CcAnswers(mode="off", devtools=False,
                                               multi_gpu="protected-pcie")
     said = bound_content(tmp_path, status)
     assert said["devices"] == [{"bus_id": "00000000:1B:00.0", "uuid": None},

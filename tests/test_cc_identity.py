@@ -53,7 +53,8 @@ def test_read_normalises_and_refuses_a_failed_or_doubled_answer():
     assert identity.read(Runner((0, ROWS)), "before nvattest") == [
         gpu(0, "00000000:18:00.0", A), gpu(1, "00000000:2A:00.0", B)]
     with pytest.raises(StepFailed, match=r"before nvattest \(nvidia-smi --query-gpu=index,"
-                                         r"pci.bus_id,uuid exit 6: 'No devices were found'"):
+                                         r"pci.bus_id,uuid exit 6 \(not found \(no GPU "
+                                         r"listed\)\): No devices were found"):
         identity.read(Runner((6, "No devices were found\n")), "before nvattest")
     with pytest.raises(StepFailed, match=f"lists uuid {A} twice"):
         identity.read(Runner((0, f"0, 00000000:18:00.0, {A}\n1, 00000000:2A:00.0, {A}\n")), "now")

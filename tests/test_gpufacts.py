@@ -161,12 +161,12 @@ def test_the_fabric_health_summary_has_one_reading(value, kind):
 
 
 def test_the_cc_label_is_one_rule_for_nvidia_smi_and_nvml():
-    from podvm_gpu.steps.cc.classify import CcFinding
+    from podvm_gpu.steps.cc.classify import CcAnswers
 
     for args in [(True, "on", True, judge.MGM_NONE), (True, "off", False, judge.MGM_PPCIE),
                  (True, "off", False, judge.MGM_NOT_OFFERED), (False, None, None, None),
                  (True, "value 7", None, None)]:
-        finding = CcFinding(mode=args[1], devtools=args[2], multi_gpu=args[3], capable=args[0])
+        finding = CcAnswers(mode=args[1], devtools=args[2], multi_gpu=args[3], capable=args[0])
         assert finding.label == judge.cc_label(*args)
     assert judge.cc_label(True, "on", True, judge.MGM_NONE) == "devtools"
     assert judge.cc_label(True, "value 7", None, None) is None

@@ -364,7 +364,8 @@ def test_mig_diagnosis_on_the_real_output(builds, world):
         runner, ctx = in_state(world, build, "mig-on")
         said = cdi_step.mig_problem(ctx)
         assert said == ("MIG mode is enabled on GPU 0 but no GPU instances exist (nvidia-smi mig "
-                        "-lgi exit 6: No GPU instances found: Not Found); create GPU instances "
+                        "-lgi exit 6 (not found (no GPU listed)): No GPU instances found: Not Found); "
+                        "create GPU instances "
                         "or disable MIG mode"), (build.ident, said)
         assert runner.asked == [MIG_MODE, MIG_LGI]
         runner, ctx = in_state(world, build, "mig-on-with-instances")

@@ -27,7 +27,7 @@ import collections
 import re
 
 from podvm_gpu.gpufacts import judge
-from podvm_gpu.gpufacts.words import GPU_LOST, GPU_REQUIRES_RESET, csv_rows, csv_value, na, said, status_text
+from podvm_gpu.gpufacts.words import GPU_LOST, GPU_REQUIRES_RESET, csv_rows, csv_value, ended, na
 
 CSV = "--format=csv,noheader"
 FABRIC_FIELDS = ("pci.bus_id", "fabric.state", "fabric.status")
@@ -171,7 +171,7 @@ def ready_state_off(runner) -> str | None:
         return f"nvidia-smi conf-compute -srs 0: not run ({one_line(err, 200)})"
     if done.returncode == 0:
         return None
-    return f"nvidia-smi conf-compute -srs 0: {status_text(done.returncode)}: {said(done.output)}"
+    return f"nvidia-smi conf-compute -srs 0: {ended(done.returncode, done.output)}"
 
 
 # --- parsers -------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ def parse_cc_mode(text: str, returncode: int | None = 0) -> str | None:
     lowercased as it is (never read as off); None when the label is missing, or when
     ``returncode`` (nvidia-smi's exit status, when the caller has it) is not 0: a failed query
     is never read as a value (550 and 555 exit with NVML's code; 535 prints ``CC status: OFF``
-    with exit 0 when the query fails: steps/cc/classify.py ``CcFinding.off_unproven``)."""
+    with exit 0 when the query fails: steps/cc/classify.py ``CcAnswers.off_unproven``)."""
     if returncode not in (0, None):
         return None
     m = re.search(r"CC status\s*:\s*(\S+)", text or "", re.I)

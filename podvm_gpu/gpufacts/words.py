@@ -6,7 +6,8 @@
 - :data:`FAILURES`: the one table of what a failure means, with two columns kept apart:
   nvidia-smi's exit status as observed (the real Debian builds, ../shared/nvidia-smi-real.md)
   and NVML's return code (``nvmlReturn_t``, nvml.h) for the NVML back end;
-- :func:`failed_call`: the one wording of a failed call;
+- :func:`failed_call`: the one wording of a failed call (:func:`ended`: the same without the
+  call, for a caller that names it in its own words);
 - :data:`OK`, :data:`WARN`, :data:`FAIL` and :data:`SCORE`: the one verdict scale (boot ok/warn/
   fail = check pass/warn/fail = 0/10/20, the numbers of DCGM's ``DCGM_HEALTH_RESULT_*``).
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import collections
 import re
 
-from podvm_gpu.errors import one_line
+from podvm_gpu.errors import exit_text, one_line
 
 # --- the verdict scale ----------------------------------------------------------------------
 
@@ -154,14 +155,6 @@ NVSMI_GPU_LOST_RC = 15
 NOT_A_FIELD = "is not a valid field to query"  # nvidia-smi's words for a field it does not know
 
 
-def status_text(returncode: int | None) -> str:
-    """``exit 15 (GPU is lost)``: nvidia-smi's status with its meaning (:data:`NVSMI_EXIT`)."""
-    if returncode is None:
-        return "did not run"
-    meaning = NVSMI_EXIT.get(returncode)
-    return f"exit {returncode}" + (f" ({meaning})" if meaning else "")
-
-
 def nvml_text(code: int) -> str:
     """``NVML 28 (GPU_NOT_FOUND: GPU not found)``: NVML's return code with its meaning."""
     row = NVML_RETURN.get(code)
@@ -178,7 +171,20 @@ def failed_call(argv: list[str], returncode: int | None, output: str, limit: int
     """The one wording of a failed nvidia-smi call: ``nvidia-smi --query-gpu=... exit 2
     (invalid argument ...): Field "x" is not a valid field to query.``: the program and its
     first argument, the exit status with its meaning, what it printed on one line."""
-    return f"{' '.join(argv[:2])} {status_text(returncode)}: {said(output, limit)}"
+    return f"{' '.join(argv[:2])} {ended(returncode, output, limit)}"
+
+
+def ended(returncode: int | None, output: str, limit: int | None = 160) -> str:
+    """:func:`failed_call`'s wording without the call, for a caller that names the call in its
+    own words (``nvidia-smi conf-compute -f exit 15 (GPU is lost): ...``, ``... -srs 0: ...``):
+    ``exit 15 (GPU is lost): <what it printed>``, nvidia-smi's status with its meaning
+    (:data:`NVSMI_EXIT`; ``killed by SIGKILL`` for a signal, errors.exit_text; ``did not run``
+    for None) and what it printed on one line, at most ``limit`` characters (:func:`said`)."""
+    if returncode is None or returncode < 0:
+        status = "did not run" if returncode is None else exit_text(returncode)
+    else:
+        status = f"exit {returncode}" + (f" ({NVSMI_EXIT[returncode]})" if returncode in NVSMI_EXIT else "")
+    return f"{status}: {said(output, limit)}"
 
 
 def no_driver(returncode: int | None, output: str) -> str | None:
@@ -187,7 +193,7 @@ def no_driver(returncode: int | None, output: str) -> str | None:
     "unknown" state: the driver that boot loaded does not answer."""
     if returncode != NVSMI_NO_DRIVER_RC:
         return None
-    return f"nvidia-smi cannot communicate with the NVIDIA driver (exit 9: {said(output, None)})"
+    return f"nvidia-smi cannot communicate with the NVIDIA driver ({ended(returncode, output, None)})"
 
 
 def broken(returncode: int | None, output: str) -> str | None:
@@ -198,4 +204,4 @@ def broken(returncode: int | None, output: str) -> str | None:
         return no_driver(returncode, output)
     if returncode not in NVSMI_BROKEN:
         return None
-    return f"nvidia-smi {status_text(returncode)}: {said(output, 300)}"
+    return f"nvidia-smi {ended(returncode, output, 300)}"

@@ -18,6 +18,13 @@ from podvm_gpu.model import PciDevice, Status, cut_reason
 HARMLESS_CALL_S = 10.0
 
 
+def harmless_timeout(runner: Runner, tool: str) -> float:
+    """The one rule for the timeout of a call the agent survives the failure of (boot's probes,
+    check's health rows, the watcher's polls): ``tool``'s own timeout in ``runner`` (the
+    config's ``tools``), at most :data:`HARMLESS_CALL_S` seconds."""
+    return min(runner.timeouts.get(tool, HARMLESS_CALL_S), HARMLESS_CALL_S)
+
+
 class BootContext:
     """Facts and handles for one boot run (a plain class: ``dataclasses`` costs the GPU path
     several milliseconds of import).
@@ -103,7 +110,7 @@ class BootContext:
     def harmless_timeout(self, tool: str) -> float:
         """The timeout of a call the boot survives the failure of: the tool's own, at most
         :data:`HARMLESS_CALL_S`."""
-        return min(self.runner.timeouts.get(tool, HARMLESS_CALL_S), HARMLESS_CALL_S)
+        return harmless_timeout(self.runner, tool)
 
     def warn(self, text: str) -> None:
         """Add a one-line warning to the status (cut as a reason is: model.REASON_MAX)."""

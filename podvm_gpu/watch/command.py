@@ -344,9 +344,9 @@ class Watcher:
     # --- polls (on their own thread, one at a time) -----------------------------------------
 
     def _poll_loop(self) -> None:
-        from podvm_gpu.steps.context import HARMLESS_CALL_S
+        from podvm_gpu.steps.context import harmless_timeout
 
-        timeout = min(self.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
+        timeout = harmless_timeout(self.runner, "nvidia-smi")
         fabric = any(s.get("name") == "fabricmanager" and s.get("result") == "ok"
                      for s in self.doc.get("steps") or [])
         health_read = bool((self.doc.get("fabric") or {}).get("health"))  # 580's (issue 44)

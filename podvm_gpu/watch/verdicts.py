@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import re
 
-from podvm_gpu.gpufacts import ask, health, judge, kernel, xids
+from podvm_gpu.gpufacts import ask, health, judge, kernel, smi, xids
 from podvm_gpu.gpufacts.finding import FAIL, NONE, REPLACE, RESET, WARN, Finding, finding, reset_needed
-from podvm_gpu.gpufacts.words import bus_id
+from podvm_gpu.gpufacts.words import bus_id, failed_call
 from podvm_gpu.steps.fabric import parse as fabric_parse
 
 # The NVIDIA modules' own records (gpufacts/kernel.py's list of them): "NVRM: ...", "nvidia: ...",
@@ -130,7 +130,7 @@ def poll_fabric(runner, timeout: float, gpus: list[str],
     except CommandError as err:
         return [], [f"fabric state not read ({err})"]
     if states is None:
-        return [], [f"fabric state not read (nvidia-smi exit {done.returncode})"]
+        return [], [f"fabric state not read ({failed_call(smi.fabric_argv(), done.returncode, done.output)})"]
     wanted = {bus_id(g) for g in gpus}
     out = [finding(FAIL, f"GPU {s.gpu}: fabric State {s.state}, Status {s.status} (was "
                          "Completed/Success at boot)", gpu=s.gpu)  # a lost GPU is no success either

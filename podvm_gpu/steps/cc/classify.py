@@ -31,7 +31,6 @@ Plain classes, no ``dataclasses``: ``podvm-gpu metrics`` imports this module, an
 
 from __future__ import annotations
 
-from podvm_gpu.errors import exit_text
 from podvm_gpu.gpufacts import ask, judge, words
 from podvm_gpu.gpufacts.smi import smi_unrecognized_option
 
@@ -55,14 +54,7 @@ FIX_HOST = ("set the GPU's CC mode on the host (NVIDIA gpu-admin-tools: --set-cc
             "confidential_computing.allow_cc_off: true")
 
 
-def said(rc: int | None, text: str, limit: int = 160) -> str:
-    """``exit N: <first words>`` (``killed by SIGKILL: ...`` for a signal) of an answer, one
-    bounded line."""
-    head = "no exit status" if rc is None else exit_text(rc)
-    return f"{head}: {words.said(text, limit)}"
-
-
-class CcFinding:
+class CcAnswers:
     """What the GPUs' CC queries said.
 
     Attributes:
@@ -137,41 +129,41 @@ class CcFinding:
                 "confidential": self.confidential, "unreadable": dict(self.unreadable)}
 
 
-def from_smi(answers: dict) -> CcFinding:
+def from_smi(answers: dict) -> CcAnswers:
     """The finding from nvidia-smi's answers, each judged by its exit status first.
 
     Args:
         answers: query (:data:`QUERIES`) -> ``(returncode, stdout + stderr)``; a query left
             out is unreadable (``not asked``).
     """
-    finding = CcFinding()
+    finding = CcAnswers()
     for query in QUERIES:
         rc, text = answers.get(query, (None, "not asked"))
-        words = (text or "").lower()
+        lowered = (text or "").lower()
         if rc == NO_DRIVER_RC:
-            finding.no_driver = finding.no_driver or said(rc, text)
+            finding.no_driver = finding.no_driver or words.ended(rc, text)
             continue
         if rc == GPU_LOST_RC:
-            finding.lost = finding.lost or f"nvidia-smi conf-compute {query} {said(rc, text)}"
+            finding.lost = finding.lost or f"nvidia-smi conf-compute {query} {words.ended(rc, text)}"
             continue
         if query == "-mgm" and rc == USAGE_RC and smi_unrecognized_option(text):
             finding.multi_gpu = MGM_NOT_OFFERED
             continue
-        if rc == NOT_CAPABLE_RC and NOT_CAPABLE_TEXT in words:
+        if rc == NOT_CAPABLE_RC and NOT_CAPABLE_TEXT in lowered:
             finding.capable = False
             continue
         value = None
         if rc == 0:
             value = ask.cc_value(query, text)
         if value is None:
-            finding.unreadable[query] = said(rc, text)
+            finding.unreadable[query] = words.ended(rc, text)
             continue
         setattr(finding, {"-f": "mode", "-d": "devtools", "-e": "environment",
                           "-mgm": "multi_gpu"}[query], value)
     return finding
 
 
-class Verdict:
+class CcDecision:
     """What :func:`decide` made of a finding.
 
     Attributes:
@@ -189,8 +181,8 @@ class Verdict:
         self.warnings: list[str] = list(warnings or [])
 
 
-def decide(finding: CcFinding, guest: str | None, allow_devtools: bool = False,
-           allow_cc_off: bool = False) -> Verdict:
+def decide(finding: CcAnswers, guest: str | None, allow_devtools: bool = False,
+           allow_cc_off: bool = False) -> CcDecision:
     """The decision on a finding (module docstring; docs/interface.md 3.2).
 
     Args:
@@ -202,31 +194,31 @@ def decide(finding: CcFinding, guest: str | None, allow_devtools: bool = False,
     """
     where = f"in a confidential guest, {guest}" if guest else "on a regular VM"
     if finding.no_driver:
-        return Verdict(FAIL, "nvidia-smi cannot communicate with the NVIDIA driver "
-                       f"({finding.no_driver})", "see the modules and device-nodes checks")
+        return CcDecision(FAIL, "nvidia-smi cannot communicate with the NVIDIA driver "
+                          f"({finding.no_driver})", "see the modules and device-nodes checks")
     if finding.lost:
-        return Verdict(FAIL, f"a GPU is lost ({finding.lost})",
-                       "the GPU fell off the bus or hung: see the kernel log (Xid 79); reboot "
-                       "the VM, and replace the GPU if it happens again")
+        return CcDecision(FAIL, f"a GPU is lost ({finding.lost})",
+                          "the GPU fell off the bus or hung: see the kernel log (Xid 79); reboot "
+                          "the VM, and replace the GPU if it happens again")
     if finding.mode not in (None, "on", "off"):
-        return Verdict(FAIL, f"unknown CC status {finding.mode.upper()[:40]!r} from nvidia-smi "
-                       "conf-compute -f (not read as off)", "run nvidia-smi conf-compute -f by hand")
+        return CcDecision(FAIL, f"unknown CC status {finding.mode.upper()[:40]!r} from nvidia-smi "
+                          "conf-compute -f (not read as off)", "run nvidia-smi conf-compute -f by hand")
     if finding.devtools:
         if not allow_devtools:
-            return Verdict(FAIL, "DevTools Mode: ON (nvidia-smi conf-compute -d): the GPU's CC "
-                           "runs with its debug interfaces open, a development mode that is not "
-                           "production confidential computing",
-                           "set the GPU's CC mode to on (not devtools) on the host, or allow it "
-                           "with confidential_computing.allow_devtools")
-        return Verdict(DEVTOOLS, "CC devtools", warnings=[
+            return CcDecision(FAIL, "DevTools Mode: ON (nvidia-smi conf-compute -d): the GPU's CC "
+                              "runs with its debug interfaces open, a development mode that is not "
+                              "production confidential computing",
+                              "set the GPU's CC mode to on (not devtools) on the host, or allow it "
+                              "with confidential_computing.allow_devtools")
+        return CcDecision(DEVTOOLS, "CC devtools", warnings=[
             "DevTools Mode: ON, not production confidential computing (allowed by "
             "confidential_computing.allow_devtools); the agent never sets its ready state"])
     if finding.capable and finding.mode is None:
         why = finding.unreadable.get("-f", "no answer")
         if guest:
-            return Verdict(FAIL, f"cannot read the CC mode {where} (nvidia-smi conf-compute "
-                           f"-f {why})", "run nvidia-smi conf-compute -f by hand")
-        return Verdict(SKIP, f"CC mode unknown on a regular VM ({why.split(':')[0]})", warnings=[
+            return CcDecision(FAIL, f"cannot read the CC mode {where} (nvidia-smi conf-compute "
+                              f"-f {why})", "run nvidia-smi conf-compute -f by hand")
+        return CcDecision(SKIP, f"CC mode unknown on a regular VM ({why.split(':')[0]})", warnings=[
             f"CC mode unknown (nvidia-smi conf-compute -f {why}); not a confidential guest, "
             "so not required"])
     if finding.confidential:
@@ -234,15 +226,15 @@ def decide(finding: CcFinding, guest: str | None, allow_devtools: bool = False,
     return _not_confidential(finding, guest, where, allow_cc_off)
 
 
-def _confidential(finding: CcFinding, guest: str | None, where: str) -> Verdict:
+def _confidential(finding: CcAnswers, guest: str | None, where: str) -> CcDecision:
     warnings = []
     for query, what in (("-d", "the dev-tools mode"), ("-e", "the CC environment")):
         if query in finding.unreadable:
             line = (f"cannot read {what} of a confidential GPU (nvidia-smi conf-compute {query} "
                     f"{finding.unreadable[query]})")
             if guest:
-                return Verdict(FAIL, f"{line} {where}: fails closed",
-                               f"run nvidia-smi conf-compute {query} by hand")
+                return CcDecision(FAIL, f"{line} {where}: fails closed",
+                                  f"run nvidia-smi conf-compute {query} by hand")
             warnings.append(f"{line}; not a confidential guest, so not required")
     if finding.environment not in (None, "PRODUCTION"):
         warnings.append(f"CC Environment: {finding.environment}, not PRODUCTION")
@@ -250,11 +242,11 @@ def _confidential(finding: CcFinding, guest: str | None, where: str) -> Verdict:
         warnings.append(f"cannot read the multi-GPU mode (nvidia-smi conf-compute -mgm "
                         f"{finding.unreadable['-mgm']})")
     label = "CC on" if finding.mode == "on" else "CC off, Multi-GPU Mode: Protected PCIe"
-    return Verdict(CONFIDENTIAL, label, warnings=warnings)
+    return CcDecision(CONFIDENTIAL, label, warnings=warnings)
 
 
-def _not_confidential(finding: CcFinding, guest: str | None, where: str,
-                      allow_cc_off: bool) -> Verdict:
+def _not_confidential(finding: CcAnswers, guest: str | None, where: str,
+                      allow_cc_off: bool) -> CcDecision:
     if not finding.capable:
         what = "the GPUs do not support confidential computing (No CC capable devices found.)"
     else:
@@ -268,13 +260,13 @@ def _not_confidential(finding: CcFinding, guest: str | None, where: str,
                      + finding.unreadable["-mgm"])
     note = f" ({'; '.join(notes)})" if notes else ""
     if guest and not allow_cc_off:
-        return Verdict(FAIL, f"{what} {where}: the GPUs' traffic would cross PCIe in "
-                       f"clear{note}", FIX_HOST)
+        return CcDecision(FAIL, f"{what} {where}: the GPUs' traffic would cross PCIe in "
+                          f"clear{note}", FIX_HOST)
     if guest:
-        return Verdict(SKIP, f"{what}{note}; accepted by confidential_computing.allow_cc_off",
-                       warnings=[f"{what} {where}: not confidential, accepted by "
-                                 f"confidential_computing.allow_cc_off{note}"])
+        return CcDecision(SKIP, f"{what}{note}; accepted by confidential_computing.allow_cc_off",
+                          warnings=[f"{what} {where}: not confidential, accepted by "
+                                    f"confidential_computing.allow_cc_off{note}"])
     if not finding.capable:
-        return Verdict(SKIP, "the GPUs do not support confidential computing (No CC capable "
-                       "devices found)")
-    return Verdict(SKIP, f"CC mode is off{note}", warnings=[f"CC mode is off{note}"] if notes else [])
+        return CcDecision(SKIP, "the GPUs do not support confidential computing (No CC capable "
+                          "devices found)")
+    return CcDecision(SKIP, f"CC mode is off{note}", warnings=[f"CC mode is off{note}"] if notes else [])

@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 
 from podvm_gpu.errors import CommandError, StepFailed, one_line
-from podvm_gpu.gpufacts import ask, smi
+from podvm_gpu.gpufacts import ask, smi, words
 from podvm_gpu.gpufacts.words import bus_id as normal_bus_id
 
 NAME = "attested_gpus"  # the boot context's attribute and status.json's key
@@ -77,9 +77,9 @@ def read(runner, when: str, root=None) -> list[GpuIdentity]:
         raise StepFailed(f"cannot read the GPUs' identities {when} ({one_line(str(err), 200)})"
                          ) from err
     if not rows:
-        raise StepFailed(f"cannot read the GPUs' identities {when} ({_COMMAND} exit "
-                         f"{done.returncode}: {one_line(done.output, 160)!r}): the GPUs made "
-                         "ready must be the GPUs attested")
+        raise StepFailed(f"cannot read the GPUs' identities {when} ("
+                         f"{words.failed_call(smi.identity_argv(), done.returncode, done.output)}): "
+                         "the GPUs made ready must be the GPUs attested")
     found = sorted(GpuIdentity(index, normal_bus_id(bus), uuid, None)
                    for index, bus, uuid in rows)
     for field in ("index", "bus_id", "uuid"):

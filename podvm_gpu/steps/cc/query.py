@@ -9,7 +9,7 @@ wait (the boot's one bounded wait, host/wait.py) polls the pipeline's record of 
 from __future__ import annotations
 
 from podvm_gpu.errors import CommandError, StepFailed
-from podvm_gpu.gpufacts import ask
+from podvm_gpu.gpufacts import ask, words
 from podvm_gpu.host import kmsg, tee
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import StepResult
@@ -63,8 +63,8 @@ def answers(run_one) -> dict:
     return found
 
 
-def read_finding(ctx: BootContext) -> classify.CcFinding:
-    """The GPUs' :class:`~podvm_gpu.steps.cc.classify.CcFinding` from nvidia-smi.
+def read_finding(ctx: BootContext) -> classify.CcAnswers:
+    """The GPUs' :class:`~podvm_gpu.steps.cc.classify.CcAnswers` from nvidia-smi.
 
     Raises:
         StepFailed: nvidia-smi could not be run or timed out.
@@ -103,7 +103,7 @@ def ready_state(ctx: BootContext) -> str:
         raise _not_run(err, "-grs") from err
     if done.returncode != 0 or state not in ("ready", "not-ready"):
         raise StepFailed(f"cannot read the CC ready state (nvidia-smi conf-compute -grs "
-                         f"{classify.said(done.returncode, done.output)})")
+                         f"{words.ended(done.returncode, done.output)})")
     return state
 
 

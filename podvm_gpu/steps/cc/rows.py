@@ -6,7 +6,7 @@ the same multi-GPU rule, multigpu.py) and
 from __future__ import annotations
 
 from podvm_gpu import units
-from podvm_gpu.gpufacts import ask
+from podvm_gpu.gpufacts import ask, words
 from podvm_gpu.host import tee
 from podvm_gpu.row import FAIL, PASS, SKIP, WARN, Check
 from podvm_gpu.steps.cc import classify, multigpu
@@ -50,7 +50,7 @@ def confidential_computing_row(facts) -> Check:
                      "the attestation flow sets it, or set confidential_computing."
                      "set_ready_state: true in the config")
     return Check(CC_ROW, FAIL, f"{label}, ready state unknown (nvidia-smi conf-compute -grs "
-                 f"{classify.said(grs.returncode, grs.output)})",
+                 f"{words.ended(grs.returncode, grs.output)})",
                  "run nvidia-smi conf-compute -grs by hand")
 
 

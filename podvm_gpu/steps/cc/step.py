@@ -2,7 +2,7 @@
 state where allowed.
 
 1. Read: ``nvidia-smi conf-compute -f``, ``-d``, ``-e``, ``-mgm`` (query.py), one
-   :class:`~podvm_gpu.steps.cc.classify.CcFinding`, recorded in the status
+   :class:`~podvm_gpu.steps.cc.classify.CcAnswers`, recorded in the status
    (``confidential_computing``).
 2. Decide (classify.decide, the same for ``podvm-gpu check``): a lost GPU, an unknown CC status
    and dev-tools mode fail (dev-tools: unless ``allow_devtools``); CC on, or CC off with Protected
@@ -24,6 +24,7 @@ state where allowed.
 from __future__ import annotations
 
 from podvm_gpu.errors import StepFailed
+from podvm_gpu.gpufacts import words
 from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.cc import classify
 from podvm_gpu.steps.cc.query import conf_compute, guest, read_finding, ready_state, wait_for_fabric
@@ -34,7 +35,7 @@ __all__ = ["run", "plan", "plan_notes", "before_ready_state", "same_gpus", "bind
            "IMAGE_ROWS"]
 
 
-def before_ready_state(ctx: BootContext, finding: classify.CcFinding, state: str = "not-ready",
+def before_ready_state(ctx: BootContext, finding: classify.CcAnswers, state: str = "not-ready",
                        tee: str | None = None) -> str:
     """The hook between the classification and ``nvidia-smi conf-compute -srs 1``: the
     attestation (issue 26; podvm_gpu/steps/cc/attest/gate.py, docs/interface.md 3.12), after the
@@ -183,7 +184,7 @@ def run(ctx: BootContext) -> str:
     done = conf_compute(ctx, "-srs", "1")
     if done.returncode != 0:
         raise StepFailed(f"nvidia-smi conf-compute -srs 1 failed "
-                         f"({classify.said(done.returncode, done.output)})")
+                         f"({words.ended(done.returncode, done.output)})")
     state = ready_state(ctx)
     if state != "ready":
         raise StepFailed(f"CC ready state still {state} after nvidia-smi conf-compute -srs 1")

@@ -50,7 +50,7 @@ def health_row_start(facts, name: str):
         facts: check's facts (podvm_gpu/check/vm.py); name: the row's name.
     """
     from podvm_gpu.row import SKIP, Check
-    from podvm_gpu.steps.context import HARMLESS_CALL_S
+    from podvm_gpu.steps.context import harmless_timeout
 
     skip = facts.not_reached("cdi")
     if skip:
@@ -58,7 +58,7 @@ def health_row_start(facts, name: str):
     skip = facts.needs_driver(name)
     if skip:
         return skip, None
-    return None, min(facts.runner.timeouts.get("nvidia-smi", HARMLESS_CALL_S), HARMLESS_CALL_S)
+    return None, harmless_timeout(facts.runner, "nvidia-smi")
 
 
 def check_row(facts, ask=None):

@@ -84,7 +84,7 @@ def mig_problem(ctx: BootContext) -> str | None:
         listing = ask.mig_instances(ctx.runner, timeout)
     except CommandError as err:
         return f"MIG mode is enabled on GPU {gpus} (nvidia-smi mig -lgi: {err})"
-    said = f"{exit_text(listing.returncode)}: {one_line(listing.output, 200) or 'no output'}"
+    said = words.ended(listing.returncode, listing.output, 200)
     if "no gpu instances" in listing.output.lower() or listing.returncode == NOT_FOUND_RC:
         return (f"MIG mode is enabled on GPU {gpus} but no GPU instances exist (nvidia-smi mig "
                 f"-lgi {said}); create GPU instances or disable MIG mode")

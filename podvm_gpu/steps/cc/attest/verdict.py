@@ -73,7 +73,7 @@ class Expect:
         self.devices, self.driver_version, self.rp_policy = devices, driver_version, rp_policy
 
 
-class Verdict:
+class NvattestOutcome:
     """The outcome of one run.
 
     Attributes:
@@ -165,7 +165,7 @@ def _mismatch(claim: dict) -> str:
     return ""
 
 
-def judge(returncode: int, stdout: str, stderr: str, kind: str, expect: Expect) -> Verdict:
+def judge(returncode: int, stdout: str, stderr: str, kind: str, expect: Expect) -> NvattestOutcome:
     """The verdict over one finished run of ``nvattest attest --device <kind> --format json``.
 
     Args:
@@ -180,14 +180,14 @@ def judge(returncode: int, stdout: str, stderr: str, kind: str, expect: Expect) 
         from podvm_gpu.errors import exit_text
 
         said = _last_error(stderr) or "no output"
-        return Verdict(False, None, None, f"nvattest printed no JSON result "
-                       f"({exit_text(returncode)}): {said}", [], None, warnings)
+        return NvattestOutcome(False, None, None, f"nvattest printed no JSON result "
+                               f"({exit_text(returncode)}): {said}", [], None, warnings)
     code, message = doc["result_code"], str(doc.get("result_message", ""))[:120]
     claims = doc.get("claims") if isinstance(doc.get("claims"), list) else []
     nvat = f"NVAT result {code} ({message})"
     if returncode != code & 0xFF:
-        return Verdict(False, code, message, f"{nvat}, but nvattest exited {returncode}",
-                       claims, doc, warnings)
+        return NvattestOutcome(False, code, message, f"{nvat}, but nvattest exited {returncode}",
+                               claims, doc, warnings)
     first = None
     for index, claim in enumerate(claims):
         first = claim_failure(claim, kind, index, expect, warnings)
@@ -195,17 +195,17 @@ def judge(returncode: int, stdout: str, stderr: str, kind: str, expect: Expect) 
             break
     if code != 0:
         why = first or _last_error(stderr) or (claims and "no claim failed the agent's checks")
-        return Verdict(False, code, message, f"{nvat}: {why or 'nvattest said nothing more'}",
-                       claims, doc, warnings)
+        return NvattestOutcome(False, code, message, f"{nvat}: {why or 'nvattest said nothing more'}",
+                               claims, doc, warnings)
     if not isinstance(doc.get("claims"), list):
-        return Verdict(False, code, message, f"{nvat} but claims is not a list", [], doc, warnings)
+        return NvattestOutcome(False, code, message, f"{nvat} but claims is not a list", [], doc, warnings)
     if len(claims) != expect.devices:
-        return Verdict(False, code, message, f"{nvat} but {len(claims)} {kind} claim(s) for "
-                       f"{expect.devices} {kind}(s) on PCI: a device without a claim is never "
-                       "made ready", claims, doc, warnings)
+        return NvattestOutcome(False, code, message, f"{nvat} but {len(claims)} {kind} claim(s) for "
+                               f"{expect.devices} {kind}(s) on PCI: a device without a claim is never "
+                               "made ready", claims, doc, warnings)
     if first:
-        return Verdict(False, code, message, f"{nvat} but {first}", claims, doc, warnings)
-    return Verdict(True, code, message, "", claims, doc, warnings)
+        return NvattestOutcome(False, code, message, f"{nvat} but {first}", claims, doc, warnings)
+    return NvattestOutcome(True, code, message, "", claims, doc, warnings)
 
 
 def topology_failure(gpu_claims: list[dict], switch_claims: list[dict]) -> str | None:
