@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 
+from smi_facts import smi_facts
 from test_check_units import _watch_root
 from test_gpufacts_agreement import BUS, FACTS, Runner
 
@@ -86,7 +87,7 @@ def test_gpu_requires_reset_in_any_column_asks_for_a_reset_at_boot_check_and_met
                                                 f"[GPU requires reset]\n")
     for argv in (smi.fabric_argv(), smi.fabric_health_argv()):  # not offered: no fabric
         runner.answers[tuple(argv)] = (2, 'Field "fabric.state" is not a valid field to query.')
-    facts = smi.smi_facts(runner, 5)[words.bus_id(BUS)]
+    facts = smi_facts(runner, 5)[words.bus_id(BUS)]
     assert judge.facts_verdicts(facts, False)["recovery-action"] == words.FAIL
     assert judge.facts_verdicts(facts, True)["recovery-action"] == words.WARN
     found = []

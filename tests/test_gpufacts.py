@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from smi_facts import smi_facts
 
 from podvm_gpu.gpufacts import judge, smi, words
 from podvm_gpu.row import FAIL, PASS, WARN
@@ -190,7 +191,7 @@ def test_every_value_of_the_nvidia_smi_back_end_is_read_or_says_why_not():
     from podvm_gpu.gpufacts.facts import unread
 
     bus, lost = "00000000:18:00.0", "00000000:2A:00.0"
-    facts = smi.smi_facts(_Smi([
+    facts = smi_facts(_Smi([
         (smi.remap_argv(), (0, f"{bus}, 1, 0\n{lost}, [GPU is lost], [GPU is lost]\n")),
         (smi.ecc_argv(), (3, "Not Supported\n")),
         (smi.action_argv(), (0, f"{bus}, 1, Reset\n")),
@@ -213,7 +214,7 @@ def test_every_value_of_the_nvidia_smi_back_end_is_read_or_says_why_not():
 
 def test_a_recovery_word_no_table_knows_is_kept_verbatim_and_warns():
     bus = "00000000:18:00.0"
-    gpu = smi.smi_facts(_Smi([(smi.action_argv(), (0, f"{bus}, Quarantine Rack\n"))]), 5)[bus]
+    gpu = smi_facts(_Smi([(smi.action_argv(), (0, f"{bus}, Quarantine Rack\n"))]), 5)[bus]
 
     assert gpu.recovery_action.value == "Quarantine Rack"
     assert judge.facts_verdicts(gpu, False)["recovery-action"] == "warn"
@@ -223,7 +224,7 @@ def test_a_gpu_lost_in_any_query_has_reads_in_every_field():
     """[GPU is lost] in a row is never a value: the GPU is lost, and every field stays a Read."""
     bus = "00000000:18:00.0"
     lost = "[GPU is lost]"
-    facts = smi.smi_facts(_Smi([
+    facts = smi_facts(_Smi([
         (smi.remap_argv(), (0, f"{bus}, {lost}, {lost}\n")),
         (smi.ecc_argv(), (0, f"{bus}, {lost}, {lost}\n")),
         (smi.action_argv(), (0, f"{bus}, {lost}\n")),

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from smi_facts import smi_facts
 
 from podvm_gpu.gpufacts import health, judge, smi, words
 from podvm_gpu.host.proc import Completed
@@ -170,7 +171,7 @@ def test_the_580_answers_as_value_types_and_their_verdicts():
                                  duration_s=0.02)
             return super().run(argv, check, timeout)
 
-    facts = smi.smi_facts(Replay580(), 5)
+    facts = smi_facts(Replay580(), 5)
 
     assert list(facts) == [BUS]
     gpu = facts[BUS]

@@ -24,6 +24,7 @@ import fake_nvml
 import pytest
 from boot.image import unavailable
 from realsmi import fetch, smi
+from smi_facts import smi_facts as smi_facts_of
 
 from podvm_gpu.config.load import validate
 from podvm_gpu.config.model import Config
@@ -604,7 +605,7 @@ COMPARED = ("lost", "remap_pending", "remap_failure", "ecc_volatile", "retired_p
 def smi_facts(runner) -> dict:
     """Per GPU, the values the nvidia-smi back end reads (gpufacts/smi.py smi_facts)."""
     return {bus: {name: getattr(facts, name).value for name in COMPARED}
-            for bus, facts in smi_back_end.smi_facts(runner, 10).items()}
+            for bus, facts in smi_facts_of(runner, 10).items()}
 
 
 def nvml_facts(root) -> dict:

@@ -1,6 +1,6 @@
 """The value types of what the agent knows of one GPU (issue 33): each value is read, or says
-why it was not. Both back ends give them: the nvidia-smi one from its queries
-(gpufacts/smi.py :func:`smi_facts`), the NVML one from a reading (:func:`nvml_facts`); the
+why it was not. The NVML back end gives them from a reading (:func:`nvml_facts`; the tests build
+the same from nvidia-smi's queries, tests/smi_facts.py, to hold both back ends to one truth); the
 decisions (gpufacts/judge.py :func:`~podvm_gpu.gpufacts.judge.facts_verdicts`) take them, never
 text.
 
