@@ -671,7 +671,10 @@ def test_ctrl_c_on_status_wait_is_one_line_and_exit_130(tmp_path):
     with boot_in_progress(tmp_path):  # the wait goes on
         waiting = subprocess.Popen([sys.executable, "-m", "podvm_gpu", "status", "--root",
                                     str(tmp_path), "--wait", "--timeout", "60"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   # Ctrl-C from a terminal finds SIGINT at its default; a run
+                                   # started with `&` in a script hands it down ignored
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         time.sleep(1.0)
         waiting.send_signal(signal.SIGINT)
         out, err = waiting.communicate(timeout=30)

@@ -213,7 +213,9 @@ def test_a_scrape_answers_within_1s_while_200_idle_connections_are_held_under_ta
 
 def test_ctrl_c_on_listen_is_one_line_and_exit_130(gpu_world):
     """Issue 21 item 2, the metrics half."""
-    served = start(*gpu_world)
+    # a Ctrl-C from a terminal finds SIGINT at its default; a test run started in the background
+    # (a non-interactive shell's `&`) hands it down ignored, and the child would never see it
+    served = start(*gpu_world, preexec=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert scrape(f"{served.base}/metrics")[0] == 200
     served.proc.send_signal(signal.SIGINT)
     _, err = served.proc.communicate(timeout=30)
