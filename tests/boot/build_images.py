@@ -22,10 +22,11 @@ from boot import image, real_driver  # noqa: E402
 from realsmi import fetch as realsmi  # noqa: E402
 
 VARIANTS = {v.name: v for v in (image.BASE, image.TRIXIE_BASE, real_driver.NVIDIA, real_driver.OPEN,
-                                real_driver.TRIXIE)}
+                                real_driver.TRIXIE, real_driver.BOTH)}
 # The bases first (the first boot tests need them; about a minute each), then the DKMS images;
-# the Debian 13 one last (its tests come late in the run).
-ORDER = ("base", "trixie-base", "nvidia", "open", "trixie-open")
+# the Debian 13 one, then Debian 12 with both module packages (issue 46 item 7: 387 s to build
+# here, which tests/test_module_flavour.py would otherwise spend inside the test run) last.
+ORDER = ("base", "trixie-base", "nvidia", "open", "trixie-open", "both")
 
 
 def build(name: str, failures: list[str]) -> None:
