@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from podvm_gpu import nvidia_ctk
 from podvm_gpu.boot import plan
 from podvm_gpu.config.load import parse_config
 from podvm_gpu.gpufacts import smi
@@ -22,7 +23,6 @@ from podvm_gpu.host import daemons
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import Status
 from podvm_gpu.steps import nodes
-from podvm_gpu.steps.cdi import imex, step, toolkit
 from podvm_gpu.steps.context import BootContext
 from podvm_gpu.steps.fabric import nvl5
 from podvm_gpu.steps.fabric import step as fabric
@@ -80,8 +80,9 @@ def test_a_query_of_no_field_is_refused_not_written_as_an_empty_value():
 def test_no_builder_gives_an_empty_flag_value(tmp_path):
     walked = []
     for name, ctx in contexts(tmp_path):
-        argvs = [step.generate_argv(ctx), imex.generate_argv(ctx), toolkit.VERSION_ARGV,
-                 [*toolkit.disable_hook_args(ctx.config)],
+        argvs = [nvidia_ctk.generate_nvml_argv(ctx.root, ctx.config.cdi.disable_hooks),
+                 nvidia_ctk.generate_imex_argv(ctx.root), nvidia_ctk.VERSION_ARGV,
+                 [*nvidia_ctk.disable_hook_args(ctx.config.cdi.disable_hooks)],
                  *nodes.plan(ctx), fabric.fabricmanager_argv(ctx, write=False),
                  nvl5.nvlsm_argv(ctx, ""), modprobe_argv("nvidia", {}),
                  *[smi.fabric_argv(), smi.fabric_health_argv(),

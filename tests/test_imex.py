@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from podvm_gpu import nvidia_ctk
 from podvm_gpu.cdi import IMEX_SPEC_PATH
 from podvm_gpu.cdi.unavailable import remove_spec, write_unavailable_spec
 from podvm_gpu.config.load import parse_config
@@ -246,6 +247,6 @@ def test_dry_run_plans_the_imex_generation_after_the_gpus_only_when_on(tmp_path)
 
     on = step.plan(world(tmp_path, "[0]"))
     assert on[0] == ["nvidia-ctk", "--version"]  # issue 36: read before any generation
-    assert on[2] == imex.generate_argv(world(tmp_path, "[0]"))
+    assert on[2] == nvidia_ctk.generate_imex_argv(world(tmp_path, "[0]").root)
     assert on[1][:4] == ["nvidia-ctk", "cdi", "generate", "--mode=nvml"]
     assert not any("--mode=imex" in argv for argv in step.plan(world(tmp_path, "[]")))

@@ -13,7 +13,9 @@
 - no module outside ``podvm_gpu/gpufacts/`` imports a parser of gpufacts (smi.py's ``parse_*``,
   words.py's ``csv_rows`` and ``na``) or runs one of smi.py's command lines (issue 44);
 - no function over 60 lines (``def`` line to its last, docstring included) but the ones
-  :data:`LONG_FUNCTIONS` names (issue 44 item 5: a long function is split into its phases).
+  :data:`LONG_FUNCTIONS` names (issue 44 item 5: a long function is split into its phases);
+- one nvidia-ctk back end (``podvm_gpu/nvidia_ctk.py``, issue 44 item 4): no other module writes
+  a command line of nvidia-ctk or nvidia-cdi-hook, or names a hook.
 """
 
 from __future__ import annotations
@@ -171,7 +173,7 @@ def test_a_step_room_has_its_step_and_no_code_in_its_init(room):
 # docs/design.md, "Layers": the lowest first. A root module or package of podvm_gpu ("unit") may
 # import only units of a lower layer; the entry points (``python -m``) sit above everything.
 LAYERS = {
-    "errors": 0, "record": 0, "jsontext": 0, "model": 0, "pci_ids": 0,
+    "errors": 0, "record": 0, "jsontext": 0, "model": 0, "pci_ids": 0, "nvidia_ctk": 0,
     "host": 1,
     "config": 2, "cdi": 2, "status": 2, "readers": 2, "gpufacts": 2, "units": 2, "kata": 2, "row": 2,
     "watchfile": 2, "journal": 2,
@@ -698,3 +700,90 @@ def test_the_gpufacts_rules_find_a_parser_and_a_run():
     assert [line.split(":")[0] for line in argv_runs(runs, argvs)] == \
         ["line 4", "line 7", "line 9", "line 11"]
     assert len(parser_uses(parsers)) == 4
+
+
+# --- one nvidia-ctk back end (issue 44 item 4) -----------------------------------------------
+
+NVIDIA_CTK = PACKAGE / "nvidia_ctk.py"
+TOOLKIT_BINARIES = ("nvidia-ctk", "nvidia-cdi-hook")
+# Words only the toolkit's command lines hold (its subcommands), and the start of its flags.
+TOOLKIT_WORDS = ("generate", "create-device-nodes")
+TOOLKIT_FLAGS = ("--mode=", "--disable-hook", "--driver-root=", "--dev-root=", "--class=")
+
+
+def toolkit_argvs(source: str) -> list[str]:
+    """Where ``source`` writes a command line of the toolkit: a list display whose first item is
+    the string ``nvidia-ctk`` or ``nvidia-cdi-hook``; a list or tuple display holding one of
+    :data:`TOOLKIT_WORDS`; a string (an f-string's leading text too) starting with one of
+    :data:`TOOLKIT_FLAGS`; or a list display whose first item is a name, attribute or call (a
+    binary at a path: the hook binaries' and check --image's asks) holding ``--help`` or
+    ``--version``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.List, ast.Tuple)):
+            words = [item.value for item in node.elts
+                     if isinstance(item, ast.Constant) and isinstance(item.value, str)]
+            first = node.elts[0] if node.elts else None
+            literal = isinstance(first, ast.Constant) and isinstance(first.value, str)
+            if isinstance(node, ast.List) and literal and first.value in TOOLKIT_BINARIES:
+                found.append(f"line {node.lineno}: [{first.value!r}, ...]")
+            elif set(words) & set(TOOLKIT_WORDS):
+                found.append(f"line {node.lineno}: {sorted(set(words) & set(TOOLKIT_WORDS))}")
+            elif isinstance(node, ast.List) and isinstance(first, (ast.Name, ast.Attribute, ast.Call)) \
+                    and {"--help", "--version"} & set(words):
+                found.append(f"line {node.lineno}: [<a path>, ..., --help/--version]")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                node.value.startswith(TOOLKIT_FLAGS):
+            found.append(f"line {node.lineno}: {node.value!r}")
+    return found
+
+
+def test_no_module_but_the_back_end_writes_a_toolkit_command_line():
+    """Issue 44 item 4: every command line of nvidia-ctk and nvidia-cdi-hook is
+    podvm_gpu/nvidia_ctk.py's (they were in steps/cdi/toolkit.py, step.py, imex.py,
+    toolkit_image.py, steps/nodes.py and host/proc.py); the steps and check --image take them
+    from it."""
+    found = {str(path.relative_to(PACKAGE)): toolkit_argvs(path.read_text())
+             for path in PACKAGE.rglob("*.py") if path != NVIDIA_CTK}
+
+    assert {name: lines for name, lines in found.items() if lines} == {}
+    assert len(toolkit_argvs(NVIDIA_CTK.read_text())) >= 6, "the back end moved: update this rule"
+
+
+def test_the_toolkit_rule_finds_each_kind_of_command_line():
+    hand = ('VERSION = ["nvidia-ctk", "--version"]\n'
+            'def gen(root):\n    return ["nvidia-ctk", "cdi", "generate", f"--dev-root={root}"]\n'
+            'def ask(binary, name):\n    return [binary, name, "--help"]\n'
+            'def later(argv):\n    return (*argv, "create-device-nodes")\n'
+            'TOOLS = ("nvidia-ctk", "nvidia-smi")\n'
+            'FABRIC = ["nv-fabricmanager", "--version"]\n')
+
+    assert len(toolkit_argvs(hand)) == 5  # the two tuples of names and nv-fabricmanager's are no argv
+
+
+def hook_names_named(source: str, names) -> list[str]:
+    """Where ``source`` holds one of ``names`` (the toolkit's hooks) as a whole string literal."""
+    return [f"line {node.lineno}: {node.value!r}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names]
+
+
+def test_one_list_of_hook_names():
+    """Issue 44 item 4: the hook names are one list, podvm_gpu/nvidia_ctk.py's ``HOOK_SINCE``
+    (config/fields.py had a second one, ``CDI_HOOK_NAMES``); config's ``cdi.disable_hooks`` takes
+    ``all`` and these names from it. A name inside a sentence (a hint) is no list."""
+    from podvm_gpu import nvidia_ctk
+
+    names = set(nvidia_ctk.HOOK_SINCE)
+    found = {str(path.relative_to(PACKAGE)): hook_names_named(path.read_text(), names)
+             for path in PACKAGE.rglob("*.py") if path != NVIDIA_CTK}
+
+    assert len(names) >= 6, "the hook table moved: update this rule"
+    assert {name: lines for name, lines in found.items() if lines} == {}
+    assert nvidia_ctk.DISABLE_HOOK_NAMES == ("all", *sorted(names))
+
+
+def test_the_hook_name_rule_finds_a_second_list():
+    second = ('HOOKS = ("all", "update-ldcache", "chmod")\n'
+              'HINT = "set cdi.disable_hooks: [update-ldcache] instead"\n')
+
+    assert len(hook_names_named(second, {"update-ldcache", "chmod"})) == 2

@@ -134,19 +134,19 @@ def needs_1_18(case) -> bool:
 
 @pytest.mark.parametrize("case_file", CASES, ids=[case_id(p) for p in CASES])
 def test_the_real_toolkit_gives_the_stand_in_s_devices(case_file, real, nvml, monkeypatch):
+    from podvm_gpu import nvidia_ctk
     from podvm_gpu.cdi.parse import parse_spec
     from podvm_gpu.cdi.ready import check_ready_spec
     from podvm_gpu.host.fs import Root
     from podvm_gpu.readers import gpu_minor
-    from podvm_gpu.steps.cdi import toolkit
 
     case = load_case(case_file)
     with World(case) as world:
         stand_in = world.run("boot")
         assert stand_in.status and stand_in.status["state"] == "ready", stand_in.stderr[-2000:]
         expected, _ = device_names(world)
-    version = toolkit.parse_version(os.popen(f"{shlex.quote(str(real['nvidia-ctk']))} "
-                                             "--version").read())
+    version = nvidia_ctk.parse_version(os.popen(f"{shlex.quote(str(real['nvidia-ctk']))} "
+                                                "--version").read())
     with World(case) as world:
         real_world(world, real, nvml)
         monkeypatch.setenv("PODVM_GPU_CMD", shlex.join(
@@ -155,7 +155,7 @@ def test_the_real_toolkit_gives_the_stand_in_s_devices(case_file, real, nvml, mo
         run = world.run("boot")
         status = run.status or {}
         said = f"{status.get('reason')}\n{run.stderr[-3000:]}"
-        if version and version.number < toolkit.SINCE_1_18 and needs_1_18(case):
+        if version and version.number < nvidia_ctk.SINCE_1_18 and needs_1_18(case):
             assert status.get("state") == "failed", said
             assert "needs nvidia-ctk 1.18.0 or later" in status.get("reason", ""), said
             return

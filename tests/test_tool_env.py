@@ -19,7 +19,8 @@ import sys
 import pytest
 from scenarios.world import DATA, World, load_case
 
-from podvm_gpu.host.proc import TOOL_ENV_ALLOWED, Runner, tool_env
+from podvm_gpu.host.proc import Runner, tool_env
+from podvm_gpu.nvidia_ctk import TOOL_ENV_ALLOWED
 
 # What nvidia-ctk 1.20.0 reads (issue 29 item 28), and the config file it would take from
 # XDG_CONFIG_HOME.

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from podvm_gpu import nvidia_ctk
 from podvm_gpu.cdi.parse import parse_spec
 from podvm_gpu.config.load import ConfigError, parse_config
 from podvm_gpu.errors import CommandError, StepFailed
@@ -43,7 +44,7 @@ class Tools:
 
     def run(self, argv, check=True, timeout=None, **_):
         self.ran.append(list(argv))
-        if argv == toolkit.VERSION_ARGV:
+        if argv == nvidia_ctk.VERSION_ARGV:
             if self.version is None:
                 raise CommandError(argv, 1, "", 'level=error msg="flag provided but not '
                                    'defined: -version"\n')
@@ -65,7 +66,7 @@ def context(tmp_path, config: str = "", runner=None) -> BootContext:
     ("NVIDIA Container Toolkit CLI version unknown\ncommit: unknown\n", None),  # no -X version
     ("", None)])
 def test_the_version_line_is_read_as_urfave_cli_prints_it(text, version):
-    found = toolkit.parse_version(text)
+    found = nvidia_ctk.parse_version(text)
     assert (found.text if found else None) == version
 
 
@@ -75,7 +76,7 @@ def test_the_version_is_read_once_and_recorded_in_the_status(tmp_path):
         step.generate(ctx)
     assert ctx.status.nvidia_ctk_version == "1.20.0"
     assert ctx.status.to_dict()["nvidia_ctk_version"] == "1.20.0"
-    assert [a for a in ctx.runner.ran if a == toolkit.VERSION_ARGV] == [toolkit.VERSION_ARGV]
+    assert [a for a in ctx.runner.ran if a == nvidia_ctk.VERSION_ARGV] == [nvidia_ctk.VERSION_ARGV]
     assert ctx.runner.ran[1][:3] == ["nvidia-ctk", "cdi", "generate"]
 
 
@@ -100,7 +101,7 @@ def test_1_17_8_with_a_feature_of_1_18_fails_before_nvidia_ctk_generates(tmp_pat
         step.generate(ctx)
     assert str(err.value).startswith(f"{feature} needs nvidia-ctk 1.18.0 or later; this image "
                                      "has nvidia-ctk 1.17.8")
-    assert ctx.runner.ran == [toolkit.VERSION_ARGV]  # never nvidia-ctk's own error
+    assert ctx.runner.ran == [nvidia_ctk.VERSION_ARGV]  # never nvidia-ctk's own error
 
 
 def test_both_features_on_1_17_8_name_the_first_and_count_the_other(tmp_path):
@@ -122,10 +123,12 @@ def test_1_18_0_and_later_take_both_features(tmp_path):
 def test_disable_hooks_are_passed_in_order_as_flags_of_the_generation(tmp_path):
     ctx = context(tmp_path, "cdi: {disable_hooks: [update-application-profile, "
                             "disable-device-node-modification]}\n")
-    assert step.generate_argv(ctx)[5:7] == ["--disable-hook=update-application-profile",
-                                            "--disable-hook=disable-device-node-modification"]
+    assert nvidia_ctk.generate_nvml_argv(ctx.root, ctx.config.cdi.disable_hooks)[5:7] == [
+        "--disable-hook=update-application-profile", "--disable-hook=disable-device-node-modification"]
     assert context(tmp_path).config.cdi.disable_hooks == ()
-    assert "--disable-hook" not in " ".join(step.generate_argv(context(tmp_path)))
+    default = context(tmp_path)
+    assert "--disable-hook" not in " ".join(nvidia_ctk.generate_nvml_argv(default.root,
+                                                                          default.config.cdi.disable_hooks))
 
 
 @pytest.mark.parametrize("value, words", [
@@ -143,7 +146,7 @@ def test_bad_disable_hooks_are_refused_by_key(value, words):
 
 def test_the_hook_names_of_the_real_1_20_0_spec_are_args_1_once_each():
     spec = parse_spec(REAL_SPEC.read_text(), source="real")
-    asked = toolkit.hooks_to_ask(spec)
+    asked = nvidia_ctk.hooks_to_ask(spec)
     assert [name for _path, name in asked] == [
         "create-symlinks", "enable-cuda-compat", "update-ldcache",
         "disable-device-node-modification", "update-application-profile"]
@@ -155,7 +158,7 @@ def test_under_nvidia_ctk_hook_the_name_is_args_2():
     for hook in raw["containerEdits"]["hooks"]:
         hook["path"] = "/usr/bin/nvidia-ctk"
         hook["args"] = ["nvidia-ctk", "hook", *hook["args"][1:]]
-    asked = toolkit.hooks_to_ask(parse_spec(json.dumps(raw), source="t"))
+    asked = nvidia_ctk.hooks_to_ask(parse_spec(json.dumps(raw), source="t"))
     assert ("/usr/bin/nvidia-ctk", "disable-device-node-modification") in asked
     assert set(map(tuple, asked.values())) == {("hook",)}
 
@@ -185,7 +188,7 @@ def hook_binary(root: Path, path: str, version: str, known=HOOKS_1_17,
     listing = target.parent / f".{target.name}.help"
     listing.write_text(help_text(version, known, help_version))
     unknown = ("echo \"No help topic for '$1'\" >&2\nexit 3\n"
-               if toolkit.parse_version(f"version {version}").number < toolkit.SINCE_1_18 else
+               if nvidia_ctk.parse_version(f"version {version}").number < nvidia_ctk.SINCE_1_18 else
                "echo \"level=warning msg=\\\"Unsupported CDI hook: $1\\\"\" >&2\nexit 0\n")
     target.write_text("#!/bin/sh\n"
                       f'[ "$1" = --version ] && {{ echo "NVIDIA CDI Hook version {version}"; exit 0; }}\n'
@@ -207,7 +210,7 @@ def test_a_hook_the_root_s_binary_refuses_fails_naming_it_and_both_versions(tmp_
     ctx = context(tmp_path, runner=Runner())
     with pytest.raises(StepFailed) as err:
         toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"),
-                            toolkit.parse_version(CTK_1_20))
+                            nvidia_ctk.parse_version(CTK_1_20))
     said = str(err.value)
     assert said.startswith("the spec names hook disable-device-node-modification, which "
                            "/usr/bin/nvidia-cdi-hook (nvidia-cdi-hook 1.17.8) does not know "
@@ -226,22 +229,22 @@ def test_a_hook_the_root_s_binary_refuses_fails_naming_it_and_both_versions(tmp_
 def test_the_real_builds_help_gives_their_hooks_and_version(version):
     """What each real hook binary says of itself is what the version table says it has."""
     text = (HELP / f"{version}-nvidia-cdi-hook--help.txt").read_text()
-    got = toolkit.help_version(text)
+    got = nvidia_ctk.help_version(text)
     assert got is not None and got.text == version
-    assert toolkit.parse_commands(text) == toolkit.hooks_of(got.number)
+    assert nvidia_ctk.parse_commands(text) == nvidia_ctk.hooks_of(got.number)
     under_ctk = (HELP / f"{version}-nvidia-ctk-hook--help.txt").read_text()
-    assert toolkit.parse_commands(under_ctk) == toolkit.hooks_of(got.number)
-    assert toolkit.help_version(under_ctk) is None  # nvidia-ctk hook --help: no VERSION
+    assert nvidia_ctk.parse_commands(under_ctk) == nvidia_ctk.hooks_of(got.number)
+    assert nvidia_ctk.help_version(under_ctk) is None  # nvidia-ctk hook --help: no VERSION
 
 
 def test_the_version_table_has_each_hook_where_the_real_builds_have_it():
-    assert toolkit.written_hooks((1, 17, 8)) == ("update-ldcache", "create-symlinks",
+    assert nvidia_ctk.written_hooks((1, 17, 8)) == ("update-ldcache", "create-symlinks",
                                                  "enable-cuda-compat")
-    assert toolkit.written_hooks((1, 19, 1)) == toolkit.written_hooks((1, 18, 2)) == (
+    assert nvidia_ctk.written_hooks((1, 19, 1)) == nvidia_ctk.written_hooks((1, 18, 2)) == (
         "update-ldcache", "create-symlinks", "enable-cuda-compat",
         "disable-device-node-modification")
-    assert "update-application-profile" in toolkit.written_hooks((1, 20, 0))
-    assert toolkit.parse_commands("NAME:\n   x\n") is None  # no COMMANDS section
+    assert "update-application-profile" in nvidia_ctk.written_hooks((1, 20, 0))
+    assert nvidia_ctk.parse_commands("NAME:\n   x\n") is None  # no COMMANDS section
 
 
 @pytest.mark.parametrize("version", ["1.18.2", "1.19.1"])
@@ -253,7 +256,7 @@ def test_a_hook_missing_from_a_1_18_binary_s_list_fails_naming_it(tmp_path, vers
     ctx = context(tmp_path, runner=Runner())
     with pytest.raises(StepFailed) as err:
         toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"),
-                            toolkit.parse_version(CTK_1_20))
+                            nvidia_ctk.parse_version(CTK_1_20))
     said = str(err.value)
     assert said.startswith("the spec names hook update-application-profile, which "
                            f"/usr/bin/nvidia-cdi-hook (nvidia-cdi-hook {version}) does not have "
@@ -405,7 +408,7 @@ def test_the_list_and_for_1_17_the_names_are_asked_while_the_generation_runs(
         tmp_path, ctk, config, expected, lists):
     hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", "1.20.0", HOOKS_1_20)
     ctx = context(tmp_path, config, runner=Runner())
-    toolkit.start_hook_asks(ctx, toolkit.parse_version(ctk) if ctk else None)
+    toolkit.start_hook_asks(ctx, nvidia_ctk.parse_version(ctk) if ctk else None)
     for early in list(ctx.early.values()):
         early.result()
     binary = str(tmp_path / "usr/bin/nvidia-cdi-hook")
@@ -418,7 +421,7 @@ def test_the_check_takes_the_early_answers_and_asks_nothing_twice(tmp_path):
     # so its list decides all five and nothing more is asked after the generation
     hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", "1.20.0", HOOKS_1_20)
     ctx = context(tmp_path, runner=Runner())
-    toolkit.start_hook_asks(ctx, toolkit.parse_version(CTK_1_17))
+    toolkit.start_hook_asks(ctx, nvidia_ctk.parse_version(CTK_1_17))
     for early in list(ctx.early.values()):
         early.result()
     before = len(ctx.runner.calls)
@@ -434,7 +437,7 @@ def test_a_1_17_binary_is_asked_after_the_generation_what_1_20_did_not_foresee(t
                                       for h in raw["containerEdits"]["hooks"]
                                       if h["args"][1] in HOOKS_1_17]
     ctx = context(tmp_path, runner=Runner())
-    toolkit.start_hook_asks(ctx, toolkit.parse_version(CTK_1_20))
+    toolkit.start_hook_asks(ctx, nvidia_ctk.parse_version(CTK_1_20))
     assert toolkit.check_hooks(ctx, parse_spec(json.dumps(raw), source="t"), None) == 3
     binary = str(tmp_path / "usr/bin/nvidia-cdi-hook")
     assert asked_names(ctx, binary) == ["create-symlinks", "enable-cuda-compat",
@@ -445,18 +448,18 @@ def test_a_1_17_binary_is_asked_after_the_generation_what_1_20_did_not_foresee(t
 def test_an_early_refusal_fails_the_check_as_a_late_one_would(tmp_path):
     hook_binary(tmp_path, "/usr/bin/nvidia-cdi-hook", "1.17.8")
     ctx = context(tmp_path, runner=Runner())
-    toolkit.start_hook_asks(ctx, toolkit.parse_version(CTK_1_20))
+    toolkit.start_hook_asks(ctx, nvidia_ctk.parse_version(CTK_1_20))
     with pytest.raises(StepFailed, match="^the spec names hook disable-device-node-modification, "
                                          r"which /usr/bin/nvidia-cdi-hook \(nvidia-cdi-hook "
                                          "1.17.8\\) does not know"):
         toolkit.check_hooks(ctx, real_spec_at("/usr/bin/nvidia-cdi-hook"),
-                            toolkit.parse_version(CTK_1_20))
+                            nvidia_ctk.parse_version(CTK_1_20))
 
 
 def test_a_hook_elsewhere_is_asked_after_the_generation(tmp_path):
     hook_binary(tmp_path, "/opt/toolkit/nvidia-cdi-hook", "1.20.0", HOOKS_1_20)
     ctx = context(tmp_path, runner=Runner())
-    toolkit.start_hook_asks(ctx, toolkit.parse_version(CTK_1_20))  # no /usr/bin binary: none
+    toolkit.start_hook_asks(ctx, nvidia_ctk.parse_version(CTK_1_20))  # no /usr/bin binary: none
     assert ctx.early == {}
     assert toolkit.check_hooks(ctx, real_spec_at("/opt/toolkit/nvidia-cdi-hook"), None) == 5
 
@@ -465,7 +468,7 @@ def test_the_early_version_read_is_the_one_the_step_takes(tmp_path):
     ctx = context(tmp_path)
     toolkit.start_version_read(ctx)
     assert toolkit.read_version(ctx).text == "1.20.0"
-    assert ctx.runner.ran == [toolkit.VERSION_ARGV]  # asked once, early
+    assert ctx.runner.ran == [nvidia_ctk.VERSION_ARGV]  # asked once, early
     assert ctx.status.nvidia_ctk_version == "1.20.0" and ctx.early == {}
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import os
 
+from podvm_gpu.nvidia_ctk import DISABLE_HOOK_NAMES
+
 MAX_CONFIG_BYTES = 1 << 20
 MAX_SECONDS = 3600.0  # no wait or budget in a pod VM boot is longer than an hour
 MAX_GPUS = 64  # far above any VM size sold (8 GPUs, 16 at most), still a bound
@@ -199,22 +201,16 @@ def imex_channels(value: object, loc: list) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-# The hook names nvidia-ctk's ``cdi generate --disable-hook`` takes (1.18.0 and later;
-# internal/discover/hooks.go of NVIDIA/nvidia-container-toolkit: ``all`` and one name per hook
-# it can write; chmod is off by default there). ``cdi.disable_hooks`` is checked against them.
-CDI_HOOK_NAMES = ("all", "chmod", "create-symlinks", "disable-device-node-modification",
-                  "enable-cuda-compat", "update-application-profile", "update-ldcache")
-
-
 def cdi_hooks(value: object, loc: list) -> tuple[str, ...]:
     """A validator of ``cdi.disable_hooks``: a list of distinct names of
-    :data:`CDI_HOOK_NAMES`; returned as a tuple in the order given (the config is frozen)."""
+    :data:`podvm_gpu.nvidia_ctk.DISABLE_HOOK_NAMES`; returned as a tuple in the order given (the
+    config is frozen)."""
     if not isinstance(value, list):
         raise Invalid(loc, f"must be a list of hook names, not {_kind(value)}")
     names = tuple(_string(item, [*loc, i]) for i, item in enumerate(value))
     for i, name in enumerate(names):
-        if name not in CDI_HOOK_NAMES:
-            raise Invalid([*loc, i], f"must be one of {', '.join(CDI_HOOK_NAMES)}, not {name!r}")
+        if name not in DISABLE_HOOK_NAMES:
+            raise Invalid([*loc, i], f"must be one of {', '.join(DISABLE_HOOK_NAMES)}, not {name!r}")
         if name in names[:i]:
             raise Invalid(loc, f"hook {name} is listed twice")
     return names

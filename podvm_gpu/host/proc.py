@@ -14,6 +14,7 @@ import threading
 import time
 
 from podvm_gpu.errors import Cancelled, CommandError, exit_text
+from podvm_gpu.nvidia_ctk import GENERATE, TOOL_ENV_ALLOWED
 from podvm_gpu.record import REQUIRED, Record
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -35,30 +36,14 @@ def nvml_client(argv: list[str]) -> bool:
     """True for a call that opens NVML: nvidia-smi (every subcommand), nvidia-ctk's CDI
     generation (``--mode=nvml``) and nvattest's evidence collection. They take the same driver
     lock, so one stuck in the driver blocks the next (pop-os/pop#4073, leptonai/gpud#117)."""
-    return argv[0] == "nvidia-smi" or argv[:3] == ["nvidia-ctk", "cdi", "generate"] or \
+    return argv[0] == "nvidia-smi" or argv[:3] == GENERATE or \
         argv[:2] == ["nvattest", "attest"]
-
-
-# The environment variables a tool gets when its name is here, every other one left out (with
-# LC_ALL=C added). nvidia-ctk (urfave/cli) fills every flag the agent does not pass from a
-# variable: NVIDIA_CTK_CDI_GENERATE_DISABLED_HOOKS=all made 1.20.0 write a spec without hooks that
-# passed as ready, and on a real VM (no --root) ROOT, DRIVER_ROOT, NVIDIA_DRIVER_ROOT, DEV_ROOT,
-# NVIDIA_DEV_ROOT, DRY_RUN and NVIDIA_CTK_* redirect or disable what it does (issue 29 item 28);
-# XDG_CONFIG_HOME would point it at another config.toml. Kept: PATH (it finds nvidia-cdi-hook
-# and ldconfig there, as boot finds the tools) and the dynamic loader's LD_LIBRARY_PATH and
-# LD_PRELOAD (read by ld.so for every program, no flag of nvidia-ctk's; where libnvidia-ml.so.1
-# is found, and how the test harness's umockdev works). LANG and LC_* are not kept: Go programs
-# do not read the locale, and LC_ALL=C is set for every tool anyway.
-# nvidia-cdi-hook is a urfave/cli program of the same toolkit (the cdi step's hook check runs
-# it, and nvidia-ctk as `nvidia-ctk hook`, by the absolute path the spec names: the basename
-# decides).
-TOOL_ENV_ALLOWED = {"nvidia-ctk": ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD"),
-                    "nvidia-cdi-hook": ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD")}
 
 
 def tool_env(tool: str, env: dict[str, str]) -> dict[str, str]:
     """The environment ``tool`` runs with: ``env`` (the runner's, ``LC_ALL=C`` in it) for most
-    tools; for those in :data:`TOOL_ENV_ALLOWED` only the variables listed there, plus
+    tools; for those in :data:`~podvm_gpu.nvidia_ctk.TOOL_ENV_ALLOWED` (nvidia-ctk's and
+    nvidia-cdi-hook's) only the variables listed there, plus
     ``LC_ALL=C``.
 
     Args:

@@ -12,7 +12,7 @@ second boot changes nothing.
 
 from __future__ import annotations
 
-from podvm_gpu import readers
+from podvm_gpu import nvidia_ctk, readers
 from podvm_gpu.errors import CommandError, StepFailed, exit_text
 from podvm_gpu.host.devnode import Node, make_node, node_problem
 from podvm_gpu.host.fs import Root, is_char_device
@@ -46,11 +46,8 @@ def run(ctx: BootContext) -> str:
     majors = char_majors(root)
     control = nodes[:3]
     if any(node_problem(root, n) for n in control):
-        argv = ["nvidia-ctk", "system", "create-device-nodes", "--control-devices"]
-        if not root.is_host:
-            argv.append(f"--dev-root={root.path}")
         try:
-            ctx.runner.run(argv)
+            ctx.runner.run(nvidia_ctk.control_nodes_argv(root))
         except CommandError as err:
             if err.timed_out:
                 said = f"timed out after {err.timeout_s:g} s"
@@ -100,8 +97,7 @@ def plan(ctx: BootContext) -> list[list[str]]:
     argvs = []
     required = required_nodes(root, gpu_minors(root, ctx.gpus))
     if any(node_problem(root, n) for n in required[:3]):
-        argv = ["nvidia-ctk", "system", "create-device-nodes", "--control-devices"]
-        argvs.append(argv if root.is_host else [*argv, f"--dev-root={root.path}"])
+        argvs.append(nvidia_ctk.control_nodes_argv(root))
     use_modprobe = root.is_host and ctx.runner.which("nvidia-modprobe") is not None
     for node in required[3:]:
         if use_modprobe and node_problem(root, node):

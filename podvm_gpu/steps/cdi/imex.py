@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 
+from podvm_gpu import nvidia_ctk
 from podvm_gpu.cdi import IMEX_KIND, IMEX_SPEC_PATH, MAX_SPEC_BYTES
 from podvm_gpu.cdi.parse import parse_spec
 from podvm_gpu.errors import CdiSpecError, CommandError, StepFailed, exit_text
@@ -72,17 +73,6 @@ def make_channels(ctx: BootContext, channels) -> list[Node]:
         if problem:
             raise StepFailed(f"imex: {problem}")
     return nodes
-
-
-def generate_argv(ctx: BootContext) -> list[str]:
-    """``nvidia-ctk cdi generate --mode=imex --class=imex-channel --format=json`` (the spec on
-    stdout, no ``--output``: 1.18 and 1.19 parse an empty one differently, issue 42), with the
-    roots when not ``/`` (the shape of the GPUs' generation, steps/cdi/step.py)."""
-    argv = ["nvidia-ctk", "cdi", "generate", "--mode=imex", "--class=imex-channel",
-            "--format=json"]
-    if not ctx.root.is_host:
-        argv += [f"--driver-root={ctx.root.path}", f"--dev-root={ctx.root.path}"]
-    return argv
 
 
 def spec_problems(spec, root: Root, channels) -> list[str]:
@@ -147,7 +137,7 @@ def generate(ctx: BootContext) -> ImexSpec | None:
         return None
     make_channels(ctx, channels)
     try:
-        done = ctx.runner.run(generate_argv(ctx))
+        done = ctx.runner.run(nvidia_ctk.generate_imex_argv(ctx.root))
     except CommandError as err:
         if err.timed_out:
             raise StepFailed(f"imex: nvidia-ctk cdi generate --mode=imex timed out after "
@@ -195,7 +185,7 @@ def install(ctx: BootContext, imex: ImexSpec | None) -> str:
 
 def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: the IMEX generation when ``imex.channels`` is set."""
-    return [generate_argv(ctx)] if ctx.config.imex.channels else []
+    return [nvidia_ctk.generate_imex_argv(ctx.root)] if ctx.config.imex.channels else []
 
 
 # --- podvm-gpu check ----------------------------------------------------------------------

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-from podvm_gpu import cdi, readers
+from podvm_gpu import cdi, nvidia_ctk, readers
 from podvm_gpu.cdi import MAX_SPEC_BYTES
 from podvm_gpu.cdi import SPEC_PATH as CDI_SPEC_PATH
 from podvm_gpu.cdi.parse import parse_spec
@@ -41,23 +41,6 @@ from podvm_gpu.steps.context import BootContext
 # nodes every spec needs, NVML and the CDI hook. (It warns about dozens of graphics files on
 # every run; those explain nothing.)
 ESSENTIAL = r"libcuda\.so|libnvidia-ml\.so|/dev/nvidia|nvidia-cdi-hook|NVML|nvml"
-
-
-def generate_argv(ctx: BootContext) -> list[str]:
-    """``nvidia-ctk cdi generate --mode=nvml --format=json`` (the spec on stdout: no ``--output``,
-    which 1.18 and 1.19 parse differently when empty; module docstring), with the roots when
-    not ``/``.
-
-    ``--mode=nvml`` explicitly: without it the toolkit takes its mode from
-    ``/etc/nvidia-container-runtime/config.toml``, and 1.18.0 with ``mode = "cdi"`` there fails
-    with ``invalid discovery mode: cdi`` (NVIDIA/nvidia-container-toolkit#1376, fixed in #1377).
-    A pod VM's GPUs are NVML devices whatever the runtime's config says. ``cdi.disable_hooks``
-    adds ``--disable-hook=<name>`` each (steps/cdi/toolkit.py)."""
-    argv = ["nvidia-ctk", "cdi", "generate", "--mode=nvml", "--format=json",
-            *toolkit.disable_hook_args(ctx.config)]
-    if not ctx.root.is_host:
-        argv += [f"--driver-root={ctx.root.path}", f"--dev-root={ctx.root.path}"]
-    return argv
 
 
 # nvidia-smi's exit status for NVML_ERROR_NOT_FOUND: what `mig -lgi` exits with, printing "No GPU
@@ -162,7 +145,8 @@ def generate(ctx: BootContext, on_start=None) -> Generated:
         toolkit.start_hook_asks(ctx, ctk)
 
     try:
-        done = ctx.runner.run(generate_argv(ctx), on_start=in_flight)
+        argv = nvidia_ctk.generate_nvml_argv(ctx.root, ctx.config.cdi.disable_hooks)
+        done = ctx.runner.run(argv, on_start=in_flight)
     except CommandError as err:
         if err.timed_out:
             raise StepFailed(f"nvidia-ctk cdi generate timed out after {err.timeout_s:g} s "
@@ -231,8 +215,8 @@ def finish(ctx: BootContext, generated: Generated) -> str:
 def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: the spec's generation, then the health gate's queries."""
 
-    return [toolkit.VERSION_ARGV, generate_argv(ctx), *imex.plan(ctx), smi.remap_argv(), smi.ecc_argv(),
-            smi.reset_argv(), smi.action_argv()]
+    return [nvidia_ctk.VERSION_ARGV, nvidia_ctk.generate_nvml_argv(ctx.root, ctx.config.cdi.disable_hooks),
+            *imex.plan(ctx), smi.remap_argv(), smi.ecc_argv(), smi.reset_argv(), smi.action_argv()]
 
 
 # --- podvm-gpu check ----------------------------------------------------------------------

@@ -30,55 +30,11 @@ the binary's own words. All bounded (the harmless-call time).
 from __future__ import annotations
 
 import os
-import re
 
+from podvm_gpu import nvidia_ctk
 from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
+from podvm_gpu.host.proc import side_by_side
 from podvm_gpu.steps.context import BootContext
-
-VERSION_ARGV = ["nvidia-ctk", "--version"]
-# urfave/cli's version line: "<app name> version <v>" (nvidia-ctk: "NVIDIA Container Toolkit
-# CLI", nvidia-cdi-hook: its own name); a build without the version injected says "unknown".
-_VERSION = re.compile(r"\bversion\s+v?(\d+)\.(\d+)\.(\d+)(\S*)")
-# What arrived in 1.18.0 (the real 1.17.8 refuses both, 1.18.2 has both:
-# ../shared/nvidia-ctk/README.md): the feature's words for a reason, by config key.
-SINCE_1_18 = (1, 18, 0)
-FEATURES = {"imex.channels": "IMEX channels (cdi generate --mode=imex)",
-            "cdi.disable_hooks": "cdi.disable_hooks (cdi generate --disable-hook)"}
-# Which hooks each version's hook binary has, by the version each arrived in: its ``--help``
-# COMMANDS list (the real builds: 1.17.8 the first four, 1.18.2 and 1.19.1 add
-# disable-device-node-modification, 1.20.0 adds update-application-profile;
-# ../shared/nvidia-ctk/README.md). (1, 17, 0) stands for "1.17 or before", the oldest toolkit
-# the agent supports. nvidia-ctk writes each of them into its spec but chmod (the real 1.20.0
-# spec: tests/data/real/h200-580/nvidia-ctk-1.20.0-cdi-generate.json).
-HOOK_SINCE = {"update-ldcache": (1, 17, 0), "create-symlinks": (1, 17, 0), "chmod": (1, 17, 0),
-              "enable-cuda-compat": (1, 17, 0), "disable-device-node-modification": (1, 18, 0),
-              "update-application-profile": (1, 20, 0)}
-NOT_WRITTEN = ("chmod",)
-# Where the hook binary usually is: its list is asked while the generation runs
-# (:func:`start_hook_asks`).
-LIKELY_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
-# The binaries whose hooks the agent knows how to ask: args[0] of a hook, its name after them.
-HOOK_BINARIES = {"nvidia-cdi-hook": 1, "nvidia-ctk": 2}  # nvidia-ctk: ["nvidia-ctk", "hook", name]
-
-
-class Version:
-    """A toolkit version as ``--version`` printed it: ``text`` (``1.20.0``, a suffix kept) and
-    ``number`` (``(1, 20, 0)``)."""
-
-    def __init__(self, text: str, number: tuple[int, int, int]):
-        self.text, self.number = text, number
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def parse_version(output: str) -> Version | None:
-    """The version in ``--version`` output (its first ``version X.Y.Z``), None when none."""
-    m = _VERSION.search(output)
-    if m is None:
-        return None
-    number = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
-    return Version(".".join(map(str, number)) + m.group(4), number)
 
 
 class _Early:
@@ -115,11 +71,11 @@ def start_version_read(ctx: BootContext) -> None:
     38: 5-12 ms a boot there). The call is the same one, with the
     same timeout; what it means (a warning, the version recorded) is decided where it is
     read, so the status says nothing of it before the cdi step runs."""
-    ctx.early["nvidia-ctk --version"] = _Early(ctx, VERSION_ARGV,
+    ctx.early["nvidia-ctk --version"] = _Early(ctx, nvidia_ctk.VERSION_ARGV,
                                                ctx.harmless_timeout("nvidia-ctk"))
 
 
-def read_version(ctx: BootContext) -> Version | None:
+def read_version(ctx: BootContext) -> nvidia_ctk.Version | None:
     """Run ``nvidia-ctk --version`` once (at most the harmless-call time), or take the call
     :func:`start_version_read` made, and record the version in
     ``ctx.status.nvidia_ctk_version``; None, with a warning, when it cannot be read (the
@@ -131,8 +87,8 @@ def read_version(ctx: BootContext) -> Version | None:
     early = ctx.early.pop("nvidia-ctk --version", None)
     try:
         done = early.result() if early is not None else \
-            ctx.runner.run(VERSION_ARGV, timeout=ctx.harmless_timeout("nvidia-ctk"))
-        version = parse_version(done.stdout + done.stderr)
+            ctx.runner.run(nvidia_ctk.VERSION_ARGV, timeout=ctx.harmless_timeout("nvidia-ctk"))
+        version = nvidia_ctk.parse_version(done.stdout + done.stderr)
         why = None if version else f"printed no version: {one_line(done.output, 120) or 'nothing'}"
     except CommandError as err:
         version, why = None, str(err) if err.timed_out or err.returncode is None else \
@@ -145,97 +101,23 @@ def read_version(ctx: BootContext) -> Version | None:
     return version
 
 
-def needed_features(config) -> list[str]:
-    """The config keys set whose feature needs nvidia-ctk 1.18.0 (:data:`FEATURES`)."""
-    wanted = []
-    if config.imex.channels:
-        wanted.append("imex.channels")
-    if config.cdi.disable_hooks:
-        wanted.append("cdi.disable_hooks")
-    return wanted
-
-
-def check_features(ctx: BootContext, version: Version | None) -> None:
+def check_features(ctx: BootContext, version: nvidia_ctk.Version | None) -> None:
     """Fail before nvidia-ctk runs when the config asks for what ``version`` lacks.
 
     Raises:
         StepFailed: ``<feature> needs nvidia-ctk 1.18.0 or later; this image has <version>``
-            (the first such key of :data:`FEATURES`, the others counted).
+            (the first such key of :data:`~podvm_gpu.nvidia_ctk.FEATURES`, the others
+            counted).
     """
-    if version is None or version.number >= SINCE_1_18:
+    if version is None or version.number >= nvidia_ctk.SINCE_1_18:
         return
-    lacking = needed_features(ctx.config)
+    lacking = nvidia_ctk.needed_features(ctx.config)
     if not lacking:
         return
     more = f" (and {', '.join(lacking[1:])})" if len(lacking) > 1 else ""
-    raise StepFailed(f"{FEATURES[lacking[0]]} needs nvidia-ctk 1.18.0 or later; this image has "
-                     f"nvidia-ctk {version}{more}: install nvidia-container-toolkit 1.18.0 or "
+    raise StepFailed(f"{nvidia_ctk.FEATURES[lacking[0]]} needs nvidia-ctk 1.18.0 or later; this image "
+                     f"has nvidia-ctk {version}{more}: install nvidia-container-toolkit 1.18.0 or "
                      f"later in the image, or unset {lacking[0]}")
-
-
-def disable_hook_args(config) -> list[str]:
-    """``--disable-hook=<name>`` for each of ``cdi.disable_hooks``, in the config's order."""
-    return [f"--disable-hook={name}" for name in config.cdi.disable_hooks]
-
-
-def hooks_to_ask(spec) -> dict[tuple[str, str], list[str]]:
-    """Each (hook path, hook name) the spec names, once, in the spec's order, with the
-    arguments that go between the binary and the name when it is asked (``[]`` for
-    ``nvidia-cdi-hook``, ``["hook"]`` for ``nvidia-ctk``). A hook whose ``args[0]`` is neither
-    binary is not asked (it is not the toolkit's)."""
-    found: dict[tuple[str, str], list[str]] = {}
-    for hook in spec.hooks():
-        args = list(hook.args or [])
-        binary = os.path.basename(args[0]) if args else ""
-        at = HOOK_BINARIES.get(binary)
-        if at is None or len(args) <= at or (at == 2 and args[1] != "hook"):
-            continue
-        found.setdefault((hook.path, args[at]), args[1:at])
-    return found
-
-
-def hooks_of(number: tuple[int, int, int]) -> tuple[str, ...]:
-    """The hooks a hook binary of version ``number`` (``(1, 19, 1)``) has (:data:`HOOK_SINCE`)."""
-    return tuple(name for name, since in HOOK_SINCE.items() if number >= since)
-
-
-def written_hooks(number: tuple[int, int, int]) -> tuple[str, ...]:
-    """The hooks a spec of nvidia-ctk ``number`` names by default (:data:`HOOK_SINCE` less
-    :data:`NOT_WRITTEN`)."""
-    return tuple(name for name in hooks_of(number) if name not in NOT_WRITTEN)
-
-
-# urfave/cli's help: a "COMMANDS:" heading, then one indented line per command ("   name, alias
-# <usage>"), ended by a blank line; "VERSION:" then the version on the next line (the
-# nvidia-cdi-hook --help of every real build; nvidia-ctk hook --help has no VERSION section).
-_HEADING = re.compile(r"^[A-Z][A-Z ]*:\s*$")
-_HELP_VERSION = re.compile(r"^VERSION:\s*\n\s+v?(\d+)\.(\d+)\.(\d+)(\S*)", re.MULTILINE)
-
-
-def parse_commands(help_text: str) -> tuple[str, ...] | None:
-    """The command names of a urfave/cli ``--help`` (its COMMANDS section: each line's first
-    word, aliases and ``help`` left out), or None when the text has no COMMANDS section."""
-    names: list[str] | None = None
-    for line in help_text.splitlines():
-        if names is None:
-            if line.strip() == "COMMANDS:":
-                names = []
-            continue
-        if not line.strip() or _HEADING.match(line):
-            break
-        first = line.split()[0].rstrip(",")
-        if first != "help":
-            names.append(first)
-    return tuple(names) if names is not None else None
-
-
-def help_version(help_text: str) -> Version | None:
-    """The version of a urfave/cli ``--help``'s VERSION section, None when it has none."""
-    m = _HELP_VERSION.search(help_text)
-    if m is None:
-        return None
-    number = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
-    return Version(".".join(map(str, number)) + m.group(4), number)
 
 
 def _ask_key(path: str, name: str) -> str:
@@ -246,29 +128,31 @@ def _list_key(path: str, middle) -> str:
     return f"hook list {path} {' '.join(middle)}".rstrip()
 
 
-def start_hook_asks(ctx: BootContext, version: Version | None) -> None:
-    """Ask the hook binary at its usual path (:data:`LIKELY_HOOK_PATH` under the root) for its
-    list (``--help``) on a thread of its own while the generation runs, and, for nvidia-ctk
-    ``version`` before 1.18.0, each hook its spec names (:func:`written_hooks`, less
-    ``cdi.disable_hooks``) by name: the same calls :func:`check_hooks` makes after it, which
-    takes the answers it needs and makes the rest itself (a hook elsewhere, a hook binary older
-    than nvidia-ctk). The cdi step is the boot's longest lane; this takes the asks off it
-    (issue 38). Nothing is decided here. Asks nothing when the version is unknown, every hook is
-    disabled (``cdi.disable_hooks: [all]``) or the binary is not there."""
+def start_hook_asks(ctx: BootContext, version: nvidia_ctk.Version | None) -> None:
+    """Ask the hook binary at its usual path (:data:`~podvm_gpu.nvidia_ctk.LIKELY_HOOK_PATH` under
+    the root) for its list (``--help``) on a thread of its own while the generation runs, and, for
+    nvidia-ctk ``version`` before 1.18.0, each hook its spec names
+    (:func:`~podvm_gpu.nvidia_ctk.written_hooks`, less ``cdi.disable_hooks``) by name: the same
+    calls :func:`check_hooks` makes after it, which takes the answers it needs and makes the rest
+    itself (a hook elsewhere, a hook binary older than nvidia-ctk). The cdi step is the boot's
+    longest lane; this takes the asks off it (issue 38). Nothing is decided here. Asks nothing
+    when the version is unknown, every hook is disabled (``cdi.disable_hooks: [all]``) or the
+    binary is not there."""
     disabled = ctx.config.cdi.disable_hooks
     if version is None or "all" in disabled:  # --disable-hook=all: a spec without hooks
         return
-    binary = ctx.root.resolve(LIKELY_HOOK_PATH)
+    path = nvidia_ctk.LIKELY_HOOK_PATH
+    binary = ctx.root.resolve(path)
     if not os.path.isfile(binary):
         return
     timeout = ctx.harmless_timeout("nvidia-ctk")
-    ctx.early[_list_key(LIKELY_HOOK_PATH, [])] = _Early(ctx, [binary, "--help"], timeout)
-    if version.number >= SINCE_1_18:
+    ctx.early[_list_key(path, [])] = _Early(ctx, nvidia_ctk.hook_help_argv(binary), timeout)
+    if version.number >= nvidia_ctk.SINCE_1_18:
         return
-    for name in written_hooks(version.number):
+    for name in nvidia_ctk.written_hooks(version.number):
         if name not in disabled:
-            ctx.early[_ask_key(LIKELY_HOOK_PATH, name)] = _Early(ctx, [binary, name, "--help"],
-                                                                 timeout)
+            ctx.early[_ask_key(path, name)] = _Early(ctx, nvidia_ctk.hook_help_argv(binary, name),
+                                                     timeout)
 
 
 class _Listing:
@@ -283,28 +167,11 @@ def _all_at_once(calls: list) -> list:
     """Run each callable on a thread of its own and return their results in order, a
     :class:`CommandError` as a result. Anything else raised (Cancelled: the boot is ending) is
     raised here, in the caller's thread, never left in a helper thread."""
-    import threading
-
-    said: dict[int, object] = {}
-    raised: dict[int, BaseException] = {}
-
-    def one(index: int, call) -> None:
-        try:
-            said[index] = call()
-        except CommandError as err:
-            said[index] = err
-        except BaseException as err:  # re-raised below
-            raised[index] = err
-
-    threads = [threading.Thread(target=one, args=(i, call), name=f"hook-check-{i}", daemon=True)
-               for i, call in enumerate(calls)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if raised:
-        raise raised[min(raised)]
-    return [said[i] for i in range(len(calls))]
+    said = side_by_side(calls)
+    for _result, err in said:
+        if err is not None and not isinstance(err, CommandError):
+            raise err
+    return [result if err is None else err for result, err in said]
 
 
 def _list_binary(ctx: BootContext, path: str, middle: list[str], timeout: float) -> _Listing:
@@ -312,24 +179,24 @@ def _list_binary(ctx: BootContext, path: str, middle: list[str], timeout: float)
     binary = ctx.root.resolve(path)
     try:
         done = early.result() if early is not None else \
-            ctx.runner.run([binary, *middle, "--help"], timeout=timeout)
+            ctx.runner.run(nvidia_ctk.hook_help_argv(binary, *middle), timeout=timeout)
     except CommandError as err:
         return _Listing(error=err)
-    version = help_version(done.stdout)
+    version = nvidia_ctk.help_version(done.stdout)
     if version is None:  # nvidia-ctk hook --help has no VERSION section
         try:
-            asked = ctx.runner.run([binary, "--version"], timeout=timeout)
-            version = parse_version(asked.stdout + asked.stderr)
+            asked = ctx.runner.run(nvidia_ctk.version_argv(binary), timeout=timeout)
+            version = nvidia_ctk.parse_version(asked.stdout + asked.stderr)
         except CommandError:
             version = None
-    return _Listing(parse_commands(done.stdout), version)
+    return _Listing(nvidia_ctk.parse_commands(done.stdout), version)
 
 
 def _ask_name(ctx: BootContext, path: str, middle: list[str], name: str, timeout: float):
     early = None if middle else ctx.early.pop(_ask_key(path, name), None)
     if early is not None:  # asked while the generation ran (start_hook_asks)
         return early.result()
-    return ctx.runner.run([ctx.root.resolve(path), *middle, name, "--help"], timeout=timeout)
+    return ctx.runner.run(nvidia_ctk.hook_help_argv(ctx.root.resolve(path), *middle, name), timeout=timeout)
 
 
 def _by_name_too(listing: _Listing) -> bool:
@@ -337,7 +204,7 @@ def _by_name_too(listing: _Listing) -> bool:
     of an unknown version, unless its list ask did not run or hung (asked again, it would too)."""
     if listing.error is not None and (listing.error.timed_out or listing.error.returncode is None):
         return False
-    return listing.version is None or listing.version.number < SINCE_1_18
+    return listing.version is None or listing.version.number < nvidia_ctk.SINCE_1_18
 
 
 def _unchecked(name: str, path: str, err: CommandError) -> StepFailed:
@@ -346,12 +213,12 @@ def _unchecked(name: str, path: str, err: CommandError) -> StepFailed:
                       "a container's creation runs it")
 
 
-def _advice(name: str, ctk: Version | None) -> str:
+def _advice(name: str, ctk: nvidia_ctk.Version | None) -> str:
     return (f"the spec comes from nvidia-ctk {ctk or '(version unknown)'}: install nvidia-ctk "
             f"and nvidia-cdi-hook of one toolkit version, or add {name} to cdi.disable_hooks")
 
 
-def check_hooks(ctx: BootContext, spec, ctk: Version | None) -> int:
+def check_hooks(ctx: BootContext, spec, ctk: nvidia_ctk.Version | None) -> int:
     """Ask each hook binary the spec names for its list of hooks (``<root><path> [hook]
     --help``) and, when it is older than 1.18.0 or of an unknown version, for each hook by name
     (``<root><path> [hook] <name> --help``); at most the harmless-call time each, each round all
@@ -369,7 +236,7 @@ def check_hooks(ctx: BootContext, spec, ctk: Version | None) -> int:
         Cancelled: the boot is ending (another step failed, a signal): raised here, in the
             step's thread, never left in a helper thread.
     """
-    asks = list(hooks_to_ask(spec).items())
+    asks = list(nvidia_ctk.hooks_to_ask(spec).items())
     timeout = ctx.harmless_timeout("nvidia-ctk")
     binaries = list(dict.fromkeys((path, tuple(middle)) for (path, _n), middle in asks))
     listings = dict(zip(binaries, _all_at_once(

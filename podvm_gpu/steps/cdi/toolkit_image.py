@@ -7,14 +7,16 @@ packages whose name holds ``nvidia`` are read) and ``/var/lib/dpkg/status`` (tha
 ``Version``, its upstream part: ``1.17.8-1`` -> ``1.17.8``). On root ``/`` (check run inside
 the image, in nspawn) a binary no package installed is asked its ``--version`` (bounded).
 Binaries of two toolkit versions warn (a spec of the newer nvidia-ctk can name hooks the older
-hook binary refuses, and the boot then fails: steps/cdi/toolkit.py); so does a version below
+hook binary refuses, and the boot then fails: steps/cdi/toolkit.py; the toolkit's tables are
+podvm_gpu/nvidia_ctk.py's); so does a version below
 1.18.0 with ``imex.channels`` or ``cdi.disable_hooks`` set. Versions not known are a ``skip``.
 
 CDI versions (issue 46): podman before 5 cannot read a spec of ``cdiVersion`` 0.7.0
 (``unresolvable CDI devices nvidia.com/gpu=0``, nvidia-container-toolkit#1940). The image is not
-run, so which version its nvidia-ctk writes comes from :data:`SPEC_VERSIONS`, the versions seen
-written by each toolkit version (nvidia-ctk writes the lowest version its spec's content needs, so
-it is a version seen, not a rule); podman's from dpkg's ``podman`` package. A warning only when
+run, so which version its nvidia-ctk writes comes from
+:data:`~podvm_gpu.nvidia_ctk.SPEC_VERSIONS`, the versions seen written by each toolkit version
+(nvidia-ctk writes the lowest version its spec's content needs, so it is a version seen, not a
+rule); podman's from dpkg's ``podman`` package. A warning only when
 both are known: podman older than 5 and a toolkit whose spec was seen at 0.7.0 or newer; a version
 not in the table, or no podman (kata-agent reads with its own CDI crate, which reads 0.7.0), says
 nothing.
@@ -26,18 +28,13 @@ import os
 import re
 
 from podvm_gpu.host.fs import read_bounded
+from podvm_gpu.nvidia_ctk import BINARIES, SINCE_1_18, SPEC_VERSIONS, needed_features, parse_version, version_argv
 from podvm_gpu.row import PASS, SKIP, WARN, Check
-from podvm_gpu.steps.cdi import toolkit
 
 ROW = "toolkit"
 DPKG_INFO = "/var/lib/dpkg/info"
 DPKG_STATUS = "/var/lib/dpkg/status"
 STATUS_LIMIT = 64 << 20  # a dpkg status of a full desktop is a few MB
-BINARIES = ("nvidia-ctk", "nvidia-cdi-hook")
-# nvidia-ctk version -> the cdiVersion its `cdi generate --mode=nvml` spec was seen with:
-# 1.17.8 and 1.20.0 from their real binaries (docs/compatibility.md; 1.20.0 on a real H200,
-# tests/data/real/h200-580), 1.19.1 as reported (nvidia-container-toolkit#1940)
-SPEC_VERSIONS = {"1.17.8": "0.5.0", "1.19.1": "0.7.0", "1.20.0": "0.5.0"}
 PODMAN_READS_0_7 = 5  # podman's major version from which its CDI library reads 0.7.0
 _UPSTREAM = re.compile(r"^(?:\d+:)?(\d+\.\d+\.\d+[^-\s]*)")
 
@@ -117,9 +114,9 @@ def image_row(image) -> Check:
                         "a spec of the newer can name hooks the older refuses, and the boot "
                         "then fails")
         hints.append("install both from one nvidia-container-toolkit version")
-    ctk = toolkit.parse_version(f"version {seen['nvidia-ctk']}") if "nvidia-ctk" in seen else None
-    lacking = toolkit.needed_features(image.config)
-    if ctk is not None and ctk.number < toolkit.SINCE_1_18 and lacking:
+    ctk = parse_version(f"version {seen['nvidia-ctk']}") if "nvidia-ctk" in seen else None
+    lacking = needed_features(image.config)
+    if ctk is not None and ctk.number < SINCE_1_18 and lacking:
         problems.append(f"{', '.join(lacking)} need nvidia-ctk 1.18.0 or later; the boot fails "
                         "before generating")
         hints.append("install nvidia-container-toolkit 1.18.0 or later, or unset "
@@ -137,8 +134,8 @@ def image_row(image) -> Check:
 
 def podman_problem(packages: dict[str, str], ctk: str | None) -> tuple[str, str] | None:
     """``(problem, hint)`` when dpkg's podman is older than 5 and nvidia-ctk ``ctk`` (its
-    version) was seen writing a spec of cdiVersion 0.7.0 or newer (:data:`SPEC_VERSIONS`); None
-    when either is not known or they fit.
+    version) was seen writing a spec of cdiVersion 0.7.0 or newer
+    (:data:`~podvm_gpu.nvidia_ctk.SPEC_VERSIONS`); None when either is not known or they fit.
 
     Args:
         packages: :func:`installed_versions`; ctk: nvidia-ctk's upstream version or None.
@@ -164,8 +161,8 @@ def _asked(image, path: str) -> str | None:
     from podvm_gpu.steps.context import HARMLESS_CALL_S
 
     try:
-        done = image.runner.run([path, "--version"], check=False, timeout=HARMLESS_CALL_S)
+        done = image.runner.run(version_argv(path), check=False, timeout=HARMLESS_CALL_S)
     except CommandError:
         return None
-    found = toolkit.parse_version(done.output) if done.returncode == 0 else None
+    found = parse_version(done.output) if done.returncode == 0 else None
     return found.text if found else None
