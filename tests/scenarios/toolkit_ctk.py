@@ -49,7 +49,7 @@ from . import effects as fx
 DEFAULT_VERSION = "1.20.0"
 SINCE = (1, 18, 0)  # IMEX mode, --disable-hook and --enable-hook arrived then
 # the version each hook arrived in ((1, 17, 0): 1.17 or before), as the real builds' --help
-# COMMANDS lists show (the agent's own table is podvm_gpu/steps/cdi/toolkit.py HOOK_SINCE: the
+# COMMANDS lists show (the agent's own table is podvm_gpu/nvidia_ctk.py HOOK_SINCE: the
 # stand-in keeps its own, read from the real builds, not from the product)
 HOOK_SINCE = {"update-ldcache": (1, 17, 0), "create-symlinks": (1, 17, 0), "chmod": (1, 17, 0),
               "enable-cuda-compat": (1, 17, 0), "disable-device-node-modification": (1, 18, 0),
