@@ -38,6 +38,33 @@ COMMANDS = {
               "write its compiled form (image builds: boot then skips PyYAML). Exit 0 valid, 1 not.",
 }
 
+# Each command's own options beyond --root, --config and --json: (command, option, argparse
+# keywords), in the order its help lists them.
+OPTIONS = (
+    ("boot", "--dry-run", {"help": "detect and plan, print the commands, change nothing"}),
+    ("status", "--wait", {"help": "block until the state is final"}),
+    ("status", "--timeout", {"metavar": "S", "help": "with --wait: the longest wait, in seconds as "
+                             "a plain number (default 300)"}),
+    ("check", "--attest", {"help": "run a fresh GPU attestation (nvattest; needs the network) for "
+                                   "the attestation row; writes nothing"}),
+    ("check", "--image", {"help": "check an image (build time, no GPU needed) instead of a running VM"}),
+    ("config", "--compile", {"dest": "compile_", "help": "write <config>.compiled.json, which boot "
+                             "reads instead of parsing the YAML while the YAML is unchanged"}),
+    ("watch", "--clear", {"help": "remove a standing finding (/run/podvm-gpu/watch.json); then run "
+                                  "the boot again"}),
+    ("binding", "--repair", {"help": "cut off the log's trailing podvm-gpu records RTMR3 never saw "
+                                     "(never while the attestation-agent runs)"}),
+    ("metrics", "--serve", {"help": "serve over HTTP at the config's metrics.listen"}),
+    ("metrics", "--listen", {"metavar": "ADDR:PORT", "help": "serve over HTTP at ADDR:PORT (an IP address)"}),
+    ("metrics", "--openmetrics", {"help": "print the OpenMetrics format"}),
+    ("metrics", "--web-config", {"metavar": "FILE", "help": "TLS and basic auth from this "
+                                 "exporter-toolkit web config, a path on this machine (needs --serve "
+                                 "or --listen)"}),
+    ("metrics", "--pod-labels", {"help": "write the pod's name and namespace from "
+                                 "/run/peerpod/apf.json to /run/podvm-gpu/pod-labels.json once, and exit"}),
+    ("metrics", "--textfile", {"help": "write the textfile (with --serve: every interval)"}),
+)
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own exit 2, with the program named once
@@ -65,42 +92,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         if name != "metrics":  # metrics prints its own machine format
             sub[name].add_argument("--json", dest="json_out", action="store_true",
                                    help="one JSON document on stdout")
-    sub["boot"].add_argument("--dry-run", action="store_true",
-                             help="detect and plan, print the commands, change nothing")
-    sub["status"].add_argument("--wait", action="store_true",
-                               help="block until the state is final")
-    sub["status"].add_argument("--timeout", metavar="S", default=None,
-                               help="with --wait: the longest wait, in seconds as a plain "
-                                    "number (default 300)")
-    sub["check"].add_argument("--attest", action="store_true",
-                              help="run a fresh GPU attestation (nvattest; needs the network) "
-                              "for the attestation row; writes nothing")
-    sub["check"].add_argument("--image", action="store_true",
-                              help="check an image (build time, no GPU needed) instead of a "
-                                   "running VM")
-    sub["config"].add_argument("--compile", dest="compile_", action="store_true",
-                               help="write <config>.compiled.json, which boot reads instead of "
-                                    "parsing the YAML while the YAML is unchanged")
-    sub["watch"].add_argument("--clear", action="store_true",
-                              help="remove a standing finding (/run/podvm-gpu/watch.json); "
-                                   "then run the boot again")
-    sub["binding"].add_argument("--repair", action="store_true",
-                                help="cut off the log's trailing podvm-gpu records RTMR3 never "
-                                     "saw (never while the attestation-agent runs)")
-    sub["metrics"].add_argument("--serve", action="store_true",
-                                help="serve over HTTP at the config's metrics.listen")
-    sub["metrics"].add_argument("--listen", metavar="ADDR:PORT",
-                                help="serve over HTTP at ADDR:PORT (an IP address)")
-    sub["metrics"].add_argument("--openmetrics", action="store_true",
-                                help="print the OpenMetrics format")
-    sub["metrics"].add_argument("--web-config", metavar="FILE",
-                                help="TLS and basic auth from this exporter-toolkit web config, "
-                                     "a path on this machine (needs --serve or --listen)")
-    sub["metrics"].add_argument("--pod-labels", action="store_true",
-                                help="write the pod's name and namespace from /run/peerpod/apf.json "
-                                     "to /run/podvm-gpu/pod-labels.json once, and exit")
-    sub["metrics"].add_argument("--textfile", action="store_true",
-                                help="write the textfile (with --serve: every interval)")
+    for name, option, keywords in OPTIONS:  # a flag unless it takes a value (metavar)
+        flag = {} if "metavar" in keywords else {"action": "store_true"}
+        sub[name].add_argument(option, **flag, **keywords)
     return parser, sub
 
 

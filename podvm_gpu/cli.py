@@ -28,6 +28,16 @@ _FORMS = {
     "check": ({"--json": "json_out", "--image": "image", "--attest": "attest"}, _COMMON),
 }
 
+# Each command's entry, ``(module, function)``, called with the options by keyword; the module
+# is imported only when its command runs (by ``__import__``, whose imports ``-X importtime``
+# lists: tests/test_layout.py's CPU fast path).
+ENTRIES = {"boot": ("podvm_gpu.boot", "run_boot"), "status": ("podvm_gpu.status", "run_status"),
+           "check": ("podvm_gpu.check.command", "run_check"),
+           "metrics": ("podvm_gpu.metrics.command", "run_metrics"),
+           "watch": ("podvm_gpu.watch.command", "run_watch"),
+           "binding": ("podvm_gpu.steps.cc.show", "run_binding"),
+           "config": ("podvm_gpu.config.command", "run_config")}
+
 
 def fast_args(args: list[str]) -> tuple[str, dict] | None:
     """Parse a plain ``boot`` or ``status`` command line by hand; None for anything else.
@@ -348,38 +358,14 @@ def dispatch(command: str, options: dict, args: list[str]) -> int:
 def _run(command: str, options: dict) -> int:
     """Run ``command`` with its checked ``options`` (keyword arguments of the command's entry);
     its exit code. Each command's module is imported only here, when it runs."""
-    if command == "boot":
-        from podvm_gpu.boot import run_boot
-
-        return run_boot(**options)
-    if command == "metrics":
-        from podvm_gpu.metrics.command import run_metrics
-
-        return run_metrics(**options)
-    if command == "check":
-        from podvm_gpu.check.command import run_check
-
-        return run_check(options["root_dir"], options["config"], options["json_out"],
-                         options["image"], options.get("attest", False))
-    if command == "watch":
-        from podvm_gpu.watch.command import run_watch
-
-        return run_watch(options["root_dir"], options["config"], options["json_out"],
-                         options.get("clear", False))
-    if command == "binding":
-        from podvm_gpu.steps.cc.show import run_binding
-
-        return run_binding(options["root_dir"], options["json_out"], options.get("repair", False))
     if command == "config":
-        from podvm_gpu.config.command import run_config
         from podvm_gpu.host.fs import Root
         from podvm_gpu.units import budget_warning
 
         # the installed unit's start time-out against budget_s (issue 46): units.py sits
         # beside config in the layers, so the command is handed the rule
-        return run_config(**options, also=lambda settings: budget_warning(
-            Root(options["root_dir"]), settings.budget_s))
-    from podvm_gpu.status import run_status
-
-    del options["config"]
-    return run_status(**options)
+        options["also"] = lambda settings: budget_warning(Root(options["root_dir"]), settings.budget_s)
+    if command in ("binding", "status"):  # they read no config
+        del options["config"]
+    module, entry = ENTRIES[command]
+    return getattr(__import__(module, fromlist=[entry]), entry)(**options)

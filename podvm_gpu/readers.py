@@ -217,3 +217,15 @@ def daemon_pid(root: Root, pid_file: str, comm: str) -> int | None:
     pid = int(text)
     name = (root.read_text(f"/proc/{pid}/comm") or "").strip()
     return pid if name and name[:15] == comm[:15] else None
+
+
+# The daemons the boot may start: name -> (pid file, ``/proc/<pid>/comm``).
+DAEMON_FILES = {"nvidia-persistenced": (PERSISTENCED_PID, PERSISTENCED_COMM),
+                "nv-fabricmanager": (FABRICMANAGER_PID, FABRICMANAGER_COMM),
+                "nvlsm": (NVLSM_PID, NVLSM_COMM)}
+
+
+def running_daemons(root: Root) -> dict[str, int]:
+    """The daemons of :data:`DAEMON_FILES` that run now: name -> pid (:func:`daemon_pid`)."""
+    pids = {name: daemon_pid(root, *files) for name, files in DAEMON_FILES.items()}
+    return {name: pid for name, pid in pids.items() if pid is not None}

@@ -12,7 +12,7 @@ from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Runner
 
 
-def run_check(root_dir: str, config_path: str | None, json_out: bool, image: bool,
+def run_check(root_dir: str, config: str | None, json_out: bool, image: bool,
               attest: bool = False) -> int:
     """Run the checks, print them, return 0 when none failed, else 1 (contract section 1).
     ``attest``: the attestation row runs a fresh nvattest (podvm_gpu/steps/cc/attest/check.py)."""
@@ -21,7 +21,7 @@ def run_check(root_dir: str, config_path: str | None, json_out: bool, image: boo
     try:
         # on a VM, a config boot refuses (others could write it) is a bad config here too; in
         # an image the builder may still own it, and the trust row judges that
-        path, required = config_location(root, config_path)
+        path, required = config_location(root, config)
         config = load_config(path, required=required, trusted=not image)
     except ConfigError as err:
         config, config_note = Config(), Check("config", FAIL, str(err), "fix the config file")

@@ -15,15 +15,7 @@ from podvm_gpu.metrics import families as fam
 from podvm_gpu.metrics import health_families as hfam
 from podvm_gpu.metrics.pod import read_labels as read_pod_labels
 from podvm_gpu.metrics.prom import generate_latest, generate_openmetrics
-from podvm_gpu.readers import (
-    FABRICMANAGER_COMM,
-    FABRICMANAGER_PID,
-    NVLSM_COMM,
-    NVLSM_PID,
-    PERSISTENCED_COMM,
-    PERSISTENCED_PID,
-    daemon_pid,
-)
+from podvm_gpu.readers import running_daemons
 from podvm_gpu.status import StatusUnreadable, load_status
 
 
@@ -141,12 +133,8 @@ class Exporter:
         except StatusUnreadable as err:
             status, status_error = None, str(err)
         out = fam.boot_families(status, status_error)
-        persistenced = daemon_pid(self.root, PERSISTENCED_PID, PERSISTENCED_COMM) is not None
-        out.append(fam.daemon_family(daemons_due(status, {
-            "nvidia-persistenced": persistenced,
-            "nvlsm": daemon_pid(self.root, NVLSM_PID, NVLSM_COMM) is not None,
-            "nv-fabricmanager": daemon_pid(self.root, FABRICMANAGER_PID,
-                                           FABRICMANAGER_COMM) is not None})))
+        up = running_daemons(self.root)
+        out.append(fam.daemon_family(daemons_due(status, {name: name in up for name in fam.DAEMONS})))
         out += fam.fabric_kind_families(status)
         out += fam.attestation_families(status)
         from podvm_gpu.watchfile import load as load_watch
@@ -162,7 +150,7 @@ class Exporter:
                                    sum(f.fatal for f in found), xids)
         if not with_nvml:
             return out
-        reading = self._reading(status, persistenced)
+        reading = self._reading(status, "nvidia-persistenced" in up)
         profile = fam.CC_SAFE if cc_safe(self.settings.profile, reading.cc_mode) else fam.FULL
         out += fam.nvml_families(reading, profile, self.settings.profile)
         out += fam.gpu_fabric_families(reading)

@@ -38,41 +38,30 @@ import selectors
 import socket
 import threading
 import time
+from contextlib import suppress
+from http import HTTPStatus
 
 from podvm_gpu.metrics.auth import CHECK_THREADS, THROTTLED, ClientGate
 from podvm_gpu.metrics.journal import Journal
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
-            405: "Method Not Allowed", 408: "Request Timeout",
-            429: "Too Many Requests", 431: "Request Header Fields Too Large",
-            500: "Internal Server Error",
-            503: "Service Unavailable"}
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
 _MAX_HEADERS = 100
 _END_OF_HEAD = re.compile(rb"\r?\n\r?\n")  # the blank line, CRLF or bare LF
 
 
-class Request:
+# Records as named tuples, as readers.Library (no ``import dataclasses``: its start-up cost)
+class Request(collections.namedtuple("Request", "method path headers")):
     """A parsed request: ``method`` (``GET``), ``path`` (``/metrics?x``), ``headers`` (lower-case
     name -> value; a repeated header keeps its last value)."""
 
-    __slots__ = ("method", "path", "headers")
-
-    def __init__(self, method: str, path: str, headers: dict[str, str]):
-        self.method = method
-        self.path = path
-        self.headers = headers
+    __slots__ = ()
 
 
-class Response:
+class Response(collections.namedtuple("Response", "status body headers", defaults=(b"", ()))):
     """An answer: ``status`` (an HTTP code), ``headers`` (list of ``(name, value)``), ``body``
     (bytes)."""
 
-    __slots__ = ("status", "headers", "body")
-
-    def __init__(self, status: int, body: bytes = b"", headers: list | None = None):
-        self.status = status
-        self.body = body
-        self.headers = headers or []
+    __slots__ = ()
 
 
 def parse_request(data: bytes) -> Request | Response:
@@ -85,10 +74,7 @@ def parse_request(data: bytes) -> Request | Response:
     ran out). A CR anywhere else in a line is refused with 400 (section 2.2: a bare CR is
     invalid), never taken as a line end.
     """
-    try:
-        text = data.decode("iso-8859-1")
-    except UnicodeDecodeError:  # cannot happen with latin-1; kept for clarity
-        return Response(400, b"bad request\n")
+    text = data.decode("iso-8859-1")  # every byte is a character: never fails
     lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
     if any("\r" in line for line in lines):
         return Response(400, b"bare CR in the request\n")
@@ -238,10 +224,8 @@ class MetricsServer:
                             sel.unregister(self.socket)  # out of descriptors: pause accepting
                             paused_until = time.monotonic() + 0.5
                     elif key.data == "wake":
-                        try:
+                        with suppress(OSError):
                             self._wake_r.recv(64)
-                        except OSError:
-                            pass
                     else:
                         self._readable(sel, key.data)
                 self._expire(sel)
@@ -259,7 +243,7 @@ class MetricsServer:
                 return True
             except OSError as err:
                 if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self._say("accept", f"cannot accept a connection: {err.strerror}; pausing "
+                    self.journal.say("accept", f"cannot accept a connection: {err.strerror}; pausing "
                                         "0.5 s")
                     return False
                 return True  # ECONNABORTED and the like: the client is gone
@@ -327,17 +311,13 @@ class MetricsServer:
 
     def _forget(self, sel, conn: _Conn) -> None:
         self._waiting.pop(conn.sock.fileno(), None)
-        try:
+        with suppress(KeyError, ValueError):
             sel.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
 
     def _drop(self, sel, conn: _Conn) -> None:
         self._forget(sel, conn)
-        try:
+        with suppress(OSError):
             conn.sock.close()
-        except OSError:
-            pass
 
     def _refuse(self, sel, conn: _Conn, response: Response, request=None) -> None:
         """Tell the client why, if its socket takes it at once, and close."""
@@ -350,15 +330,11 @@ class MetricsServer:
         worker."""
         head_only = isinstance(request, Request) and request.method == "HEAD"
         extra = self.web.headers if self.web is not None else None
-        try:
+        with suppress(OSError, ValueError):
             conn.sock.setblocking(False)
             conn.sock.send(encode(response, head_only, extra))
-        except (OSError, ValueError):
-            pass
-        try:
+        with suppress(OSError):
             conn.sock.close()
-        except OSError:
-            pass
 
     def _hand_over(self, sel, conn: _Conn, data: bytes) -> None:
         request = parse_request(data)
@@ -404,7 +380,7 @@ class MetricsServer:
         try:
             right = self.web.check_password(*given)
         except Exception as err:  # one line, not a traceback per request
-            self._say("auth", f"error checking a password: {type(err).__name__}: {err}")
+            self.journal.say("auth", f"error checking a password: {type(err).__name__}: {err}")
         finally:
             self._gate.done(conn.peer[0], right)
         if right:
@@ -426,30 +402,23 @@ class MetricsServer:
         finally:
             with self._queued_lock:
                 self._queued -= 1
-            try:
+            with suppress(OSError):
                 sock.close()
-            except OSError:
-                pass
 
     def _handle(self, request: Request) -> Response:
         try:
             return self.handler(request)
         except Exception as err:  # one line, not a traceback per scrape
-            self._say("handler", f"error answering {request.path}: {type(err).__name__}: {err}")
+            self.journal.say("handler", f"error answering {request.path}: {type(err).__name__}: {err}")
             return Response(500, b"internal error; see the exporter's log\n")
-
-    def _say(self, kind: str, line: str) -> None:
-        self.journal.say(kind, line)
 
     # --- stopping --------------------------------------------------------------------------------
 
     def shutdown(self) -> None:
         """Stop :meth:`serve_forever` (from another thread) and wait for it to return."""
         self._stop.set()
-        try:
+        with suppress(OSError):
             self._wake_w.send(b"x")
-        except OSError:
-            pass
         if self._started:
             self._stopped.wait(5)
 
@@ -459,10 +428,8 @@ class MetricsServer:
         if self._checks is not None:
             self._checks.shutdown(wait=False, cancel_futures=True)
         for sock in (self.socket, self._wake_r, self._wake_w):
-            try:
+            with suppress(OSError):
                 sock.close()
-            except OSError:
-                pass
 
 
 def _unauthorised() -> Response:

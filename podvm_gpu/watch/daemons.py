@@ -19,15 +19,7 @@ def running(root) -> dict[str, int]:
     ``/proc/<pid>/comm`` under ``root``, as check and the metrics read them)."""
     from podvm_gpu import readers
 
-    pids = {}
-    for name, pid_file, comm in (
-            ("nvidia-persistenced", readers.PERSISTENCED_PID, readers.PERSISTENCED_COMM),
-            ("nv-fabricmanager", readers.FABRICMANAGER_PID, readers.FABRICMANAGER_COMM),
-            ("nvlsm", readers.NVLSM_PID, readers.NVLSM_COMM)):
-        pid = readers.daemon_pid(root, pid_file, comm)
-        if pid is not None:
-            pids[name] = pid
-    return pids
+    return readers.running_daemons(root)
 
 
 def gone(root, pids: dict[str, int], confidential: bool, runner, config, stopping) -> list:
