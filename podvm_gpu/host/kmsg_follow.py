@@ -87,35 +87,15 @@ class KernelLog:
     def read(self, most: int = 1000) -> list[Record]:
         """The records that arrived since the last call, oldest first, at most about ``most``
         (the rest on the next call), continuation lines dropped."""
-        out = self._read_lines(most) if self.kind != "device" else self._read_records(most)
-        self.more = len(out) >= most
-        return out
-
-    def _read_records(self, most: int) -> list[Record]:
         out: list[Record] = []
+        size = 8192 if self.kind == "device" else _MAX_CHUNK  # the device: one record a read
         while len(out) < most:
             try:
-                chunk = os.read(self.fd, 8192)  # one record a read
+                chunk = os.read(self.fd, size)
             except OSError as err:
                 if err.errno == errno.EPIPE:  # overwritten before we read them: go on
                     self.lost += 1
                     continue
-                if err.errno in (errno.EAGAIN, errno.EINTR):
-                    break
-                raise
-            if not chunk:
-                break
-            record = parse_line(chunk.split(b"\n", 1)[0].decode("utf-8", errors="replace"))
-            if record is not None:
-                out.append(record)
-        return out
-
-    def _read_lines(self, most: int) -> list[Record]:
-        out: list[Record] = []
-        while len(out) < most:
-            try:
-                chunk = os.read(self.fd, _MAX_CHUNK)
-            except OSError as err:
                 if err.errno in (errno.EAGAIN, errno.EINTR):
                     break
                 raise
@@ -127,6 +107,7 @@ class KernelLog:
                 record = parse_line(line.decode("utf-8", errors="replace"))
                 if record is not None:
                     out.append(record)
+        self.more = len(out) >= most
         return out
 
     def wait(self, timeout_s: float, extra_fd: int | None = None) -> bool:
