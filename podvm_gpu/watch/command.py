@@ -207,7 +207,7 @@ class Watcher:
             position = after[0] if after[0] is not None else last
         self.state["kmsg_seq"] = position
         self._records([r for r in after[1] if r.seq > position])
-        self._pids = self._daemons_now()
+        self._pids = daemons.running(self.root)
         self._save()
         self._daemons_missing_at_start()
         how = "" if self.klog is None or self.klog.event_driven else \
@@ -358,7 +358,8 @@ class Watcher:
                 if fabric:
                     more, why = verdicts.poll_fabric(self.runner, timeout, self.gpus, seen)
                     found, unread = found + more, unread + why
-                found += self._daemons_gone()
+                found += daemons.gone(self.root, self._pids, self.confidential, self.runner,
+                                      self.config, self.stopping)
             except Exception as err:  # a poll that breaks is a warning, never a verdict
                 found, unread = [], [f"a poll failed: {type(err).__name__}: {err}"]
             health = (seen or {}).get("fabric_health")
@@ -394,13 +395,6 @@ class Watcher:
                        "watcher's start: it is not watched nor started again; see its log "
                        "/run/podvm-gpu/nvidia-persistenced.log, then systemctl restart "
                        "podvm-gpu podvm-gpu-watch")
-
-    def _daemons_now(self) -> dict[str, int]:
-        return daemons.running(self.root)
-
-    def _daemons_gone(self) -> list:
-        return daemons.gone(self.root, self._pids, self.confidential, self.runner, self.config,
-                            self.stopping)
 
     # --- the finding ------------------------------------------------------------------------
 
