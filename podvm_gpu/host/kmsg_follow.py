@@ -21,6 +21,7 @@ them, except that :meth:`KernelLog.read` reports the boot's own final ``ready`` 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -76,14 +77,6 @@ class KernelLog:
         after a second)."""
         return self._notify if self.kind == "file" else self.fd
 
-    def drain_notify(self) -> None:
-        if self._notify is not None:
-            try:
-                while os.read(self._notify, 4096):
-                    pass
-            except OSError:
-                pass
-
     def read(self, most: int = 1000) -> list[Record]:
         """The records that arrived since the last call, oldest first, at most about ``most``
         (the rest on the next call), continuation lines dropped."""
@@ -125,8 +118,16 @@ class KernelLog:
         limit = timeout_s if fd is not None else min(timeout_s, 1.0)
         ready = poller.poll(max(0, int(limit * 1000)))
         if any(f == self._notify for f, _ev in ready):
-            self.drain_notify()
+            drain_events(self._notify)
         return bool(ready) or fd is None
+
+
+def drain_events(fd: int) -> None:
+    """Read what waits on ``fd`` (a descriptor opened without blocking: inotify's, a wake-up
+    pipe's) until nothing is left, so that the next wait on it waits for what comes next."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, 4096):
+            pass
 
 
 def _inotify(path: str) -> int | None:

@@ -3,6 +3,7 @@ docstring, podvm_gpu/watch/__init__.py, says what it does and why)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -12,7 +13,7 @@ import time
 from podvm_gpu import watchfile as watch_state
 from podvm_gpu.gpufacts.finding import RESET
 from podvm_gpu.host.fs import Root
-from podvm_gpu.host.kmsg_follow import BOOT_READY, KernelLog
+from podvm_gpu.host.kmsg_follow import BOOT_READY, KernelLog, drain_events
 from podvm_gpu.model import State, now_iso, shown
 from podvm_gpu.status import read_status
 from podvm_gpu.watch import daemons, verdicts
@@ -144,7 +145,7 @@ class Watcher:
                         self._save()  # a restart after a crash reads little again
                 else:
                     _wait_fd(self._wake_r, 3600.0)  # the polls wake it
-                self._drain_wake()
+                drain_events(self._wake_r)
                 while self.finding is None:
                     try:
                         self._verdicts(*self.polls.get_nowait())
@@ -165,10 +166,8 @@ class Watcher:
             return 1
         finally:
             self.stopping.set()
-            try:
+            with contextlib.suppress(OSError):
                 os.write(self._wake_w, b"x")
-            except OSError:
-                pass
             for s, handler in old.items():
                 signal.signal(s, handler)
             if self.klog is not None:
@@ -182,10 +181,8 @@ class Watcher:
         # noted, not raised here: a write in progress (watch.json, the spec, status.json)
         # finishes; the loop's waits wake on the pipe and raise Stop between writes
         self._signalled = signum
-        try:
+        with contextlib.suppress(OSError):
             os.write(self._wake_w, b"s")
-        except OSError:
-            pass
 
     def _check_signal(self) -> None:
         if self._signalled:
@@ -243,13 +240,6 @@ class Watcher:
                 elif (position is not None and record.seq > position) or mark is not None:
                     kept.append(record)
             del kept[:-10000]
-
-    def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except OSError:
-            pass
 
     def _save(self) -> None:
         self._saved_seq, self._saved_at = self.state["kmsg_seq"], time.monotonic()
@@ -368,10 +358,8 @@ class Watcher:
             if found or unread or self.runner.nvml_hung or self.state.get("nvml_hung") or \
                     self.fabric_health is not None:
                 self.polls.put((found, unread))  # (a hang's end too: _note_nvml)
-                try:
+                with contextlib.suppress(OSError):
                     os.write(self._wake_w, b"p")
-                except OSError:
-                    pass
 
     def _note_nvml(self) -> None:
         """watch.json's ``nvml_hung`` (check's watch row, ``podvm_gpu_watch_nvml_hung``): the
@@ -416,7 +404,7 @@ class Watcher:
                                        f"every {RETRY_S:g} s")
                 said = True
             _wait_fd(self._wake_r, RETRY_S)
-            self._drain_wake()
+            drain_events(self._wake_r)
             self._check_signal()
 
 
