@@ -109,17 +109,21 @@ class KernelLog:
         left records for the next)."""
         if self.more:
             return True
-        poller = select.poll()
         fd = self.wait_fd()
-        if fd is not None:
-            poller.register(fd, select.POLLIN)
-        if extra_fd is not None:
-            poller.register(extra_fd, select.POLLIN)
-        limit = timeout_s if fd is not None else min(timeout_s, 1.0)
-        ready = poller.poll(max(0, int(limit * 1000)))
-        if any(f == self._notify for f, _ev in ready):
+        ready = wait_readable((fd, extra_fd), timeout_s if fd is not None else min(timeout_s, 1.0))
+        if self._notify in ready:
             drain_events(self._notify)
         return bool(ready) or fd is None
+
+
+def wait_readable(fds, timeout_s: float) -> list[int]:
+    """Block until one of ``fds`` (descriptors; None ones are left out) is readable or
+    ``timeout_s`` seconds pass, without a busy loop (``poll(2)``); the readable ones."""
+    poller = select.poll()
+    for fd in fds:
+        if fd is not None:
+            poller.register(fd, select.POLLIN)
+    return [fd for fd, _event in poller.poll(max(0, int(timeout_s * 1000)))]
 
 
 def drain_events(fd: int) -> None:

@@ -13,7 +13,7 @@ import time
 from podvm_gpu import watchfile as watch_state
 from podvm_gpu.gpufacts.finding import RESET
 from podvm_gpu.host.fs import Root
-from podvm_gpu.host.kmsg_follow import BOOT_READY, KernelLog, drain_events
+from podvm_gpu.host.kmsg_follow import BOOT_READY, KernelLog, drain_events, wait_readable
 from podvm_gpu.model import State, now_iso, shown
 from podvm_gpu.status import read_status
 from podvm_gpu.watch import daemons, verdicts
@@ -144,7 +144,7 @@ class Watcher:
                             time.monotonic() - self._saved_at >= SAVE_EVERY_S:
                         self._save()  # a restart after a crash reads little again
                 else:
-                    _wait_fd(self._wake_r, 3600.0)  # the polls wake it
+                    wait_readable([self._wake_r], 3600.0)  # the polls wake it
                 drain_events(self._wake_r)
                 while self.finding is None:
                     try:
@@ -403,7 +403,7 @@ class Watcher:
                 self.log(self.log.ERR, f"watch: the finding is not applied yet; trying again "
                                        f"every {RETRY_S:g} s")
                 said = True
-            _wait_fd(self._wake_r, RETRY_S)
+            wait_readable([self._wake_r], RETRY_S)
             drain_events(self._wake_r)
             self._check_signal()
 
@@ -414,11 +414,3 @@ def _quiet(log):
         pass
     quiet.ERR, quiet.WARNING, quiet.INFO = log.ERR, log.WARNING, log.INFO
     return quiet
-
-
-def _wait_fd(fd: int, timeout_s: float) -> None:
-    import select
-
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    poller.poll(int(timeout_s * 1000))
