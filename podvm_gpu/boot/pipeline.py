@@ -142,12 +142,14 @@ _ALARM_GRACE_S = 2.0  # after the budget, let the step in flight report its own 
 _STAGGER_S = 0.02  # at most this between the starts of two parallel steps (Steps.run_all)
 
 
-def last_seen(ctx, step_name: str) -> str:
-    """``; last seen: <what the step's wait saw> for N s`` when the step recorded it
-    (``ctx.last_seen``, the fabric wait's state), else ``""``: a budget that ends a wait names
-    the state that never came, not only the call it cut (issue 33)."""
+def budget_spent(ctx, step_name: str, cut: str = "") -> str:
+    """``timed out: the boot budget of N s is spent``, then ``cut`` (the call the budget cut,
+    in words), then ``; last seen: <what the step's wait saw> for N s`` when the step recorded
+    it (``ctx.last_seen``, the fabric wait's state), else ``""``: a budget that ends a wait
+    names the state that never came, not only the call it cut (issue 33)."""
     seen = ctx.last_seen.get(step_name)
-    return f"; last seen: {seen}" if seen else ""
+    return f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent{cut}" + (
+        f"; last seen: {seen}" if seen else "")
 
 
 def budget_cut(err: BaseException) -> CommandError | None:
@@ -228,11 +230,9 @@ def _run_steps(run: Run, ctx: BootContext) -> str | None:
         reason = steps.run_all()
     except BudgetExpired:  # while the parallel steps ran: the earliest in flight is blamed
         run.finishing()
-        step = steps.in_flight()
+        step = run.running_step()  # the earliest still running
         steps.stop("the boot budget is spent", wait_s=0.5)
-        step.result = StepResult.FAILED
-        step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent" \
-            + last_seen(ctx, step.name)
+        step.result, step.message = StepResult.FAILED, budget_spent(ctx, step.name)
         reason = f"{step.name}: {step.message}"
     except BaseException as err:
         # SIGTERM, SIGINT, a bug: the step in flight is the one the end names; end the other
@@ -332,10 +332,6 @@ class Steps:
         finish = step_list.module(last.name).finish
         return self.one(last, lambda ctx: finish(ctx, results[last.name]), started=False)
 
-    def in_flight(self) -> Step:
-        """The earliest step still running (several run at once after persistenced)."""
-        return self.run.running_step()
-
     def running(self) -> list[Step]:
         """Every step still running, in the step order."""
         return [s for s in self.ctx.status.steps if s.result == StepResult.RUNNING]
@@ -394,15 +390,12 @@ class Steps:
         except (StepFailed, CommandError) as err:
             cut = budget_cut(err)
             step.result = StepResult.FAILED
-            step.message = (f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent "
-                            f"({describe_command_error(cut)}, its timeout cut to the budget)"
-                            + last_seen(ctx, step.name)
+            step.message = (budget_spent(ctx, step.name, f" ({describe_command_error(cut)}, "
+                                         "its timeout cut to the budget)")
                             if cut else str(err) if isinstance(err, StepFailed)
                             else describe_command_error(err))
         except BudgetExpired:
-            step.result = StepResult.FAILED
-            step.message = f"timed out: the boot budget of {ctx.config.budget_s:g} s is spent" \
-                + last_seen(ctx, step.name)
+            step.result, step.message = StepResult.FAILED, budget_spent(ctx, step.name)
         except Exception as err:  # a bug must still end in 'failed' with the unavailable spec
             import traceback
 

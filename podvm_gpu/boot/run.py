@@ -168,10 +168,6 @@ class Run:
             return self._dry_run_end(state, reason)
         self.finishing()
         self.ending = (state, reason)
-        if not self.status.steps:  # ended before its first step (no lock, a bug): the
-            # document still has its detect step (4.1: steps start with detect)
-            self.status.steps.append(Step("detect", StepResult.SKIPPED,
-                                          "not run: the boot ended before its first step"))
         from podvm_gpu import cdi
 
         self.status.warnings.extend(cdi.disable_duplicates(self.root))
@@ -221,6 +217,10 @@ class Run:
                 if step.result == StepResult.RUNNING:
                     step.result, step.message = StepResult.FAILED, reason or ""
                     step.duration_s = time.monotonic() - step.started
+        if not self.status.steps:  # ended before its first step (no lock, a bug): the
+            # document still has its detect step (4.1: steps start with detect)
+            self.status.steps.append(Step("detect", StepResult.SKIPPED,
+                                          "not run: the boot ended before its first step"))
         self.status_file.finish(self.status, state, reason)
 
     def _write_metrics_textfile(self) -> None:
@@ -340,14 +340,7 @@ class Run:
                               f"{spec_err}")
         try:
             self.status.cdi = None
-            for step in self.status.steps:  # a final document has no running step (4.3)
-                if step.result == StepResult.RUNNING:
-                    step.result, step.message = StepResult.FAILED, reason
-                    step.duration_s = time.monotonic() - step.started
-            if not self.status.steps:
-                self.status.steps.append(Step("detect", StepResult.SKIPPED, "not run: the "
-                                              "boot ended before its first step"))
-            self.status_file.finish(self.status, State.FAILED, reason)
+            self._write_final(State.FAILED, reason)
         except BaseException as status_err:
             self.log(Log.ERR, f"status: cannot write {STATUS_PATH}: "
                               f"{type(status_err).__name__}: {status_err}")

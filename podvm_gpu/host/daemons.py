@@ -141,10 +141,18 @@ def under_systemd() -> bool:
     return os.path.isdir(SD_BOOTED_DIR)
 
 
+# A forking daemon's first process exits 0 once the daemon has started (nvidia-persistenced's
+# waits for its child's initialisation); a daemon whose child writes its pid file a moment after
+# gets this long before an exit 0 with no daemon counts as a refusal to start (boot's
+# persistenced step and the watcher's restart).
+STARTED_GRACE_S = 0.5
+
+
 class Daemon:
     """A started (or found) daemon the boot waits on: has it exited, and what did it say."""
 
     where = ""
+    _exited_0: float | None = None  # when exited_0_for first saw an exit 0 (monotonic)
 
     def exit_status(self) -> int | None:
         """None while it runs or initialises; its exit status once it has exited (0 for a daemon
@@ -154,6 +162,16 @@ class Daemon:
     def last_words(self) -> str:
         """Its last messages, one line (``""`` when there are none)."""
         raise NotImplementedError
+
+    def exited_0_for(self) -> float:
+        """Seconds since this was first asked while the daemon's first process had exited 0
+        (a forking daemon's hands over so, and one that refuses to start exits 0 too); 0.0
+        while it runs or when it exited otherwise. The caller asks only while no daemon names
+        itself, and reads :data:`STARTED_GRACE_S` of them as a refusal to start."""
+        if self.exit_status() != 0:
+            return 0.0
+        self._exited_0 = self._exited_0 or time.monotonic()
+        return time.monotonic() - self._exited_0
 
 
 class SpawnedDaemon(Daemon):

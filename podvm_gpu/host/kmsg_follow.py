@@ -21,6 +21,7 @@ them, except that :meth:`KernelLog.read` reports the boot's own final ``ready`` 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -76,46 +77,18 @@ class KernelLog:
         after a second)."""
         return self._notify if self.kind == "file" else self.fd
 
-    def drain_notify(self) -> None:
-        if self._notify is not None:
-            try:
-                while os.read(self._notify, 4096):
-                    pass
-            except OSError:
-                pass
-
     def read(self, most: int = 1000) -> list[Record]:
         """The records that arrived since the last call, oldest first, at most about ``most``
         (the rest on the next call), continuation lines dropped."""
-        out = self._read_lines(most) if self.kind != "device" else self._read_records(most)
-        self.more = len(out) >= most
-        return out
-
-    def _read_records(self, most: int) -> list[Record]:
         out: list[Record] = []
+        size = 8192 if self.kind == "device" else _MAX_CHUNK  # the device: one record a read
         while len(out) < most:
             try:
-                chunk = os.read(self.fd, 8192)  # one record a read
+                chunk = os.read(self.fd, size)
             except OSError as err:
                 if err.errno == errno.EPIPE:  # overwritten before we read them: go on
                     self.lost += 1
                     continue
-                if err.errno in (errno.EAGAIN, errno.EINTR):
-                    break
-                raise
-            if not chunk:
-                break
-            record = parse_line(chunk.split(b"\n", 1)[0].decode("utf-8", errors="replace"))
-            if record is not None:
-                out.append(record)
-        return out
-
-    def _read_lines(self, most: int) -> list[Record]:
-        out: list[Record] = []
-        while len(out) < most:
-            try:
-                chunk = os.read(self.fd, _MAX_CHUNK)
-            except OSError as err:
                 if err.errno in (errno.EAGAIN, errno.EINTR):
                     break
                 raise
@@ -127,6 +100,7 @@ class KernelLog:
                 record = parse_line(line.decode("utf-8", errors="replace"))
                 if record is not None:
                     out.append(record)
+        self.more = len(out) >= most
         return out
 
     def wait(self, timeout_s: float, extra_fd: int | None = None) -> bool:
@@ -135,17 +109,29 @@ class KernelLog:
         left records for the next)."""
         if self.more:
             return True
-        poller = select.poll()
         fd = self.wait_fd()
+        ready = wait_readable((fd, extra_fd), timeout_s if fd is not None else min(timeout_s, 1.0))
+        if self._notify in ready:
+            drain_events(self._notify)
+        return bool(ready) or fd is None
+
+
+def wait_readable(fds, timeout_s: float) -> list[int]:
+    """Block until one of ``fds`` (descriptors; None ones are left out) is readable or
+    ``timeout_s`` seconds pass, without a busy loop (``poll(2)``); the readable ones."""
+    poller = select.poll()
+    for fd in fds:
         if fd is not None:
             poller.register(fd, select.POLLIN)
-        if extra_fd is not None:
-            poller.register(extra_fd, select.POLLIN)
-        limit = timeout_s if fd is not None else min(timeout_s, 1.0)
-        ready = poller.poll(max(0, int(limit * 1000)))
-        if any(f == self._notify for f, _ev in ready):
-            self.drain_notify()
-        return bool(ready) or fd is None
+    return [fd for fd, _event in poller.poll(max(0, int(timeout_s * 1000)))]
+
+
+def drain_events(fd: int) -> None:
+    """Read what waits on ``fd`` (a descriptor opened without blocking: inotify's, a wake-up
+    pipe's) until nothing is left, so that the next wait on it waits for what comes next."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, 4096):
+            pass
 
 
 def _inotify(path: str) -> int | None:

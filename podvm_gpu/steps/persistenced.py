@@ -20,7 +20,7 @@ from podvm_gpu.errors import StepFailed, ended_text
 from podvm_gpu.gpufacts import early_client
 from podvm_gpu.gpufacts.attach import DEFAULT_RATE_S, AttachMarks, check_fits, rate_for
 from podvm_gpu.host import kmsg
-from podvm_gpu.host.daemons import Daemon, RefusedStart, start_persistenced
+from podvm_gpu.host.daemons import STARTED_GRACE_S, Daemon, RefusedStart, start_persistenced
 from podvm_gpu.readers import PERSISTENCED_COMM, PERSISTENCED_PID, PERSISTENCED_SOCKET, daemon_pid
 from podvm_gpu.row import FAIL, PASS, WARN, Check
 from podvm_gpu.steps.context import BootContext
@@ -29,10 +29,6 @@ from podvm_gpu.steps.context import BootContext
 # ~1% of a core. The wait is on every GPU boot's critical path, and 10 ms polls lost 5 ms of it
 # on average (issue 38).
 POLL_S = 0.002
-# A forking daemon's first process exits 0 once the daemon has started (nvidia-persistenced's
-# waits for its child's initialisation); a daemon whose child writes its pid file a moment after
-# gets this long before an exit 0 with no daemon counts as a refusal to start.
-STARTED_GRACE_S = 0.5
 # the kernel log is read for attach marks (gpufacts/attach.py) at most this often during the wait
 MARK_POLL_S = 0.5
 LOG_PATH = "/run/podvm-gpu/nvidia-persistenced.log"
@@ -90,10 +86,6 @@ class NotStarted(StepFailed, RefusedStart):
     """The daemon's first process exited 0 but no daemon runs: it refused to start (an option
     it does not know, with nvidia-persistenced 535.171.04). ``said`` is its last words."""
 
-    def __init__(self, message: str, said: str):
-        super().__init__(message)
-        self.said = said
-
 
 def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: float,
              rule: str, running=lambda: None, progress=None, stall_s: float = 0.0) -> None:
@@ -116,19 +108,14 @@ def wait_for(ctx: BootContext, ready, daemon: Daemon | None, what: str, wait_s: 
             journal under systemd), or the wait timed out (the wait used; the daemon is left
             running).
     """
-    exited_0 = None
-
     def look() -> bool:
-        nonlocal exited_0
         if ready():
             return True
         code = daemon.exit_status() if daemon is not None else None
-        if code == 0 and running() is None:
-            exited_0 = exited_0 or time.monotonic()
-            if time.monotonic() - exited_0 >= STARTED_GRACE_S:
-                said = daemon.last_words()
-                raise NotStarted(f"{what} exited 0 without starting"
-                                 + (f": {said}" if said else ""), said)
+        if code == 0 and running() is None and daemon.exited_0_for() >= STARTED_GRACE_S:
+            said = daemon.last_words()
+            raise NotStarted(f"{what} exited 0 without starting" + (f": {said}" if said else ""),
+                             said)
         if code not in (None, 0):
             said = daemon.last_words()
             raise StepFailed(f"{what} {ended_text(code)} during the wait"
@@ -222,7 +209,7 @@ def run(ctx: BootContext) -> str:
 
 def plan(ctx: BootContext) -> list[list[str]]:
     """``boot --dry-run``: the daemon, unless it runs already."""
-    if daemon_pid(ctx.root, PERSISTENCED_PID, PERSISTENCED_COMM) is None:
+    if _pid_of(ctx.root) is None:
         return [["nvidia-persistenced", *ctx.config.persistenced.args]]
     return []
 

@@ -3,6 +3,7 @@ docstring, podvm_gpu/watch/__init__.py, says what it does and why)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -12,7 +13,7 @@ import time
 from podvm_gpu import watchfile as watch_state
 from podvm_gpu.gpufacts.finding import RESET
 from podvm_gpu.host.fs import Root
-from podvm_gpu.host.kmsg_follow import BOOT_READY, KernelLog
+from podvm_gpu.host.kmsg_follow import BOOT_READY, KernelLog, drain_events, wait_readable
 from podvm_gpu.model import State, now_iso, shown
 from podvm_gpu.status import read_status
 from podvm_gpu.watch import daemons, verdicts
@@ -143,8 +144,8 @@ class Watcher:
                             time.monotonic() - self._saved_at >= SAVE_EVERY_S:
                         self._save()  # a restart after a crash reads little again
                 else:
-                    _wait_fd(self._wake_r, 3600.0)  # the polls wake it
-                self._drain_wake()
+                    wait_readable([self._wake_r], 3600.0)  # the polls wake it
+                drain_events(self._wake_r)
                 while self.finding is None:
                     try:
                         self._verdicts(*self.polls.get_nowait())
@@ -165,10 +166,8 @@ class Watcher:
             return 1
         finally:
             self.stopping.set()
-            try:
+            with contextlib.suppress(OSError):
                 os.write(self._wake_w, b"x")
-            except OSError:
-                pass
             for s, handler in old.items():
                 signal.signal(s, handler)
             if self.klog is not None:
@@ -182,10 +181,8 @@ class Watcher:
         # noted, not raised here: a write in progress (watch.json, the spec, status.json)
         # finishes; the loop's waits wake on the pipe and raise Stop between writes
         self._signalled = signum
-        try:
+        with contextlib.suppress(OSError):
             os.write(self._wake_w, b"s")
-        except OSError:
-            pass
 
     def _check_signal(self) -> None:
         if self._signalled:
@@ -207,7 +204,7 @@ class Watcher:
             position = after[0] if after[0] is not None else last
         self.state["kmsg_seq"] = position
         self._records([r for r in after[1] if r.seq > position])
-        self._pids = self._daemons_now()
+        self._pids = daemons.running(self.root)
         self._save()
         self._daemons_missing_at_start()
         how = "" if self.klog is None or self.klog.event_driven else \
@@ -243,13 +240,6 @@ class Watcher:
                 elif (position is not None and record.seq > position) or mark is not None:
                     kept.append(record)
             del kept[:-10000]
-
-    def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except OSError:
-            pass
 
     def _save(self) -> None:
         self._saved_seq, self._saved_at = self.state["kmsg_seq"], time.monotonic()
@@ -358,7 +348,8 @@ class Watcher:
                 if fabric:
                     more, why = verdicts.poll_fabric(self.runner, timeout, self.gpus, seen)
                     found, unread = found + more, unread + why
-                found += self._daemons_gone()
+                found += daemons.gone(self.root, self._pids, self.confidential, self.runner,
+                                      self.config, self.stopping)
             except Exception as err:  # a poll that breaks is a warning, never a verdict
                 found, unread = [], [f"a poll failed: {type(err).__name__}: {err}"]
             health = (seen or {}).get("fabric_health")
@@ -367,10 +358,8 @@ class Watcher:
             if found or unread or self.runner.nvml_hung or self.state.get("nvml_hung") or \
                     self.fabric_health is not None:
                 self.polls.put((found, unread))  # (a hang's end too: _note_nvml)
-                try:
+                with contextlib.suppress(OSError):
                     os.write(self._wake_w, b"p")
-                except OSError:
-                    pass
 
     def _note_nvml(self) -> None:
         """watch.json's ``nvml_hung`` (check's watch row, ``podvm_gpu_watch_nvml_hung``): the
@@ -395,13 +384,6 @@ class Watcher:
                        "/run/podvm-gpu/nvidia-persistenced.log, then systemctl restart "
                        "podvm-gpu podvm-gpu-watch")
 
-    def _daemons_now(self) -> dict[str, int]:
-        return daemons.running(self.root)
-
-    def _daemons_gone(self) -> list:
-        return daemons.gone(self.root, self._pids, self.confidential, self.runner, self.config,
-                            self.stopping)
-
     # --- the finding ------------------------------------------------------------------------
 
     def _apply(self) -> int:
@@ -421,8 +403,8 @@ class Watcher:
                 self.log(self.log.ERR, f"watch: the finding is not applied yet; trying again "
                                        f"every {RETRY_S:g} s")
                 said = True
-            _wait_fd(self._wake_r, RETRY_S)
-            self._drain_wake()
+            wait_readable([self._wake_r], RETRY_S)
+            drain_events(self._wake_r)
             self._check_signal()
 
 
@@ -432,11 +414,3 @@ def _quiet(log):
         pass
     quiet.ERR, quiet.WARNING, quiet.INFO = log.ERR, log.WARNING, log.INFO
     return quiet
-
-
-def _wait_fd(fd: int, timeout_s: float) -> None:
-    import select
-
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    poller.poll(int(timeout_s * 1000))

@@ -10,8 +10,6 @@ from podvm_gpu.gpufacts.finding import FAIL, WARN, finding
 
 TRIES = 3  # restarts of nvidia-persistenced on a VM whose GPUs are not confidential
 BACK_S = 10.0  # how long a restarted daemon has to name itself in its pid file
-# an exit 0 with no daemon this long is a refusal to start (steps/persistenced.py's grace)
-STARTED_GRACE_S = 0.5
 
 
 def running(root) -> dict[str, int]:
@@ -53,7 +51,7 @@ def restart_persistenced(root, runner, config, stopping) -> tuple[int | None, li
     after the bounded tries, and the options dropped."""
     from podvm_gpu import readers
     from podvm_gpu.errors import CommandError
-    from podvm_gpu.host.daemons import RefusedStart, start_daemon, start_persistenced
+    from podvm_gpu.host.daemons import STARTED_GRACE_S, RefusedStart, start_daemon, start_persistenced
 
     log_path = root.resolve("/run/podvm-gpu/nvidia-persistenced.log", follow_last=False)
 
@@ -63,16 +61,14 @@ def restart_persistenced(root, runner, config, stopping) -> tuple[int | None, li
         return start_daemon(runner, argv, log_path)
 
     def settle(daemon) -> int | None:
-        end, exited_0 = time.monotonic() + BACK_S, None
+        end = time.monotonic() + BACK_S
         while time.monotonic() < end and not stopping.is_set():
             pid = readers.daemon_pid(root, readers.PERSISTENCED_PID, readers.PERSISTENCED_COMM)
             if pid is not None:
                 return pid
-            if daemon.exit_status() == 0:  # a forking daemon's first process exits 0 too
-                exited_0 = exited_0 or time.monotonic()
-                if time.monotonic() - exited_0 >= STARTED_GRACE_S:
-                    raise RefusedStart("nvidia-persistenced exited 0 without starting",
-                                       daemon.last_words())
+            if daemon.exited_0_for() >= STARTED_GRACE_S:  # a forking daemon's exits 0 too
+                raise RefusedStart("nvidia-persistenced exited 0 without starting",
+                                   daemon.last_words())
             time.sleep(0.2)
         return None
 
