@@ -104,11 +104,6 @@ class ContainerEdits(Record):
     )
     NOT_COMPARED = ('extra',)
 
-    def is_empty(self) -> bool:
-        """True when the edits change nothing (pkg/cdi/container-edits.go, isEmpty)."""
-        return not (self.env or self.device_nodes or self.hooks or self.mounts
-                    or self.net_devices or self.additional_gids or self.intel_rdt is not None)
-
 
 class Device(Record):
     """One CDI device: ``name`` is the part after ``=`` in ``nvidia.com/gpu=<name>``."""
