@@ -364,9 +364,7 @@ def smi_unrecognized_option(text: str) -> str | None:
 
 def summarize(states: list[FabricState]) -> str:
     """``State X, Status Y on N GPU(s)`` for each distinct pair."""
-    pairs: dict[tuple[str, str], int] = {}
-    for s in states:
-        pairs[(s.state, s.status)] = pairs.get((s.state, s.status), 0) + 1
+    pairs = collections.Counter((s.state, s.status) for s in states)
     return "; ".join(f"State {a}, Status {b} on {n} GPU(s)" for (a, b), n in pairs.items())
 
 
