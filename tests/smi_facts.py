@@ -3,9 +3,13 @@ reader per fact, the one boot, check and the watcher run; this per-GPU view of t
 as gpufacts/facts.py's value types, serves only the tests that hold the two back ends to the
 same facts and the exporter's verdicts to the boot's: tests/test_real_nvidia_smi.py,
 tests/test_gpufacts.py, tests/test_real_580.py, tests/test_flood.py). It was
-podvm_gpu/gpufacts/smi.py's ``smi_facts``, called by nothing in the package."""
+podvm_gpu/gpufacts/smi.py's ``smi_facts``, called by nothing in the package; so was
+:func:`parse_fabric`, the ``Fabric`` blocks of a full ``nvidia-smi -q`` (the agent reads the
+fabric with ``--query-gpu``), kept for the tests of ``-q`` texts."""
 
 from __future__ import annotations
+
+import re
 
 from podvm_gpu.gpufacts.smi import (
     ACTION_FIELDS,
@@ -13,6 +17,7 @@ from podvm_gpu.gpufacts.smi import (
     FABRIC_FIELDS,
     FABRIC_HEALTH_FIELDS,
     REMAP_FIELDS,
+    FabricState,
     action_argv,
     ecc_argv,
     fabric_argv,
@@ -132,3 +137,44 @@ def _action_value(text: str):
 
     action = action_of(text)
     return action.number if action is not None else text.strip()
+
+
+def parse_fabric(text: str) -> list[FabricState]:
+    """The ``Fabric`` block of each GPU in ``nvidia-smi -q`` output, by labels.
+
+    A GPU block starts at ``GPU <pci>``; inside it, the ``State`` and ``Status`` lines after a
+    ``Fabric`` heading (indented deeper than it) are read. GPUs without a Fabric block are left out.
+    """
+    result: list[FabricState] = []
+    gpu = None
+    fabric_indent = None
+    state = status = None
+
+    def flush():
+        nonlocal state, status
+        if gpu is not None and state is not None:
+            result.append(FabricState(gpu, state, status or "N/A"))
+        state = status = None
+
+    for line in text.splitlines():
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        m = re.match(r"^GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", stripped)
+        if m and indent == 0:
+            flush()
+            gpu, fabric_indent = m.group(1), None
+            continue
+        if stripped == "Fabric":
+            fabric_indent = indent
+            continue
+        if fabric_indent is not None:
+            if indent <= fabric_indent and stripped:
+                fabric_indent = None
+                continue
+            key, sep, value = stripped.partition(":")
+            if sep and key.strip() == "State" and state is None:
+                state = value.strip()
+            elif sep and key.strip() == "Status" and status is None:
+                status = value.strip()
+    flush()
+    return result

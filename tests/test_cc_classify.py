@@ -3,7 +3,7 @@ answers (535.261.03 to 555.58.02, ../shared/nvidia-smi-real.md, quoted exactly h
 
 import pytest
 
-from podvm_gpu.gpufacts import smi
+from podvm_gpu.gpufacts import judge, smi
 from podvm_gpu.steps.cc import classify
 
 ON, OFF = (0, "CC status: ON\n"), (0, "CC status: OFF\n")
@@ -42,7 +42,7 @@ def test_devtools_fails_in_a_confidential_guest_and_is_allowed_only_by_its_key()
 
 def test_cc_on_is_confidential_on_535_without_mgm():
     found = finding(mgm=MGM_535)
-    assert found.multi_gpu == classify.MGM_NOT_OFFERED and "-mgm" not in found.unreadable
+    assert found.multi_gpu == judge.MGM_NOT_OFFERED and "-mgm" not in found.unreadable
     assert classify.decide(found, TDX).outcome == classify.CONFIDENTIAL
 
 
@@ -141,7 +141,7 @@ def test_an_unreadable_mgm_with_cc_off_does_not_rule_out_protected_pcie():
 
 
 def test_long_options_answer_as_the_short_ones():
-    assert smi.parse_multi_gpu("Multi-GPU Mode: Protected PCIe\n") == classify.MGM_PPCIE
+    assert smi.parse_multi_gpu("Multi-GPU Mode: Protected PCIe\n") == judge.MGM_PPCIE
     assert classify.smi_unrecognized_option('Option "--get-multigpu-mode" is not recognized.\n') \
         == "--get-multigpu-mode"
 

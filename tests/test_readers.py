@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from smi_facts import parse_fabric
 
 from podvm_gpu import readers
-from podvm_gpu.gpufacts.smi import parse_fabric
 from podvm_gpu.host.fs import Root
 
 CASES = Path(__file__).resolve().parent / "data" / "cases"

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from smi_facts import smi_facts
+from smi_facts import parse_fabric, smi_facts
 
 from podvm_gpu.gpufacts import health, judge, smi, words
 from podvm_gpu.host.proc import Completed
@@ -94,7 +94,7 @@ def test_a_lone_580_gpu_reports_no_fabric_and_full_q_has_none_either():
     assert not any(s.supported for s in states)
     assert not judge.fabric_state(states, ["0000:00:06.0"])[2]  # not ready
     full = BY_ARGV[tuple(smi.full_query_argv())]["stdout"]
-    assert [tuple(s) for s in smi.parse_fabric(full)] == [(BUS, "N/A", "N/A")]
+    assert [tuple(s) for s in parse_fabric(full)] == [(BUS, "N/A", "N/A")]
     assert smi.parse_cliques(full) == [], "N/A clique and cluster are left out"
 
 

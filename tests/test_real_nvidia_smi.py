@@ -30,8 +30,8 @@ from podvm_gpu.config.load import validate
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import CommandError, StepFailed
 from podvm_gpu.gpufacts import health as gpu_health
+from podvm_gpu.gpufacts import judge, words
 from podvm_gpu.gpufacts import smi as smi_back_end
-from podvm_gpu.gpufacts import words
 from podvm_gpu.host.fs import Root
 from podvm_gpu.model import PciDevice, Status
 from podvm_gpu.steps import Skipped
@@ -420,8 +420,8 @@ def test_cc_classification_and_step_on_the_real_output(builds, world):
                                 world.lib)
             found = real_finding(runner)
             assert (found.label, found.unreadable) == (label, {}), (build.ident, cc, found.to_dict())
-            assert found.multi_gpu == (classify.MGM_NOT_OFFERED if old else
-                                       classify.MGM_PPCIE if cc == "ppcie" else classify.MGM_NONE)
+            assert found.multi_gpu == (judge.MGM_NOT_OFFERED if old else
+                                       judge.MGM_PPCIE if cc == "ppcie" else judge.MGM_NONE)
             ctx = context(runner, 1, confidential_computing={"set_ready_state": True})
             if label in ("on", "ppcie"):
                 said = cc_step.run(ctx)  # a regular VM without nvattest: set, said unattested

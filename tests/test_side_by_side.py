@@ -108,6 +108,7 @@ class Done:
 
 def test_the_answers_are_read_in_the_query_order():
     from podvm_gpu.errors import StepFailed
+    from podvm_gpu.gpufacts import words
     from podvm_gpu.steps.cc import classify
     from podvm_gpu.steps.cc.query import answers
 
@@ -115,10 +116,10 @@ def test_the_answers_are_read_in_the_query_order():
 
     def lost_then_broken(query):  # an exit 15 decides: what a later query raised is not read
         if query == first:
-            return Done(classify.GPU_LOST_RC)
+            return Done(words.NVSMI_GPU_LOST_RC)
         raise StepFailed(f"{query} broke")
 
-    assert answers(lost_then_broken) == {first: (classify.GPU_LOST_RC, "")}
+    assert answers(lost_then_broken) == {first: (words.NVSMI_GPU_LOST_RC, "")}
 
     def both_raise(query):  # the earliest in the order is what a sequential ask raised
         if query in (first, second):

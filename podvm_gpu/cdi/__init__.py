@@ -80,11 +80,6 @@ def spec_kind(root: Root, path: str) -> tuple[str | None, str | None]:
     return (kind if isinstance(kind, str) else None), None
 
 
-def defines_gpu_kind(root: Root, path: str) -> bool:
-    """True when the spec file at ``path`` has kind ``nvidia.com/gpu`` at its top level."""
-    return spec_kind(root, path)[0] == "nvidia.com/gpu"
-
-
 def other_specs(root: Root, host_dir: str) -> list[tuple[str, str | None]]:
     """The spec files in ``host_dir`` (other than our own in /var/run/cdi) that define kind
     nvidia.com/gpu, or whose kind could not be told: ``(real path, problem or None)``."""

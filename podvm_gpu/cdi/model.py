@@ -4,6 +4,8 @@ checked; :func:`podvm_gpu.cdi.parse.parse_spec` makes one."""
 
 from __future__ import annotations
 
+import functools
+
 from podvm_gpu.record import REQUIRED, Record
 
 
@@ -104,11 +106,6 @@ class ContainerEdits(Record):
     )
     NOT_COMPARED = ('extra',)
 
-    def is_empty(self) -> bool:
-        """True when the edits change nothing (pkg/cdi/container-edits.go, isEmpty)."""
-        return not (self.env or self.device_nodes or self.hooks or self.mounts
-                    or self.net_devices or self.additional_gids or self.intel_rdt is not None)
-
 
 class Device(Record):
     """One CDI device: ``name`` is the part after ``=`` in ``nvidia.com/gpu=<name>``."""
@@ -178,61 +175,42 @@ class Spec(Record):
         return [h for e in self._all_edits() for h in e.hooks]
 
 
-def _extra(d: dict, known: tuple[str, ...]) -> dict[str, object]:
-    return {k: v for k, v in d.items() if k not in known}
+# a field whose document key is not its name in camelCase (specs-go/config.go's json tags);
+# None: a field of ours, not of the document
+_KEYS = {"clos_id": "closID", "extra": None, "raw": None}
+# a field that holds a record (or a list of them) -> the record's class
+_NESTED = {"devices": Device, "container_edits": ContainerEdits, "device_nodes": DeviceNode,
+           "hooks": Hook, "mounts": Mount, "net_devices": NetDevice, "intel_rdt": IntelRdt}
 
 
-def _build_edits(e: dict) -> ContainerEdits:
-    rdt = e.get("intelRdt")
-    return ContainerEdits(
-        env=list(e.get("env", [])),
-        device_nodes=[
-            DeviceNode(path=n["path"], host_path=n.get("hostPath"), type=n.get("type"),
-                       major=n.get("major"), minor=n.get("minor"), file_mode=n.get("fileMode"),
-                       permissions=n.get("permissions"), uid=n.get("uid"), gid=n.get("gid"),
-                       extra=_extra(n, ("path", "hostPath", "type", "major", "minor", "fileMode",
-                                        "permissions", "uid", "gid")))
-            for n in e.get("deviceNodes", [])],
-        hooks=[
-            Hook(hook_name=h["hookName"], path=h["path"], args=list(h.get("args", [])),
-                 env=list(h.get("env", [])), timeout=h.get("timeout"),
-                 extra=_extra(h, ("hookName", "path", "args", "env", "timeout")))
-            for h in e.get("hooks", [])],
-        mounts=[
-            Mount(host_path=m["hostPath"], container_path=m["containerPath"],
-                  options=list(m.get("options", [])), type=m.get("type"),
-                  extra=_extra(m, ("hostPath", "containerPath", "options", "type")))
-            for m in e.get("mounts", [])],
-        net_devices=[
-            NetDevice(host_interface_name=n["hostInterfaceName"], name=n["name"],
-                      extra=_extra(n, ("hostInterfaceName", "name")))
-            for n in e.get("netDevices", [])],
-        intel_rdt=None if rdt is None else IntelRdt(
-            clos_id=rdt.get("closID"), l3_cache_schema=rdt.get("l3CacheSchema"),
-            mem_bw_schema=rdt.get("memBwSchema"), schemata=rdt.get("schemata"),
-            enable_monitoring=rdt.get("enableMonitoring"),
-            extra=_extra(rdt, ("closID", "l3CacheSchema", "memBwSchema", "schemata",
-                               "enableMonitoring"))),
-        additional_gids=list(e.get("additionalGids", [])),
-        extra=_extra(e, ("env", "deviceNodes", "hooks", "mounts", "netDevices", "intelRdt",
-                         "additionalGids")),
-    )
+@functools.cache
+def _key(name: str) -> str | None:
+    head, *rest = name.split("_")
+    return _KEYS.get(name, head + "".join(word.capitalize() for word in rest))
+
+
+def _build(cls: type[Record], d: dict, **given) -> Record:
+    """A ``cls`` from its document ``d``: each field from its key (absent: the field's default),
+    lists and dicts copied, records built; unknown keys kept in ``extra``."""
+    values, known = dict(given), set()
+    for name, default in cls.FIELDS:
+        key = _key(name)
+        if key not in d:
+            continue
+        known.add(key)
+        value = d[key]
+        if name in _NESTED and isinstance(value, list):
+            value = [_build(_NESTED[name], v) for v in value]
+        elif name in _NESTED and value is not None:
+            value = _build(_NESTED[name], value)
+        elif default in (list, dict):
+            value = default(value)
+        values[name] = value
+    return cls(**values, extra={k: v for k, v in d.items() if k not in known})
 
 
 def build_spec(raw: dict) -> Spec:
-    edits = raw.get("containerEdits")
-    return Spec(
-        cdi_version=raw["cdiVersion"],
-        kind=raw["kind"],
-        devices=[Device(name=d["name"], container_edits=_build_edits(d["containerEdits"]),
-                        annotations=dict(d.get("annotations", {})),
-                        extra=_extra(d, ("name", "containerEdits", "annotations")))
-                 for d in raw["devices"]],
-        container_edits=None if edits is None else _build_edits(edits),
-        annotations=dict(raw.get("annotations", {})),
-        raw=raw,
-        extra=_extra(raw, ("cdiVersion", "kind", "devices", "containerEdits", "annotations")),
-    )
+    return _build(Spec, raw, raw=raw)
 
 
 def render_spec_yaml(raw: dict) -> str:

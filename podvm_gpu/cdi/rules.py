@@ -142,11 +142,6 @@ def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split("."))
 
 
-def _normalize_version(version: str) -> str:
-    # specs-go/version.go, newVersion: a leading "v" is ignored.
-    return version[1:] if version.startswith("v") else version
-
-
 def minimum_version(raw: dict) -> tuple[str, str]:
     """The lowest ``cdiVersion`` the content of a spec needs, and the feature that needs it.
 
@@ -250,7 +245,7 @@ def _name_problem(name: str, *, first, first_rule: str,
 def check_rules(raw: dict) -> None:
     """The CDI package's checks, in its order (pkg/cdi/spec.go validate, producer validator)."""
     declared = raw["cdiVersion"]
-    version = _normalize_version(declared)
+    version = declared.removeprefix("v")  # specs-go/version.go, newVersion: a leading "v" is ignored
     if version in _PRE_FLOOR_VERSIONS:
         raise Invalid(f"cdiVersion {declared} is below {_FLOOR}, the earliest version the CDI "
                        f"library accepts")

@@ -12,7 +12,7 @@ reader says otherwise.
 from __future__ import annotations
 
 from podvm_gpu.errors import CommandError, StepFailed
-from podvm_gpu.gpufacts import smi, words
+from podvm_gpu.gpufacts import health, smi, words
 
 
 def fabric_rows(runner, timeout: float | None = None):
@@ -61,18 +61,12 @@ def _fabric_answer(runner, argv: list[str], parse, timeout: float):
         StepFailed: nvidia-smi says the driver or a GPU cannot answer (words.NVSMI_BROKEN).
     """
     try:
-        done = runner.run(argv, check=False, timeout=timeout)
-    except CommandError as err:
-        return None, str(err)
-    broken = words.broken(done.returncode, done.output)
-    if broken:
-        raise StepFailed(f"fabric health: {broken}")
-    parsed = parse(done.stdout) if done.returncode == 0 else None
-    if parsed is None and words.NOT_A_FIELD in done.output:
-        return None, ""
-    if parsed is None:
-        return None, words.failed_call(argv, done.returncode, done.output)
-    return parsed, None
+        parsed, why = health.ask(runner, argv, 0, timeout, parse)
+    except health.Broken as err:
+        raise StepFailed(f"fabric health: {err}") from None
+    if parsed is not None:
+        return parsed, None
+    return None, "" if words.NOT_A_FIELD in why else why
 
 
 def fabric_health(runner, timeout: float) -> tuple[list[tuple[str, str]] | None, str | None]:

@@ -13,7 +13,7 @@ import collections
 import re
 
 from podvm_gpu.gpufacts.finding import Finding, finding
-from podvm_gpu.gpufacts.words import FAIL, OK, WARN, bus_id, na
+from podvm_gpu.gpufacts.words import FAIL, OK, WARN, bus_id, na, worst
 
 # what a finding asks for
 FINE, NOTE, RESET, FATAL = "fine", "note", "reset", "fatal"
@@ -171,6 +171,12 @@ _SUMMARY_KIND = {"notsupported": FINE, "healthy": FINE, "unhealthy": FATAL,
                  "limitedcapacity": NOTE}
 
 
+def _summary_key(value: str) -> str:
+    """A summary's letters and digits, lower case, ``NVML_GPU_FABRIC_HEALTH_SUMMARY_`` left out."""
+    return "".join(ch for ch in value.lower().removeprefix("nvml_gpu_fabric_health_summary_")
+                   if ch.isalnum())
+
+
 def summary_kind(value: str | int) -> str | None:
     """The kind of a fabric health summary: Healthy or N/A fine, Unhealthy fatal, Limited
     Capacity a note (words case-insensitive, also as ``NVML_GPU_FABRIC_HEALTH_SUMMARY_*`` or
@@ -181,8 +187,7 @@ def summary_kind(value: str | int) -> str | None:
             return None
     if na(value):
         return FINE
-    key = "".join(ch for ch in value.lower().removeprefix("nvml_gpu_fabric_health_summary_")
-                  if ch.isalnum())
+    key = _summary_key(value)
     if key.isdigit():
         return summary_kind(int(key))
     return _SUMMARY_KIND.get(key)
@@ -236,8 +241,7 @@ HEALTH_DETAIL = (
            for word in (*words, *(f"incorrectconfiguration{w}" for w in words))}}),
     Detail("partition_assigned", 12, 0x3, _yes_no(FINE, "")),
 )
-_SUMMARY_CODE = {"".join(ch for ch in word.lower() if ch.isalnum()): code
-                 for code, word in HEALTH_SUMMARY.items()}
+_SUMMARY_CODE = {_summary_key(word): code for code, word in HEALTH_SUMMARY.items()}
 
 
 class FabricHealth(collections.namedtuple("FabricHealth", "findings summary_code mask")):
@@ -277,9 +281,7 @@ def fabric_health(summary: str, detail: dict[str, str] | None,
                     "bandwidth than it should")
     elif kind is None:
         found(NOTE, f"fabric health summary {summary!r} not understood", FABRIC_UNKNOWN)
-    code = 0 if na(summary) else _SUMMARY_CODE.get("".join(
-        ch for ch in summary.lower().removeprefix("nvml_gpu_fabric_health_summary_")
-        if ch.isalnum()))
+    code = 0 if na(summary) else _SUMMARY_CODE.get(_summary_key(summary))
     mask: int | None = 0
     for field in HEALTH_DETAIL:
         value = (detail or {}).get(field.field, "N/A")
@@ -362,6 +364,5 @@ def facts_verdicts(facts, reset_pending_warns: bool) -> dict[str, str]:
                  else FATAL]
         if facts.fabric_summary.ok:
             kinds.append(summary_kind(facts.fabric_summary.value) or NOTE)
-        out["fabric"] = max((verdict_of(kind, reset_pending_warns) for kind in kinds),
-                            key=lambda verdict: {OK: 0, WARN: 1, FAIL: 2}[verdict])
+        out["fabric"] = worst(*(verdict_of(kind, reset_pending_warns) for kind in kinds))
     return out

@@ -142,11 +142,7 @@ class NvmlReader:
         """Shut NVML down unless a call still hangs (shutting down under it would hang too)."""
         with self._lock:
             if self._initialised and (self._worker is None or not self._worker.is_alive()):
-                try:
-                    self._pynvml.nvmlShutdown()
-                except self._pynvml.NVMLError:
-                    pass
-                self._initialised = False
+                self._shutdown(self._pynvml)
 
     def _find_library(self) -> NvmlReading | None:
         """Find the library (its real path in ``self._library``); else the reading that says why
@@ -214,9 +210,6 @@ class NvmlReader:
         except nv.NVMLError as err:
             # a system-wide call failed (the device count): nothing per GPU can be trusted
             reading = NvmlReading(False, reason_of(err), f"{self._call}: {err}")
-            if not self.keep_open:
-                self._shutdown(nv)
-            return reading
         if not self.keep_open:
             self._shutdown(nv)
         return reading

@@ -179,8 +179,8 @@ def ready_state_off(runner) -> str | None:
 class FabricState(collections.namedtuple("FabricState", "gpu state status")):
     """One GPU's NVLink fabric state: the GPU's PCI address, its fabric state and status as
     text (``Completed``/``Success``), from :func:`fabric_argv`'s rows (:func:`parse_fabric_rows`)
-    or a full ``nvidia-smi -q`` (:func:`parse_fabric`). A GPU lost after NVML took its handle
-    has ``GPU is lost`` in all three."""
+    or, in the tests, a full ``nvidia-smi -q`` (tests/smi_facts.py ``parse_fabric``). A GPU lost
+    after NVML took its handle has ``GPU is lost`` in all three."""
 
     __slots__ = ()
 
@@ -199,47 +199,6 @@ class FabricState(collections.namedtuple("FabricState", "gpu state status")):
     @property
     def success(self) -> bool:
         return self.completed and self.status.strip().lower() == "success"
-
-
-def parse_fabric(text: str) -> list[FabricState]:
-    """The ``Fabric`` block of each GPU in ``nvidia-smi -q`` output, by labels.
-
-    A GPU block starts at ``GPU <pci>``; inside it, the ``State`` and ``Status`` lines after a
-    ``Fabric`` heading (indented deeper than it) are read. GPUs without a Fabric block are left out.
-    """
-    result: list[FabricState] = []
-    gpu = None
-    fabric_indent = None
-    state = status = None
-
-    def flush():
-        nonlocal state, status
-        if gpu is not None and state is not None:
-            result.append(FabricState(gpu, state, status or "N/A"))
-        state = status = None
-
-    for line in text.splitlines():
-        stripped = line.strip()
-        indent = len(line) - len(line.lstrip())
-        m = re.match(r"^GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", stripped)
-        if m and indent == 0:
-            flush()
-            gpu, fabric_indent = m.group(1), None
-            continue
-        if stripped == "Fabric":
-            fabric_indent = indent
-            continue
-        if fabric_indent is not None:
-            if indent <= fabric_indent and stripped:
-                fabric_indent = None
-                continue
-            key, sep, value = stripped.partition(":")
-            if sep and key.strip() == "State" and state is None:
-                state = value.strip()
-            elif sep and key.strip() == "Status" and status is None:
-                status = value.strip()
-    flush()
-    return result
 
 
 def parse_cliques(text: str) -> list[dict]:
@@ -364,9 +323,7 @@ def smi_unrecognized_option(text: str) -> str | None:
 
 def summarize(states: list[FabricState]) -> str:
     """``State X, Status Y on N GPU(s)`` for each distinct pair."""
-    pairs: dict[tuple[str, str], int] = {}
-    for s in states:
-        pairs[(s.state, s.status)] = pairs.get((s.state, s.status), 0) + 1
+    pairs = collections.Counter((s.state, s.status) for s in states)
     return "; ".join(f"State {a}, Status {b} on {n} GPU(s)" for (a, b), n in pairs.items())
 
 

@@ -20,6 +20,7 @@ import types
 import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from smi_facts import parse_fabric
 from tier import examples
 
 from podvm_gpu import cdi as cdi_dir
@@ -30,7 +31,7 @@ from podvm_gpu.config.load import parse_config, read_config_text
 from podvm_gpu.config.model import Config
 from podvm_gpu.errors import QUOTE_MAX, CdiSpecError, CommandError, ConfigError, exit_text, one_line
 from podvm_gpu.gpufacts import kernel
-from podvm_gpu.gpufacts.smi import parse_cc_mode, parse_fabric, parse_fabric_rows, parse_ready_state
+from podvm_gpu.gpufacts.smi import parse_cc_mode, parse_fabric_rows, parse_ready_state
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.host.proc import Completed

@@ -36,16 +36,8 @@ from podvm_gpu.gpufacts.smi import smi_unrecognized_option
 
 # The queries, by their short option (the shared cases answer these and the long forms).
 QUERIES = ("-f", "-d", "-e", "-mgm")
-NO_DRIVER_RC = words.NVSMI_NO_DRIVER_RC  # nvidia-smi cannot reach the driver
-NOT_CAPABLE_RC = words.NVSMI_NOT_FOUND_RC  # "No CC capable devices found." (architecture gate), or no GPU at all
-GPU_LOST_RC = words.NVSMI_GPU_LOST_RC  # NVML_ERROR_GPU_IS_LOST
-USAGE_RC = words.NVSMI_USAGE_RC  # an option this nvidia-smi does not offer
 NOT_CAPABLE_TEXT = "no cc capable devices found"
 
-# multi_gpu values (gpufacts/judge.py)
-MGM_NONE, MGM_PPCIE, MGM_NOT_OFFERED = judge.MGM_NONE, judge.MGM_PPCIE, judge.MGM_NOT_OFFERED
-# labels (metrics' podvm_gpu_cc_mode, status, check)
-LABELS = ("off", "on", "devtools", "ppcie")
 # decide() outcomes
 FAIL, SKIP, CONFIDENTIAL, DEVTOOLS = "fail", "skip", "confidential", "devtools"
 
@@ -61,7 +53,7 @@ class CcAnswers:
         mode: ``on``, ``off``, another value as printed (lowercased), or None (unreadable).
         devtools: dev-tools mode, True/False, or None (unreadable).
         environment: ``PRODUCTION``, ``INTERNAL``, ``UNAVAILABLE``, or None (unreadable).
-        multi_gpu: :data:`MGM_NONE`, :data:`MGM_PPCIE`, :data:`MGM_NOT_OFFERED` (535), another
+        multi_gpu: judge.MGM_NONE, judge.MGM_PPCIE, judge.MGM_NOT_OFFERED (535), another
             value, or None (unreadable).
         capable: False when the GPUs are not CC capable (``No CC capable devices found.``,
             exit 6).
@@ -83,12 +75,13 @@ class CcAnswers:
     def confidential(self) -> bool:
         """CC on, or CC off with Protected PCIe (the 8-GPU HGX multi-GPU mode)."""
         return self.capable and (self.mode == "on" or (self.mode == "off"
-                                                       and self.multi_gpu == MGM_PPCIE))
+                                                       and self.multi_gpu == judge.MGM_PPCIE))
 
     @property
     def label(self) -> str | None:
-        """One of :data:`LABELS`, ``unsupported`` (not CC capable), or None (unknown): the
-        one labelling (gpufacts/judge.py ``cc_label``), which the NVML back end uses too."""
+        """``off``, ``on``, ``devtools``, ``ppcie`` (metrics' ``podvm_gpu_cc_mode``, status,
+        check), ``unsupported`` (not CC capable), or None (unknown): the one labelling
+        (gpufacts/judge.py ``cc_label``), which the NVML back end uses too."""
         return judge.cc_label(self.capable, self.mode, self.devtools, self.multi_gpu)
 
     @property
@@ -98,12 +91,12 @@ class CcAnswers:
         ``Failed to display ...`` with the error's exit status instead, so there the words
         mean what they say."""
         return (self.mode == "off" and self.environment == "UNAVAILABLE"
-                and self.multi_gpu in (MGM_NOT_OFFERED, None))
+                and self.multi_gpu in (judge.MGM_NOT_OFFERED, None))
 
     def _words(self) -> list[str]:
-        mgm = {MGM_NONE: "None", MGM_PPCIE: "Protected PCIe",
-               MGM_NOT_OFFERED: "not offered by this nvidia-smi"}.get(self.multi_gpu or "",
-                                                                       self.multi_gpu)
+        mgm = {judge.MGM_NONE: "None", judge.MGM_PPCIE: "Protected PCIe",
+               judge.MGM_NOT_OFFERED: "not offered by this nvidia-smi"}.get(
+            self.multi_gpu or "", self.multi_gpu)
         devtools = "unreadable" if self.devtools is None else "ON" if self.devtools else "OFF"
         return [f"CC status: {(self.mode or 'unreadable').upper()}",
                 f"DevTools Mode: {devtools}",
@@ -140,16 +133,16 @@ def from_smi(answers: dict) -> CcAnswers:
     for query in QUERIES:
         rc, text = answers.get(query, (None, "not asked"))
         lowered = (text or "").lower()
-        if rc == NO_DRIVER_RC:
+        if rc == words.NVSMI_NO_DRIVER_RC:
             finding.no_driver = finding.no_driver or words.ended(rc, text)
             continue
-        if rc == GPU_LOST_RC:
+        if rc == words.NVSMI_GPU_LOST_RC:
             finding.lost = finding.lost or f"nvidia-smi conf-compute {query} {words.ended(rc, text)}"
             continue
-        if query == "-mgm" and rc == USAGE_RC and smi_unrecognized_option(text):
-            finding.multi_gpu = MGM_NOT_OFFERED
+        if query == "-mgm" and rc == words.NVSMI_USAGE_RC and smi_unrecognized_option(text):
+            finding.multi_gpu = judge.MGM_NOT_OFFERED
             continue
-        if rc == NOT_CAPABLE_RC and NOT_CAPABLE_TEXT in lowered:
+        if rc == words.NVSMI_NOT_FOUND_RC and NOT_CAPABLE_TEXT in lowered:
             finding.capable = False
             continue
         value = None

@@ -58,7 +58,7 @@ def answers(run_one) -> dict:
         if err is not None:
             raise err
         found[query] = (answer.returncode, answer.output)
-        if answer.returncode in (classify.NO_DRIVER_RC, classify.GPU_LOST_RC):
+        if answer.returncode in (words.NVSMI_NO_DRIVER_RC, words.NVSMI_GPU_LOST_RC):
             break
     return found
 

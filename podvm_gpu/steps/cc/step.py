@@ -24,7 +24,7 @@ state where allowed.
 from __future__ import annotations
 
 from podvm_gpu.errors import StepFailed
-from podvm_gpu.gpufacts import words
+from podvm_gpu.gpufacts import judge, words
 from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.cc import classify
 from podvm_gpu.steps.cc.query import conf_compute, guest, read_finding, ready_state, wait_for_fabric
@@ -71,7 +71,7 @@ def before_ready_state(ctx: BootContext, finding: classify.CcAnswers, state: str
             ctx.status.attestation = {"result": "failed", "reason": str(err)}
             raise
 
-    return attest_before_ready(ctx, state, tee, ppcie=finding.multi_gpu == classify.MGM_PPCIE,
+    return attest_before_ready(ctx, state, tee, ppcie=finding.multi_gpu == judge.MGM_PPCIE,
                                before_run=before_run)
 
 

@@ -8,6 +8,8 @@ queries and their parsers are the nvidia-smi back end's, run and parsed by its r
 
 from __future__ import annotations
 
+import collections
+
 from podvm_gpu.errors import StepFailed
 from podvm_gpu.gpufacts import ask, judge
 from podvm_gpu.gpufacts.finding import Finding
@@ -40,9 +42,7 @@ def read_summary(runner, timeout: float) -> tuple[list[Finding], list[dict], str
     detail, unread = ask.fabric_detail(runner, timeout)
     findings: list[Finding] = []
     read: list[dict] = []
-    counts: dict[str, int] = {}
     for bus, summary in rows:
-        counts[summary] = counts.get(summary, 0) + 1
         values = (detail or {}).get(bus)
         health = judge.fabric_health(summary, values, bus)
         findings += health.findings
@@ -50,7 +50,7 @@ def read_summary(runner, timeout: float) -> tuple[list[Finding], list[dict], str
             d.field: (values or {}).get(d.field) for d in judge.HEALTH_DETAIL},
             "summary_code": health.summary_code, "mask": None if values is None else health.mask})
     return findings, read, unread or "", "health summary " + ", ".join(
-        f"{s} on {n} GPU(s)" for s, n in counts.items())
+        f"{s} on {n} GPU(s)" for s, n in collections.Counter(s for _, s in rows).items())
 
 
 def said(findings: list[Finding], most: int = 4) -> str:
