@@ -20,10 +20,12 @@ writes under the family's own name: a counter family gets ``_total`` appended, a
 
 from __future__ import annotations
 
+import collections
 import datetime
 
 from podvm_gpu.gpufacts.reading import CC_MODES
 from podvm_gpu.gpufacts.words import bus_id
+from podvm_gpu.metrics.health_families import COUNTERS as HEALTH_COUNTERS
 from podvm_gpu.metrics.prom import GaugeMetricFamily, InfoMetricFamily, Metric
 from podvm_gpu.model import State, shown
 
@@ -70,18 +72,14 @@ DCGM_FIELDS: dict[str, tuple[str, str, str]] = {
     "DCGM_FI_DEV_FB_RESERVED": ("gauge", "Frame buffer memory reserved by the driver (MiB).", FULL),
 }
 # with dcgm-exporter's own counters (etc/default-counters.csv; metrics/health_families.py)
-DCGM_COUNTERS = frozenset(name for name, (kind, _, _) in DCGM_FIELDS.items() if kind == "counter") | {
-    "DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_XID_ERRORS_COUNT"}
+DCGM_COUNTERS = frozenset(name for name, (kind, _, _) in DCGM_FIELDS.items() if kind == "counter") \
+    | HEALTH_COUNTERS
 DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
                "DCGM_FI_DRIVER_VERSION")
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device")  # the agent's per-GPU series; join on these
 DAEMONS = ("nvidia-persistenced", "nvlsm", "nv-fabricmanager")
 # NVML_GPU_FABRIC_STATE_* 0..3 (nvml.h), as the ``state`` label of podvm_gpu_fabric_state
 FABRIC_STATES = ("not-supported", "not-started", "in-progress", "completed")
-
-
-# NVML's form of a PCI address, as DCGM's pci_bus_id label has it (the one normaliser)
-pci_bus_id = bus_id
 
 
 def _gauge(name: str, doc: str, value: float | None = None, labels: tuple[str, ...] = ()):
@@ -309,10 +307,7 @@ def kernel_families(records: int, finding_kinds: list[str], fatal: int,
                     labels=("kind",))
     for kind in KINDS:
         events.add_metric([kind], finding_kinds.count(kind))
-    counts: dict[tuple[str, int], int] = {}
-    for pci, code in xids:
-        key = (pci_bus_id(pci), code)
-        counts[key] = counts.get(key, 0) + 1
+    counts = collections.Counter((bus_id(pci), code) for pci, code in xids)
     per_gpu = _gauge("podvm_gpu_xid_events", "Xid records in the kernel log since boot, by GPU "
                      "and Xid code.", labels=("pci_bus_id", "xid"))
     for (pci, code), count in sorted(counts.items()):
