@@ -90,6 +90,15 @@ def _gauge(name: str, doc: str, value: float | None = None, labels: tuple[str, .
     return family
 
 
+def _one_of(name: str, doc: str, label: str, names, chosen) -> Metric:
+    """A gauge family with a sample per name of ``names`` under ``label``: 1 for ``chosen``, 0
+    for the others (a state set)."""
+    family = _gauge(name, doc, labels=(label,))
+    for each in names:
+        family.add_metric([each], 1 if each == chosen else 0)
+    return family
+
+
 def _seconds_between(start: str | None, end: str | None) -> float | None:
     try:
         return (datetime.datetime.fromisoformat(end)
@@ -106,11 +115,9 @@ def boot_families(status: dict | None, status_error: str | None) -> list[Metric]
         status_error: why the file could not be read (garbled), or None.
     """
     state = status.get("state") if status else None
-    states = _gauge("podvm_gpu_boot_state", "1 for the state of the last boot in status.json "
-                    "(all 0: no status file yet or unreadable).", labels=("state",))
-    for s in State.ALL:
-        states.add_metric([s], 1 if state == s else 0)
-    out: list[Metric] = [states]
+    out: list[Metric] = [_one_of("podvm_gpu_boot_state", "1 for the state of the last boot in "
+                                 "status.json (all 0: no status file yet or unreadable).", "state",
+                                 State.ALL, state)]
     reason = status.get("reason") if status else status_error
     if reason:
         info = InfoMetricFamily("podvm_gpu_boot_reason", "Why the boot ended as it did "
@@ -232,20 +239,15 @@ def attestation_families(status: dict | None) -> list[Metric]:
     binding = status.get("binding") if isinstance(status, dict) else None
     bound: list[Metric] = []
     if isinstance(binding, dict) and binding.get("state") in BINDING_STATES:
-        state = _gauge("podvm_gpu_binding_state", "1 for the state of the GPUs' verdict bound "
-                       "into TDX RTMR3 in the last boot (status.json binding.state).",
-                       labels=("state",))
-        for name in BINDING_STATES:
-            state.add_metric([name], 1 if binding["state"] == name else 0)
-        bound.append(state)
+        bound.append(_one_of("podvm_gpu_binding_state", "1 for the state of the GPUs' verdict "
+                             "bound into TDX RTMR3 in the last boot (status.json binding.state).",
+                             "state", BINDING_STATES, binding["state"]))
     record = status.get("attestation") if isinstance(status, dict) else None
     if not isinstance(record, dict) or record.get("result") not in ATTESTATION_RESULTS:
         return bound
-    result = _gauge("podvm_gpu_attestation_result", "1 for the result of the GPUs' attestation "
-                    "in the last boot (status.json attestation.result).", labels=("result",))
-    for name in ATTESTATION_RESULTS:
-        result.add_metric([name], 1 if record["result"] == name else 0)
-    out: list[Metric] = [result]
+    out: list[Metric] = [_one_of("podvm_gpu_attestation_result", "1 for the result of the GPUs' "
+                                 "attestation in the last boot (status.json attestation.result).",
+                                 "result", ATTESTATION_RESULTS, record["result"])]
     if isinstance(record.get("duration_s"), (int, float)):
         out.append(_gauge("podvm_gpu_attestation_duration_seconds", "Wall time of the last "
                           "boot's attestation (every nvattest run and the version query).",
@@ -350,11 +352,8 @@ def nvml_families(reading, profile: str, configured: str) -> list[Metric]:
         if down.samples:
             out.append(down)
     if reading.cc_mode in CC_MODES:
-        modes = _gauge("podvm_gpu_cc_mode", "1 for the GPUs' confidential-computing mode (NVML).",
-                       labels=("mode",))
-        for mode in CC_MODES:
-            modes.add_metric([mode], 1 if reading.cc_mode == mode else 0)
-        out.append(modes)
+        out.append(_one_of("podvm_gpu_cc_mode", "1 for the GPUs' confidential-computing mode "
+                           "(NVML).", "mode", CC_MODES, reading.cc_mode))
     if reading.cc_ready is not None:
         out.append(_gauge("podvm_gpu_cc_ready_state", "1 when the GPUs accept work in CC mode "
                           "(ready state), 0 when not ready.", 1 if reading.cc_ready else 0))
