@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import suppress
 
 ROOT_ENV, CONFIG_ENV = "PODVM_GPU_ROOT", "PODVM_GPU_CONFIG"
 _COMMON = {"--root": "root_dir", "--config": "config"}
@@ -226,11 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         output.send()
     except OSError as err:
-        try:
+        with suppress(OSError, ValueError, AttributeError):
             # nothing more can reach it; the interpreter's final flush must not fail again
             os.dup2(os.open(os.devnull, os.O_WRONLY), output.target.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass
         if isinstance(err, BrokenPipeError):
             return code  # the reader had what it wanted, or went away: not the command's error
         said = "podvm-gpu metrics: cannot write the metrics" if args[:1] == ["metrics"] else \
@@ -306,10 +305,8 @@ def _open_closed_streams() -> None:
 
 def _say(line: str) -> None:
     """One line on stderr, where stderr can still take it."""
-    try:
+    with suppress(OSError, ValueError):
         print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 def _main(args: list[str]) -> int:

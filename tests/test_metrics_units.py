@@ -7,8 +7,9 @@ import pytest
 from podvm_gpu.config.metrics import MetricsConfigError, MetricsSettings, parse_listen
 from podvm_gpu.errors import ConfigError
 from podvm_gpu.gpufacts.nvml import GpuReading, NvmlReading, cc_safe, reason_of
+from podvm_gpu.gpufacts.words import bus_id as pci_bus_id
 from podvm_gpu.metrics.exporter import nvml_gate, render, type_dcgm_counters
-from podvm_gpu.metrics.families import DCGM_COUNTERS, DCGM_FIELDS, dcgm_families, pci_bus_id
+from podvm_gpu.metrics.families import DCGM_COUNTERS, DCGM_FIELDS, dcgm_families
 from podvm_gpu.metrics.health_families import COUNTERS as EXP_COUNTERS
 
 

@@ -20,6 +20,7 @@ row itself is :mod:`podvm_gpu.row`, below both the steps and check (the steps im
 from __future__ import annotations
 
 import sys
+from contextlib import suppress
 
 from podvm_gpu.errors import CommandError
 from podvm_gpu.row import FAIL, NO_GPU, PASS, SKIP, WARN, Check
@@ -80,12 +81,10 @@ def table_width() -> int:
         # compared by its digits first: int() refuses more than 4300 of them
         digits = text.lstrip("0")
         return MAX_WIDTH if len(digits) > len(str(MAX_WIDTH)) else min(int(digits), MAX_WIDTH)
-    try:
+    with suppress(AttributeError, ValueError, OSError):
         fd = sys.__stdout__.fileno()
         if os.isatty(fd) and os.get_terminal_size(fd).columns > 0:
             return os.get_terminal_size(fd).columns
-    except (AttributeError, ValueError, OSError):
-        pass
     return DEFAULT_WIDTH
 
 

@@ -112,19 +112,13 @@ def tools_row(image: Image) -> Check:
     """The tools found as boot finds them (host/proc.py ``Runner.which``): where the config's
     ``tools:`` names a path, there and only there; otherwise in the usual program folders (an
     image has no ``PATH`` to ask)."""
-    root, configured = image.root, image.config.tools
     found, missing = [], []
     for tool in IMAGE_TOOLS:
-        path = configured.get(tool)
-        if path:
-            if _executable(root, path):
-                found.append(f"{tool} at {path} (config)")
-            else:
-                missing.append(f"{tool}: {path} (set in the config) is not an executable")
-        elif any(_executable(root, f"{d}/{tool}") for d in _BIN_DIRS):
-            found.append(tool)
+        path = image.config.tools.get(tool)
+        if image.tool(tool):
+            found.append(f"{tool} at {path} (config)" if path else tool)
         else:
-            missing.append(tool)
+            missing.append(f"{tool}: {path} (set in the config) is not an executable" if path else tool)
     if missing:
         return Check("tools", FAIL, f"missing: {', '.join(missing)}",
                      "install nvidia-container-toolkit, the driver's persistenced and kmod, or fix "

@@ -39,13 +39,7 @@ def print_once(root: Root, settings: MetricsSettings, openmetrics: bool = False,
         0 when printed (the GPUs' and the boot's state are in the metrics), 1 when the output
         could not be written.
     """
-    from podvm_gpu.metrics.exporter import Exporter, render
-
-    exporter = Exporter(root, settings)
-    try:
-        text = render(exporter.families(), openmetrics)
-    finally:
-        exporter.close()
+    text = _rendered(root, settings, openmetrics=openmetrics)
     stream = out if out is not None else sys.stdout.buffer
     try:
         stream.write(text)
@@ -69,15 +63,20 @@ def write_textfile(root: Root, settings: MetricsSettings, exporter=None) -> str:
     Raises:
         OSError: the directory cannot be made or written.
     """
+    return _write(root, settings, _rendered(root, settings, exporter))
+
+
+def _rendered(root: Root, settings: MetricsSettings, exporter=None, openmetrics: bool = False) -> bytes:
+    """One scrape, rendered (``exporter.render``): by ``exporter`` (serve's, left open), else by
+    a new ``Exporter``, closed after."""
     from podvm_gpu.metrics.exporter import Exporter, render
 
-    own = exporter is None
-    exporter = exporter or Exporter(root, settings)
+    scraper = exporter or Exporter(root, settings)
     try:
-        return _write(root, settings, render(exporter.families()))
+        return render(scraper.families(), openmetrics)
     finally:
-        if own:
-            exporter.close()
+        if exporter is None:
+            scraper.close()
 
 
 def write_boot_textfile(root: Root, settings: MetricsSettings) -> str | None:
@@ -337,10 +336,7 @@ def run_metrics(root_dir: str, config: str | None, listen: str | None = None,
     serving = serve or listen is not None
     try:
         if serving:
-            if textfile:
-                warns = settings.reset_pending_warns
-                settings = MetricsSettings(**{**settings.to_dict(), "textfile": True})
-                settings.reset_pending_warns = warns
+            settings.textfile = settings.textfile or textfile
             return _serve(root, settings, listen, web_config=web_config)
         if textfile:
             try:

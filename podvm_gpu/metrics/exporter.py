@@ -9,6 +9,7 @@ import os
 from podvm_gpu.config.metrics import MetricsSettings
 from podvm_gpu.gpufacts import kernel
 from podvm_gpu.gpufacts.reading import NvmlReading, cc_safe
+from podvm_gpu.gpufacts.words import bus_id
 from podvm_gpu.host import kmsg
 from podvm_gpu.host.fs import Root
 from podvm_gpu.metrics import families as fam
@@ -154,13 +155,13 @@ class Exporter:
         profile = fam.CC_SAFE if cc_safe(self.settings.profile, reading.cc_mode) else fam.FULL
         out += fam.nvml_families(reading, profile, self.settings.profile)
         out += fam.gpu_fabric_families(reading)
-        last_xid = {fam.pci_bus_id(pci): code for pci, code in xids}
+        last_xid = {bus_id(pci): code for pci, code in xids}
         pod = read_pod_labels(self.root)  # never apf.json itself: metrics/pod.py
         out += fam.dcgm_families(reading, self.hostname, last_xid, profile, pod)
         fatal: dict[str, list[int]] = {}
         for pci, code, is_fatal in events:
             if is_fatal:
-                fatal.setdefault(fam.pci_bus_id(pci), []).append(code)
+                fatal.setdefault(bus_id(pci), []).append(code)
         counts = hfam.xid_counts(kernel.timed_xids(records), kernel_clock_usec(self.root))
         out += hfam.health_families(
             reading, lambda gpu: fam.dcgm_labels(gpu, self.hostname, reading, pod), fatal, counts,

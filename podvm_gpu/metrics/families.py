@@ -20,10 +20,12 @@ writes under the family's own name: a counter family gets ``_total`` appended, a
 
 from __future__ import annotations
 
+import collections
 import datetime
 
 from podvm_gpu.gpufacts.reading import CC_MODES
 from podvm_gpu.gpufacts.words import bus_id
+from podvm_gpu.metrics.health_families import COUNTERS as HEALTH_COUNTERS
 from podvm_gpu.metrics.prom import GaugeMetricFamily, InfoMetricFamily, Metric
 from podvm_gpu.model import State, shown
 
@@ -70,8 +72,8 @@ DCGM_FIELDS: dict[str, tuple[str, str, str]] = {
     "DCGM_FI_DEV_FB_RESERVED": ("gauge", "Frame buffer memory reserved by the driver (MiB).", FULL),
 }
 # with dcgm-exporter's own counters (etc/default-counters.csv; metrics/health_families.py)
-DCGM_COUNTERS = frozenset(name for name, (kind, _, _) in DCGM_FIELDS.items() if kind == "counter") | {
-    "DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_XID_ERRORS_COUNT"}
+DCGM_COUNTERS = frozenset(name for name, (kind, _, _) in DCGM_FIELDS.items() if kind == "counter") \
+    | HEALTH_COUNTERS
 DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
                "DCGM_FI_DRIVER_VERSION")
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device")  # the agent's per-GPU series; join on these
@@ -80,15 +82,20 @@ DAEMONS = ("nvidia-persistenced", "nvlsm", "nv-fabricmanager")
 FABRIC_STATES = ("not-supported", "not-started", "in-progress", "completed")
 
 
-# NVML's form of a PCI address, as DCGM's pci_bus_id label has it (the one normaliser)
-pci_bus_id = bus_id
-
-
 def _gauge(name: str, doc: str, value: float | None = None, labels: tuple[str, ...] = ()):
     """A gauge family; with ``value``, its one unlabelled sample."""
     family = GaugeMetricFamily(name, doc, labels=list(labels) or None)
     if value is not None:
         family.add_metric([], value)
+    return family
+
+
+def _one_of(name: str, doc: str, label: str, names, chosen) -> Metric:
+    """A gauge family with a sample per name of ``names`` under ``label``: 1 for ``chosen``, 0
+    for the others (a state set)."""
+    family = _gauge(name, doc, labels=(label,))
+    for each in names:
+        family.add_metric([each], 1 if each == chosen else 0)
     return family
 
 
@@ -108,11 +115,9 @@ def boot_families(status: dict | None, status_error: str | None) -> list[Metric]
         status_error: why the file could not be read (garbled), or None.
     """
     state = status.get("state") if status else None
-    states = _gauge("podvm_gpu_boot_state", "1 for the state of the last boot in status.json "
-                    "(all 0: no status file yet or unreadable).", labels=("state",))
-    for s in State.ALL:
-        states.add_metric([s], 1 if state == s else 0)
-    out: list[Metric] = [states]
+    out: list[Metric] = [_one_of("podvm_gpu_boot_state", "1 for the state of the last boot in "
+                                 "status.json (all 0: no status file yet or unreadable).", "state",
+                                 State.ALL, state)]
     reason = status.get("reason") if status else status_error
     if reason:
         info = InfoMetricFamily("podvm_gpu_boot_reason", "Why the boot ended as it did "
@@ -234,20 +239,15 @@ def attestation_families(status: dict | None) -> list[Metric]:
     binding = status.get("binding") if isinstance(status, dict) else None
     bound: list[Metric] = []
     if isinstance(binding, dict) and binding.get("state") in BINDING_STATES:
-        state = _gauge("podvm_gpu_binding_state", "1 for the state of the GPUs' verdict bound "
-                       "into TDX RTMR3 in the last boot (status.json binding.state).",
-                       labels=("state",))
-        for name in BINDING_STATES:
-            state.add_metric([name], 1 if binding["state"] == name else 0)
-        bound.append(state)
+        bound.append(_one_of("podvm_gpu_binding_state", "1 for the state of the GPUs' verdict "
+                             "bound into TDX RTMR3 in the last boot (status.json binding.state).",
+                             "state", BINDING_STATES, binding["state"]))
     record = status.get("attestation") if isinstance(status, dict) else None
     if not isinstance(record, dict) or record.get("result") not in ATTESTATION_RESULTS:
         return bound
-    result = _gauge("podvm_gpu_attestation_result", "1 for the result of the GPUs' attestation "
-                    "in the last boot (status.json attestation.result).", labels=("result",))
-    for name in ATTESTATION_RESULTS:
-        result.add_metric([name], 1 if record["result"] == name else 0)
-    out: list[Metric] = [result]
+    out: list[Metric] = [_one_of("podvm_gpu_attestation_result", "1 for the result of the GPUs' "
+                                 "attestation in the last boot (status.json attestation.result).",
+                                 "result", ATTESTATION_RESULTS, record["result"])]
     if isinstance(record.get("duration_s"), (int, float)):
         out.append(_gauge("podvm_gpu_attestation_duration_seconds", "Wall time of the last "
                           "boot's attestation (every nvattest run and the version query).",
@@ -309,10 +309,7 @@ def kernel_families(records: int, finding_kinds: list[str], fatal: int,
                     labels=("kind",))
     for kind in KINDS:
         events.add_metric([kind], finding_kinds.count(kind))
-    counts: dict[tuple[str, int], int] = {}
-    for pci, code in xids:
-        key = (pci_bus_id(pci), code)
-        counts[key] = counts.get(key, 0) + 1
+    counts = collections.Counter((bus_id(pci), code) for pci, code in xids)
     per_gpu = _gauge("podvm_gpu_xid_events", "Xid records in the kernel log since boot, by GPU "
                      "and Xid code.", labels=("pci_bus_id", "xid"))
     for (pci, code), count in sorted(counts.items()):
@@ -355,11 +352,8 @@ def nvml_families(reading, profile: str, configured: str) -> list[Metric]:
         if down.samples:
             out.append(down)
     if reading.cc_mode in CC_MODES:
-        modes = _gauge("podvm_gpu_cc_mode", "1 for the GPUs' confidential-computing mode (NVML).",
-                       labels=("mode",))
-        for mode in CC_MODES:
-            modes.add_metric([mode], 1 if reading.cc_mode == mode else 0)
-        out.append(modes)
+        out.append(_one_of("podvm_gpu_cc_mode", "1 for the GPUs' confidential-computing mode "
+                           "(NVML).", "mode", CC_MODES, reading.cc_mode))
     if reading.cc_ready is not None:
         out.append(_gauge("podvm_gpu_cc_ready_state", "1 when the GPUs accept work in CC mode "
                           "(ready state), 0 when not ready.", 1 if reading.cc_ready else 0))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from podvm_gpu.gpufacts import judge
 from podvm_gpu.gpufacts.facts import nvml_facts
-from podvm_gpu.gpufacts.words import SCORE
+from podvm_gpu.gpufacts.words import SCORE, bus_id
 from podvm_gpu.metrics.prom import GaugeMetricFamily, Metric
 
 PASS, WARN, FAIL = SCORE["ok"], SCORE["warn"], SCORE["fail"]  # DCGM_HEALTH_RESULT_*
@@ -44,6 +44,11 @@ XID_WINDOW_MS = 300000  # dcgm-exporter's --xid-count-window-size default
 # Xid 95 is DCGM's uncontained error, the others have no DCGM_FR_ code of their own
 # recovery action names: the one table (gpufacts/judge.py ACTIONS, 0-7)
 ACTION_NAMES = {a.number: a.name for a in judge.ACTIONS}
+# MEM's findings, worst first: (the NVML value that is not 0, result, DCGM_FR_* code)
+MEM_FINDINGS = (("DCGM_FI_DEV_ROW_REMAP_FAILURE", FAIL, "DCGM_FR_ROW_REMAP_FAILURE"),
+                ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", FAIL, "DCGM_FR_VOLATILE_DBE_DETECTED"),
+                ("DCGM_FI_DEV_ROW_REMAP_PENDING", WARN, "DCGM_FR_PENDING_ROW_REMAP"),
+                ("DCGM_FI_DEV_RETIRED_PENDING", WARN, "DCGM_FR_PENDING_PAGE_RETIREMENTS"))
 
 
 def health_results(gpu, fatal_xids: list[int]) -> dict[str, tuple[int, str]]:
@@ -69,19 +74,9 @@ def health_results(gpu, fatal_xids: list[int]) -> dict[str, tuple[int, str]]:
     """
     out: dict[str, tuple[int, str]] = {}
     v = gpu.values
-    mem_keys = ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-                "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_RETIRED_PENDING")
-    if any(k in v for k in mem_keys):
-        if v.get("DCGM_FI_DEV_ROW_REMAP_FAILURE"):
-            out["MEM"] = (FAIL, "DCGM_FR_ROW_REMAP_FAILURE")
-        elif v.get("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"):
-            out["MEM"] = (FAIL, "DCGM_FR_VOLATILE_DBE_DETECTED")
-        elif v.get("DCGM_FI_DEV_ROW_REMAP_PENDING"):
-            out["MEM"] = (WARN, "DCGM_FR_PENDING_ROW_REMAP")
-        elif v.get("DCGM_FI_DEV_RETIRED_PENDING"):
-            out["MEM"] = (WARN, "DCGM_FR_PENDING_PAGE_RETIREMENTS")
-        else:
-            out["MEM"] = (PASS, "DCGM_FR_OK")
+    if any(key in v for key, _, _ in MEM_FINDINGS):
+        out["MEM"] = next(((result, code) for key, result, code in MEM_FINDINGS if v.get(key)),
+                          (PASS, "DCGM_FR_OK"))
     if gpu.fabric_state in (1, 2, 3):  # NVML_GPU_FABRIC_STATE_NOT_STARTED .. COMPLETED
         if gpu.fabric_state != 3:
             out["NVLINK"] = (WARN, "DCGM_FR_NVLINK_DOWN")
@@ -95,10 +90,8 @@ def health_results(gpu, fatal_xids: list[int]) -> dict[str, tuple[int, str]]:
     result = SCORE[judge.verdict_of(action.kind, False)] if action is not None else PASS
     if fatal_xids:
         out["ALL"] = (FAIL, "DCGM_FR_UNCONTAINED_ERROR" if 95 in fatal_xids else "DCGM_FR_UNKNOWN")
-    elif result:
-        out["ALL"] = (result, "DCGM_FR_UNKNOWN")
-    else:
-        out["ALL"] = (PASS, "DCGM_FR_OK")
+    else:  # PASS is 0
+        out["ALL"] = (result, "DCGM_FR_UNKNOWN" if result else "DCGM_FR_OK")
     return out
 
 
@@ -111,8 +104,6 @@ def xid_counts(timed: list[tuple[int | None, str, int]], now_usec: int | None,
         now_usec: the kernel's monotonic clock now, microseconds (None: unknown, then no record
             is in the window: never guess).
     """
-    from podvm_gpu.metrics.families import pci_bus_id
-
     out: dict[str, dict[int, int]] = {}
     if now_usec is None:
         return out
@@ -120,7 +111,7 @@ def xid_counts(timed: list[tuple[int | None, str, int]], now_usec: int | None,
     for usec, pci, code in timed:
         if usec is None or usec < start or usec > now_usec:
             continue
-        per = out.setdefault(pci_bus_id(pci), {})
+        per = out.setdefault(bus_id(pci), {})
         per[code] = per.get(code, 0) + 1
     return out
 
@@ -164,8 +155,6 @@ def fabric_health_families(reading, dcgm_labels, read: list[dict]) -> list[Metri
     field 1 true, 2 false, 0 not supported), gauges per GPU under dcgm-exporter's labels, from
     ``read`` (:func:`fabric_health_read`); a GPU whose value was not understood, or not read,
     has no series."""
-    from podvm_gpu.gpufacts.words import bus_id
-
     by_bus = {bus_id(g["gpu"]): g for g in read if isinstance(g, dict) and isinstance(
         g.get("gpu"), str)}
     out = [Metric(FABRIC_HEALTH[0], "The GPU's fabric health summary as NVML numbers it (0 not "

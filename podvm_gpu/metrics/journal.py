@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from contextlib import suppress
 
 ONE_LINE_EVERY_S = 60.0
 
@@ -46,7 +47,5 @@ class Journal:
 def say(line: str) -> None:
     """``podvm-gpu metrics: <line>`` on stderr, best effort: a stderr that cannot take it (a
     full disk, a closed pipe) loses the line, and the exporter goes on."""
-    try:
+    with suppress(OSError, ValueError):
         print(f"podvm-gpu metrics: {line}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
