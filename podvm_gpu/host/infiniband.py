@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import threading
 
+from podvm_gpu.host.fs import is_char_device
 from podvm_gpu.host.sysfs import PCI_DEVICES, read_attribute
 
 MELLANOX_VENDOR = "0x15b3"
@@ -216,19 +217,9 @@ def ib_devices(ib_class: str = IB_CLASS) -> list[IbDevice]:
 def umad_nodes(dev_infiniband: str) -> list[str]:
     """The ``umad<N>`` character devices in ``dev_infiniband`` (a path already under the root),
     sorted; what NVLSM, an OpenSM derivative, opens to send management datagrams (ib_umad)."""
-    import stat
-
     try:
         names = os.listdir(dev_infiniband)
     except OSError:
         return []
-    found = []
-    for name in names:
-        if not name.startswith("umad"):
-            continue
-        try:
-            if stat.S_ISCHR(os.stat(f"{dev_infiniband}/{name}").st_mode):
-                found.append(name)
-        except OSError:
-            continue
-    return sorted(found)
+    return sorted(name for name in names if name.startswith("umad")
+                  and is_char_device(f"{dev_infiniband}/{name}"))
