@@ -30,7 +30,7 @@ import os
 import threading
 
 from podvm_gpu.host.fs import is_char_device
-from podvm_gpu.host.sysfs import PCI_DEVICES, read_attribute
+from podvm_gpu.host.sysfs import PCI_DEVICES, read_attribute, scan_vendor
 
 MELLANOX_VENDOR = "0x15b3"
 IB_CLASS = "/sys/class/infiniband"
@@ -147,12 +147,7 @@ def read_vpds(addresses: list[str], limit_s: float, sys_pci: str = PCI_DEVICES) 
 def mellanox_functions(sys_pci: str = PCI_DEVICES) -> list[str]:
     """The PCI addresses with vendor ``0x15b3`` (Mellanox/NVIDIA networking), sorted; ``[]``
     when there is no PCI folder. Reads one ``vendor`` file per function."""
-    try:
-        names = os.listdir(sys_pci)
-    except OSError:
-        return []
-    return sorted(n for n in names if read_attribute(f"{sys_pci}/{n}/vendor").lower()
-                  == MELLANOX_VENDOR)
+    return scan_vendor(MELLANOX_VENDOR, sys_pci)[1]
 
 
 class IbDevice:
