@@ -72,16 +72,6 @@ def _assignments(text: str, section: str):
             yield key, value
 
 
-def _settings(text: str, section: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for key, value in _assignments(text, section):
-        if value == "" and key not in _NO_RESET:
-            out[key] = []  # an empty assignment resets a list setting
-        elif value:
-            out.setdefault(key, []).extend(value.split())
-    return out
-
-
 def _unit_files(root: Root, unit: str) -> list[tuple[str, str | None, str]]:
     """``(host path, text or None, why not read)`` of the unit's file (unless masked) and then
     its drop-ins, in the order systemd applies them: ``<unit>.d/*.conf`` of every unit
@@ -123,9 +113,11 @@ def unit_settings(root: Root, unit: str, section: str = "Unit") -> dict[str, lis
     """A section's settings of the unit plus its drop-ins, list values split on spaces."""
     merged: dict[str, list[str]] = {}
     for text in _unit_texts(root, unit):
-        for key, values in _settings(text, section).items():
-            reset = values == [] and key not in _NO_RESET
-            merged[key] = [] if reset else merged.get(key, []) + values
+        for key, value in _assignments(text, section):
+            if value == "" and key not in _NO_RESET:
+                merged[key] = []  # an empty assignment resets a list setting
+            elif value:
+                merged.setdefault(key, []).extend(value.split())
     return merged
 
 

@@ -258,8 +258,7 @@ def _detect(run: Run, detect: Step, settings, config_error: str | None, coming: 
     if config_error is None and (coming or settings is not None and settings.detect.expected_gpus):
         late = _late_wait(run, settings, coming, nvidia)
     if late is not None and not run.dry_run:
-        _wait(run, detect, late)
-        scanned, nvidia = scan_nvidia()
+        scanned, nvidia = _wait(run, detect, late)
     if nvidia:
         from podvm_gpu.host.sysfs import discover
 
@@ -340,16 +339,17 @@ def _initdata_wait(run: Run, settings, detect: Step, count: int) -> list:
     late.who = ("the pod's initdata expects", f'initdata {settings.initdata.path}, '
                 'data."podvm-gpu.toml" expected_gpus')
     message = detect.message
-    _wait(run, detect, late)
-    nvidia = scan_nvidia()[1]
+    nvidia = _wait(run, detect, late)[1]
     if nvidia:
         run.status.gpus, run.status.nvswitches = discover(nvidia)
     detect.message = f"{message}; {late.outcome()}"
     return run.status.gpus
 
 
-def _wait(run: Run, detect: Step, late) -> None:
-    """Wait for what ``late`` expects, the detect step saying so in the status meanwhile."""
+def _wait(run: Run, detect: Step, late) -> tuple[int, list[str]]:
+    """Wait for what ``late`` expects, the detect step saying so in the status meanwhile; then
+    scan PCI again: :func:`podvm_gpu.host.sysfs.scan_nvidia`'s ``(devices scanned, NVIDIA
+    functions)``."""
     from podvm_gpu.host.udev import wait_for_pci
 
     detect.message = f"waiting up to {late.limit()} for {late.awaited()}"
@@ -359,6 +359,7 @@ def _wait(run: Run, detect: Step, late) -> None:
     except OSError:
         pass  # the status was written a moment ago; the final write reports a failure
     late.run(wait_for_pci)
+    return scan_nvidia()
 
 
 # podvm_gpu/watchfile.py's WATCH_PATH (tests/test_watch_units.py holds them equal): that module

@@ -108,15 +108,13 @@ def start_while_waiting() -> threading.Thread:
     import importlib
 
     def load() -> None:
-        for name in step_list.GPU_STEPS[2:]:
-            try:
-                step_list.module(name)
-            except Exception:  # reported by the step itself (module docstring)
-                pass
-        for name in _IMPORTED_WHEN_RUN:
+        steps = [f"podvm_gpu.steps.{dict(step_list.STEPS)[n]}" for n in step_list.GPU_STEPS[2:]]
+        for name in [*steps, *_IMPORTED_WHEN_RUN]:
+            # what fails here fails again where its step runs, which reports it (the
+            # docstring); a helper moved elsewhere is only not preloaded
             try:
                 importlib.import_module(name)
-            except Exception:  # as above; a helper moved elsewhere is only not preloaded
+            except Exception:  # the comment above says why
                 pass
 
     thread = threading.Thread(target=load, name="while-waiting", daemon=True)

@@ -29,7 +29,8 @@ from __future__ import annotations
 import os
 import threading
 
-from podvm_gpu.host.sysfs import PCI_DEVICES, read_attribute
+from podvm_gpu.host.fs import is_char_device
+from podvm_gpu.host.sysfs import PCI_DEVICES, read_attribute, scan_vendor
 
 MELLANOX_VENDOR = "0x15b3"
 IB_CLASS = "/sys/class/infiniband"
@@ -146,12 +147,7 @@ def read_vpds(addresses: list[str], limit_s: float, sys_pci: str = PCI_DEVICES) 
 def mellanox_functions(sys_pci: str = PCI_DEVICES) -> list[str]:
     """The PCI addresses with vendor ``0x15b3`` (Mellanox/NVIDIA networking), sorted; ``[]``
     when there is no PCI folder. Reads one ``vendor`` file per function."""
-    try:
-        names = os.listdir(sys_pci)
-    except OSError:
-        return []
-    return sorted(n for n in names if read_attribute(f"{sys_pci}/{n}/vendor").lower()
-                  == MELLANOX_VENDOR)
+    return scan_vendor(MELLANOX_VENDOR, sys_pci)[1]
 
 
 class IbDevice:
@@ -216,19 +212,9 @@ def ib_devices(ib_class: str = IB_CLASS) -> list[IbDevice]:
 def umad_nodes(dev_infiniband: str) -> list[str]:
     """The ``umad<N>`` character devices in ``dev_infiniband`` (a path already under the root),
     sorted; what NVLSM, an OpenSM derivative, opens to send management datagrams (ib_umad)."""
-    import stat
-
     try:
         names = os.listdir(dev_infiniband)
     except OSError:
         return []
-    found = []
-    for name in names:
-        if not name.startswith("umad"):
-            continue
-        try:
-            if stat.S_ISCHR(os.stat(f"{dev_infiniband}/{name}").st_mode):
-                found.append(name)
-        except OSError:
-            continue
-    return sorted(found)
+    return sorted(name for name in names if name.startswith("umad")
+                  and is_char_device(f"{dev_infiniband}/{name}"))

@@ -67,10 +67,8 @@ class KernelLog:
     def close(self) -> None:
         for fd in (self.fd, self._notify):
             if fd is not None:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
 
     def wait_fd(self) -> int | None:
         """The descriptor whose readability says a record may have arrived (None: look again

@@ -48,11 +48,7 @@ UNBOUND_REASON = (f"no {RTMR3_PATH} (a kernel before 6.16, not a TDX guest, or a
 def present(root) -> bool:
     """Whether ``rtmr3:sha384`` exists under the root (a :class:`~podvm_gpu.host.fs.Root`): one
     ``stat``, all a VM without it pays on the CPU fast path."""
-    try:
-        os.stat(root.path.rstrip("/") + RTMR3_PATH)
-    except OSError:
-        return False
-    return True
+    return os.path.exists(root.path.rstrip("/") + RTMR3_PATH)
 
 
 def binding_record(state: str, result: str | None = None, reason: str | None = None,

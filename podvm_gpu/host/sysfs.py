@@ -61,12 +61,19 @@ def scan_nvidia(sys_pci: str = PCI_DEVICES) -> tuple[int, list[str]]:
         ``(functions scanned, [PCI addresses with vendor 0x10de])``; ``(0, [])`` when the folder
         is missing (a container, or a kernel without PCI).
     """
+    return scan_vendor("0x10de", sys_pci)
+
+
+def scan_vendor(vendor: str, sys_pci: str = PCI_DEVICES) -> tuple[int, list[str]]:
+    """:func:`scan_nvidia` for the functions of ``vendor`` (``0x10de``, lowercase, as sysfs
+    prints a ``vendor`` file): ``(functions scanned, [their addresses, sorted])``; ``(0, [])``
+    when the folder is missing. Reads one ``vendor`` file per function."""
     try:
         names = os.listdir(sys_pci)
     except OSError:
         return 0, []
-    nvidia = [n for n in names if read_attribute(f"{sys_pci}/{n}/vendor").lower() == "0x10de"]
-    return len(names), sorted(nvidia)
+    return len(names), sorted(n for n in names
+                              if read_attribute(f"{sys_pci}/{n}/vendor").lower() == vendor)
 
 
 def nvidia_gpus(addresses: list[str], sys_pci: str = PCI_DEVICES) -> list[str]:

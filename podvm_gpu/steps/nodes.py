@@ -43,7 +43,6 @@ def run(ctx: BootContext) -> str:
     nodes = required_nodes(root, ctx.minors)
     if not any(node_problem(root, n) for n in nodes):
         return f"all {len(nodes)} nodes present"
-    majors = char_majors(root)
     control = nodes[:3]
     if any(node_problem(root, n) for n in control):
         try:
@@ -55,7 +54,7 @@ def run(ctx: BootContext) -> str:
                 said = err.tool_message()
             else:
                 said = f"{exit_text(err.returncode)}: {err.tool_message()}"
-            if NVIDIA_MAJOR_NAME not in majors:
+            if nodes[0].major is None:  # /dev/nvidiactl's: no nvidia major in /proc/devices
                 raise StepFailed("cannot create /dev/nvidiactl: no 'nvidia' major in /proc/devices "
                                  "(the nvidia module did not register its control device); "
                                  f"nvidia-ctk: {said}") from err
@@ -63,18 +62,17 @@ def run(ctx: BootContext) -> str:
     # nvidia-modprobe makes its nodes in the real /dev and has no option for another root, so
     # under --root it would write outside the root; there mknod does the job.
     use_modprobe = root.is_host and ctx.runner.which("nvidia-modprobe") is not None
-    for _pci, minor in sorted(ctx.minors.items(), key=lambda kv: kv[1]):
-        node = Node(f"/dev/nvidia{minor}", majors.get(NVIDIA_MAJOR_NAME), minor)
+    for node in nodes[3:]:  # each GPU's, by minor
         if node_problem(root, node) is None:
             continue
         if use_modprobe:
             try:
-                ctx.runner.run(["nvidia-modprobe", "-c", str(minor)])
+                ctx.runner.run(["nvidia-modprobe", "-c", str(node.minor)])
             except CommandError as err:
                 # mknod does the same job; one failure is enough to stop asking (a hung
                 # nvidia-modprobe would otherwise cost its timeout once per GPU)
                 use_modprobe = False
-                ctx.warn(f"device-nodes: nvidia-modprobe -c {minor} failed ({err}); "
+                ctx.warn(f"device-nodes: nvidia-modprobe -c {node.minor} failed ({err}); "
                          "made the GPU nodes with mknod")
         if is_char_device(root.resolve(node.path, follow_last=False), follow=False) is None \
                 and node.major is not None:

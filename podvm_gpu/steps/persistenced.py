@@ -168,9 +168,6 @@ def run(ctx: BootContext) -> str:
     ctx.status.attach = marks.to_dict()
     seen_at = [time.monotonic()]
 
-    def progress():
-        return marks.last_progress
-
     def ready() -> bool:
         now = time.monotonic()
         if now - seen_at[0] >= MARK_POLL_S:  # the kernel log's attach marks, twice a second
@@ -179,23 +176,20 @@ def run(ctx: BootContext) -> str:
                 ctx.status.attach = marks.to_dict()
         return Seen(os.path.exists(socket), lambda: _pid_of(root)).ready
 
-    def running():
-        return _pid_of(root)
+    def settle(daemon: Daemon | None) -> Daemon | None:
+        wait_for(ctx, ready, daemon, "nvidia-persistenced", wait_s, rule,
+                 running=lambda: _pid_of(root), progress=lambda: marks.last_progress,
+                 stall_s=stall_s)
+        return daemon
 
     started = time.monotonic()
     if pid is not None:
-        wait_for(ctx, ready, None, "nvidia-persistenced", wait_s, rule, running=running,
-                 progress=progress, stall_s=stall_s)
+        settle(None)  # a daemon found running: its readiness waited for all the same
         early_client.after_persistenced(root)
         return f"already running (pid {pid})"
     # an attach longer than the budget left could only time out: say so now, before the daemon
     # starts (docs/interface.md 3.4, "Attach budget"; issue 46)
     check_fits(rate, ctx.gpus, ctx.remaining(), ctx.config.budget_s)
-
-    def settle(daemon: Daemon) -> Daemon:
-        wait_for(ctx, ready, daemon, "nvidia-persistenced", wait_s, rule, running=running,
-                 progress=progress, stall_s=stall_s)
-        return daemon
 
     # one start with boot and the watcher (host/daemons.py): an option the installed daemon
     # refuses (535.171.04 has no --uvm-persistence-mode) is dropped, warned
