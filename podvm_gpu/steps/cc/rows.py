@@ -68,10 +68,9 @@ def guest_tee_row(facts) -> Check:
 def attestation_agent_ordering(root) -> Check:
     """An installed attestation-agent.service starts after podvm-gpu.service (its drop-in's
     ``After=``, or the agent's ``Before=``); ``skip`` when none is installed."""
-    if units.unit_file(root, units.ATTESTATION_UNIT) is None:
-        _ok, how = units.ordered_before(root, units.ATTESTATION_UNIT)
-        return Check(ORDER_ROW, SKIP, f"no {units.ATTESTATION_UNIT} installed ({how})")
     ok, how = units.ordered_before(root, units.ATTESTATION_UNIT)
+    if units.unit_file(root, units.ATTESTATION_UNIT) is None:
+        return Check(ORDER_ROW, SKIP, f"no {units.ATTESTATION_UNIT} installed ({how})")
     if not ok:
         return Check(ORDER_ROW, FAIL, f"{how}: attestation-agent may find no GPU, or be the "
                      "first NVML client before nvidia-persistenced",

@@ -43,13 +43,11 @@ def query(ctx: BootContext, read, what: str, asker=health.ask) -> list:
     a warning saying why it is unread.
 
     Raises:
-        StepFailed: gpufacts/health.py ``Broken`` (a lost GPU, a driver that cannot answer).
+        health.Broken: a lost GPU, a driver that cannot answer (:func:`gate` makes it its
+            StepFailed).
     """
-    try:
-        found, why = read(ctx.runner, ctx.harmless_timeout("nvidia-smi"),
-                          ctx.config.health.reset_pending_warns, asker)
-    except health.Broken as err:
-        raise StepFailed(f"health: {err}; spec not installed") from err
+    found, why = read(ctx.runner, ctx.harmless_timeout("nvidia-smi"),
+                      ctx.config.health.reset_pending_warns, asker)
     if found is None:
         ctx.warn(f"cdi: health: {what} not read ({why}); the boot does not fail on it")
     return found or []
@@ -60,16 +58,19 @@ def gate(ctx: BootContext) -> str:
 
     Raises:
         StepFailed: a value read says a GPU needs replacing, or (unless
-            ``health.reset_pending_warns``) a reset.
+            ``health.reset_pending_warns``) a reset; gpufacts/health.py ``Broken`` (a lost GPU,
+            a driver that cannot answer).
     """
     warns = ctx.config.health.reset_pending_warns
     asked = health.side_by_side(ctx.runner, ctx.harmless_timeout("nvidia-smi"))
-    found = query(ctx, health.read_remapper, "the row remapper", asked)
-    found += query(ctx, health.read_ecc, "ECC errors and page retirement", asked)
-    for line in health.said(found, "unread-value"):
-        ctx.warn(f"cdi: health: {line}: not read as a value; the boot does not fail on it")
-    try:  # issue 28: the reset status and the recovery action
-        recovery = health.read_recovery(asked, ctx.runner, ctx.harmless_timeout("nvidia-smi"), warns)
+    try:
+        found = query(ctx, health.read_remapper, "the row remapper", asked)
+        found += query(ctx, health.read_ecc, "ECC errors and page retirement", asked)
+        for line in health.said(found, "unread-value"):
+            ctx.warn(f"cdi: health: {line}: not read as a value; the boot does not fail on it")
+        # issue 28: the reset status and the recovery action
+        recovery = health.read_recovery(asked, ctx.runner, ctx.harmless_timeout("nvidia-smi"),
+                                        warns)
     except health.Broken as err:
         raise StepFailed(f"health: {err}; spec not installed") from err
     for line in health.said(recovery, "note"):

@@ -35,6 +35,7 @@ they are named in the kind's ``why`` only.
 
 from __future__ import annotations
 
+import collections
 import time
 
 from podvm_gpu.host import infiniband
@@ -120,6 +121,11 @@ def _few(items: list[str], most: int = 4) -> str:
     return ", ".join(items[:most]) + (", ..." if len(items) > most else "")
 
 
+# (NVSwitch functions on PCI, NVLink management ports on PCI) -> the kind
+_KIND_OF = {(True, True): MIXED, (True, False): NVSWITCH, (False, True): NVLINK5,
+            (False, False): NONE}
+
+
 def detect(nvswitches: list[str], sys_pci: str = infiniband.PCI_DEVICES,
            limit_s: float = VPD_TIME_LIMIT_S, gpus=()) -> Fabric:
     """The fabric kind of a VM with GPUs (never call it on the CPU fast path).
@@ -135,14 +141,7 @@ def detect(nvswitches: list[str], sys_pci: str = infiniband.PCI_DEVICES,
     vpds = infiniband.read_vpds(mellanox, limit_s, sys_pci) if mellanox else []
     ports = [v for v in vpds if v.state == "sw_mng"]
     others = [v for v in vpds if v.state != "sw_mng"]
-    if nvswitches and ports:
-        kind = MIXED
-    elif nvswitches:
-        kind = NVSWITCH
-    elif ports:
-        kind = NVLINK5
-    else:
-        kind = NONE
+    kind = _KIND_OF[bool(nvswitches), bool(ports)]
     rack = [f"{g.pci_address} ({RACK_GPU_IDS[g.device_id.lower().removeprefix('0x')]})"
             for g in gpus if g.device_id.lower().removeprefix("0x") in RACK_GPU_IDS]
     if kind == NONE and rack:
@@ -243,10 +242,7 @@ def rack_cliques(ctx, fabric: Fabric) -> str:
         return f"clique and cluster UUID not read ({err})"
     if not fabric.cliques:
         return "clique and cluster UUID not printed by this nvidia-smi (550 and later print them)"
-    pairs: dict[tuple[int, str], int] = {}
-    for c in fabric.cliques:
-        key = (c["clique_id"], c["cluster_uuid"])
-        pairs[key] = pairs.get(key, 0) + 1
+    pairs = collections.Counter((c["clique_id"], c["cluster_uuid"]) for c in fabric.cliques)
     return "; ".join(f"clique {q}, cluster UUID {u} on {n} GPU(s)" + (
         " (all zeros: no multi-node NVLink)" if u == ZERO_UUID else "")
         for (q, u), n in pairs.items())

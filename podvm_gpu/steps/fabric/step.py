@@ -50,6 +50,8 @@ from podvm_gpu.steps.fabric.parse import health_summary, summary_row
 LOG_PATH = "/run/podvm-gpu/nv-fabricmanager.log"
 
 
+# check's fix for a fabric query that gave no rows: the query as one types it
+BY_HAND = "run " + " ".join(smi.fabric_argv()).replace(",noheader", "") + " by hand"
 NO_DEVICES = "No devices were found"  # nvidia-smi's words, exit 6 (words.NVSMI_NOT_FOUND_RC), when NVML lists no GPU
 
 
@@ -395,8 +397,7 @@ def fabricmanager_row(facts) -> Check:
     states, done = ask.fabric_rows(facts.runner)
     if states is None:
         return Check("fabricmanager", FAIL, f"fabric state not read: {ask.fabric_query_said(done)}",
-                     "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
-                     "--format=csv by hand")
+                     BY_HAND)
     waiting, _, ready = judge.fabric_state(states, [g.pci_address for g in facts.gpus])
     if not ready:
         return Check("fabricmanager", FAIL, f"fabric not ready: {not_ready(states, waiting)}",
@@ -428,9 +429,7 @@ def _outside_row(facts) -> Check:
     if states is None:
         broken = words.broken(done.returncode, done.output)
         return Check("fabricmanager", FAIL if broken else WARN, "no NVSwitch in the VM; the "
-                     f"fabric state is not read: {ask.fabric_query_said(done)}",
-                     "run nvidia-smi --query-gpu=pci.bus_id,fabric.state,fabric.status "
-                     "--format=csv by hand")
+                     f"fabric state is not read: {ask.fabric_query_said(done)}", BY_HAND)
     managed = [s for s in states if s.supported]
     if not all(s.success for s in managed):
         return Check("fabricmanager", FAIL, f"no NVSwitch in the VM, but the fabric "

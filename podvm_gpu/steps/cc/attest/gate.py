@@ -94,8 +94,7 @@ def attest_before_ready(ctx, state: str, guest=_UNSET, ppcie: bool = False,
     cc = ctx.config.confidential_computing
     if guest is _UNSET:
         guest = tee_guest(ctx)
-    pod = getattr(ctx.status, "initdata", None)
-    if required_by is None and isinstance(pod, dict) and pod.get("attestation_required"):
+    if required_by is None:
         required_by = attestation_demanded(ctx)
     must = required_by or required_because(cc, guest)
     if cc.attestation == "off" and not required_by:
