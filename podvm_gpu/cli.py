@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import suppress
 
 ROOT_ENV, CONFIG_ENV = "PODVM_GPU_ROOT", "PODVM_GPU_CONFIG"
 _COMMON = {"--root": "root_dir", "--config": "config"}
@@ -227,9 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         output.send()
     except OSError as err:
-        with suppress(OSError, ValueError, AttributeError):
+        try:
             # nothing more can reach it; the interpreter's final flush must not fail again
             os.dup2(os.open(os.devnull, os.O_WRONLY), output.target.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
         if isinstance(err, BrokenPipeError):
             return code  # the reader had what it wanted, or went away: not the command's error
         said = "podvm-gpu metrics: cannot write the metrics" if args[:1] == ["metrics"] else \
@@ -305,8 +306,10 @@ def _open_closed_streams() -> None:
 
 def _say(line: str) -> None:
     """One line on stderr, where stderr can still take it."""
-    with suppress(OSError, ValueError):
+    try:
         print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _main(args: list[str]) -> int:
