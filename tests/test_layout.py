@@ -795,3 +795,36 @@ def test_the_hook_name_rule_finds_a_second_list():
               'HINT = "set cdi.disable_hooks: [update-ldcache] instead"\n')
 
     assert len(hook_names_named(second, {"update-ldcache", "chmod"})) == 2
+
+
+# The threads that are not a boot's: the watcher's poll loop, the exporter's HTTP server and
+# NVML's worker, which a hung NVML call leaves behind (its reading is abandoned, never joined).
+OWN_THREADS = {"watch/command.py", "metrics/command.py", "gpufacts/nvml.py"}
+
+
+def thread_starts(root: Path) -> list[str]:
+    """Where a module under ``root`` makes a ``threading.Thread`` itself."""
+    return sorted(f"{path.relative_to(root)}:{node.lineno}"
+                  for path in root.rglob("*.py")
+                  for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.Call) and (getattr(node.func, "attr", None) == "Thread"
+                                                     or getattr(node.func, "id", None) == "Thread"))
+
+
+def test_the_boot_starts_its_threads_through_one_primitive():
+    """Issue 44 item 5: the boot's thread-start sites (the parallel steps, the imports while
+    waiting, the early toolkit calls, the health gate beside the generation, the hook checks,
+    the side-by-side queries, the VPD read, the reap of a killed call) share host/proc.py's
+    ``Background``: what a call returned or raised is kept for the thread that asks."""
+    found = [where for where in thread_starts(PACKAGE)
+             if where.split(":")[0] not in OWN_THREADS | {"host/proc.py"}]
+    in_proc = [where for where in thread_starts(PACKAGE) if where.startswith("host/proc.py")]
+
+    assert found == [] and len(in_proc) == 1, (found, in_proc)
+
+
+def test_the_thread_rule_finds_a_thread_made_by_hand(tmp_path):
+    (tmp_path / "x.py").write_text("import threading as t\nfrom threading import Thread\n"
+                                   "t.Thread(target=f).start()\nThread(target=f)\n")
+
+    assert thread_starts(tmp_path) == ["x.py:3", "x.py:4"]

@@ -60,7 +60,7 @@ later = {later!r}
 def loaded():
     return sorted(n for n in later if f"podvm_gpu.steps.{{dict(s.STEPS)[n]}}" in sys.modules)
 print(loaded(), all(n not in sys.modules for n in p._IMPORTED_WHEN_RUN))
-p.start_while_waiting().join()
+p.start_while_waiting().outcome()
 print(loaded(), all(n in sys.modules for n in p._IMPORTED_WHEN_RUN))
 """
 

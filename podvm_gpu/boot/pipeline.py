@@ -65,7 +65,7 @@ from podvm_gpu.config.model import Config, timeouts_for
 from podvm_gpu.errors import Cancelled, CommandError, StepFailed, exit_text
 from podvm_gpu.gpufacts import kernel
 from podvm_gpu.host import kmsg
-from podvm_gpu.host.proc import Runner
+from podvm_gpu.host.proc import Background, Runner
 from podvm_gpu.model import Step, StepResult, cut_reason
 from podvm_gpu.steps import Skipped
 from podvm_gpu.steps.context import BootContext
@@ -96,7 +96,7 @@ PARALLEL = tuple((name, _imported_when_run(name)) for name in step_list.GPU_STEP
 _IMPORTED_WHEN_RUN = ("podvm_gpu.steps.cc.attest.gate", "podvm_gpu.steps.cdi.health")
 
 
-def start_while_waiting() -> threading.Thread:
+def start_while_waiting() -> Background:
     """Import the later steps' modules on a thread of its own, in the order they run (the
     sequential ones, then the parallel ones and what they import inside their functions),
     started once the boot's first tool call is in flight (the runner's ``at_next_spawn``: the
@@ -117,9 +117,7 @@ def start_while_waiting() -> threading.Thread:
             except Exception:  # the comment above says why
                 pass
 
-    thread = threading.Thread(target=load, name="while-waiting", daemon=True)
-    thread.start()
-    return thread
+    return Background(load, "while-waiting")
 
 
 def _read_toolkit_version(ctx: BootContext) -> None:
@@ -292,8 +290,8 @@ class Steps:
         self.ctx.runner.at_next_spawn.clear()  # no call before them: what waits is done as they run
         started = [(self.start(name), func) for name, func in PARALLEL]
         results: dict[str, object] = {}
-        self.threads = [threading.Thread(target=self._branch, args=(step, func, results),
-                                         name=f"step-{step.name}", daemon=True)
+        self.threads = [Background(lambda step=step, func=func: self._branch(step, func, results),
+                                   f"step-{step.name}", start=False).thread
                         for step, func in started]
         runner = self.ctx.runner
         for thread, (step, _func) in reversed(list(zip(self.threads, started))):

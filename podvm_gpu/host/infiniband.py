@@ -27,9 +27,9 @@ section 1, as for PCI); ``/dev/infiniband`` is taken under the root like ``/dev/
 from __future__ import annotations
 
 import os
-import threading
 
 from podvm_gpu.host.fs import is_char_device
+from podvm_gpu.host.proc import Background
 from podvm_gpu.host.sysfs import PCI_DEVICES, read_attribute, scan_vendor
 
 MELLANOX_VENDOR = "0x15b3"
@@ -137,9 +137,7 @@ def read_vpds(addresses: list[str], limit_s: float, sys_pci: str = PCI_DEVICES) 
             state, keyword, detail = parse_vpd(data)
             results[address] = Vpd(address, state, keyword, detail)
 
-    thread = threading.Thread(target=work, name="vpd-read", daemon=True)
-    thread.start()
-    thread.join(limit_s)
+    Background(work, "vpd-read").outcome(limit_s)
     return [results.get(a) or Vpd(a, "unreadable", detail=f"VPD not read within {limit_s:g} s")
             for a in addresses]
 

@@ -440,8 +440,53 @@ def _reap(proc: subprocess.Popen) -> bool:
         proc.wait(timeout=REAP_BOUND_S)
         return True
     except subprocess.TimeoutExpired:
-        threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+        Background(proc.wait, f"reap-{proc.pid}")
         return False
+
+
+class Background:
+    """The boot's one way to run something on a thread of its own (issue 44 item 5): ``call``
+    (a function of no argument) on a daemon thread named ``name``, started at once unless
+    ``start`` is False (then :meth:`start`, e.g. handed on as a callback). What the call
+    returned or raised is kept for the thread that asks (:meth:`outcome`, :meth:`result`), so
+    nothing raised is ever lost in, or raised from, a helper thread. Nothing here waits without
+    a bound beyond the call's own: every tool call has its timeout (:meth:`Runner.run`), and a
+    cancelled runner ends the calls in flight.
+
+    Attributes:
+        thread: the ``threading.Thread`` (its ``ident`` is None until started).
+    """
+
+    def __init__(self, call, name: str, start: bool = True):
+        self._out: tuple[object, BaseException | None] = (None, None)
+        self.thread = threading.Thread(target=self._run, args=(call,), name=name, daemon=True)
+        if start:
+            self.thread.start()
+
+    def _run(self, call) -> None:
+        try:
+            self._out = (call(), None)
+        except BaseException as err:  # handed to the asker, which decides what it means
+            self._out = (None, err)
+
+    def start(self) -> None:
+        """Start the thread (once; for ``start=False``)."""
+        self.thread.start()
+
+    def outcome(self, timeout: float | None = None) -> tuple[object, BaseException | None]:
+        """Wait for the call (at most ``timeout`` seconds when given; a thread never started
+        is not waited for): ``(result, None)`` or ``(None, what it raised)``; ``(None, None)``
+        when it has not ended."""
+        if self.thread.ident is not None:
+            self.thread.join(timeout)
+        return self._out
+
+    def result(self):
+        """Wait for the call and return what it returned, or raise what it raised, here."""
+        value, err = self.outcome()
+        if err is not None:
+            raise err
+        return value
 
 
 def side_by_side(calls: list) -> list[tuple[object, BaseException | None]]:
@@ -451,20 +496,5 @@ def side_by_side(calls: list) -> list[tuple[object, BaseException | None]]:
     has its timeout (:meth:`Runner.run`), and a cancelled runner ends the calls in flight.
     NVML clients side by side are what a real H200 answers fastest (4 nvidia-smi queries at
     once 27 ms, one after another 94 ms: tests/data/real/h200-580/README.md, issue 38)."""
-    import threading
-
-    out: list[tuple[object, BaseException | None]] = [(None, None)] * len(calls)
-
-    def one(i: int) -> None:
-        try:
-            out[i] = (calls[i](), None)
-        except BaseException as err:  # handed to the caller, which decides what it means
-            out[i] = (None, err)
-
-    threads = [threading.Thread(target=one, args=(i,), name=f"side-by-side-{i}", daemon=True)
-               for i in range(len(calls))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return out
+    running = [Background(call, f"side-by-side-{i}") for i, call in enumerate(calls)]
+    return [job.outcome() for job in running]

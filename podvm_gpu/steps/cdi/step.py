@@ -103,29 +103,17 @@ def run(ctx: BootContext) -> Generated:
             (``imex: ...``). A generation that never started (nvidia-ctk missing, a feature
             its version lacks) fails before the gate reads anything.
     """
-    import threading
-
+    from podvm_gpu.host.proc import Background
     from podvm_gpu.steps.cdi import health
 
-    said: dict = {}
-
-    def read_health() -> None:
-        try:
-            said["health"] = health.gate(ctx)
-        except BaseException as err:  # re-raised in the step's own thread below
-            said["error"] = err
-
-    reader = threading.Thread(target=read_health, name="step-cdi-health", daemon=True)
+    reader = Background(lambda: health.gate(ctx), "step-cdi-health", start=False)
     try:
         generated = generate(ctx, on_start=reader.start)
     finally:
         # the generation's end (or failure) is the step's; the gate is bounded by its own
         # timeouts, and a stop of the boot cancels its calls as it cancels every call
-        if reader.ident is not None:
-            reader.join()
-    if "error" in said:
-        raise said["error"]
-    generated.health = said["health"]
+        reader.outcome()
+    generated.health = reader.result()  # what the gate raised is raised here, in the step's thread
     return generated
 
 

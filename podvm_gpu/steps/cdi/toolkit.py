@@ -33,34 +33,16 @@ import os
 
 from podvm_gpu import nvidia_ctk
 from podvm_gpu.errors import CommandError, StepFailed, exit_text, one_line
-from podvm_gpu.host.proc import side_by_side
+from podvm_gpu.host.proc import Background, side_by_side
 from podvm_gpu.steps.context import BootContext
 
 
-class _Early:
-    """A tool call made on a thread of its own; :meth:`result` waits for it (bounded by the
-    call's own timeout, :meth:`Runner.run`)."""
-
-    def __init__(self, ctx: BootContext, argv: list[str], timeout: float):
-        import threading
-
-        self._said: dict[str, object] = {}
-        self._thread = threading.Thread(target=self._call, args=(ctx, argv, timeout),
-                                        name="early-" + os.path.basename(argv[0]), daemon=True)
-        self._thread.start()
-
-    def _call(self, ctx: BootContext, argv: list[str], timeout: float) -> None:
-        try:
-            self._said["done"] = ctx.runner.run(argv, timeout=timeout)
-        except BaseException as err:  # raised again where the result is read
-            self._said["error"] = err
-
-    def result(self):
-        """The :class:`~podvm_gpu.host.proc.Completed` call, or what the call raised."""
-        self._thread.join()
-        if "error" in self._said:
-            raise self._said["error"]
-        return self._said["done"]
+def _early(ctx: BootContext, argv: list[str], timeout: float) -> Background:
+    """A tool call made on a thread of its own (host/proc.py :class:`Background`); its
+    ``result()`` waits for it (bounded by the call's own timeout, :meth:`Runner.run`) and
+    returns the :class:`~podvm_gpu.host.proc.Completed` call, or raises what the call raised."""
+    return Background(lambda: ctx.runner.run(argv, timeout=timeout),
+                      "early-" + os.path.basename(argv[0]))
 
 
 def start_version_read(ctx: BootContext) -> None:
@@ -71,7 +53,7 @@ def start_version_read(ctx: BootContext) -> None:
     38: 5-12 ms a boot there). The call is the same one, with the
     same timeout; what it means (a warning, the version recorded) is decided where it is
     read, so the status says nothing of it before the cdi step runs."""
-    ctx.early["nvidia-ctk --version"] = _Early(ctx, nvidia_ctk.VERSION_ARGV,
+    ctx.early["nvidia-ctk --version"] = _early(ctx, nvidia_ctk.VERSION_ARGV,
                                                ctx.harmless_timeout("nvidia-ctk"))
 
 
@@ -146,12 +128,12 @@ def start_hook_asks(ctx: BootContext, version: nvidia_ctk.Version | None) -> Non
     if not os.path.isfile(binary):
         return
     timeout = ctx.harmless_timeout("nvidia-ctk")
-    ctx.early[_list_key(path, [])] = _Early(ctx, nvidia_ctk.hook_help_argv(binary), timeout)
+    ctx.early[_list_key(path, [])] = _early(ctx, nvidia_ctk.hook_help_argv(binary), timeout)
     if version.number >= nvidia_ctk.SINCE_1_18:
         return
     for name in nvidia_ctk.written_hooks(version.number):
         if name not in disabled:
-            ctx.early[_ask_key(path, name)] = _Early(ctx, nvidia_ctk.hook_help_argv(binary, name),
+            ctx.early[_ask_key(path, name)] = _early(ctx, nvidia_ctk.hook_help_argv(binary, name),
                                                      timeout)
 
 
