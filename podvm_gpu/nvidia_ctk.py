@@ -15,15 +15,15 @@ imex.py (the generations), steps/nodes.py (the control nodes), check --image's t
 (steps/cdi/toolkit_image.py). tests/test_layout.py holds that no other module writes one of
 these command lines or names a hook.
 
-It imports nothing of the package and only the standard library's lightest modules: the
-config's loading and host/proc.py import it.
+It imports nothing of the package and, when imported, only ``os``: the config's loading (on
+the CPU fast path with a config file) and host/proc.py import it, so ``re`` (with ``enum``,
+``functools`` and ``collections``, 3-4 ms of a CPU boot) is imported by the parsers when they
+run, on the GPU path.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import re
 
 # The toolkit's two binaries (one package, nvidia-container-toolkit-base, carries both).
 BINARIES = ("nvidia-ctk", "nvidia-cdi-hook")
@@ -48,7 +48,7 @@ TOOL_ENV_ALLOWED = dict.fromkeys(BINARIES, ("PATH", "LD_LIBRARY_PATH", "LD_PRELO
 
 # urfave/cli's version line: "<app name> version <v>" (nvidia-ctk: "NVIDIA Container Toolkit
 # CLI", nvidia-cdi-hook: its own name); a build without the version injected says "unknown".
-_VERSION = re.compile(r"\bversion\s+v?(\d+)\.(\d+)\.(\d+)(\S*)")
+_VERSION = r"\bversion\s+v?(\d+)\.(\d+)\.(\d+)(\S*)"
 # What arrived in 1.18.0 (the real 1.17.8 refuses both, 1.18.2 has both:
 # ../shared/nvidia-ctk/README.md): the feature's words for a reason, by config key.
 SINCE_1_18 = (1, 18, 0)
@@ -146,7 +146,9 @@ class Version:
 
 def parse_version(output: str) -> Version | None:
     """The version in ``--version`` output (its first ``version X.Y.Z``), None when none."""
-    return _version_of(_VERSION.search(output))
+    import re
+
+    return _version_of(re.search(_VERSION, output))
 
 
 def _version_of(m) -> Version | None:
@@ -158,7 +160,12 @@ def _version_of(m) -> Version | None:
 
 def needed_features(config) -> list[str]:
     """The config keys set whose feature needs nvidia-ctk 1.18.0 (:data:`FEATURES`)."""
-    return [key for key in FEATURES if functools.reduce(getattr, key.split("."), config)]
+    wanted = []
+    for key in FEATURES:
+        section, name = key.split(".")
+        if getattr(getattr(config, section), name):
+            wanted.append(key)
+    return wanted
 
 
 def hooks_to_ask(spec) -> dict[tuple[str, str], list[str]]:
@@ -191,20 +198,22 @@ def written_hooks(number: tuple[int, int, int]) -> tuple[str, ...]:
 # urfave/cli's help: a "COMMANDS:" heading, then one indented line per command ("   name, alias
 # <usage>"), ended by a blank line; "VERSION:" then the version on the next line (the
 # nvidia-cdi-hook --help of every real build; nvidia-ctk hook --help has no VERSION section).
-_HEADING = re.compile(r"^[A-Z][A-Z ]*:\s*$")
-_HELP_VERSION = re.compile(r"^VERSION:\s*\n\s+v?(\d+)\.(\d+)\.(\d+)(\S*)", re.MULTILINE)
+_HEADING = r"^[A-Z][A-Z ]*:\s*$"
+_HELP_VERSION = r"(?m)^VERSION:\s*\n\s+v?(\d+)\.(\d+)\.(\d+)(\S*)"
 
 
 def parse_commands(help_text: str) -> tuple[str, ...] | None:
     """The command names of a urfave/cli ``--help`` (its COMMANDS section: each line's first
     word, aliases and ``help`` left out), or None when the text has no COMMANDS section."""
+    import re
+
     names: list[str] | None = None
     for line in help_text.splitlines():
         if names is None:
             if line.strip() == "COMMANDS:":
                 names = []
             continue
-        if not line.strip() or _HEADING.match(line):
+        if not line.strip() or re.match(_HEADING, line):
             break
         first = line.split()[0].rstrip(",")
         if first != "help":
@@ -214,4 +223,6 @@ def parse_commands(help_text: str) -> tuple[str, ...] | None:
 
 def help_version(help_text: str) -> Version | None:
     """The version of a urfave/cli ``--help``'s VERSION section, None when it has none."""
-    return _version_of(_HELP_VERSION.search(help_text))
+    import re
+
+    return _version_of(re.search(_HELP_VERSION, help_text))

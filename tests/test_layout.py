@@ -270,18 +270,42 @@ NOT_ON_THE_FAST_PATH = {"yaml", "pyudev", "argparse", "json", "re", "enum", "con
                         "dataclasses"}
 
 
-def test_the_cpu_fast_path_imports_only_what_it_needs(tmp_path):
-    # -S: without site, whose .pth files (an editable install's finder) import half of these
+def fast_path_imports(root: Path) -> set[str]:
+    """The modules a CPU boot of ``root`` imports, without site (-S: an editable install's
+    ``.pth`` imports half of :data:`NOT_ON_THE_FAST_PATH` before any code of ours runs)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-S", "-X", "importtime", str(REPO / "bin" / "podvm-gpu"),
-                           "boot", "--root", str(tmp_path)], capture_output=True, text=True,
+                           "boot", "--root", str(root)], capture_output=True, text=True,
                           timeout=60, env=env)
 
     assert done.returncode == 0, done.stderr
-    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
-                if line.startswith("import time:")}
+    return {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+            if line.startswith("import time:")}
+
+
+def test_the_cpu_fast_path_imports_only_what_it_needs(tmp_path):
+    imported = fast_path_imports(tmp_path)
+
     ours = {name for name in imported if name.split(".")[0] == "podvm_gpu"}
     assert ours == FAST_PATH
+    assert not NOT_ON_THE_FAST_PATH & imported, NOT_ON_THE_FAST_PATH & imported
+
+
+def test_the_cpu_fast_path_with_a_compiled_config_imports_no_heavy_module(tmp_path):
+    """The image's config, compiled as the installers compile it: the config's modules load, and
+    what they import (nvidia_ctk.py's hook names) must not bring ``re`` and the rest (issue 44:
+    the bench's boot-config row went from 1.45x to 2.12x of ``-c pass`` when it did)."""
+    (tmp_path / "etc/podvm-gpu").mkdir(parents=True)
+    (tmp_path / "etc/podvm-gpu/config.yaml").write_text(
+        "budget_s: 200\ncdi:\n  disable_hooks: [chmod]\n")
+    compiled = subprocess.run([sys.executable, str(REPO / "bin" / "podvm-gpu"), "config", "--root",
+                               str(tmp_path), "--compile"], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert compiled.returncode == 0, compiled.stderr
+
+    imported = fast_path_imports(tmp_path)
+
+    assert "podvm_gpu.config.fields" in imported and "yaml" not in imported
     assert not NOT_ON_THE_FAST_PATH & imported, NOT_ON_THE_FAST_PATH & imported
 
 
